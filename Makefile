@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both build .venv first.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: venv demo test test-all bench clean
+
+# torch is installed first and pinned: left alone, pip resolves transformer-lens to a multi-GB CUDA torch.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/conceptdict demo
+
+# The README's test command: unit + integration (+ gpu tests, which skip without CUDA); not `slow`.
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

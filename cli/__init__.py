@@ -1,0 +1,1 @@
+"""The ``conceptdict`` command line: thin glue over the three stages."""

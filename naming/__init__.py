@@ -1,0 +1,1 @@
+"""Stage 3: latent -> name, concept bottleneck models, the exported concept dictionary."""

@@ -1,0 +1,98 @@
+"""Sparse kernels for TopK-style dictionaries: one function per operation, each with ``impl=``.
+
+``impl`` is one of ``"auto"``, ``"reference"`` (dense torch autograd, see ``reference.py``) and the fast
+implementations registered in ``IMPLS``. ``"auto"`` is resolved at call time from the tensors' device
+(never at import; nothing here prints or imports numba/triton at import time).
+
+Shapes: x [B, D] (a crosscoder passes its S sources flattened to [B, S*D]), W_enc [D, L], b_enc [L],
+W_dec [L, D], b_dec [D]; codes are (values [B, K], indices [B, K] int64), zero-padded where rows differ.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+# operation -> impl name -> "module:function" (imported lazily on first use)
+IMPLS: dict[str, dict[str, str]] = {
+    "encode_topk": {"reference": "reference:encode_topk"},
+    "batch_topk": {"reference": "reference:batch_topk"},
+    "sparse_decode": {"reference": "reference:sparse_decode"},
+    "encode_aux": {"reference": "reference:encode_aux"},
+}
+
+# which implementation "auto" prefers per device type, first available wins
+AUTO_ORDER: dict[str, tuple[str, ...]] = {
+    "cpu": ("numba", "torch", "reference"),
+    "cuda": ("triton", "torch", "reference"),
+}
+
+
+class SparseCode(NamedTuple):
+    values: Tensor  # [B, K]
+    indices: Tensor  # [B, K] int64
+
+
+def resolve_impl(op: str, impl: str, device: torch.device) -> str:
+    """Turn ``impl`` (possibly "auto") into a registered implementation name for ``op`` on ``device``."""
+    table = IMPLS[op]
+    if impl == "auto":
+        for name in AUTO_ORDER.get(device.type, ("torch", "reference")):
+            if name in table and _available(name):
+                return name
+        return "reference"
+    if impl not in table:
+        raise ValueError(f"impl={impl!r} is not available for {op}; choose one of {sorted(table) + ['auto']}")
+    return impl
+
+
+def _available(name: str) -> bool:
+    if name == "numba":
+        import importlib.util
+
+        return importlib.util.find_spec("numba") is not None
+    if name == "triton":
+        import importlib.util
+
+        return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+    return True
+
+
+def _fn(op: str, impl: str, device: torch.device):
+    import importlib
+
+    name = resolve_impl(op, impl, device)
+    module, func = IMPLS[op][name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
+
+
+def encode_topk(x: Tensor, W_enc: Tensor, b_enc: Tensor, k: int, impl: str = "auto") -> SparseCode:
+    """TopK(ReLU(x W_enc + b_enc)) per row: x [B, D] -> SparseCode([B, k], [B, k]), differentiable."""
+    values, indices = _fn("encode_topk", impl, x.device)(x, W_enc, b_enc, k)
+    return SparseCode(values, indices)
+
+
+def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None, impl: str = "auto") -> tuple[SparseCode, Tensor]:
+    """Top ``k*B`` entries of acts [B, L] over the whole batch (ranked by ``acts*scale`` when given).
+
+    Returns the zero-padded code and the smallest kept activation (for the inference threshold)."""
+    values, indices, smallest = _fn("batch_topk", impl, acts.device)(acts, k, scale)
+    return SparseCode(values, indices), smallest
+
+
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, impl: str = "auto") -> Tensor:
+    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec, differentiable in values, W_dec, b_dec."""
+    return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec)
+
+
+def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
+    """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
+    values, indices = _fn("encode_aux", impl, x.device)(x, W_enc, b_enc, dead, k_aux)
+    return SparseCode(values, indices)
+
+
+__all__ = ["IMPLS", "SparseCode", "batch_topk", "encode_aux", "encode_topk", "resolve_impl", "sparse_decode"]

@@ -1,0 +1,82 @@
+"""Obviously-correct dense torch references for every kernel in this package.
+
+Everything here is plain autograd over dense tensors: slow (several dense [B, L] passes), but easy to
+check by eye. Every fast implementation is tested against these, values and gradients.
+
+Shapes: B batch rows, D input width (for crosscoders S*D, the sources flattened), L latents,
+K kept entries per row (k for TopK; the row's maximum for BatchTopK, padded with zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def pre_activations(x: Tensor, W_enc: Tensor, b_enc: Tensor) -> Tensor:
+    """x [B, D], W_enc [D, L], b_enc [L] -> pre [B, L] (before the ReLU)."""
+    return x @ W_enc + b_enc
+
+
+def topk_rows(acts: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """acts [B, L] (already ReLU'd) -> values [B, k], indices [B, k] (int64), per row, largest first."""
+    values, indices = acts.topk(k, dim=-1, sorted=True)
+    return values, indices
+
+
+def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Keep the top ``k * B`` entries of the whole batch.
+
+    acts [B, L] (already ReLU'd); ``scale`` [L] optional ranking weights (a crosscoder ranks
+    ``acts * sum_s |d_j^s|`` but keeps the unscaled ``acts``). Returns values [B, K], indices [B, K]
+    padded with (0.0, 0) where a row keeps fewer than K = the largest per-row count, and the
+    smallest kept activation (unscaled), a 0-dim tensor used for the inference threshold.
+    Entries equal to zero are never kept.
+    """
+    B, L = acts.shape
+    n_keep = min(k * B, B * L)
+    score = acts if scale is None else acts * scale
+    flat_idx = score.flatten().topk(n_keep, sorted=False).indices
+    keep = torch.zeros(B * L, dtype=torch.bool, device=acts.device)
+    keep[flat_idx] = True
+    keep = keep.view(B, L) & (acts > 0)
+    counts = keep.sum(dim=1)
+    K = max(int(counts.max().item()) if B else 0, 1)
+    # stable order: kept entries first (in latent order), then padding
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :K]
+    indices = torch.where(torch.arange(K, device=acts.device) < counts[:, None], order, 0)
+    values = acts.gather(1, indices) * (torch.arange(K, device=acts.device) < counts[:, None])
+    kept = acts[keep]
+    smallest = kept.min() if kept.numel() else acts.new_zeros(())
+    return values, indices, smallest.detach()
+
+
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor) -> Tensor:
+    """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec."""
+    B = values.shape[0]
+    L = W_dec.shape[0]
+    dense = values.new_zeros(B, L).scatter_add(1, indices, values)
+    return dense @ W_dec + b_dec
+
+
+def encode_topk(x: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """x [B, D] -> values [B, k], indices [B, k] of TopK(ReLU(x W_enc + b_enc)).
+
+    Gradients flow to x, W_enc and b_enc through the kept values only."""
+    acts = torch.relu(pre_activations(x, W_enc, b_enc))
+    return topk_rows(acts, k)
+
+
+def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int) -> tuple[Tensor, Tensor]:
+    """AuxK codes: top ``k_aux`` of ReLU(pre) among the ``dead`` latents (bool [L]) per row.
+
+    Returns values [B, K'], indices [B, K'] with K' = min(k_aux, #dead); K' = 0 gives empty tensors."""
+    n_dead = int(dead.sum().item())
+    kk = min(k_aux, n_dead)
+    B = x.shape[0]
+    if kk == 0:
+        return x.new_zeros(B, 0), torch.zeros(B, 0, dtype=torch.long, device=x.device)
+    acts = torch.relu(pre_activations(x, W_enc, b_enc))
+    masked = acts.masked_fill(~dead, -1.0)
+    values, indices = masked.topk(kk, dim=-1, sorted=True)
+    return values.clamp_min(0.0), indices
