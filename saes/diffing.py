@@ -1,0 +1,391 @@
+"""Model diffing over a two-source crosscoder: decoder-norm analysis and Latent Scaling.
+
+Pure tensor code. Everything here works in ONE unit system: the crosscoder's training units (each source
+normalised to mean activation norm sqrt(D)), so that decoder norms of different models are comparable.
+Source A is the reference model (e.g. base), B the other one (e.g. fine-tune / chat).
+
+- Per latent j: decoder norms ``|d_j^A|, |d_j^B|``, the relative norm difference
+  ``Delta_j = 1/2 ((|d_j^B| - |d_j^A|) / max(|d_j^A|, |d_j^B|) + 1)`` in [0, 1] (1: only in B, 0: only in A),
+  tags (B-only, A-only, shared, other) and the decoder cosine ``cos(d_j^A, d_j^B)``.
+- Latent Scaling (Minder, Dumas et al. 2025): for direction ``d = d_j^B`` and the latent's activation f(n)
+  on the tokens where it fires, ``beta = d^T sum_n f(n) y_n / (|d|^2 sum_n f(n)^2)``, the best scalar of
+  ``min_beta sum_n |y_n - beta f(n) d|^2``, for the reconstruction target ``y = x_hat^m`` and the error
+  target ``y = x^m - x_hat^m + f(n) d_j^m`` of each model m. ``nu_eps = beta_eps_A / beta_eps_B``,
+  ``nu_r = beta_r_A / beta_r_B``. The sums are streamed over batches; tokens are never all held.
+
+Shapes: B batch tokens, S sources, D d_in, L latents. Decoder ``directions [L, S, D]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+TAGS = ("B-only", "A-only", "shared", "other")
+FLAGS = ("complete_shrinkage", "latent_decoupling", "model_specific")
+
+
+@dataclass
+class DiffAnalysisConfig:
+    """Thresholds of the per-latent diffing analysis (defaults from Minder, Dumas et al. 2025)."""
+
+    b_only: float = 0.9
+    """A latent is B-only when its relative norm difference Delta is above this."""
+    a_only: float = 0.1
+    """A latent is A-only when its Delta is below this."""
+    shared_band: float = 0.1
+    """A latent is shared when |Delta - 0.5| is below this."""
+    nu_eps_max: float = 0.2
+    """A B-only latent is genuinely B-specific only if nu_eps = beta_eps_A / beta_eps_B is below this;
+    at or above it, the concept is still in A's reconstruction error (complete shrinkage)."""
+    nu_r_max: float = 0.5
+    """A B-only latent is genuinely B-specific only if nu_r = beta_r_A / beta_r_B is below this; at or above
+    it, A reconstructs the concept through other latents (latent decoupling)."""
+    source_a: int = 0
+    """Index of model A (the reference, e.g. base) among the crosscoder's sources."""
+    source_b: int = 1
+    """Index of model B (e.g. the fine-tune) among the crosscoder's sources."""
+
+    def __post_init__(self) -> None:
+        for name in ("b_only", "a_only", "shared_band"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must lie in [0, 1] (Delta is in [0, 1])")
+        if self.a_only >= self.b_only:
+            raise ValueError(f"a_only={self.a_only} must be below b_only={self.b_only}")
+        for name in ("nu_eps_max", "nu_r_max"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if self.source_a == self.source_b or min(self.source_a, self.source_b) < 0:
+            raise ValueError(
+                f"source_a={self.source_a} and source_b={self.source_b} must be two different non-negative indices"
+            )
+
+
+# --------------------------------------------------------------------------- decoder-norm analysis
+
+
+def decoder_norms(directions: Tensor) -> Tensor:
+    """directions [L, S, D] -> per-source decoder norms [L, S]."""
+    if directions.ndim != 3:
+        raise ValueError(f"directions must be [L, S, D], got shape {tuple(directions.shape)}")
+    return directions.norm(dim=-1)
+
+
+def relative_norm_difference(norm_a: Tensor, norm_b: Tensor) -> Tensor:
+    """Delta [L] = 1/2 ((|d_B| - |d_A|) / max(|d_A|, |d_B|) + 1) from norm_a, norm_b [L].
+
+    1 means only in B, 0 only in A, 1/2 equal norms. A latent with both norms zero gets 1/2 (no evidence
+    either way); :func:`tag_latents` tags it "other"."""
+    biggest = torch.maximum(norm_a, norm_b)
+    safe = torch.where(biggest > 0, biggest, torch.ones_like(biggest))
+    delta = 0.5 * ((norm_b - norm_a) / safe + 1.0)
+    return torch.where(biggest > 0, delta, torch.full_like(delta, 0.5))
+
+
+def decoder_cosine(d_a: Tensor, d_b: Tensor) -> Tensor:
+    """cos(d_j^A, d_j^B) [L] from d_a, d_b [L, D]; 0 where either direction is zero."""
+    dot = (d_a * d_b).sum(-1)
+    norms = d_a.norm(dim=-1) * d_b.norm(dim=-1)
+    return torch.where(norms > 0, dot / norms.clamp_min(torch.finfo(norms.dtype).tiny), torch.zeros_like(dot))
+
+
+def tag_latents(delta: Tensor, norm_a: Tensor, norm_b: Tensor, cfg: DiffAnalysisConfig) -> list[str]:
+    """One of TAGS per latent: B-only (Delta > b_only), A-only (Delta < a_only), shared
+    (|Delta - 1/2| < shared_band), other (anything else, and latents whose decoder is zero in both)."""
+    tags = []
+    for dl, na, nb in zip(delta.tolist(), norm_a.tolist(), norm_b.tolist()):
+        if na == 0.0 and nb == 0.0:
+            tags.append("other")
+        elif dl > cfg.b_only:
+            tags.append("B-only")
+        elif dl < cfg.a_only:
+            tags.append("A-only")
+        elif abs(dl - 0.5) < cfg.shared_band:
+            tags.append("shared")
+        else:
+            tags.append("other")
+    return tags
+
+
+# --------------------------------------------------------------------------- Latent Scaling
+
+
+class ScalingSums(NamedTuple):
+    """Streamed sufficient statistics of Latent Scaling, each [L] float64.
+
+    ``num_*`` = d^T sum_n f(n) y_n for each target; ``sum_f2`` = sum_n f(n)^2; ``fires`` = #tokens with f > 0."""
+
+    num_r_a: Tensor
+    num_r_b: Tensor
+    num_eps_a: Tensor
+    num_eps_b: Tensor
+    sum_f2: Tensor
+    fires: Tensor
+
+    def __add__(self, other: ScalingSums) -> ScalingSums:  # type: ignore[override]
+        return ScalingSums(*(a + b for a, b in zip(self, other)))
+
+
+class LatentScaling(NamedTuple):
+    """Closed-form Latent Scaling results, each [L] float64 (NaN where the latent never fired)."""
+
+    beta_r_a: Tensor
+    beta_r_b: Tensor
+    beta_eps_a: Tensor
+    beta_eps_b: Tensor
+    nu_r: Tensor
+    nu_eps: Tensor
+    fires: Tensor
+
+
+def scaling_sums(f: Tensor, x: Tensor, x_hat: Tensor, directions: Tensor, source_a: int = 0,
+                 source_b: int = 1) -> ScalingSums:
+    """Latent Scaling sums of one batch.
+
+    f [B, L] latent activations (0 where a latent does not fire, so only firing tokens count);
+    x, x_hat [B, S, D] inputs and reconstructions; directions [L, S, D] the decoder, in the units of x.
+    The fitted direction is d = d_j^B. For the error target of model m,
+    d^T (x^m - x_hat^m + f d_j^m) = d^T e^m + f (d^T d_j^m), so it needs no per-latent copy of the batch."""
+    f = f.double()
+    d = directions[:, source_b].double()  # [L, D]
+    f2 = f.square()
+    out = []
+    for m in (source_a, source_b):
+        xm, xhm = x[:, m].double(), x_hat[:, m].double()
+        self_dot = (directions[:, m].double() * d).sum(-1)  # [L]
+        num_r = (f * (xhm @ d.T)).sum(0)
+        num_eps = (f * ((xm - xhm) @ d.T)).sum(0) + f2.sum(0) * self_dot
+        out.append((num_r, num_eps))
+    (num_r_a, num_eps_a), (num_r_b, num_eps_b) = out
+    fires = (f > 0).sum(0).double()
+    return ScalingSums(num_r_a, num_r_b, num_eps_a, num_eps_b, f2.sum(0), fires)
+
+
+def scaling_from_sums(sums: ScalingSums, directions: Tensor, source_b: int = 1) -> LatentScaling:
+    """beta = num / (|d|^2 sum f^2) for each target, and the ratios nu = beta_A / beta_B."""
+    d_sq = directions[:, source_b].double().square().sum(-1)
+    den = d_sq * sums.sum_f2
+    nan = torch.full_like(den, math.nan)
+
+    def beta(num: Tensor) -> Tensor:
+        return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), nan)
+
+    b_r_a, b_r_b, b_e_a, b_e_b = (beta(n) for n in sums[:4])
+
+    def ratio(a: Tensor, b: Tensor) -> Tensor:
+        return torch.where(b.abs() > 0, a / torch.where(b.abs() > 0, b, torch.ones_like(b)), nan)
+
+    return LatentScaling(b_r_a, b_r_b, b_e_a, b_e_b, ratio(b_r_a, b_r_b), ratio(b_e_a, b_e_b), sums.fires)
+
+
+def latent_scaling(
+    batches: Iterable[Tensor],
+    encode: Callable[[Tensor], Tensor],
+    decode: Callable[[Tensor], Tensor],
+    directions: Tensor,
+    *,
+    source_a: int = 0,
+    source_b: int = 1,
+    max_batches: int | None = None,
+) -> LatentScaling:
+    """Stream batches x [B, S, D] through ``encode`` (-> f [B, L]) and ``decode`` (-> x_hat [B, S, D]),
+    accumulate :class:`ScalingSums` and return the closed-form betas. ``directions [L, S, D]`` and the
+    batches must be in the same units (the crosscoder's training units)."""
+    total: ScalingSums | None = None
+    with torch.no_grad():
+        for i, x in enumerate(tqdm(batches, desc="latent scaling", unit="batch", leave=False, total=max_batches)):
+            if max_batches is not None and i >= max_batches:
+                break
+            f = encode(x)
+            part = scaling_sums(f, x, decode(f), directions, source_a, source_b)
+            total = part if total is None else total + part
+    if total is None:
+        raise ValueError("latent_scaling got no batches; pass a non-empty batch iterator")
+    return scaling_from_sums(total, directions, source_b)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class LatentDiff:
+    """The per-latent diffing table; every tensor is [L] (float64 unless stated)."""
+
+    norm_a: Tensor
+    norm_b: Tensor
+    delta: Tensor
+    cosine: Tensor
+    tags: list[str]
+    scaling: LatentScaling | None
+    """None when Latent Scaling was not run (no activations given)."""
+    flags: dict[str, Tensor]
+    """FLAGS name -> bool [L]; empty without Latent Scaling."""
+
+    @property
+    def n_latents(self) -> int:
+        return len(self.tags)
+
+    def records(self) -> list[dict]:
+        """One plain dict per latent (NaN -> None), for JSON and CSV tables."""
+        cols: dict[str, list] = {
+            "latent": list(range(self.n_latents)),
+            "norm_a": self.norm_a.tolist(),
+            "norm_b": self.norm_b.tolist(),
+            "delta": self.delta.tolist(),
+            "cosine": self.cosine.tolist(),
+            "tag": list(self.tags),
+        }
+        if self.scaling is not None:
+            for name in LatentScaling._fields:
+                cols[name] = self.scaling._asdict()[name].tolist()
+        for name, mask in self.flags.items():
+            cols[name] = [bool(v) for v in mask.tolist()]
+        clean = {k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in vs] for k, vs in cols.items()}
+        return [dict(zip(clean, row)) for row in zip(*clean.values())]
+
+    def counts(self) -> dict[str, int]:
+        """Latents per tag and per flag."""
+        out = {tag: self.tags.count(tag) for tag in TAGS}
+        out.update({name: int(mask.sum()) for name, mask in self.flags.items()})
+        return out
+
+
+def scaling_flags(delta: Tensor, scaling: LatentScaling, cfg: DiffAnalysisConfig) -> dict[str, Tensor]:
+    """Flags of the B-only latents (Delta > b_only); other latents get False everywhere.
+
+    complete_shrinkage: nu_eps >= nu_eps_max (A's error still holds the concept);
+    latent_decoupling: nu_r >= nu_r_max (A reconstructs it through other latents);
+    model_specific: neither, i.e. Delta > b_only and nu_eps < nu_eps_max and nu_r < nu_r_max.
+    A latent that never fired (NaN nu) gets no flag."""
+    b_only = delta > cfg.b_only
+    known = torch.isfinite(scaling.nu_eps) & torch.isfinite(scaling.nu_r)
+    shrink = b_only & known & (scaling.nu_eps >= cfg.nu_eps_max)
+    decouple = b_only & known & (scaling.nu_r >= cfg.nu_r_max)
+    specific = b_only & known & (scaling.nu_eps < cfg.nu_eps_max) & (scaling.nu_r < cfg.nu_r_max)
+    return {"complete_shrinkage": shrink, "latent_decoupling": decouple, "model_specific": specific}
+
+
+def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: LatentScaling | None = None) -> LatentDiff:
+    """The full per-latent table from the decoder directions [L, S, D] (training units) and, optionally,
+    Latent Scaling results computed with the same ``source_a``/``source_b``."""
+    S = directions.shape[1] if directions.ndim == 3 else 0
+    if max(cfg.source_a, cfg.source_b) >= S:
+        raise ValueError(
+            f"source_a={cfg.source_a}, source_b={cfg.source_b} but the decoder has S={S} sources "
+            f"(shape {tuple(directions.shape)}); pass indices below {S}"
+        )
+    norms = decoder_norms(directions.double())
+    norm_a, norm_b = norms[:, cfg.source_a], norms[:, cfg.source_b]
+    delta = relative_norm_difference(norm_a, norm_b)
+    cosine = decoder_cosine(directions[:, cfg.source_a].double(), directions[:, cfg.source_b].double())
+    tags = tag_latents(delta, norm_a, norm_b, cfg)
+    flags = scaling_flags(delta, scaling, cfg) if scaling is not None else {}
+    return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags)
+
+
+def histogram(values: Tensor, bins: int = 20, lo: float = 0.0, hi: float = 1.0) -> list[int]:
+    """Counts of finite ``values`` in ``bins`` equal bins over [lo, hi] (values outside are clipped in)."""
+    v = values[torch.isfinite(values)].double().clamp(lo, hi)
+    return torch.histc(v, bins=bins, min=lo, max=hi).long().tolist() if v.numel() else [0] * bins
+
+
+# --------------------------------------------------------------------------- planted two-model data
+
+
+ATOM_KINDS = ("shared", "b_only", "scaled", "rotated", "a_only")
+
+
+class PlantedPair(NamedTuple):
+    """Ground truth of a synthetic two-"model" pair: atom n appears as atoms_a[n] in model A and atoms_b[n]
+    in model B (both [N, D]; a zero row means the model lacks it). ``kinds[n]`` is one of ATOM_KINDS."""
+
+    atoms_a: Tensor
+    atoms_b: Tensor
+    kinds: list[str]
+
+
+def planted_pair(d_in: int, n_shared: int, n_b_only: int, n_scaled: int, n_rotated: int, *, n_a_only: int = 0,
+                 scale: float = 0.4, angle_deg: float = 60.0, seed: int = 0) -> PlantedPair:
+    """Random unit atoms in R^D shared by both models, with ``n_b_only`` atoms only in B (zero in A),
+    ``n_scaled`` in both but scaled by ``scale`` in A, ``n_rotated`` in both with A's direction rotated by
+    ``angle_deg`` inside a random plane, and ``n_a_only`` only in A."""
+    if not 0.0 < scale < 1.0:
+        raise ValueError(f"scale={scale} must lie in (0, 1): the scaled atoms are scaled DOWN in model A")
+    gen = torch.Generator().manual_seed(seed)
+    counts = {"shared": n_shared, "b_only": n_b_only, "scaled": n_scaled, "rotated": n_rotated, "a_only": n_a_only}
+    kinds = [kind for kind in ATOM_KINDS for _ in range(counts[kind])]
+    n = len(kinds)
+    if n == 0:
+        raise ValueError("planted_pair needs at least one atom")
+    atoms_b = torch.randn(n, d_in, generator=gen)
+    atoms_b = atoms_b / atoms_b.norm(dim=-1, keepdim=True)
+    atoms_a = atoms_b.clone()
+    other = torch.randn(n, d_in, generator=gen)
+    other = other - (other * atoms_b).sum(-1, keepdim=True) * atoms_b  # orthogonal to each atom
+    other = other / other.norm(dim=-1, keepdim=True)
+    theta = math.radians(angle_deg)
+    for i, kind in enumerate(kinds):
+        if kind == "b_only":
+            atoms_a[i] = 0.0
+        elif kind == "scaled":
+            atoms_a[i] = scale * atoms_b[i]
+        elif kind == "rotated":
+            atoms_a[i] = math.cos(theta) * atoms_b[i] + math.sin(theta) * other[i]
+        elif kind == "a_only":
+            atoms_b[i] = 0.0
+    return PlantedPair(atoms_a, atoms_b, kinds)
+
+
+def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator) -> Tensor:
+    """Sparse non-negative codes [n_rows, N]: each atom fires independently with probability ``p_fire``
+    with magnitude uniform in [0.5, 1.5]."""
+    on = torch.rand(n_rows, n_atoms, generator=gen) < p_fire
+    return on * (0.5 + torch.rand(n_rows, n_atoms, generator=gen))
+
+
+def planted_batches(pair: PlantedPair, batch_size: int, n_batches: int, *, p_fire: float = 0.05,
+                    noise: float = 0.01, seed: int = 0):
+    """Yield ``n_batches`` batches x [B, 2, D] (source 0 = model A, 1 = model B) of the same sparse codes
+    through each model's atoms, plus Gaussian noise of std ``noise``. Deterministic given ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    n, d = pair.atoms_b.shape
+    atoms = torch.stack([pair.atoms_a, pair.atoms_b], dim=1)  # [N, 2, D]
+    for _ in range(n_batches):
+        codes = planted_codes(batch_size, n, p_fire, gen)
+        x = torch.einsum("bn,nsd->bsd", codes, atoms)
+        yield x + noise * torch.randn(batch_size, 2, d, generator=gen)
+
+
+__all__ = [
+    "ATOM_KINDS",
+    "PlantedPair",
+    "planted_batches",
+    "planted_codes",
+    "planted_pair",
+    "FLAGS",
+    "TAGS",
+    "DiffAnalysisConfig",
+    "LatentDiff",
+    "LatentScaling",
+    "ScalingSums",
+    "analyse_latents",
+    "decoder_cosine",
+    "decoder_norms",
+    "histogram",
+    "latent_scaling",
+    "relative_norm_difference",
+    "scaling_flags",
+    "scaling_from_sums",
+    "scaling_sums",
+    "tag_latents",
+]
