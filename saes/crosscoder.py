@@ -1,0 +1,163 @@
+"""Crosscoder-specific selection and losses, registered as kinds of :class:`SparseCoder`.
+
+A crosscoder is a :class:`~conceptdict.saes.model.SparseCoder` with ``n_sources = S > 1``: one latent code
+shared by S sources (models or layers), ``f = act(sum_s x_s W_enc[s] + b_enc)``, ``x_hat_s = f W_dec[s] + b_dec[s]``.
+The parameters stay flattened (``W_enc [S*D, L]``, ``W_dec [L, S*D]``) so the kernels of ``saes.kernels``
+serve it unchanged. What is specific lives here:
+
+- ``crosscoder`` (BatchTopK crosscoder, Minder, Dumas et al. 2025): training keeps the top ``k*B`` entries
+  of the batch ranked by ``f_j * sum_s |d_j^s|`` but keeps the unscaled ``f_j``; AuxK for dead latents;
+  inference keeps ``f_j`` where ``f_j * sum_s |d_j^s| > threshold`` (the threshold is learned like a
+  BatchTopK SAE's, on the same scaled ranking, and stored in the ``threshold`` buffer).
+- ``crosscoder-l1`` (the classical crosscoder, Anthropic 2024): ReLU codes, loss
+  ``sum_s |x_s - x_hat_s|^2 + lambda sum_j f_j sum_s |d_j^s|``.
+
+Importing this module registers both kinds in :data:`conceptdict.saes.model.KINDS`.
+
+Shapes: B batch rows, S sources, D width per source, L latents.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .model import KINDS, KindSpec, SparseCoder, TrainOutput
+
+CROSSCODER_KINDS = ("crosscoder", "crosscoder-l1")
+
+
+def source_norm_sum(W_dec: Tensor, n_sources: int) -> Tensor:
+    """W_dec [L, S*D] -> sum_s |d_j^s| [L], the crosscoder's per-latent decoder weight."""
+    L, width = W_dec.shape
+    if width % n_sources:
+        raise ValueError(f"W_dec width {width} is not a multiple of n_sources={n_sources}")
+    return W_dec.view(L, n_sources, width // n_sources).norm(dim=-1).sum(dim=-1)
+
+
+def crosscoder_pre(x: Tensor, W_enc: Tensor, b_enc: Tensor, b_dec: Tensor) -> Tensor:
+    """x [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (the shared code's input)."""
+    return (x - b_dec) @ W_enc + b_enc
+
+
+# --------------------------------------------------------------------------- L1 crosscoder
+
+
+class CrosscoderLoss(NamedTuple):
+    """Terms of the L1 crosscoder loss (0-dim tensors, means over the batch)."""
+
+    total: Tensor
+    mse: Tensor  # mean_b sum_s |x_s - x_hat_s|^2
+    penalty: Tensor  # lambda * mean_b sum_j f_j sum_s |d_j^s|
+
+
+def crosscoder_l1_penalty(acts: Tensor, W_dec: Tensor, n_sources: int, l1_coeff: float) -> Tensor:
+    """lambda * mean_b sum_j f_bj sum_s |d_j^s| for acts [B, L] >= 0 and W_dec [L, S*D] (differentiable in both)."""
+    return l1_coeff * (acts * source_norm_sum(W_dec, n_sources)).sum(dim=1).mean()
+
+
+def crosscoder_l1_loss(x: Tensor, x_hat: Tensor, acts: Tensor, W_dec: Tensor, n_sources: int,
+                       l1_coeff: float) -> CrosscoderLoss:
+    """The classical crosscoder loss for x, x_hat [B, S*D] (or [B, S, D]), acts [B, L], W_dec [L, S*D]."""
+    mse = (x - x_hat).reshape(x.shape[0], -1).square().sum(dim=1).mean()
+    penalty = crosscoder_l1_penalty(acts, W_dec, n_sources, l1_coeff)
+    return CrosscoderLoss(mse + penalty, mse, penalty)
+
+
+def _l1_train(model: SparseCoder, x: Tensor, l1_coeff: float) -> TrainOutput:
+    """Kind ``crosscoder-l1``: dense ReLU code, penalty lambda mean_b sum_j f_j sum_s |d_j^s|.
+
+    The training loop's reconstruction term is the batch FVU = sum |x - x_hat|^2 / (B V) with V the mean
+    squared distance of a row to the batch mean; dividing the penalty by the same V makes the total exactly
+    (the reference loss sum_s |x_s - x_hat_s|^2 + lambda sum_j f_j sum_s |d_j^s|) / V, so ``l1_coeff`` is the
+    reference's lambda (on inputs normalised to mean norm sqrt(D) per source)."""
+    acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    x_hat = acts @ model.W_dec + model.b_dec
+    row_var = (x - x.mean(dim=0)).square().sum(dim=1).mean().clamp_min(1e-12).detach()
+    penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, l1_coeff) / row_var
+    active = acts > 0
+    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(), penalty, None)
+
+
+def _l1_encode(model: SparseCoder, x: Tensor) -> Tensor:
+    return torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+
+
+# --------------------------------------------------------------------------- BatchTopK crosscoder
+
+
+class CrosscoderSelection(NamedTuple):
+    """A BatchTopK crosscoder's training code."""
+
+    code: kernels.SparseCode  # unscaled f_j of the kept entries, [B, K] values and indices
+    smallest: Tensor  # 0-dim: smallest kept SCALED activation f_j sum_s |d_j^s| (threshold estimate)
+
+
+def batchtopk_crosscoder_select(acts: Tensor, W_dec: Tensor, n_sources: int, k: int,
+                                impl: str = "auto") -> CrosscoderSelection:
+    """Keep the top k*B entries of acts [B, L] (ReLU'd) ranked by f_j * sum_s |d_j^s|, values unscaled.
+
+    The ranking weights are detached: selection is not differentiable; gradients reach the kept f_j
+    (and W_dec through the reconstruction)."""
+    weight = source_norm_sum(W_dec.detach(), n_sources)
+    code, _ = kernels.batch_topk(acts, k, scale=weight, impl=impl)
+    kept = code.values > 0
+    scaled = code.values.detach() * weight[code.indices]
+    smallest = scaled[kept].min() if kept.any() else acts.new_zeros(())
+    return CrosscoderSelection(code, smallest.detach())
+
+
+def crosscoder_threshold_codes(acts: Tensor, W_dec: Tensor, n_sources: int, threshold: Tensor) -> Tensor:
+    """Inference rule: f_j where f_j * sum_s |d_j^s| > threshold, else 0. acts [B, L], threshold [L] or 0-dim."""
+    weight = source_norm_sum(W_dec, n_sources)
+    return acts * (acts * weight > threshold)
+
+
+def training_decoder(model: SparseCoder) -> Tensor:
+    """W_dec [L, S*D] in the units the model was trained in.
+
+    A model whose input normalisation was folded into its weights carries the per-source factor in a
+    ``source_scale [S]`` buffer (the raw decoder column of source s is the trained one divided by it); the
+    ranking f_j sum_s |d_j^s| and its threshold are defined in training units, so they multiply it back."""
+    scale = getattr(model, "source_scale", None)
+    if scale is None:
+        return model.W_dec
+    return model.W_dec * scale.to(model.W_dec).repeat_interleave(model.d_in)
+
+
+def _batchtopk_train(model: SparseCoder, x: Tensor, l1_coeff: float) -> TrainOutput:
+    """Kind ``crosscoder``: BatchTopK over the decoder-norm-weighted code (``l1_coeff`` is unused)."""
+    acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    sel = batchtopk_crosscoder_select(acts, training_decoder(model), model.n_sources, model.k,
+                                      impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(sel.code.values, sel.code.indices, model.W_dec, model.b_dec,
+                                  impl=model.kernel_impl)
+    active = sel.code.values > 0
+    fired = torch.zeros(model.n_latents, dtype=torch.bool, device=x.device)
+    fired[sel.code.indices[active]] = True
+    return TrainOutput(x_hat, fired, active.sum(dim=1).float().mean().detach(), None, sel.smallest)
+
+
+def _batchtopk_encode(model: SparseCoder, x: Tensor) -> Tensor:
+    acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    return crosscoder_threshold_codes(acts, training_decoder(model), model.n_sources, model.threshold)
+
+
+KINDS["crosscoder"] = KindSpec(_batchtopk_train, _batchtopk_encode, uses_aux=True, uses_threshold=True)
+KINDS["crosscoder-l1"] = KindSpec(_l1_train, _l1_encode, uses_aux=False, uses_threshold=False)
+
+__all__ = [
+    "CROSSCODER_KINDS",
+    "CrosscoderLoss",
+    "CrosscoderSelection",
+    "batchtopk_crosscoder_select",
+    "crosscoder_l1_loss",
+    "crosscoder_l1_penalty",
+    "crosscoder_pre",
+    "crosscoder_threshold_codes",
+    "source_norm_sum",
+    "training_decoder",
+]
