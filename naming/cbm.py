@@ -1,0 +1,458 @@
+"""Concept bottleneck models (Discover-then-Name): a sparse linear probe on named concept activations.
+
+- Features: concept activations of labelled inputs through the dictionary; token-level rows are pooled per
+  input (``mean``, ``max``, or ``super`` — the SuperActivator pooling that averages only the highest
+  ``super_quantile`` fraction of each concept's token activations in that input).
+- CBM: ``logits = (a * scale) @ W.T`` — a linear layer **without bias** on the concept activations ``a``,
+  each concept divided by its training-split standard deviation (``scale = 1/std``, no centring, so there is
+  no hidden bias); loss ``CE + lambda * mean|W|`` (mean, not sum), Adam; ``lambda`` chosen by validation
+  accuracy (ties go to the larger, sparser lambda). After training, weights with
+  ``|w| < zero_tol * max|W|`` are set to exactly zero and the reported accuracies use the pruned weights.
+- Baseline: a linear probe (with bias, standardised inputs, L2 chosen on the same validation split) on the raw
+  activations of the same inputs, trained and tested on the same split.
+- Coverage: for each test prediction, the number of concepts whose positive contributions
+  ``a_j * scale_j * W[c, j]`` make up 90/95/99% of the positive total (mean over test inputs).
+
+Shapes: N inputs, L concepts, D raw activation width, C classes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+COVERAGE_LEVELS = (0.90, 0.95, 0.99)
+
+
+@dataclass
+class CbmConfig:
+    """Flags of ``conceptdict cbm``."""
+
+    label_column: str = "family"
+    """Label column carried by the store (``store.labels(Y)``)."""
+    dataset: str = "store"
+    """Labelled inputs: "store" (the dictionary's own store) or the directory of another activation store with
+    the same hookpoint and a label column."""
+    out: Path | None = None
+    """Directory for the CBM (cbm.json, cbm.safetensors)."""
+    pooling: Literal["mean", "max", "super"] = "super"
+    """How token-level concept activations are pooled per input (sequence-level stores need none)."""
+    super_quantile: float = 0.1
+    """SuperActivator pooling: fraction of an input's highest token activations averaged per concept."""
+    lambdas: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 0.1, 1.0], metadata={"flag": "lam"})
+    """Candidate sparsity weights lambda (CE + lambda * mean|W|); the best on the validation split wins."""
+    probe_l2: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2], metadata={"flag": "probe-l2"})
+    """Candidate L2 weights for the raw-activation baseline probe."""
+    epochs: int = 200
+    """Training epochs (Discover-then-Name: 200)."""
+    batch_size: int = 256
+    """Inputs per Adam step."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    val_fraction: float = 0.15
+    """Share of each class held out to choose lambda."""
+    test_fraction: float = 0.2
+    """Share of each class held out for the reported accuracies."""
+    zero_tol: float = 1e-2
+    """Weights below zero_tol * max|W| are set to exactly zero after training."""
+    min_class_size: int = 5
+    """Classes with fewer labelled inputs are dropped (logged)."""
+    seed: int = 0
+    """Seed for the split and the training order."""
+    device: str = "cpu"
+    """Device for encoding and training."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.super_quantile <= 1:
+            raise ValueError(f"super_quantile={self.super_quantile} must lie in (0, 1]")
+        if self.val_fraction <= 0 or self.test_fraction <= 0 or self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"val_fraction={self.val_fraction}, test_fraction={self.test_fraction}: both > 0, sum < 1"
+            )
+        if not self.lambdas or any(x < 0 for x in self.lambdas):
+            raise ValueError(f"lambdas={self.lambdas} must be a non-empty list of values >= 0")
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def pool_codes(codes: Tensor, groups: Tensor, mode: str = "mean", quantile: float = 0.1) -> Tensor:
+    """Pool token rows codes [B, L] into inputs [G, L] by ``groups [B]`` (input index 0..G-1 of each row).
+
+    mean / max over the input's rows; ``super``: per concept, mean of its top ceil(quantile * n) activations."""
+    n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    L = codes.shape[1]
+    if mode == "mean":
+        out = codes.new_zeros(n_groups, L).index_add_(0, groups, codes)
+        return out / torch.bincount(groups, minlength=n_groups).clamp_min(1)[:, None].to(codes.dtype)
+    if mode == "max":
+        init = codes.new_full((n_groups, L), float("-inf"))
+        out = init.scatter_reduce(0, groups[:, None].expand(-1, L), codes, "amax")
+        return torch.where(torch.isinf(out), torch.zeros_like(out), out)
+    if mode == "super":
+        order = torch.argsort(groups, stable=True)
+        sizes = torch.bincount(groups, minlength=n_groups).tolist()
+        out = codes.new_zeros(n_groups, L)
+        for g, chunk in enumerate(torch.split(codes[order], sizes)):
+            if len(chunk):
+                m = max(1, math.ceil(quantile * len(chunk)))
+                out[g] = chunk.topk(m, dim=0).values.mean(0)
+        return out
+    raise ValueError(f"pooling {mode!r} is not one of mean, max, super")
+
+
+# ---------------------------------------------------------------- splits and probes
+
+
+class Split(NamedTuple):
+    train: Tensor  # int64 indices
+    val: Tensor
+    test: Tensor
+
+
+def stratified_split(y: Tensor, val_fraction: float, test_fraction: float, seed: int = 0) -> Split:
+    """Per class: shuffle, then ``test_fraction`` to test, ``val_fraction`` to val, the rest to train."""
+    gen = torch.Generator().manual_seed(seed)
+    parts: tuple[list, list, list] = ([], [], [])
+    for c in torch.unique(y).tolist():
+        idx = torch.nonzero(y == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=gen)]
+        n_test = max(1, round(test_fraction * len(idx)))
+        n_val = max(1, round(val_fraction * len(idx)))
+        parts[2].append(idx[:n_test])
+        parts[1].append(idx[n_test : n_test + n_val])
+        parts[0].append(idx[n_test + n_val :])
+    return Split(*(torch.cat(p).sort().values for p in parts))
+
+
+class LinearFit(NamedTuple):
+    weight: Tensor  # [C, F]
+    bias: Tensor | None  # [C]
+
+
+def fit_linear(
+    x: Tensor, y: Tensor, n_classes: int, *, bias: bool, l1: float = 0.0, l2: float = 0.0,
+    epochs: int = 200, lr: float = 1e-3, batch_size: int = 256, seed: int = 0,
+) -> LinearFit:  # fmt: skip
+    """Minimise CE + l1 * mean|W| + l2 * mean(W^2) with Adam over minibatches of x [N, F], y [N]."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.zeros(n_classes, x.shape[1], device=x.device, requires_grad=True)
+    params = [W]
+    b = None
+    if bias:
+        b = torch.zeros(n_classes, device=x.device, requires_grad=True)
+        params.append(b)
+    opt = torch.optim.Adam(params, lr=lr)
+    n = x.shape[0]
+    for _ in range(epochs):
+        for idx in torch.randperm(n, generator=gen).to(x.device).split(batch_size):
+            logits = x[idx] @ W.T + (b if b is not None else 0)
+            loss = torch.nn.functional.cross_entropy(logits, y[idx])
+            if l1:
+                loss = loss + l1 * W.abs().mean()
+            if l2:
+                loss = loss + l2 * W.pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return LinearFit(W.detach(), None if b is None else b.detach())
+
+
+def accuracy(logits: Tensor, y: Tensor) -> float:
+    return float((logits.argmax(1) == y).float().mean()) if len(y) else float("nan")
+
+
+def coverage(contrib: Tensor, levels: Sequence[float] = COVERAGE_LEVELS) -> dict[str, float]:
+    """Mean number of concepts making up each level of the positive contribution, contrib [N, L]
+    (each row: the contributions to that input's predicted class)."""
+    pos = contrib.clamp_min(0).sort(dim=1, descending=True).values
+    total = pos.sum(1, keepdim=True)
+    keep = total.squeeze(1) > 0
+    frac = pos[keep].cumsum(1) / total[keep]
+    out = {}
+    for level in levels:
+        need = (frac < level - 1e-9).sum(1) + 1
+        out[f"{round(level * 100)}"] = float(need.float().mean()) if keep.any() else 0.0
+    return out
+
+
+# ---------------------------------------------------------------- the CBM
+
+
+@dataclass(frozen=True)
+class CbmResult:
+    """A trained concept bottleneck model and how it did."""
+
+    weight: Tensor
+    """[C, L] class x concept weights (no bias), applied to ``concepts * scale``."""
+    scale: Tensor
+    """[L] per-concept input scale (1 / training std)."""
+    classes: tuple[str, ...]
+    concept_ids: tuple[int, ...]
+    concept_names: tuple[str, ...]
+    lam: float
+    """The chosen sparsity weight."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """accuracy, probe_accuracy, val accuracies per lambda, zero_weights, coverage, split sizes, pooling..."""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def logits(self, concepts: Tensor) -> Tensor:
+        """concepts [N, L] -> logits [N, C]."""
+        return (concepts.float() * self.scale) @ self.weight.T
+
+    def contributions(self, concepts: Tensor, cls: Tensor | None = None) -> Tensor:
+        """[N, L]: each concept's contribution to class ``cls [N]`` (default: the predicted class)."""
+        x = concepts.float() * self.scale
+        if cls is None:
+            cls = (x @ self.weight.T).argmax(1)
+        return x * self.weight[cls]
+
+
+def _fit_cbm(xtr, ytr, xva, yva, C, cfg: CbmConfig):
+    tried = {}
+    best = None
+    for lam in sorted(cfg.lambdas):
+        fit = fit_linear(xtr, ytr, C, bias=False, l1=lam, epochs=cfg.epochs, lr=cfg.lr,
+                         batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
+        W = _prune(fit.weight, cfg.zero_tol)
+        acc = accuracy(xva @ W.T, yva)
+        tried[str(lam)] = acc
+        if best is None or acc >= best[0]:
+            best = (acc, lam, W)
+    return best, tried
+
+
+def _prune(W: Tensor, tol: float) -> Tensor:
+    cut = tol * float(W.abs().max()) if W.numel() else 0.0
+    return torch.where(W.abs() < cut, torch.zeros_like(W), W)
+
+
+def _fit_probe(raw: Tensor, y: Tensor, split: Split, C: int, cfg: CbmConfig) -> dict[str, float]:
+    mu = raw[split.train].mean(0)
+    sd = raw[split.train].std(0).clamp_min(1e-6)
+    z = (raw - mu) / sd
+    best = None
+    for l2 in cfg.probe_l2:
+        fit = fit_linear(z[split.train], y[split.train], C, bias=True, l2=l2, epochs=cfg.epochs, lr=cfg.lr,
+                         batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
+        va = accuracy(z[split.val] @ fit.weight.T + fit.bias, y[split.val])
+        if best is None or va > best[0]:
+            best = (va, l2, fit)
+    va, l2, fit = best
+    return {
+        "probe_accuracy": accuracy(z[split.test] @ fit.weight.T + fit.bias, y[split.test]),
+        "probe_val_accuracy": va,
+        "probe_l2": l2,
+    }
+
+
+def encode_labels(labels: Sequence[Any], min_class_size: int = 1) -> tuple[Tensor, tuple[str, ...], Tensor]:
+    """(y [n] over kept inputs, class names, kept input indices); classes rarer than ``min_class_size`` dropped."""
+    names = [str(v) for v in labels]
+    counts: dict[str, int] = {}
+    for v in names:
+        counts[v] = counts.get(v, 0) + 1
+    classes = tuple(sorted(c for c, n in counts.items() if n >= min_class_size and c not in ("None", "")))
+    dropped = sorted(c for c in counts if c not in classes)
+    if dropped:
+        log.info("dropping %d classes with fewer than %d inputs (or no label): %s", len(dropped), min_class_size,
+                 ", ".join(dropped[:10]))  # fmt: skip
+    if len(classes) < 2:
+        raise ValueError(f"need at least 2 classes with >= {min_class_size} inputs; got {counts}")
+    index = {c: i for i, c in enumerate(classes)}
+    keep = torch.tensor([i for i, v in enumerate(names) if v in index], dtype=torch.int64)
+    y = torch.tensor([index[names[i]] for i in keep.tolist()], dtype=torch.int64)
+    return y, classes, keep
+
+
+def train_cbm(
+    concepts: Tensor, labels: Sequence[Any], names: Sequence[str], cfg: CbmConfig, raw: Tensor | None = None,
+    concept_ids: Sequence[int] | None = None,
+) -> CbmResult:  # fmt: skip
+    """Fit the CBM on concepts [N, L] with ``labels [N]``; the baseline probe on ``raw [N, D]`` when given."""
+    if concepts.shape[0] != len(labels):
+        raise ValueError(f"{concepts.shape[0]} concept rows but {len(labels)} labels; pass one label per input")
+    y, classes, keep = encode_labels(labels, cfg.min_class_size)
+    x = concepts[keep].float().to(cfg.device)
+    y = y.to(cfg.device)
+    split = stratified_split(y.cpu(), cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    sd = x[split.train].std(0)
+    scale = torch.where(sd > 1e-8, 1.0 / sd.clamp_min(1e-8), torch.ones_like(sd))
+    xs = x * scale
+    C = len(classes)
+    (val_acc, lam, W), tried = _fit_cbm(xs[split.train], y[split.train], xs[split.val], y[split.val], C, cfg)
+    test_logits = xs[split.test] @ W.T
+    metrics: dict[str, Any] = {
+        "accuracy": accuracy(test_logits, y[split.test]),
+        "train_accuracy": accuracy(xs[split.train] @ W.T, y[split.train]),
+        "val_accuracy": val_acc,
+        "val_accuracy_by_lambda": tried,
+        "zero_weights": int((W == 0).sum()),
+        "n_weights": W.numel(),
+        "concepts_used": int((W != 0).any(0).sum()),
+        "coverage": coverage(xs[split.test] * W[test_logits.argmax(1)]),
+        "n_train": len(split.train),
+        "n_val": len(split.val),
+        "n_test": len(split.test),
+        "n_classes": C,
+    }
+    if raw is not None:
+        metrics.update(_fit_probe(raw[keep].float().to(cfg.device), y, split, C, cfg))
+    log.info("CBM accuracy %.3f (lambda %g) vs raw probe %s", metrics["accuracy"], lam,
+             f"{metrics['probe_accuracy']:.3f}" if raw is not None else "n/a")  # fmt: skip
+    ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
+    return CbmResult(W.cpu(), scale.cpu(), classes, ids, tuple(names), lam, metrics)
+
+
+# ---------------------------------------------------------------- explanations and interventions
+
+
+class Contribution(NamedTuple):
+    concept_id: int
+    name: str
+    value: float  # activation * scale * weight (per input) or weight (per class)
+
+
+def explain_input(cbm: CbmResult, concepts: Tensor, top: int = 5, cls: int | None = None) -> list[Contribution]:
+    """Top contributing named concepts for one input, concepts [L], to class ``cls`` (default: predicted)."""
+    c = torch.tensor([cls]) if cls is not None else None
+    contrib = cbm.contributions(concepts[None], c)[0]
+    vals, idx = contrib.topk(min(top, contrib.numel()))
+    return [Contribution(cbm.concept_ids[i], cbm.concept_names[i], v) for v, i in zip(vals.tolist(), idx.tolist())
+            if v > 0]  # fmt: skip
+
+
+def class_concepts(cbm: CbmResult, cls: int | str, top: int = 10) -> list[Contribution]:
+    """The concepts with the largest positive weights for class ``cls`` (index or name)."""
+    c = cbm.classes.index(cls) if isinstance(cls, str) else int(cls)
+    w = cbm.weight[c]
+    vals, idx = w.topk(min(top, w.numel()))
+    return [Contribution(cbm.concept_ids[i], cbm.concept_names[i], v) for v, i in zip(vals.tolist(), idx.tolist())
+            if v > 0]  # fmt: skip
+
+
+class Intervention(NamedTuple):
+    before: Tensor  # [N] predicted class indices
+    after: Tensor  # [N]
+    logits_after: Tensor  # [N, C]
+
+
+def intervene(
+    cbm: CbmResult, concepts: Tensor, set_to: dict[str, float] | None = None, remove: Sequence[str] = ()
+) -> Intervention:
+    """Set named concepts to a value (in raw activation units) or remove them (set to 0) and re-predict.
+
+    concepts [N, L]; names may be shared by several latents: all of them are changed."""
+    x = concepts.float().clone()
+    changes = {**{n: 0.0 for n in remove}, **(set_to or {})}
+    for name, value in changes.items():
+        cols = [i for i, n in enumerate(cbm.concept_names) if n == name]
+        if not cols:
+            raise KeyError(f"the CBM has no concept named {name!r}")
+        x[:, cols] = value
+    before = cbm.logits(concepts).argmax(1)
+    after = cbm.logits(x)
+    return Intervention(before, after.argmax(1), after)
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def save_cbm(cbm: CbmResult, directory: str | Path) -> Path:
+    """``cbm.safetensors`` (weight [C, L], scale [L]) + ``cbm.json`` (classes, concepts, lambda, metrics)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "cbm.safetensors.tmp"
+    save_file({"weight": cbm.weight.contiguous(), "scale": cbm.scale.contiguous()}, str(tmp),
+              metadata={"format_version": str(FORMAT_VERSION)})  # fmt: skip
+    os.replace(tmp, directory / "cbm.safetensors")
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "classes": list(cbm.classes),
+        "concepts": [{"id": i, "name": n} for i, n in zip(cbm.concept_ids, cbm.concept_names)],
+        "lambda": cbm.lam,
+        "metrics": cbm.metrics,
+        "meta": cbm.meta,
+    }
+    (directory / "cbm.json.tmp").write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(directory / "cbm.json.tmp", directory / "cbm.json")
+    return directory
+
+
+def load_cbm(directory: str | Path) -> CbmResult:
+    directory = Path(directory)
+    if not (directory / "cbm.json").exists():
+        raise FileNotFoundError(f"{directory} has no cbm.json; pass a directory written by `conceptdict cbm`")
+    doc = json.loads((directory / "cbm.json").read_text())
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{directory}/cbm.json has format_version={doc.get('format_version')!r}; "
+                         f"this conceptdict reads {FORMAT_VERSION}")  # fmt: skip
+    t = load_file(str(directory / "cbm.safetensors"))
+    return CbmResult(
+        weight=t["weight"],
+        scale=t["scale"],
+        classes=tuple(doc["classes"]),
+        concept_ids=tuple(c["id"] for c in doc["concepts"]),
+        concept_names=tuple(c["name"] for c in doc["concepts"]),
+        lam=float(doc["lambda"]),
+        metrics=doc.get("metrics", {}),
+        meta=doc.get("meta", {}),
+    )
+
+
+# ---------------------------------------------------------------- features from a store
+
+
+class CbmFeatures(NamedTuple):
+    concepts: Tensor  # [N, L] pooled concept activations per input
+    raw: Tensor  # [N, D] raw activations per input (mean over its tokens for token-level stores)
+    labels: list  # [N]
+
+
+def _row_inputs(store) -> Tensor:
+    """[rows] int64: the input (context) index of every store row."""
+    if getattr(store, "level", "token") == "sequence":
+        return torch.arange(store.num_rows)
+    if hasattr(store, "context_indices"):
+        return torch.as_tensor(store.context_indices(), dtype=torch.int64)
+    return torch.tensor([store.row_context(r, 0, 0).context_index for r in range(store.num_rows)])
+
+
+def store_features(
+    encoder, store, hookpoint: str, label_column: str, pooling: str = "super", quantile: float = 0.1,
+    chunk: int = 4096, device: str = "cpu",
+) -> CbmFeatures:  # fmt: skip
+    """Concept activations (pooled per input) and raw activations of a labelled store."""
+    labels = store.labels(label_column)
+    if labels is None:
+        raise ValueError(f"store {store.path} has no label column {label_column!r}; pass --label-column with one "
+                         "the dataset carried into the store (see `conceptdict store info`)")  # fmt: skip
+    codes, raws = [], []
+    with torch.no_grad():
+        for _, x in store.iter_rows(hookpoint, chunk):
+            x = x.float().to(device)
+            codes.append(encoder.encode(x).float().cpu())
+            raws.append(x.cpu())
+    codes_t, raw_t = torch.cat(codes), torch.cat(raws)
+    if getattr(store, "level", "token") == "sequence":
+        return CbmFeatures(codes_t, raw_t, list(labels))
+    inputs = _row_inputs(store)
+    uniq, groups = torch.unique(inputs, return_inverse=True)
+    first = torch.full((len(uniq),), -1, dtype=torch.int64)
+    first.scatter_reduce_(0, groups, torch.arange(len(groups)), "amin", include_self=False)
+    return CbmFeatures(
+        pool_codes(codes_t, groups, pooling, quantile), pool_codes(raw_t, groups, "mean"),
+        [labels[i] for i in first.tolist()],
+    )  # fmt: skip

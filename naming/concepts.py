@@ -1,0 +1,220 @@
+"""The concept dictionary record and its on-disk format (DESIGN.md "Concept dictionary").
+
+A directory holds ``concepts.json`` (format version, where the dictionary came from, one record per latent)
+and ``concepts.safetensors`` (``directions [L, D]`` — or ``[L, S, D]`` for a crosscoder — the decoder rows in
+raw activation units, plus ``frequency [L]``). The HTML report is written next to them by
+:func:`conceptdict.naming.report.write_report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+FORMAT_VERSION = 1
+JSON_NAME = "concepts.json"
+TENSORS_NAME = "concepts.safetensors"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One context where a latent fires: the text with the activating token marked."""
+
+    row: int
+    """Store row."""
+    activation: float
+    """The latent's activation on that row."""
+    tokens: tuple[str, ...]
+    """Context tokens (token-level stores) or the input's tokens (sequence-level)."""
+    marked: int
+    """Index into ``tokens`` of the activating token; -1 for a sequence-level row (the whole input)."""
+    text: str
+    """The context as plain text."""
+
+    def marked_text(self, left: str = "<<", right: str = ">>") -> str:
+        """The context with the activating token wrapped in ``left``/``right`` (the plain text when unmarked)."""
+        if self.marked < 0 or not self.tokens:
+            return self.text
+        t = list(self.tokens)
+        t[self.marked] = f"{left}{t[self.marked]}{right}"
+        return "".join(t)
+
+
+@dataclass(frozen=True)
+class Concept:
+    """A named latent with the evidence it was named from."""
+
+    id: int
+    """Latent index in the dictionary."""
+    name: str
+    """The chosen name ("" when unnamed)."""
+    score: float
+    """Naming score (vocabulary namer: cosine similarity; see each namer)."""
+    runner_ups: tuple[str, ...] = ()
+    """Next-best names, best first."""
+    runner_up_scores: tuple[float, ...] = ()
+    """Scores of ``runner_ups``."""
+    namer: str = ""
+    """Which namer chose the name."""
+    frequency: float = 0.0
+    """Fraction of store rows where the latent fires (activation > 0)."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """Activation statistics: max, mean (over all rows), mean_active, std_active, quantiles q10..q90."""
+    histogram: dict[str, list[float]] = field(default_factory=dict)
+    """``{"edges": [n+1], "counts": [n]}`` of the nonzero activations."""
+    top_examples: tuple[Example, ...] = ()
+    """Top-activating contexts, highest first."""
+    quantile_examples: tuple[Example, ...] = ()
+    """Contexts drawn from activation quantiles (lowest quantile first)."""
+    logit_top: tuple[str, ...] = ()
+    """Tokens most promoted by the direction (``W_dec[j] . W_U``), where the model has an unembedding."""
+    logit_bottom: tuple[str, ...] = ()
+    """Tokens most suppressed by the direction."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything else (crosscoder flags such as relative norm and tag, LLM detection score, ...)."""
+
+
+@dataclass(frozen=True)
+class ConceptDictionary:
+    """All concepts of one dictionary, their directions and where they came from."""
+
+    concepts: tuple[Concept, ...]
+    """One per latent, ordered by id."""
+    directions: Tensor
+    """[L, D] (or [L, S, D] for a crosscoder): decoder rows in raw activation units."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Provenance: sae_dir, store, model, hookpoint, level, namer, vocabulary, ..."""
+
+    def __post_init__(self) -> None:
+        if self.directions.shape[0] != len(self.concepts):
+            raise ValueError(
+                f"{len(self.concepts)} concepts but directions has {self.directions.shape[0]} rows; "
+                "pass one concept per decoder row"
+            )
+        for i, c in enumerate(self.concepts):
+            if c.id != i:
+                raise ValueError(f"concept at position {i} has id {c.id}; concepts must be ordered by id 0..L-1")
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.concepts]
+
+    def ids_named(self, name: str) -> list[int]:
+        """Latent ids carrying ``name`` (names may repeat, as in Discover-then-Name)."""
+        ids = [c.id for c in self.concepts if c.name == name]
+        if not ids:
+            close = sorted({c.name for c in self.concepts if name.lower() in c.name.lower()})[:5]
+            hint = f"; similar names: {', '.join(close)}" if close else ""
+            raise KeyError(f"no concept named {name!r}{hint}")
+        return ids
+
+
+def _example_to_json(e: Example) -> dict[str, Any]:
+    d = dataclasses.asdict(e)
+    d["tokens"] = list(e.tokens)
+    d["marked_text"] = e.marked_text()
+    return d
+
+
+def _example_from_json(d: dict[str, Any]) -> Example:
+    return Example(
+        row=int(d["row"]),
+        activation=float(d["activation"]),
+        tokens=tuple(d.get("tokens", ())),
+        marked=int(d.get("marked", -1)),
+        text=str(d.get("text", "")),
+    )
+
+
+def concept_to_json(c: Concept) -> dict[str, Any]:
+    """A concept as plain JSON types (examples also carry ``marked_text``)."""
+    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    d["runner_ups"] = list(c.runner_ups)
+    d["runner_up_scores"] = [float(s) for s in c.runner_up_scores]
+    d["top_examples"] = [_example_to_json(e) for e in c.top_examples]
+    d["quantile_examples"] = [_example_to_json(e) for e in c.quantile_examples]
+    d["logit_top"] = list(c.logit_top)
+    d["logit_bottom"] = list(c.logit_bottom)
+    return d
+
+
+def concept_from_json(d: dict[str, Any]) -> Concept:
+    names = {f.name for f in dataclasses.fields(Concept)}
+    unknown = set(d) - names
+    if unknown:
+        raise ValueError(f"unknown concept fields {sorted(unknown)}; this file was written by a newer conceptdict")
+    return Concept(
+        id=int(d["id"]),
+        name=str(d["name"]),
+        score=float(d["score"]),
+        runner_ups=tuple(d.get("runner_ups", ())),
+        runner_up_scores=tuple(float(s) for s in d.get("runner_up_scores", ())),
+        namer=str(d.get("namer", "")),
+        frequency=float(d.get("frequency", 0.0)),
+        stats={k: float(v) for k, v in d.get("stats", {}).items()},
+        histogram={k: [float(x) for x in v] for k, v in d.get("histogram", {}).items()},
+        top_examples=tuple(_example_from_json(e) for e in d.get("top_examples", ())),
+        quantile_examples=tuple(_example_from_json(e) for e in d.get("quantile_examples", ())),
+        logit_top=tuple(d.get("logit_top", ())),
+        logit_bottom=tuple(d.get("logit_bottom", ())),
+        extra=dict(d.get("extra", {})),
+    )
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save_concepts(cd: ConceptDictionary, directory: str | Path) -> Path:
+    """Write ``concepts.json`` + ``concepts.safetensors`` into ``directory``; returns the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    freq = torch.tensor([c.frequency for c in cd.concepts], dtype=torch.float32)
+    tensors = {"directions": cd.directions.detach().float().contiguous().cpu(), "frequency": freq}
+    tmp = directory / (TENSORS_NAME + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format_version": str(FORMAT_VERSION)})
+    os.replace(tmp, directory / TENSORS_NAME)
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "n_concepts": len(cd.concepts),
+        "directions_shape": list(cd.directions.shape),
+        "meta": cd.meta,
+        "concepts": [concept_to_json(c) for c in cd.concepts],
+    }
+    _atomic_write_text(directory / JSON_NAME, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    return directory
+
+
+def load_concepts(directory: str | Path) -> ConceptDictionary:
+    """Read a concept dictionary written by :func:`save_concepts`."""
+    directory = Path(directory)
+    jpath = directory / JSON_NAME
+    if not jpath.exists():
+        raise FileNotFoundError(
+            f"{directory} has no {JSON_NAME}; pass a concept dictionary directory written by `conceptdict name`"
+        )
+    doc = json.loads(jpath.read_text())
+    version = doc.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{jpath} has format_version={version!r}; this conceptdict reads version {FORMAT_VERSION}")
+    tensors = load_file(str(directory / TENSORS_NAME))
+    concepts = tuple(concept_from_json(c) for c in doc["concepts"])
+    return ConceptDictionary(concepts=concepts, directions=tensors["directions"], meta=doc.get("meta", {}))
+
+
+def is_concept_dir(directory: str | Path) -> bool:
+    """True when ``directory`` holds a concept dictionary."""
+    return (Path(directory) / JSON_NAME).exists()

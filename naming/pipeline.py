@@ -1,0 +1,268 @@
+"""``name_dictionary``: a trained dictionary + its activation store -> a named ConceptDictionary."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+import torch
+from torch import Tensor
+
+from .concepts import Concept, ConceptDictionary
+from .evidence import ContextCache, LatentEvidence, collect_evidence, logit_lens
+from .llm import LlmConfig, LlmNamer
+from .namers import ContextNamer, LogitLensNamer, Namer, NameResult, NamingInputs, VocabNamer, check_results
+from .vocab import DEFAULT_VOCAB, default_cache_dir, embed_vocabulary, load_vocabulary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from conceptdict.activations import ActivationStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NameConfig:
+    """Flags of ``conceptdict name``."""
+
+    out: Path | None = None
+    """Directory for the concept dictionary (concepts.json, concepts.safetensors, report/)."""
+    store: Path | None = None
+    """Activation store to draw evidence from (default: the store recorded in the dictionary's config.json)."""
+    namer: Literal["vocab", "context", "logit-lens", "llm"] = "vocab"
+    """How latents get their names: vocab (Discover-then-Name), context, logit-lens or llm."""
+    vocab: str = DEFAULT_VOCAB
+    """Vocabulary for the vocab namer: wordfreq:LANG:N or a word-list file (one word per line)."""
+    hookpoint: str | None = None
+    """Hookpoint the dictionary was trained on (default: from its config.json, else the store's only one)."""
+    model: str | None = None
+    """Model name or directory used to embed the vocabulary / for the logit lens (default: the store's model)."""
+    top_k: int = 20
+    """Top-activating examples kept per latent."""
+    n_bins: int = 32
+    """Activation histogram bins per latent."""
+    quantiles: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], metadata={"flag": "quantile"})
+    """Activation quantiles to draw one example from each (repeat the flag)."""
+    context_before: int = 8
+    """Tokens of context before the activating token (token-level stores)."""
+    context_after: int = 4
+    """Tokens of context after the activating token."""
+    max_chars: int = 600
+    """Longest text kept for a sequence-level example (whole inputs are truncated to this)."""
+    runner_ups: int = 4
+    """Runner-up names kept per latent."""
+    base_rows: int = 512
+    """Random rows for the context namer's base rates."""
+    logit_tokens: int = 10
+    """Top/bottom logit-lens tokens recorded per latent (token-level stores of models with an unembedding)."""
+    source: int = -1
+    """Crosscoders: which source's decoder directions are named (default the last, model B)."""
+    cache_dir: Path | None = None
+    """Where vocabulary embeddings are cached (default $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."""
+    chunk: int = 4096
+    """Store rows encoded at once."""
+    device: str = "cpu"
+    """Device for encoding and embedding."""
+    seed: int = 0
+    """Seed for sampled examples."""
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    """Settings of the llm namer."""
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "n_bins", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        bad = [q for q in self.quantiles if not 0 < q < 1]
+        if bad:
+            raise ValueError(f"quantiles {bad} must lie strictly between 0 and 1")
+
+
+def model_id_of(store: "ActivationStore") -> str | None:
+    """The model name recorded in a store's manifest, if any."""
+    m = store.manifest.get("model")
+    if isinstance(m, dict):
+        m = m.get("name") or m.get("id") or m.get("name_or_dir")
+    return str(m) if m else None
+
+
+def resolve_hookpoint(store: "ActivationStore", hookpoint: str | None) -> str:
+    if hookpoint is None:
+        if len(store.hookpoints) != 1:
+            raise ValueError(f"store {store.path} has hookpoints {store.hookpoints}; pick one with --hookpoint")
+        return store.hookpoints[0]
+    if hookpoint not in store.hookpoints:
+        raise ValueError(f"hookpoint {hookpoint!r} is not in store {store.path}; it has {store.hookpoints}")
+    return hookpoint
+
+
+def _model_loader(name: str | None, device: str) -> Callable[[], Any]:
+    @functools.cache
+    def get():
+        if not name:
+            raise ValueError("no model id: the store manifest names none; pass --model NAME_OR_DIR")
+        from conceptdict.activations import load_model
+
+        return load_model(name, device=device)
+
+    return get
+
+
+def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_model) -> Namer:
+    """The namer ``cfg.namer`` asks for (may load the model to embed a vocabulary or unembed)."""
+    if cfg.namer == "vocab":
+        def embed(texts: list[str]) -> Tensor:
+            from conceptdict.activations import embed_texts
+
+            with torch.no_grad():
+                return embed_texts(get_model(), texts, hookpoint)
+
+        words = load_vocabulary(cfg.vocab)
+        ve = embed_vocabulary(words, model_name or "?", hookpoint, embed, cfg.cache_dir or default_cache_dir())
+        return VocabNamer(tuple(ve.words), ve.embeddings, cfg.runner_ups)
+    if cfg.namer == "context":
+        return ContextNamer(cfg.runner_ups)
+    if cfg.namer == "logit-lens":
+        handle = get_model()
+        W_U = handle.unembed()
+        if W_U is None:
+            raise ValueError(f"model {model_name} has no unembedding; use --namer vocab or context")
+        return LogitLensNamer(W_U.float().cpu(), handle.decode, cfg.runner_ups)
+    if cfg.namer == "llm":
+        return LlmNamer(cfg.llm)
+    raise ValueError(f"unknown namer {cfg.namer!r}; choose vocab, context, logit-lens or llm")
+
+
+def _crosscoder_flags(directions: Tensor) -> list[dict[str, Any]]:
+    """Relative decoder-norm difference, tag and cosine per latent for a 2-source crosscoder [L, 2, D]."""
+    if directions.ndim != 3 or directions.shape[1] != 2:
+        return [{} for _ in range(directions.shape[0])]
+    na, nb = directions[:, 0].norm(dim=1), directions[:, 1].norm(dim=1)
+    delta = 0.5 * ((nb - na) / torch.maximum(na, nb).clamp_min(1e-12) + 1)
+    cos = torch.nn.functional.cosine_similarity(directions[:, 0], directions[:, 1], dim=1)
+    out = []
+    for d, c in zip(delta.tolist(), cos.tolist()):
+        tag = "B-only" if d > 0.9 else "A-only" if d < 0.1 else "shared" if abs(d - 0.5) < 0.1 else "mixed"
+        out.append({"relative_norm": d, "tag": tag, "cos_AB": c})
+    return out
+
+
+def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
+    s = {
+        "max": float(ev.max[j]),
+        "mean": float(ev.mean[j]),
+        "mean_active": float(ev.mean_active[j]),
+        "std_active": float(ev.std_active[j]),
+        "count": float(ev.count[j]),
+    }
+    for q, v in zip(ev.quantile_levels.tolist(), ev.quantile_values[j].tolist()):
+        s[f"q{round(q * 100):02d}"] = float(v)
+    return s
+
+
+def name_dictionary(model, store: "ActivationStore", cfg: NameConfig) -> ConceptDictionary:
+    """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``."""
+    hookpoint = resolve_hookpoint(store, cfg.hookpoint)
+    model_name = cfg.model or model_id_of(store)
+    get_model = _model_loader(model_name, cfg.device)
+    directions = model.decoder_directions().detach().float().cpu()
+    named = directions if directions.ndim == 2 else directions[:, cfg.source]
+    level = getattr(store, "level", "token")
+    if hasattr(model, "to"):
+        model.to(cfg.device)
+    ev = collect_evidence(
+        model, store, hookpoint, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
+        n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
+        device=cfg.device,
+    )  # fmt: skip
+    cache = TruncatingContextCache(store, cfg.context_before, cfg.context_after, cfg.max_chars)
+    L = named.shape[0]
+    top = [cache.examples(ev.top_rows[j], ev.top_values[j]) for j in range(L)]
+    quant = [cache.examples(ev.quantile_rows[j], ev.quantile_row_values[j]) for j in range(L)]
+    neg = [cache.examples(ev.negative_rows[j], torch.zeros(ev.negative_rows.shape[1])) for j in range(L)]
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    base_rows = torch.randperm(store.num_rows, generator=gen)[: cfg.base_rows]
+    base = tuple(cache.example(int(r), 0.0) for r in base_rows.tolist()) if cfg.namer == "context" else ()
+    namer = build_namer(cfg, model_name, hookpoint, get_model)
+    inputs = NamingInputs(named, top, quant, neg, base)
+    results = check_results(namer(inputs), L, namer.kind)
+    logit_top, logit_bottom = _logit_tokens(named, level, cfg, get_model)
+    flags = _crosscoder_flags(directions)
+    concepts = tuple(
+        _concept(j, results[j], namer.kind, ev, top[j], quant[j], logit_top[j], logit_bottom[j], flags[j])
+        for j in range(L)
+    )
+    meta = {
+        "model": model_name,
+        "hookpoint": hookpoint,
+        "store": str(store.path),
+        "level": level,
+        "namer": namer.kind,
+        "vocab": cfg.vocab if cfg.namer == "vocab" else None,
+        "num_rows": ev.num_rows,
+        "dictionary": dict(
+            kind=getattr(model, "kind", None), d_in=getattr(model, "d_in", None), k=getattr(model, "k", None)
+        ),
+    }
+    log.info("named %d latents with the %s namer", L, namer.kind)
+    return ConceptDictionary(concepts=concepts, directions=directions, meta=meta)
+
+
+def _concept(j, res: NameResult, kind, ev, top, quant, ltop, lbot, flags) -> Concept:
+    extra = dict(flags)
+    if int(ev.count[j]) == 0:
+        extra["dead"] = True
+    extra.update(getattr(res, "extra", None) or {})
+    return Concept(
+        id=j,
+        name=res.name,
+        score=float(res.score),
+        runner_ups=tuple(res.runner_ups),
+        runner_up_scores=tuple(float(s) for s in res.runner_up_scores),
+        namer=kind,
+        frequency=float(ev.frequency[j]),
+        stats=_stats(ev, j),
+        histogram={"edges": ev.hist_edges[j].tolist(), "counts": [float(c) for c in ev.hist_counts[j].tolist()]},
+        top_examples=top,
+        quantile_examples=quant,
+        logit_top=ltop,
+        logit_bottom=lbot,
+        extra=extra,
+    )
+
+
+def _logit_tokens(directions: Tensor, level: str, cfg: NameConfig, get_model):
+    """Top/bottom logit-lens tokens per latent, or empty tuples where there is no unembedding."""
+    L = directions.shape[0]
+    empty = [()] * L
+    if level != "token" or cfg.logit_tokens <= 0:
+        return empty, empty
+    try:
+        handle = get_model()
+    except Exception as e:  # the model is optional evidence: name without it
+        log.warning("no logit lens: could not load the model (%s)", e)
+        return empty, empty
+    W_U = handle.unembed()
+    if W_U is None or W_U.shape[0] != directions.shape[1]:
+        return empty, empty
+    lens = logit_lens(directions, W_U.cpu(), k=cfg.logit_tokens)
+    top = [tuple(handle.decode(ids)) for ids in lens.top_ids.tolist()]
+    bot = [tuple(handle.decode(ids)) for ids in lens.bottom_ids.tolist()]
+    return top, bot
+
+
+class TruncatingContextCache(ContextCache):
+    """Context cache that keeps sequence-level inputs as truncated text (no token list)."""
+
+    def __init__(self, store, before: int, after: int, max_chars: int) -> None:
+        super().__init__(store, before, after)
+        self.max_chars = max_chars
+
+    def example(self, row: int, activation: float):
+        e = super().example(row, activation)
+        if e.marked >= 0:
+            return e
+        text = e.text if len(e.text) <= self.max_chars else e.text[: self.max_chars - 1] + "\u2026"
+        return dataclasses.replace(e, tokens=(), text=text)
