@@ -16,13 +16,14 @@ import torch
 from torch import Tensor
 
 from . import reference
+from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
+OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux")
 IMPLS: dict[str, dict[str, str]] = {
-    "encode_topk": {"reference": "reference:encode_topk"},
-    "batch_topk": {"reference": "reference:batch_topk"},
-    "sparse_decode": {"reference": "reference:sparse_decode"},
-    "encode_aux": {"reference": "reference:encode_aux"},
+    op: {name: f"{module}:{op}" for name, module in
+         (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
+    for op in OPS
 }
 
 # which implementation "auto" prefers per device type, first available wins
@@ -89,10 +90,36 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec)
 
 
+def encode(
+    x: Tensor,
+    W_enc: Tensor,
+    b_enc: Tensor,
+    k: int,
+    *,
+    batch: bool = False,
+    scale: Tensor | None = None,
+    dead: Tensor | None = None,
+    k_aux: int = 0,
+    impl: str = "auto",
+) -> Encoded:
+    """The fused encoder of a training step: ONE matmul x [B, D] @ W_enc [D, L], then the selection.
+
+    TopK per row (``batch=False``) or BatchTopK (``batch=True``: top ``k*B`` of the whole batch, ranked by
+    ``acts * scale`` [L] when given, zero-padded to [B, K]), and, when ``dead`` (bool [L]) and ``k_aux`` are
+    given, the AuxK code (top ``k_aux`` among dead latents) from the same pre-activations. ``k=0`` skips
+    the main code. Values (main and aux) are differentiable in x, W_enc and b_enc through the kept
+    entries only; returns ``Encoded(values, indices, aux_values, aux_indices, smallest)``.
+    """
+    fn = _fn("encode", impl, x.device)
+    return Encoded(*fn(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead, k_aux=k_aux))
+
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x.device)(x, W_enc, b_enc, dead, k_aux)
     return SparseCode(values, indices)
 
 
-__all__ = ["IMPLS", "SparseCode", "batch_topk", "encode_aux", "encode_topk", "resolve_impl", "sparse_decode"]
+__all__ = [
+    "IMPLS", "Encoded", "SparseCode", "batch_topk", "encode", "encode_aux", "encode_topk", "resolve_impl", "sparse_decode",
+]

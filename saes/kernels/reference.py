@@ -56,7 +56,7 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor)
     B = values.shape[0]
     L = W_dec.shape[0]
     dense = values.new_zeros(B, L).scatter_add(1, indices, values)
-    return dense @ W_dec + b_dec
+    return dense @ W_dec if b_dec is None else dense @ W_dec + b_dec
 
 
 def encode_topk(x: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -80,3 +80,31 @@ def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int
     masked = acts.masked_fill(~dead, -1.0)
     values, indices = masked.topk(kk, dim=-1, sorted=True)
     return values.clamp_min(0.0), indices
+
+
+def encode(
+    x: Tensor,
+    W_enc: Tensor,
+    b_enc: Tensor,
+    k: int,
+    *,
+    batch: bool = False,
+    scale: Tensor | None = None,
+    dead: Tensor | None = None,
+    k_aux: int = 0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The fused encode, densely: (values, indices, aux_values, aux_indices, smallest); see kernels.encode."""
+    B = x.shape[0]
+    acts = torch.relu(pre_activations(x, W_enc, b_enc))
+    smallest = acts.new_zeros(())
+    if k == 0:
+        values, indices = acts.new_zeros(B, 0), torch.zeros(B, 0, dtype=torch.long, device=x.device)
+    elif batch:
+        values, indices, smallest = batch_topk(acts, k, scale)
+    else:
+        values, indices = topk_rows(acts, k)
+    if dead is None or k_aux == 0:
+        aux_values, aux_indices = encode_aux(x, W_enc, b_enc, torch.zeros(W_enc.shape[1], dtype=torch.bool), 0)
+    else:
+        aux_values, aux_indices = encode_aux(x, W_enc, b_enc, dead, k_aux)
+    return values, indices, aux_values, aux_indices, smallest

@@ -1,0 +1,71 @@
+"""The ``numba`` implementation (CPU): numba kernels from ``numba_kernels.py`` behind the sparse autograd.
+
+numba is imported when this module is (first use of ``impl="numba"`` or of "auto" on CPU), never at
+package import. Kernels compute in float32; other dtypes are converted at the boundary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import numba_kernels as nk
+from .sparse import Backend, make_ops
+
+_NO_COLS = np.empty(0, np.int64)
+
+
+def _f32(t: Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).contiguous().numpy()
+
+
+def _i64(t: Tensor) -> np.ndarray:
+    return t.detach().to(torch.int64).contiguous().numpy()
+
+
+def _check_cpu(t: Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"impl='numba' runs on CPU only but got a tensor on {t.device}; use impl='torch' or 'auto'")
+
+
+def row_topk(pre: Tensor, k: int, cols: Tensor | None) -> tuple[Tensor, Tensor]:
+    _check_cpu(pre)
+    B = pre.shape[0]
+    values = np.empty((B, k), np.float32)
+    indices = np.empty((B, k), np.int64)
+    nk.row_topk(_f32(pre), k, _NO_COLS if cols is None else _i64(cols), values, indices)
+    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices)
+
+
+def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
+    _check_cpu(W)
+    D = W.shape[1]
+    out = np.empty((idx.shape[0], D), np.float32)
+    b = np.zeros(D, np.float32) if bias is None else _f32(bias)
+    nk.gather_sum(_i64(idx), _f32(val), _f32(W), b, out)
+    return torch.from_numpy(out).to(W.dtype)
+
+
+def gather_dot(idx: Tensor, G: Tensor, W: Tensor) -> Tensor:
+    out = np.empty(tuple(idx.shape), np.float32)
+    nk.gather_dot(_i64(idx), _f32(G), _f32(W), out)
+    return torch.from_numpy(out).to(G.dtype)
+
+
+def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
+    out = np.empty((L, A.shape[1]), np.float32)
+    nk.scatter_rows(_i64(idx), _f32(val), _f32(A), out)
+    return torch.from_numpy(out).to(A.dtype)
+
+
+def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
+    D, L = W_enc.shape
+    grad_xT = np.empty((D, x.shape[0]), np.float32)
+    grad_W = np.empty((D, L), np.float32)
+    nk.encoder_backward(_i64(idx), _f32(g), _f32(x.t()), _f32(W_enc), grad_xT, grad_W)
+    return torch.from_numpy(grad_xT).t().contiguous(), torch.from_numpy(grad_W)
+
+
+BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux = make_ops(BACKEND)

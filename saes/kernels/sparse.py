@@ -1,0 +1,230 @@
+"""Sparse autograd shared by every fast implementation, parameterised by a small ``Backend``.
+
+A TopK step computes the pre-activations once (one dense matmul, ``pre [B, L]``), selects, and from then
+on touches only the B*K selected entries: the encoder backward is ``grad_x = S_g W_enc^T`` and
+``grad_W_enc = x^T S_g`` with ``S_g`` the sparse [B, L] gradient at the selected entries; the decode is
+an embedding-bag sum and its backward a gather-dot (values) and a scatter (W_dec rows).
+``pre`` is freed as soon as the selection is done; nothing saved for backward is [B, L].
+
+A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_backend()`` below is the
+portable one (index_add / embedding_bag), usable on any device.
+
+Shapes: x [B, D], W_enc [D, L], b_enc [L], W_dec [L, D], b_dec [D], idx / val [B, K].
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .select import Selection, select_batch, select_rows
+
+# rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
+_CHUNK_ROWS = 1024
+
+
+class Backend(NamedTuple):
+    """The primitives a fast implementation provides (all without autograd)."""
+
+    row_topk: Callable[[Tensor, int, Tensor | None], tuple[Tensor, Tensor]]
+    """(pre [B, L], k, cols [C] int64 or None) -> values [B, k], indices [B, k]: per-row top k (of pre[:, cols])."""
+    gather_sum: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
+    """(idx [B, K], val [B, K], W [L, D], bias [D] or None) -> [B, D] = bias + sum_j val W[idx]."""
+    gather_dot: Callable[[Tensor, Tensor, Tensor], Tensor]
+    """(idx [B, K], G [B, D], W [L, D]) -> [B, K] = <G[b], W[idx[b, j]]>."""
+    scatter_rows: Callable[[Tensor, Tensor, Tensor, int], Tensor]
+    """(idx [B, K], val [B, K], A [B, D], L) -> [L, D] = sum over entries of val A[b] into row idx."""
+    encoder_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+    """(idx [B, K], g [B, K], x [B, D], W_enc [D, L]) -> grad_x [B, D], grad_W_enc [D, L]."""
+
+
+# ---------------------------------------------------------------- the portable (torch) backend
+
+
+def _torch_row_topk(pre: Tensor, k: int, cols: Tensor | None) -> tuple[Tensor, Tensor]:
+    if cols is None:
+        return pre.topk(k, dim=1, sorted=False)
+    values, pos = pre.index_select(1, cols).topk(k, dim=1, sorted=False)
+    return values, cols[pos]
+
+
+def _torch_gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
+    out = F.embedding_bag(idx, W, per_sample_weights=val.to(W.dtype), mode="sum")
+    return out if bias is None else out + bias
+
+
+def _torch_gather_dot(idx: Tensor, G: Tensor, W: Tensor) -> Tensor:
+    out = G.new_empty(idx.shape)
+    for s in range(0, idx.shape[0], _CHUNK_ROWS):
+        rows = W[idx[s : s + _CHUNK_ROWS]]  # [c, K, D]
+        out[s : s + _CHUNK_ROWS] = torch.bmm(rows, G[s : s + _CHUNK_ROWS, :, None].to(W.dtype))[..., 0].to(G.dtype)
+    return out
+
+
+def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
+    out = A.new_zeros(L, A.shape[1])
+    for s in range(0, idx.shape[0], _CHUNK_ROWS):
+        i, v, a = idx[s : s + _CHUNK_ROWS], val[s : s + _CHUNK_ROWS], A[s : s + _CHUNK_ROWS]
+        contrib = (v.to(A.dtype)[:, :, None] * a[:, None, :]).reshape(-1, A.shape[1])
+        out.index_add_(0, i.reshape(-1), contrib)
+        del contrib
+    return out
+
+
+def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
+    grad_x = _torch_gather_sum(idx, g, W_enc.t().contiguous(), None)
+    grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t().contiguous()
+    return grad_x, grad_W
+
+
+def torch_backend() -> Backend:
+    """The portable backend: embedding_bag / index_add / bmm in chunks; any device, any float dtype."""
+    return Backend(_torch_row_topk, _torch_gather_sum, _torch_gather_dot, _torch_scatter_rows, _torch_encoder_backward)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+class _SparseDecode(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values, indices, W_dec, b_dec, backend):
+        ctx.backend = backend
+        ctx.has_bias = b_dec is not None
+        ctx.save_for_backward(values, indices, W_dec)
+        return backend.gather_sum(indices, values, W_dec, b_dec)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        values, indices, W_dec = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_v = grad_W = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_v = ctx.backend.gather_dot(indices, grad_out, W_dec).to(values.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_W = ctx.backend.scatter_rows(indices, values, grad_out, W_dec.shape[0]).to(W_dec.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_b = grad_out.sum(0)
+        return grad_v, None, grad_W, grad_b, None
+
+
+class _SparseEncoderGrad(torch.autograd.Function):
+    """Identity on the selected values in forward; the sparse encoder backward in backward."""
+
+    @staticmethod
+    def forward(ctx, x, W_enc, b_enc, indices, values, backend):
+        ctx.backend = backend
+        ctx.L = W_enc.shape[1]
+        ctx.save_for_backward(x, W_enc, indices, values > 0)
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad_values):
+        x, W_enc, indices, alive = ctx.saved_tensors
+        g = (grad_values * alive).contiguous()
+        grad_x = grad_W = grad_b = None
+        if ctx.needs_input_grad[2]:
+            grad_b = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
+            grad_b = grad_b.to(W_enc.dtype)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_enc)
+            grad_x = grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None
+            grad_W = grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_W, grad_b, None, None, None
+
+
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend) -> Tensor:
+    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward."""
+    return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend)
+
+
+class Encoded(NamedTuple):
+    """The codes of one fused encode: one matmul, then selection, then only sparse work."""
+
+    values: Tensor  # [B, K] kept ReLU(pre) (zero at padding), differentiable in x, W_enc, b_enc
+    indices: Tensor  # [B, K] int64
+    aux_values: Tensor  # [B, K'] AuxK values among dead latents (K' = 0 when none), differentiable
+    aux_indices: Tensor  # [B, K'] int64
+    smallest: Tensor  # 0-dim: smallest kept activation (BatchTopK threshold update; 0 for TopK)
+
+
+def encode(
+    x: Tensor,
+    W_enc: Tensor,
+    b_enc: Tensor,
+    k: int,
+    backend: Backend,
+    *,
+    batch: bool = False,
+    scale: Tensor | None = None,
+    dead: Tensor | None = None,
+    k_aux: int = 0,
+) -> Encoded:
+    """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
+    by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
+    one matmul; the [B, L] pre-activations are freed before returning. ``k=0`` skips the main code."""
+    with torch.no_grad():
+        pre = torch.addmm(b_enc, x, W_enc)
+        if k == 0:
+            sel = _empty(pre)
+        elif batch:
+            sel = select_batch(pre, k, scale, backend.row_topk)
+        else:
+            sel = select_rows(pre, k, backend.row_topk)
+        aux = _select_aux(pre, dead, k_aux, backend.row_topk)
+        del pre
+        idx = torch.cat([sel.indices, aux.indices], dim=1)
+        vals = torch.cat([sel.values, aux.values], dim=1)
+    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
+    K = sel.indices.shape[1]
+    return Encoded(out[:, :K], sel.indices, out[:, K:], aux.indices, sel.smallest)
+
+
+def _empty(pre: Tensor) -> Selection:
+    B = pre.shape[0]
+    return Selection(pre.new_zeros(B, 0), torch.zeros(B, 0, dtype=torch.long, device=pre.device), pre.new_zeros(()))
+
+
+def _select_aux(pre: Tensor, dead: Tensor | None, k_aux: int, row_topk) -> Selection:
+    n_dead = 0 if dead is None else int(dead.sum().item())
+    kk = min(k_aux, n_dead)
+    if kk == 0:
+        return _empty(pre)
+    cols = torch.nonzero(dead.to(pre.device)).flatten()
+    values, indices = row_topk(pre, kk, cols)
+    return Selection(values.clamp_min(0), indices, pre.new_zeros(()))
+
+
+def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact batch top-k of acts [B, L] (already >= 0); values differentiable in acts (by gather)."""
+    with torch.no_grad():
+        sel = select_batch(acts.detach(), k, scale, backend.row_topk, relu_inplace=False)
+        kept = sel.values > 0
+    values = acts.gather(1, sel.indices) * kept
+    return values, sel.indices, sel.smallest
+
+
+def make_ops(backend: Backend):
+    """The public operations of ``saes.kernels`` bound to ``backend``:
+    (encode, encode_topk, batch_topk, sparse_decode, encode_aux), with the signatures of ``reference.py``."""
+
+    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0):
+        return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux)
+
+    def _encode_topk(x, W_enc, b_enc, k):
+        enc = encode(x, W_enc, b_enc, k, backend)
+        return enc.values, enc.indices
+
+    def _batch_topk(acts, k, scale=None):
+        return batch_topk(acts, k, scale, backend)
+
+    def _sparse_decode(values, indices, W_dec, b_dec):
+        return sparse_decode(values, indices, W_dec, b_dec, backend)
+
+    def _encode_aux(x, W_enc, b_enc, dead, k_aux):
+        enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux)
+        return enc.aux_values, enc.aux_indices
+
+    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux
