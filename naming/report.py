@@ -1,0 +1,195 @@
+"""A static HTML report of a concept dictionary (and optionally its CBM), readable without a server.
+
+``index.html`` holds the summary and the first page of concept cards (most frequent concepts first);
+``concepts-N.html`` the further pages; with a CBM, ``cbm.html`` its metrics and ``cbm-class-I.html`` one
+page per class. Every string that comes from data (names, tokens, texts, class labels, paths) goes through
+:func:`esc`; nothing from the data is ever placed in a tag, attribute name, script or URL unescaped.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+from pathlib import Path
+from typing import Sequence
+
+from .cbm import CbmResult, class_concepts
+from .concepts import Concept, ConceptDictionary, Example
+
+log = logging.getLogger(__name__)
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:16px 28px}header h1{margin:0 0 4px;font-size:22px}
+header .meta{opacity:.8;font-size:13px}header a{color:#9cd0ff}
+main{padding:18px 28px}nav{margin:8px 0 16px;font-size:14px}nav a{margin-right:10px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:14px}
+.card{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.12);padding:12px 14px;overflow:hidden}
+.card h2{font-size:17px;margin:0 0 2px}.card h2 .id{color:#8a93a6;font-weight:400;font-size:13px;margin-right:6px}
+.sub{color:#5b6475;font-size:12.5px;margin-bottom:6px}.runner{color:#5b6475;font-size:12.5px}
+.row{display:flex;gap:12px;align-items:flex-end}.stat{font-size:12.5px;color:#333}
+.ex{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;background:#f7f8fa;border-left:3px solid #d6dae3;
+margin:4px 0;padding:3px 6px;white-space:pre-wrap;word-break:break-word;max-height:5.2em;overflow:hidden}
+.ex .act{float:right;color:#8a93a6;margin-left:8px}
+mark{background:#ffd54a;border-radius:3px;padding:0 1px;font-weight:600}
+.tok{display:inline-block;background:#eef3ff;border-radius:3px;padding:0 4px;margin:1px;font-family:ui-monospace,monospace;
+font-size:12px}.neg{background:#ffeef0}.dead{opacity:.55}
+table{border-collapse:collapse;background:#fff}td,th{padding:4px 10px;border-bottom:1px solid #e4e7ee;text-align:left;
+font-size:14px}.bar{display:inline-block;height:10px;background:#4a7bd0;border-radius:2px;vertical-align:middle}
+"""
+
+
+def esc(value: object) -> str:
+    """HTML-escape any value for text and attribute positions."""
+    return html.escape(str(value), quote=True)
+
+
+def histogram_svg(edges: Sequence[float], counts: Sequence[float], width: int = 200, height: int = 54) -> str:
+    """An inline SVG bar chart of a histogram (bar heights on a sqrt scale so rare bins stay visible)."""
+    if not counts or max(counts) <= 0:
+        return f'<svg width="{width}" height="{height}" role="img"><title>never fires</title></svg>'
+    top = math.sqrt(max(counts))
+    bw = width / len(counts)
+    bars = []
+    for i, c in enumerate(counts):
+        h = (height - 12) * math.sqrt(c) / top
+        title = f"{edges[i]:.3g} to {edges[i + 1]:.3g}: {int(c)}"
+        bars.append(
+            f'<rect x="{i * bw:.1f}" y="{height - 12 - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
+            f'fill="#4a7bd0"><title>{esc(title)}</title></rect>'
+        )
+    axis = (
+        f'<text x="0" y="{height - 1}" font-size="9" fill="#5b6475">0</text>'
+        f'<text x="{width}" y="{height - 1}" font-size="9" fill="#5b6475" text-anchor="end">{esc(f"{edges[-1]:.3g}")}'
+        "</text>"
+    )
+    return f'<svg width="{width}" height="{height}" role="img" aria-label="activation histogram">{"".join(bars)}{axis}</svg>'
+
+
+def example_html(e: Example) -> str:
+    """An example with its activating token in <mark>; all text escaped."""
+    if e.marked >= 0 and e.tokens:
+        parts = [f"<mark>{esc(t)}</mark>" if i == e.marked else esc(t) for i, t in enumerate(e.tokens)]
+        body = "".join(parts)
+    else:
+        body = esc(e.text)
+    return f'<div class="ex"><span class="act">{e.activation:.3g}</span>{body}</div>'
+
+
+def concept_card(c: Concept, n_examples: int = 5) -> str:
+    dead = c.extra.get("dead", False)
+    runner = ", ".join(f"{esc(n)} ({s:.2f})" for n, s in zip(c.runner_ups, c.runner_up_scores))
+    tokens = ""
+    if c.logit_top:
+        tokens += '<div class="sub">promotes ' + "".join(f'<span class="tok">{esc(t)}</span>' for t in c.logit_top[:8])
+        tokens += "</div>"
+    if c.logit_bottom:
+        tokens += '<div class="sub">suppresses ' + "".join(
+            f'<span class="tok neg">{esc(t)}</span>' for t in c.logit_bottom[:8]
+        )
+        tokens += "</div>"
+    flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items())
+    examples = "".join(example_html(e) for e in c.top_examples[:n_examples])
+    return (
+        f'<section class="card{" dead" if dead else ""}" id="c{c.id}">'
+        f'<h2><span class="id">#{c.id}</span>{esc(c.name or "(unnamed)")}</h2>'
+        f'<div class="sub">{esc(c.namer)} score {c.score:.3f}{flags}</div>'
+        + (f'<div class="runner">also: {runner}</div>' if runner else "")
+        + f'<div class="row">{histogram_svg(c.histogram.get("edges", []), c.histogram.get("counts", []))}'
+        f'<div class="stat">fires on {100 * c.frequency:.2f}% of rows<br>max {c.stats.get("max", 0):.3g}'
+        f' · mean when active {c.stats.get("mean_active", 0):.3g}</div></div>'
+        f"{tokens}{examples or '<div class=sub>no activating examples</div>'}</section>"
+    )
+
+
+def _page(title: str, header: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
+        f"<style>{CSS}</style></head><body><header>{header}</header><main>{body}</main></body></html>\n"
+    )
+
+
+def _header(cd: ConceptDictionary, cbm: CbmResult | None) -> str:
+    m = cd.meta
+    parts = [f"{len(cd.concepts)} concepts"] + [
+        f"{label} {esc(m[key])}" for key, label in (("model", "model"), ("hookpoint", "hookpoint"), ("namer", "namer"),
+                                                    ("num_rows", "rows:")) if m.get(key) is not None
+    ]  # fmt: skip
+    links = '<a href="index.html">concepts</a>' + (' · <a href="cbm.html">concept bottleneck model</a>' if cbm else "")
+    return f'<h1>Concept dictionary</h1><div class="meta">{" · ".join(parts)} · {links}</div>'
+
+
+def _order(cd: ConceptDictionary) -> list[Concept]:
+    """Concepts that fire, most frequent first, then dead ones."""
+    return sorted(cd.concepts, key=lambda c: (c.frequency <= 0, -c.frequency, c.id))
+
+
+def page_name(i: int) -> str:
+    return "index.html" if i == 0 else f"concepts-{i + 1}.html"
+
+
+def write_report(
+    cd: ConceptDictionary, directory: str | Path, cbm: CbmResult | None = None, per_page: int = 200
+) -> Path:
+    """Write the HTML report into ``directory``; returns the path of ``index.html``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    order = _order(cd)
+    pages = [order[i : i + per_page] for i in range(0, len(order), per_page)] or [[]]
+    where = {c.id: page_name(p) for p, chunk in enumerate(pages) for c in chunk}
+    header = _header(cd, cbm)
+    for p, chunk in enumerate(pages):
+        nav = " ".join(
+            f'<a href="{page_name(i)}">{i + 1}</a>' if i != p else f"<strong>{i + 1}</strong>" for i in range(len(pages))
+        )
+        body = f"<nav>pages: {nav}</nav>" if len(pages) > 1 else ""
+        body += '<div class="grid">' + "".join(concept_card(c) for c in chunk) + "</div>"
+        (directory / page_name(p)).write_text(_page("Concept dictionary", header, body), encoding="utf-8")
+    if cbm is not None:
+        _write_cbm_pages(cbm, directory, header, where)
+    log.info("report: %s (%d pages)", directory / "index.html", len(pages))
+    return directory / "index.html"
+
+
+def _concept_link(cid: int, name: str, where: dict[int, str]) -> str:
+    return f'<a href="{where.get(cid, "index.html")}#c{cid}">#{cid} {esc(name)}</a>'
+
+
+def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[int, str]) -> None:
+    m = cbm.metrics
+    cov = m.get("coverage", {})
+    rows = [
+        ("CBM test accuracy", f"{100 * m.get('accuracy', float('nan')):.1f}%"),
+        ("raw linear probe test accuracy", f"{100 * m['probe_accuracy']:.1f}%" if "probe_accuracy" in m else "n/a"),
+        ("lambda (chosen on validation)", f"{cbm.lam:g}"),
+        ("zero weights", f"{m.get('zero_weights', 0)} of {m.get('n_weights', 0)}"),
+        ("concepts used", str(m.get("concepts_used", ""))),
+        ("concepts for 90/95/99% of a prediction",
+         " / ".join(f"{cov.get(k, float('nan')):.1f}" for k in ("90", "95", "99"))),
+        ("split train/val/test", f"{m.get('n_train')}/{m.get('n_val')}/{m.get('n_test')}"),
+    ]  # fmt: skip
+    table = "<table>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
+    classes = "".join(
+        f'<li><a href="cbm-class-{i}.html">{esc(c)}</a> — '
+        + ", ".join(esc(x.name) for x in class_concepts(cbm, i, top=4))
+        + "</li>"
+        for i, c in enumerate(cbm.classes)
+    )
+    body = f"<h2>Concept bottleneck model</h2>{table}<h2>Classes</h2><ul>{classes}</ul>"
+    (directory / "cbm.html").write_text(_page("Concept bottleneck model", header, body), encoding="utf-8")
+    for i, c in enumerate(cbm.classes):
+        top = class_concepts(cbm, i, top=25)
+        wmax = max((x.value for x in top), default=1.0) or 1.0
+        trs = "".join(
+            f'<tr><td>{_concept_link(x.concept_id, x.name, where)}</td><td>{x.value:.3f}</td>'
+            f'<td><span class="bar" style="width:{int(200 * x.value / wmax)}px"></span></td></tr>'
+            for x in top
+        )
+        body = (
+            f'<nav><a href="cbm.html">all classes</a></nav><h2>Class: {esc(c)}</h2>'
+            f"<p>Concepts with the largest positive weights (applied to standardised concept activations).</p>"
+            f"<table><tr><th>concept</th><th>weight</th><th></th></tr>{trs}</table>"
+        )
+        (directory / f"cbm-class-{i}.html").write_text(_page(f"CBM class {c}", header, body), encoding="utf-8")
