@@ -2,3 +2,16 @@
 
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
+
+from .artifact import export_saelens, import_saelens, load_dictionary, load_dictionary_config, save_dictionary
+from .evaluate import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
+from .metrics import JsonlSink, MetricsSink, NullSink
+from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
+from .train import TrainConfig, train
+
+__all__ = [
+    "KINDS", "EvalResult", "JsonlSink", "KindSpec", "MetricsSink", "NullSink", "SparseCoder", "TrainConfig",
+    "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table", "import_saelens",
+    "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config", "save_dictionary", "train",
+    "with_splice_scores",
+]

@@ -1,0 +1,239 @@
+"""Evaluation of a dictionary: reconstruction, sparsity and (for language models) spliced-loss scores.
+
+Formulas follow SAEBench / SAELens (see REFERENCES.md "Evaluation formulas"). Everything is accumulated in
+float64 over a stream of batches, so the numbers do not depend on how the rows are batched (except where a
+formula is defined per batch, which none here are).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from .model import SparseCoder
+
+DENSE_FRACTION = 0.1
+"""A latent firing on more than this fraction of tokens is "dense" (SAEBench)."""
+
+HIST_EDGES = tuple(float(e) for e in range(-8, 1))
+"""log10 firing-frequency bin edges of the histogram: [-inf, -8), [-8, -7), ..., [-1, 0]."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Reconstruction and sparsity metrics of a dictionary on a set of rows."""
+
+    n_tokens: int
+    """Rows evaluated."""
+    l0: float
+    """Mean number of non-zero latents per row, under the inference rule (BatchTopK: JumpReLU(theta))."""
+    mse: float
+    """Mean squared error per element: sum ||x - x_hat||^2 / (N * S * D)."""
+    fvu: float
+    """Fraction of variance unexplained (textbook): sum ||x - x_hat||^2 / sum ||x - mean(x)||^2."""
+    explained_variance: float
+    """1 - fvu (textbook)."""
+    explained_variance_saebench: float
+    """SAEBench/SAELens "explained_variance": 1 - E||x - x_hat||^2 / (E||x||^2 - (mean of x^2 over all
+    elements)^2). Not the textbook value: it subtracts the squared mean of x^2, not ||mean(x)||^2."""
+    cos_sim: float
+    """Mean over rows of cos(x, x_hat)."""
+    l2_ratio: float
+    """Mean over rows of ||x_hat|| / ||x||."""
+    rel_recon_bias: float
+    """E||x_hat||^2 / E<x, x_hat> (1 = no shrinkage; Wright & Sharkey, eq. 10)."""
+    dead_fraction: float
+    """Fraction of latents that never fire on these rows."""
+    dense_fraction: float
+    """Fraction of latents firing on more than 10% of rows."""
+    per_source_fvu: tuple[float, ...]
+    """FVU of each source (crosscoders; one entry for an SAE)."""
+    density_histogram: tuple[int, ...]
+    """Latents per log10 firing-frequency bin; bin 0 = never fires, then [-inf,-8), [-8,-7), ..., [-1, 0]."""
+    kind: str = ""
+    """Dictionary kind."""
+    k: int = 0
+    """The dictionary's k (compare with l0 for BatchTopK)."""
+    n_latents: int = 0
+    """L."""
+    density: tuple[float, ...] = field(default=(), repr=False)
+    """Firing frequency of each latent [L] (not shown in tables)."""
+    ce_loss_recovered: float | None = None
+    """(CE_zero - CE_sae) / (CE_zero - CE_clean) when spliced into a language model, else None."""
+    kl_score: float | None = None
+    """(KL_zero - KL_sae) / KL_zero when spliced into a language model, else None."""
+    splice: dict[str, float] | None = None
+    """The raw spliced losses (ce_clean, ce_zero, ce_replaced, kl_zero, kl_replaced) when measured."""
+
+    def to_dict(self, with_density: bool = False) -> dict[str, Any]:
+        """JSON-able dict; per-latent density only when asked."""
+        out = asdict(self)
+        out["per_source_fvu"] = list(self.per_source_fvu)
+        out["density_histogram"] = list(self.density_histogram)
+        if with_density:
+            out["density"] = list(self.density)
+        else:
+            out.pop("density")
+        return out
+
+
+class _Sums:
+    """Running float64 sums over rows (N rows of F = S*D features, S sources)."""
+
+    def __init__(self, n_sources: int, d_in: int, n_latents: int, device: torch.device) -> None:
+        f64 = {"dtype": torch.float64, "device": device}
+        self.S, self.D = n_sources, d_in
+        self.n = 0
+        self.sum_x = torch.zeros(n_sources * d_in, **f64)  # [F]
+        self.sq_x = torch.zeros(n_sources, **f64)  # [S] sum ||x_s||^2
+        self.sq_err = torch.zeros(n_sources, **f64)  # [S] sum ||x_s - x_hat_s||^2
+        self.sq_xhat = torch.zeros((), **f64)
+        self.dot = torch.zeros((), **f64)
+        self.cos = torch.zeros((), **f64)
+        self.ratio = torch.zeros((), **f64)
+        self.l0 = torch.zeros((), **f64)
+        self.fires = torch.zeros(n_latents, **f64)
+
+    def add(self, x: Tensor, x_hat: Tensor, f: Tensor) -> None:
+        """x, x_hat [B, S*D], f [B, L]."""
+        x, x_hat = x.double(), x_hat.double()
+        B = x.shape[0]
+        self.n += B
+        self.sum_x += x.sum(dim=0)
+        self.sq_x += x.view(B, self.S, self.D).pow(2).sum(dim=(0, 2))
+        self.sq_err += (x - x_hat).view(B, self.S, self.D).pow(2).sum(dim=(0, 2))
+        self.sq_xhat += x_hat.pow(2).sum()
+        self.dot += (x * x_hat).sum()
+        nx, nh = x.norm(dim=1), x_hat.norm(dim=1)
+        self.cos += ((x * x_hat).sum(dim=1) / (nx * nh).clamp_min(1e-30)).sum()
+        self.ratio += (nh / nx.clamp_min(1e-30)).sum()
+        active = f != 0
+        self.l0 += active.sum()
+        self.fires += active.sum(dim=0)
+
+
+def _variance_per_source(s: _Sums) -> Tensor:
+    """sum over rows of ||x_s - mean(x_s)||^2 = sum ||x_s||^2 - N ||mean(x_s)||^2, per source [S]."""
+    mean = (s.sum_x / s.n).view(s.S, s.D)
+    return s.sq_x - s.n * mean.pow(2).sum(dim=1)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den != 0 else math.nan
+
+
+def density_histogram(density: Tensor) -> tuple[int, ...]:
+    """Latents per bin: never fires, then log10-frequency bins [-inf,-8), [-8,-7), ..., [-1, 0]."""
+    dead = int((density == 0).sum())
+    logf = torch.log10(density[density > 0])
+    edges = torch.tensor(HIST_EDGES, dtype=logf.dtype)
+    bins = torch.bucketize(logf, edges, right=True)  # 0: below -8, ..., len(edges): == 0 (always fires)
+    counts = torch.bincount(bins, minlength=len(edges) + 1).tolist()
+    counts[-2] += counts.pop()  # frequency exactly 1 belongs to the last bin [-1, 0]
+    return (dead, *counts)
+
+
+def _result(model: SparseCoder, s: _Sums) -> EvalResult:
+    var_s = _variance_per_source(s)
+    err, var = float(s.sq_err.sum()), float(var_s.sum())
+    mean_sq_tok = float(s.sq_x.sum()) / s.n  # E||x||^2
+    mean_sq_elem = mean_sq_tok / (s.S * s.D)  # mean of x^2 over every element
+    density = (s.fires / s.n).float()
+    fvu = _ratio(err, var)
+    return EvalResult(
+        n_tokens=s.n,
+        l0=float(s.l0) / s.n,
+        mse=err / (s.n * s.S * s.D),
+        fvu=fvu,
+        explained_variance=1.0 - fvu,
+        explained_variance_saebench=1.0 - _ratio(err / s.n, mean_sq_tok - mean_sq_elem**2),
+        cos_sim=float(s.cos) / s.n,
+        l2_ratio=float(s.ratio) / s.n,
+        rel_recon_bias=_ratio(float(s.sq_xhat), float(s.dot)),
+        dead_fraction=float((density == 0).float().mean()),
+        dense_fraction=float((density > DENSE_FRACTION).float().mean()),
+        per_source_fvu=tuple(_ratio(float(e), float(v)) for e, v in zip(s.sq_err, var_s)),
+        density_histogram=density_histogram(density),
+        kind=model.kind,
+        k=model.k,
+        n_latents=model.n_latents,
+        density=tuple(density.tolist()),
+    )
+
+
+@torch.no_grad()
+def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None = None) -> EvalResult:
+    """Metrics of ``model`` (raw activation units) on batches [B, D] or [B, S, D], up to ``max_rows`` rows."""
+    device = model.W_enc.device
+    s = _Sums(model.n_sources, model.d_in, model.n_latents, device)
+    for x in batches:
+        xf = model.flatten_input(x.to(device=device, dtype=model.W_enc.dtype))
+        if max_rows is not None:
+            xf = xf[: max_rows - s.n]
+        if xf.shape[0] == 0:
+            break
+        f = model.spec.encode(model, xf)
+        s.add(xf, f @ model.W_dec + model.b_dec, f)
+        if max_rows is not None and s.n >= max_rows:
+            break
+    if s.n == 0:
+        raise ValueError("evaluate() got no rows: pass at least one non-empty batch")
+    return _result(model, s)
+
+
+def ce_loss_recovered(ce_clean: float, ce_zero: float, ce_sae: float) -> float:
+    """(CE_zero - CE_sae) / (CE_zero - CE_clean): 1 = the SAE loses nothing, 0 = as bad as zero-ablation."""
+    return _ratio(ce_zero - ce_sae, ce_zero - ce_clean)
+
+
+def kl_score(kl_zero: float, kl_sae: float) -> float:
+    """(KL_zero - KL_sae) / KL_zero, KL measured against the clean model's next-token distribution."""
+    return _ratio(kl_zero - kl_sae, kl_zero)
+
+
+def with_splice_scores(result: EvalResult, ce_clean: float, ce_zero: float, ce_replaced: float,
+                       kl_zero: float, kl_replaced: float) -> EvalResult:
+    """``result`` with CE-loss-recovered and KL score filled from spliced losses (a SpliceLosses' numbers)."""
+    import dataclasses
+
+    raw = {"ce_clean": ce_clean, "ce_zero": ce_zero, "ce_replaced": ce_replaced,
+           "kl_zero": kl_zero, "kl_replaced": kl_replaced}
+    return dataclasses.replace(result, ce_loss_recovered=ce_loss_recovered(ce_clean, ce_zero, ce_replaced),
+                               kl_score=kl_score(kl_zero, kl_replaced), splice=raw)
+
+
+TABLE_ROWS: tuple[tuple[str, str], ...] = (
+    ("n_tokens", "rows evaluated"),
+    ("l0", "L0 (inference)"),
+    ("k", "k"),
+    ("mse", "MSE per element"),
+    ("fvu", "FVU (textbook)"),
+    ("explained_variance", "explained variance (1 - FVU)"),
+    ("explained_variance_saebench", "explained variance (SAEBench formula)"),
+    ("cos_sim", "cos(x, x_hat)"),
+    ("l2_ratio", "||x_hat|| / ||x||"),
+    ("rel_recon_bias", "relative reconstruction bias"),
+    ("dead_fraction", "dead latents (fraction)"),
+    ("dense_fraction", "dense latents (> 10% of rows)"),
+    ("ce_loss_recovered", "CE loss recovered"),
+    ("kl_score", "KL score"),
+)
+
+
+def format_table(result: EvalResult) -> str:
+    """A two-column text table of the headline metrics (per-source FVU added for crosscoders)."""
+    rows = []
+    for key, label in TABLE_ROWS:
+        value = getattr(result, key)
+        if value is None:
+            continue
+        rows.append((label, f"{value:.6g}" if isinstance(value, float) else str(value)))
+    if len(result.per_source_fvu) > 1:
+        rows += [(f"FVU source {i}", f"{v:.6g}") for i, v in enumerate(result.per_source_fvu)]
+    rows.append(("density histogram", " ".join(map(str, result.density_histogram))))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -1,0 +1,251 @@
+"""`SparseCoder`: one module for every dictionary kind (TopK, BatchTopK, ReLU-L1; crosscoders with S > 1).
+
+The parameters keep the S sources flattened so one set of kernels serves SAEs and crosscoders:
+``W_enc [S*D, L]``, ``b_enc [L]``, ``W_dec [L, S*D]``, ``b_dec [S*D]`` (viewed as ``[S, D, L]`` /
+``[S, L, D]`` / ``[S, D]`` on disk when S > 1). What differs between kinds -- how the training step picks
+the active latents, its sparsity penalty, the inference rule -- is a row of :data:`KINDS`, so a new kind
+(for example a crosscoder ranking) is one table entry, not a subclass.
+
+Shapes: B batch rows, D input width per source, S sources, L latents, K kept entries per row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from . import kernels
+
+
+class TrainOutput(NamedTuple):
+    """What one training forward pass of a kind returns (all for the flattened input [B, S*D])."""
+
+    x_hat: Tensor  # [B, S*D] reconstruction
+    fired: Tensor  # [L] bool: latents active on at least one row of the batch
+    l0: Tensor  # 0-dim: mean number of active latents per row (detached)
+    sparsity_loss: Tensor | None  # 0-dim penalty added to the loss (ReLU-L1), None for TopK-style kinds
+    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One row of the kind table."""
+
+    train_forward: Callable[["SparseCoder", Tensor, float], TrainOutput]
+    """(model, x_flat [B, S*D] already normalised, l1_coeff) -> TrainOutput."""
+    encode: Callable[["SparseCoder", Tensor], Tensor]
+    """(model, x_flat [B, S*D]) -> dense codes [B, L] under the inference rule."""
+    uses_aux: bool
+    """Whether the AuxK loss for dead latents applies."""
+    uses_threshold: bool
+    """Whether inference is JumpReLU with the ``threshold`` buffer (saved with the weights)."""
+    trainable: bool = True
+    """False for kinds that can only be imported and evaluated."""
+
+
+def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
+    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc."""
+    return (x - model.b_dec) @ model.W_enc + model.b_enc
+
+
+def _fired_from_code(code: kernels.SparseCode, n_latents: int) -> tuple[Tensor, Tensor]:
+    active = code.values > 0
+    fired = torch.zeros(n_latents, dtype=torch.bool, device=code.values.device)
+    fired[code.indices[active]] = True
+    return fired, active.sum(dim=1).float().mean().detach()
+
+
+def _topk_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
+    code = kernels.encode_topk(x - model.b_dec, model.W_enc, model.b_enc, model.k, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    fired, l0 = _fired_from_code(code, model.n_latents)
+    return TrainOutput(x_hat, fired, l0, None, None)
+
+
+def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    code = kernels.encode_topk(x - model.b_dec, model.W_enc, model.b_enc, model.k, impl=model.kernel_impl)
+    return torch.zeros(x.shape[0], model.n_latents, dtype=x.dtype, device=x.device).scatter_(
+        1, code.indices, code.values
+    )
+
+
+def _batchtopk_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
+    acts = torch.relu(_pre(model, x))
+    code, smallest = kernels.batch_topk(acts, model.k, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    fired, l0 = _fired_from_code(code, model.n_latents)
+    return TrainOutput(x_hat, fired, l0, None, smallest)
+
+
+def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    acts = torch.relu(_pre(model, x))
+    return acts * (acts > model.threshold)
+
+
+def _relu_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
+    acts = torch.relu(_pre(model, x))
+    x_hat = acts @ model.W_dec + model.b_dec
+    # L1 on f_j * sum_s |d_j^s|, divided by the batch's RMS norm so the coefficient does not depend on the scale of x
+    penalty = (acts * model.decoder_norms().sum(dim=0)).sum(dim=1).mean()
+    scale = (x - x.mean(dim=0)).pow(2).sum(dim=1).mean().sqrt().clamp_min(1e-12).detach()
+    active = acts > 0
+    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(),
+                       l1_coeff * penalty / scale, None)
+
+
+def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    return torch.relu(_pre(model, x))
+
+
+KINDS: dict[str, KindSpec] = {
+    "topk": KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False),
+    "batchtopk": KindSpec(_batchtopk_train, _jumprelu_encode, uses_aux=True, uses_threshold=True),
+    "relu": KindSpec(_relu_train, _relu_encode, uses_aux=False, uses_threshold=False),
+}
+"""kind name -> KindSpec. Other stages may register kinds here (e.g. a crosscoder ranking)."""
+
+
+def kind_spec(kind: str) -> KindSpec:
+    """The table row for ``kind``; the error lists the valid kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown dictionary kind {kind!r}; choose one of {sorted(KINDS)}")
+    return KINDS[kind]
+
+
+class SparseCoder(nn.Module):
+    """A sparse dictionary over S sources of width D each (S = 1: an SAE).
+
+    Parameters: ``W_enc [S*D, L]``, ``b_enc [L]``, ``W_dec [L, S*D]``, ``b_dec [S*D]``; buffer
+    ``threshold [L]`` (the JumpReLU inference threshold of BatchTopK; -1 until estimated).
+    """
+
+    def __init__(self, d_in: int, n_latents: int, k: int, kind: str = "topk", n_sources: int = 1,
+                 kernel_impl: str = "auto", dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        kind_spec(kind)
+        if d_in < 1 or n_latents < 1 or n_sources < 1:
+            raise ValueError(f"d_in={d_in}, n_latents={n_latents}, n_sources={n_sources} must all be >= 1")
+        if not 1 <= k < n_latents:
+            raise ValueError(f"k={k} must be at least 1 and below n_latents={n_latents}; lower --k or raise --latents")
+        self.d_in, self.n_latents, self.k, self.kind, self.n_sources = d_in, n_latents, k, kind, n_sources
+        self.kernel_impl = kernel_impl
+        width = n_sources * d_in
+        kw = {"dtype": dtype, "device": device}
+        self.W_enc = nn.Parameter(torch.empty(width, n_latents, **kw))
+        self.b_enc = nn.Parameter(torch.zeros(n_latents, **kw))
+        self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
+        self.b_dec = nn.Parameter(torch.zeros(width, **kw))
+        self.register_buffer("threshold", torch.full((n_latents,), -1.0, **kw))
+        self.reset_parameters()
+
+    @property
+    def spec(self) -> KindSpec:
+        return kind_spec(self.kind)
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases."""
+        with torch.no_grad():
+            w = torch.randn(self.W_dec.shape, generator=generator, dtype=torch.float32)
+            w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            self.W_dec.copy_(w)
+            self.W_enc.copy_(w.T)
+            self.b_enc.zero_()
+            self.b_dec.zero_()
+
+    # -- shapes ---------------------------------------------------------------------------------
+    def flatten_input(self, x: Tensor) -> Tensor:
+        """x [B, D] (S = 1) or [B, S, D] -> [B, S*D]; the error names the expected shape."""
+        S, D = self.n_sources, self.d_in
+        ok = (x.dim() == 2 and S == 1 and x.shape[1] == D) or (x.dim() == 3 and x.shape[1:] == (S, D))
+        if not ok:
+            want = f"[B, {D}]" if S == 1 else f"[B, {S}, {D}]"
+            raise ValueError(f"input of shape {list(x.shape)} does not fit this dictionary: expected {want} "
+                             f"(d_in={D}, n_sources={S})")
+        return x.reshape(x.shape[0], S * D)
+
+    def unflatten_output(self, x_flat: Tensor) -> Tensor:
+        """[B, S*D] -> [B, D] (S = 1) or [B, S, D]."""
+        if self.n_sources == 1:
+            return x_flat
+        return x_flat.view(x_flat.shape[0], self.n_sources, self.d_in)
+
+    # -- inference ------------------------------------------------------------------------------
+    def encode(self, x: Tensor) -> Tensor:
+        """x [B, D] or [B, S, D] -> dense codes [B, L] under the kind's inference rule."""
+        return self.spec.encode(self, self.flatten_input(x))
+
+    def decode(self, f: Tensor) -> Tensor:
+        """f [B, L] -> x_hat [B, D] or [B, S, D]."""
+        return self.unflatten_output(f @ self.W_dec + self.b_dec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Reconstruction of x, same shape as x."""
+        return self.decode(self.encode(x))
+
+    def decoder_norms(self) -> Tensor:
+        """Per-source decoder row norms [S, L]."""
+        return self.W_dec.view(self.n_latents, self.n_sources, self.d_in).norm(dim=2).T
+
+    def decoder_directions(self) -> Tensor:
+        """Decoder rows in raw activation units: [L, D] (S = 1) or [L, S, D]."""
+        w = self.W_dec.detach()
+        return w if self.n_sources == 1 else w.view(self.n_latents, self.n_sources, self.d_in)
+
+    # -- training helpers -----------------------------------------------------------------------
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        """Rescale every (flattened) decoder row to unit norm."""
+        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+    @torch.no_grad()
+    def remove_parallel_decoder_grad(self) -> None:
+        """Drop the component of W_dec.grad parallel to each (unit) decoder row, so a step keeps norms ~1."""
+        if self.W_dec.grad is None:
+            return
+        w = self.W_dec / self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        self.W_dec.grad -= (self.W_dec.grad * w).sum(dim=1, keepdim=True) * w
+
+    @torch.no_grad()
+    def fold_input_scale(self, scale: Tensor) -> None:
+        """Make a dictionary trained on ``x * scale`` work on raw x (scale [S], one factor per source).
+
+        pre = (c x - b) W + e = (x - b/c) (c W) + e and x_hat = x_hat'/c, so W_enc rows are multiplied by c,
+        W_dec columns and b_dec divided by c; codes (and thresholds) are unchanged."""
+        c = scale.to(self.W_enc).repeat_interleave(self.d_in)
+        self.W_enc.mul_(c[:, None])
+        self.W_dec.div_(c[None, :])
+        self.b_dec.div_(c)
+
+    def extra_repr(self) -> str:
+        return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "
+                f"n_sources={self.n_sources}")
+
+
+def geometric_median(x: Tensor, iters: int = 50, tol: float = 1e-6) -> Tensor:
+    """Weiszfeld's algorithm: the point minimising the sum of Euclidean distances to the rows of x [N, F] -> [F]."""
+    x = x.double()
+    y = x.mean(dim=0)
+    for _ in range(iters):
+        w = 1.0 / (x - y).norm(dim=1).clamp_min(1e-8)
+        y_new = (w[:, None] * x).sum(dim=0) / w.sum()
+        moved = (y_new - y).norm() / max(float(y.norm()), 1e-12)
+        y = y_new
+        if moved < tol:
+            break
+    return y.float()
+
+
+def source_mean_norms(x_flat: Tensor, n_sources: int, d_in: int) -> Tensor:
+    """Mean Euclidean norm of each source over the rows of x_flat [B, S*D] -> [S]."""
+    return x_flat.view(x_flat.shape[0], n_sources, d_in).norm(dim=2).mean(dim=0)
+
+
+def normalisation_scale(x_flat: Tensor, n_sources: int, d_in: int) -> Tensor:
+    """Factor per source [S] that brings each source's mean norm to sqrt(D) (Kissane et al.)."""
+    norms = source_mean_norms(x_flat, n_sources, d_in).clamp_min(1e-12)
+    return math.sqrt(d_in) / norms

@@ -1,0 +1,458 @@
+"""Training a `SparseCoder` on any iterable of activation batches.
+
+Data flow of :func:`train`: hold out the first ``eval_batches`` batches -> (resume: load the checkpoint and
+skip to its data position | fresh: estimate the normalisation scale and b_dec from the first rows) -> steps
+(kind forward, FVU loss + sparsity / AuxK terms, decoder-gradient projection, clipping, Adam with warm-up and
+linear decay, decoder renormalisation, dead-latent and threshold bookkeeping, logging, checkpoints) -> fold
+the normalisation into the weights -> evaluate on the held-out batches -> save the artifact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from . import kernels
+from .evaluate import evaluate
+from .metrics import JsonlSink, MetricsSink, NullSink
+from .model import KINDS, SparseCoder, geometric_median, kind_spec, normalisation_scale
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+METRICS_FILE = "metrics.jsonl"
+
+Batches = Iterable[Tensor] | Callable[[int], Iterable[Tensor]]
+"""Training data: an iterable of [B, D] / [B, S, D] tensors, or a function start_batch -> such an iterable
+that starts at that batch (lets ``resume`` skip without reading, e.g. ``stream_batches(start_batch=...)``)."""
+
+
+@dataclass
+class TrainConfig:
+    """Settings of ``conceptdict train``; defaults measured on the synthetic benchmark (bench/synthetic_recovery.py)."""
+
+    latents: int
+    """Number of latents L in the dictionary."""
+    k: int
+    """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
+    kind: str = "topk"
+    """Dictionary kind: topk, batchtopk or relu (ReLU + L1 baseline); other stages may register more."""
+    tokens: int | None = None
+    """Stop after this many training rows; None: one pass over the data."""
+    batch_size: int = 4096
+    """Rows per step (used by the command line when it builds the data stream)."""
+    lr: float | None = None
+    """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096). The literature's 2e-4 / sqrt(L / 2^14) (= 4e-4 at
+    L=4096) recovered too few planted atoms on short runs; see bench/synthetic_recovery.py."""
+    warmup_steps: int | None = None
+    """Linear learning-rate warm-up steps; None: min(1000, 5% of the run)."""
+    decay_fraction: float = 0.2
+    """Final fraction of the run over which the learning rate decays linearly to 0 (dictionary_learning)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    normalize: bool = True
+    """Scale each source to mean norm sqrt(D) during training (Kissane et al.); folded back into the saved weights."""
+    b_dec_init: Literal["geometric_median", "mean", "zero"] = "geometric_median"
+    """Initial decoder bias: geometric median (OpenAI, dictionary_learning) or mean of the first rows, or zero."""
+    init_rows: int = 8192
+    """Rows from the start of the training data used for the normalisation scale and b_dec."""
+    aux_k: int | None = None
+    """Dead latents used by the AuxK loss per row; None: min(D*S/2, L/2) (dictionary_learning's d_in/2)."""
+    aux_alpha: float = 1 / 32
+    """Weight of the AuxK loss (OpenAI)."""
+    dead_tokens: int | None = None
+    """A latent is dead after this many rows without firing; None: min(10M, max(100k, 5 * L / k * 1000))
+    (OpenAI's 10M tokens on long runs; shorter windows let AuxK engage on short runs)."""
+    l1_coeff: float = 0.4
+    """ReLU kind only: weight of the L1 penalty sum_j f_j ||d_j|| (divided by the batch's RMS norm of x - mean)."""
+    threshold_start_step: int | None = None
+    """BatchTopK: step from which the inference threshold is estimated; None: min(1000, half the run)."""
+    threshold_momentum: float = 0.999
+    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
+    eval_batches: int = 4
+    """Batches from the start of the data held out of training and evaluated at the end (0: none)."""
+    seed: int = 0
+    """Seed of the initialisation (the data order is the stream's own seed)."""
+    checkpoint_every: int = 500
+    """Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."""
+    log_every: int = 100
+    """Log a metrics line every this many steps."""
+    kernel_impl: str = "auto"
+    """Kernel implementation (saes.kernels): auto, reference or a registered fast one."""
+    device: str = "auto"
+    """cpu, cuda or auto (cuda when available)."""
+    d_in: int | None = None
+    """Expected input width D per source; None: taken from the data."""
+
+    def __post_init__(self) -> None:
+        kind_spec(self.kind)
+        if self.latents < 1:
+            raise ValueError(f"latents={self.latents} must be at least 1")
+        if not 1 <= self.k < self.latents:
+            raise ValueError(f"k={self.k} must be at least 1 and below latents={self.latents}; "
+                             f"lower --k or raise --latents")
+        for name in ("batch_size", "init_rows", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("eval_batches", "checkpoint_every", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must not be negative")
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for one pass)")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be positive")
+        if not 0 <= self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
+        if not 0 <= self.threshold_momentum < 1:
+            raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
+
+
+# -- resolved defaults ----------------------------------------------------------------------------
+
+def default_lr(latents: int) -> float:
+    """1.6e-3 / sqrt(L / 4096): the literature's 1/sqrt(L) scaling, 4x its constant (short-run tuning)."""
+    return 1.6e-3 / math.sqrt(latents / 4096)
+
+
+def default_dead_tokens(latents: int, k: int) -> int:
+    """Dead window in rows: a latent used uniformly fires every L/k rows; 5000 such periods, in [100k, 10M]."""
+    return int(min(10_000_000, max(100_000, 5 * latents / k * 1000)))
+
+
+def resolve_device(name: str) -> torch.device:
+    """Turn ``auto`` into cuda when available, else cpu, and log why."""
+    if name == "auto":
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        log.info("device %s (auto: CUDA %s)", dev, "available" if dev.type == "cuda" else "not available")
+        return dev
+    return torch.device(name)
+
+
+def lr_at(step: int, base: float, warmup: int, total: int | None, decay_fraction: float) -> float:
+    """Linear warm-up over ``warmup`` steps, constant, then linear decay to 0 over the last fraction of ``total``."""
+    factor = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+    if total:
+        decay_steps = int(total * decay_fraction)
+        start = total - decay_steps
+        if decay_steps > 0 and step >= start:
+            factor = min(factor, max(0.0, (total - step) / decay_steps))
+    return base * factor
+
+
+# -- data --------------------------------------------------------------------------------------
+
+def _check_batch(x: Tensor, index: int, source: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"batch {index} from {source} is a {type(x).__name__}, not a torch.Tensor")
+    if x.dim() not in (2, 3) or x.shape[0] == 0:
+        raise ValueError(f"batch {index} from {source} has shape {list(x.shape)}; expected [B, D] or [B, S, D] "
+                         f"with B > 0")
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"batch {index} from {source} holds {bad} NaN/inf values of {x.numel()}; "
+                         f"fix or re-cache the activations (e.g. cache in float32)")
+    return x.float()
+
+
+def _open(batches: Batches, start: int) -> Iterator[Tensor]:
+    """Iterator over the batches from batch ``start`` on (skipping by reading when the source cannot seek)."""
+    if callable(batches) and not hasattr(batches, "__iter__"):
+        return iter(batches(start))
+    return itertools.islice(iter(batches), start, None)
+
+
+def _shape_of(x: Tensor) -> tuple[int, int]:
+    """(S, D) of a batch [B, D] or [B, S, D]."""
+    return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+
+def _config_key(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings a resumed run must share with the checkpoint (everything except logging/IO cadence)."""
+    skip = {"checkpoint_every", "log_every", "device", "kernel_impl"}
+    return {k: v for k, v in asdict(cfg).items() if k not in skip}
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomic write (temporary name, fsync, rename) of a training state of tensors and plain values."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start training there")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class _State:
+    """Mutable training state besides the model and optimizer (all of it goes into checkpoints)."""
+
+    step: int = 0
+    position: int = 0  # batches read from the start of the data, held-out ones included
+    rows: int = 0  # training rows seen
+    threshold_updates: int = 0
+    scale: Tensor | None = None  # [S] normalisation factor
+    since_fired: Tensor | None = None  # [L] int64 rows since each latent last fired
+
+
+def _checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: _State, cfg: TrainConfig) -> dict:
+    return {
+        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
+        "scale": st.scale, "since_fired": st.since_fired, "rng": torch.get_rng_state(),
+        "config": _config_key(cfg), "shape": [model.n_sources, model.d_in],
+    }
+
+
+def _restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> _State:
+    if ck["config"] != _config_key(cfg):
+        diff = {k: (ck["config"].get(k), v) for k, v in _config_key(cfg).items() if ck["config"].get(k) != v}
+        raise ValueError(f"--resume with settings that differ from the checkpoint (checkpoint, now): {diff}; "
+                         f"use the original settings or start a new run without --resume")
+    if list(ck["shape"]) != [model.n_sources, model.d_in]:
+        raise ValueError(f"checkpoint has (sources, d_in)={tuple(ck['shape'])} but {source} has "
+                         f"{(model.n_sources, model.d_in)}; resume on the same store and hookpoint(s)")
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizer"])
+    torch.set_rng_state(ck["rng"])
+    return _State(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"])
+
+
+# -- the steps ---------------------------------------------------------------------------------
+
+def aux_loss(model: SparseCoder, x: Tensor, residual: Tensor, dead: Tensor, k_aux: int) -> Tensor:
+    """AuxK (OpenAI): the top ``k_aux`` dead latents reconstruct the detached residual e [B, F], without b_dec.
+
+    Returns ||e - e_hat||^2 / ||e - mean(e)||^2 (0 when no latent is dead)."""
+    code = kernels.encode_aux(x - model.b_dec, model.W_enc, model.b_enc, dead, k_aux, impl=model.kernel_impl)
+    if code.values.shape[1] == 0:
+        return x.new_zeros(())
+    zero_bias = torch.zeros_like(model.b_dec)
+    e_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, zero_bias, impl=model.kernel_impl)
+    denom = (residual - residual.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
+    return (residual - e_hat).pow(2).sum() / denom
+
+
+def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> Tensor:
+    """Normalisation scale [S] and b_dec from the first rows (flattened [N, S*D]); returns the scale."""
+    S, D = model.n_sources, model.d_in
+    scale = normalisation_scale(sample, S, D) if cfg.normalize else torch.ones(S)
+    xs = sample * scale.repeat_interleave(D)
+    with torch.no_grad():
+        if cfg.b_dec_init == "geometric_median":
+            model.b_dec.copy_(geometric_median(xs))
+        elif cfg.b_dec_init == "mean":
+            model.b_dec.copy_(xs.mean(dim=0))
+    log.info("init: scale per source %s, b_dec=%s of %d rows", [round(float(c), 4) for c in scale],
+             cfg.b_dec_init, sample.shape[0])
+    return scale
+
+
+def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State, cfg: TrainConfig,
+          lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
+    """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
+    spec = model.spec
+    out = spec.train_forward(model, x, cfg.l1_coeff)
+    err = x - out.x_hat
+    total_var = (x - x.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
+    fvu = err.pow(2).sum() / total_var
+    loss = fvu
+    aux = torch.zeros(())
+    dead = st.since_fired >= dead_tokens
+    if spec.uses_aux and bool(dead.any()):
+        aux = aux_loss(model, x, err.detach(), dead.to(x.device), k_aux)
+        loss = loss + cfg.aux_alpha * aux
+    if out.sparsity_loss is not None:
+        loss = loss + out.sparsity_loss
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    model.remove_parallel_decoder_grad()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    model.normalize_decoder()
+    B = x.shape[0]
+    st.since_fired += B
+    st.since_fired[out.fired.cpu()] = 0
+    if out.smallest is not None and st.step >= threshold_start:
+        _update_threshold(model, float(out.smallest), cfg.threshold_momentum, st)
+    st.step += 1
+    st.rows += B
+    return {"loss": float(loss.detach()), "fvu": float(fvu.detach()), "l0": float(out.l0), "aux": float(aux.detach()),
+            "dead": float(dead.float().mean()), "lr": lr}
+
+
+@torch.no_grad()
+def _update_threshold(model: SparseCoder, smallest: float, momentum: float, st: _State) -> None:
+    """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
+    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
+    n = st.threshold_updates
+    m = min(momentum, n / (n + 1))
+    model.threshold.mul_(m).add_((1 - m) * smallest)
+    st.threshold_updates += 1
+
+
+def _checked(it: Iterator[Tensor], start: int, source: str) -> Iterator[Tensor]:
+    for i, x in enumerate(it, start):
+        yield _check_batch(x, i, source)
+
+
+def _take_rows(stream: Iterator[Tensor], rows: int) -> list[Tensor]:
+    """Read batches until they hold at least ``rows`` rows (or the data ends)."""
+    head, n = [], 0
+    for x in stream:
+        head.append(x)
+        n += x.shape[0]
+        if n >= rows:
+            break
+    return head
+
+
+def _build(cfg: TrainConfig, first: Tensor, device: torch.device, source: str) -> tuple[SparseCoder, torch.Generator]:
+    S, D = _shape_of(first)
+    if cfg.d_in is not None and cfg.d_in != D:
+        raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
+                         f"or drop --d-in")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
+    model.reset_parameters(generator=gen)
+    return model.to(device), gen
+
+
+def _resolved(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[str, Any]:
+    width = model.n_sources * model.d_in
+    return {
+        "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
+        "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
+        (min(1000, max(1, total // 20)) if total else 1000),
+        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
+        "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
+        "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
+        (min(1000, total // 2) if total else 1000),
+        "total_steps": total,
+    }
+
+
+def _log_line(st: _State, m: dict[str, float], tok_s: float) -> str:
+    return (f"step {st.step} | fvu {m['fvu']:.4f} | l0 {m['l0']:.1f} | dead {100 * m['dead']:.2f}% | "
+            f"tok/s {tok_s:,.0f}")
+
+
+def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, resume: bool = False,
+          meta: dict[str, Any] | None = None, sink: MetricsSink | None = None,
+          source: str = "the training batches") -> SparseCoder:
+    """Train a dictionary on ``batches`` ([B, D] or [B, S, D] tensors); returns it in raw activation units.
+
+    With ``out``: checkpoints (``checkpoint.pt``) and metrics (``metrics.jsonl``) go there and the final
+    artifact is saved there (``meta`` is recorded in its config.json, e.g. store paths and hookpoints).
+    ``resume=True`` continues from ``out/checkpoint.pt`` and ends with the same weights as an uninterrupted run.
+    ``source`` names the data in error messages (e.g. "store runs/x, hookpoint blocks.0.hook_resid_post")."""
+    device = resolve_device(cfg.device)
+    out = Path(out) if out is not None else None
+    if resume and out is None:
+        raise ValueError("resume=True needs the output directory holding checkpoint.pt")
+    ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
+    stream = _checked(_open(batches, 0), 0, source)
+    held_out = list(itertools.islice(stream, cfg.eval_batches))
+    if ck is not None:
+        start = ck["position"]
+        stream = _checked(_open(batches, start), start, source) if callable(batches) and not hasattr(
+            batches, "__iter__") else _checked(itertools.islice(stream, start - len(held_out), None), start, source)
+    head = _take_rows(stream, cfg.init_rows if ck is None else 1)
+    if not head and not held_out:
+        raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
+    if not head and ck is None:
+        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
+                         f"lower eval_batches or add data")
+    model, gen = _build(cfg, (head or held_out)[0], device, source)
+    rows_per_batch = (head or held_out)[0].shape[0]
+    total = math.ceil(cfg.tokens / rows_per_batch) if cfg.tokens else (
+        len(batches) - len(held_out) if hasattr(batches, "__len__") else None)
+    r = _resolved(cfg, model, total)
+    opt = torch.optim.Adam(model.parameters(), lr=r["lr"], betas=(0.9, 0.999))
+    if ck is not None:
+        st = _restore(ck, model, opt, cfg, source)
+        gen.set_state(ck["rng"])
+    else:
+        flat = torch.cat([model.flatten_input(x) for x in head])[: cfg.init_rows]
+        st = _State(position=len(held_out), scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
+                    since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+    log.info("training %s on %s: resolved %s", model.extra_repr(), device, r)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=st.step if ck else None) if out else NullSink())
+    scale_vec = st.scale.repeat_interleave(model.d_in).to(device)
+    bar = tqdm(total=total, initial=st.step, unit="step", desc=f"train {cfg.kind}", disable=None)
+    t_last, rows_last, last_x, m = time.perf_counter(), st.rows, None, None
+    for x in itertools.chain(head, stream):
+        if cfg.tokens is not None and st.rows >= cfg.tokens:
+            break
+        last_x = model.flatten_input(x.to(device)) * scale_vec
+        lr = lr_at(st.step, r["lr"], r["warmup_steps"], total, cfg.decay_fraction)
+        m = _step(model, opt, last_x, st, cfg, lr, r["dead_tokens"], r["aux_k"], r["threshold_start_step"])
+        st.position += 1
+        bar.update()
+        if st.step % cfg.log_every == 0:
+            now = time.perf_counter()
+            tok_s = (st.rows - rows_last) / max(now - t_last, 1e-9)
+            t_last, rows_last = now, st.rows
+            log.info(_log_line(st, m, tok_s))
+            sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
+        if out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+            save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg) | {"rng": gen.get_state()})
+    bar.close()
+    sink.close()
+    if st.step == 0:
+        raise ValueError(f"{source} yielded no training batches (after {len(held_out)} held-out ones)")
+    if out is not None:
+        save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg) | {"rng": gen.get_state()})
+    if model.spec.uses_threshold and st.threshold_updates == 0 and last_x is not None:
+        log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
+                    "last batch only", r["threshold_start_step"])
+        with torch.no_grad():
+            _update_threshold(model, float(model.spec.train_forward(model, last_x, cfg.l1_coeff).smallest), 0.0, st)
+    return _finish(model, cfg, st, r, held_out, out, meta, m)
+
+
+def _finish(model: SparseCoder, cfg: TrainConfig, st: _State, r: dict[str, Any], held_out: list[Tensor],
+            out: Path | None, meta: dict[str, Any] | None, last: dict[str, float] | None) -> SparseCoder:
+    """Fold the normalisation into the weights, evaluate on the held-out rows, save the artifact."""
+    from .artifact import save_dictionary
+
+    model.fold_input_scale(st.scale)
+    model.eval()
+    summary: dict[str, Any] = {
+        "config": asdict(cfg), "resolved": r, "steps": st.step, "rows": st.rows,
+        "threshold_updates": st.threshold_updates, "last_step": last,
+        "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
+    }
+    if held_out:
+        result = evaluate(model, held_out)
+        summary["heldout_eval"] = result.to_dict()
+        log.info("held-out (%d rows): fvu %.4f | l0 %.2f (k=%d) | dead %.2f%%", result.n_tokens, result.fvu,
+                 result.l0, model.k, 100 * result.dead_fraction)
+    model.training_summary = summary
+    if out is not None:
+        save_dictionary(model, out, extra=dict(meta or {}))
+    return model
