@@ -46,7 +46,9 @@ class CbmConfig:
     """Labelled inputs: "store" (the dictionary's own store) or the directory of another activation store with
     the same hookpoint and a label column."""
     out: Path | None = None
-    """Directory for the CBM (cbm.json, cbm.safetensors)."""
+    """Directory for the CBM (cbm.json, cbm.safetensors, report/)."""
+    sae: Path | None = None
+    """Dictionary that encodes the inputs (default: the sae_dir recorded in the concept dictionary)."""
     pooling: Literal["mean", "max", "super"] = "super"
     """How token-level concept activations are pooled per input (sequence-level stores need none)."""
     super_quantile: float = 0.1
@@ -425,8 +427,8 @@ def _row_inputs(store) -> Tensor:
     """[rows] int64: the input (context) index of every store row."""
     if getattr(store, "level", "token") == "sequence":
         return torch.arange(store.num_rows)
-    if hasattr(store, "context_indices"):
-        return torch.as_tensor(store.context_indices(), dtype=torch.int64)
+    if hasattr(store, "context_index"):
+        return store.context_index(0, store.num_rows).to(torch.int64)
     return torch.tensor([store.row_context(r, 0, 0).context_index for r in range(store.num_rows)])
 
 

@@ -7,7 +7,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -84,7 +84,7 @@ def model_id_of(store: "ActivationStore") -> str | None:
     """The model name recorded in a store's manifest, if any."""
     m = store.manifest.get("model")
     if isinstance(m, dict):
-        m = m.get("name") or m.get("id") or m.get("name_or_dir")
+        m = m.get("id") or m.get("name") or m.get("name_or_dir")
     return str(m) if m else None
 
 
@@ -266,3 +266,42 @@ class TruncatingContextCache(ContextCache):
             return e
         text = e.text if len(e.text) <= self.max_chars else e.text[: self.max_chars - 1] + "\u2026"
         return dataclasses.replace(e, tokens=(), text=text)
+
+
+class Sources(NamedTuple):
+    """A loaded dictionary with the store and hookpoint it is named over."""
+
+    model: Any  # conceptdict.saes.SparseCoder
+    store: Any  # conceptdict.activations.ActivationStore
+    hookpoint: str
+    sae_config: dict
+
+
+def _first(config: dict, plural: str, singular: str):
+    value = config.get(plural) or config.get(singular)
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value
+
+
+def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint: str | None = None,
+                 device: str = "cpu") -> Sources:  # fmt: skip
+    """Load the dictionary at ``sae_dir`` and open its store (``store`` or the one its config.json records)."""
+    from conceptdict.activations import ActivationStore
+    from conceptdict.saes import load_dictionary, load_dictionary_config
+
+    sae_dir = Path(sae_dir)
+    config = load_dictionary_config(sae_dir)
+    store_path = store or _first(config, "stores", "store")
+    if store_path is None:
+        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+    store_path = Path(store_path)
+    if not store_path.is_absolute() and not store_path.exists() and (sae_dir / store_path).exists():
+        store_path = sae_dir / store_path
+    opened = ActivationStore(store_path)
+    hp = resolve_hookpoint(opened, hookpoint or _first(config, "hookpoints", "hookpoint"))
+    model = load_dictionary(sae_dir, device=device)
+    if model.d_in != opened.d_in(hp):
+        raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={opened.d_in(hp)} for "
+                         f"hookpoint {hp}; pass the store the dictionary was trained on")  # fmt: skip
+    return Sources(model, opened, hp, config)

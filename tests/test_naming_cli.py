@@ -1,0 +1,84 @@
+"""`conceptdict name / show / cbm / export` end to end on a real (imported) store and a saved SparseCoder.
+
+The vocabulary embeddings are planted in the on-disk cache, so no model is loaded: the store's rows are
+noisy copies of 6 'word' embeddings, the dictionary's decoder rows are those embeddings, labels say which
+word a row came from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conceptdict.cli.main import main
+from conceptdict.naming.vocab import embed_vocabulary
+
+pytestmark = pytest.mark.integration
+
+WORDS = ["river", "music", "stone", "green", "ocean", "paper", "apple", "quick"]
+D = 16
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from conceptdict.activations import import_array
+    from conceptdict.activations.importer import ImportConfig
+    from conceptdict.saes import SparseCoder, save_dictionary
+
+    tmp = tmp_path_factory.mktemp("cli")
+    gen = torch.Generator().manual_seed(0)
+    E = torch.nn.functional.normalize(torch.randn(len(WORDS), D, generator=gen), dim=1)
+    n = 600
+    src = torch.randint(0, 6, (n,), generator=gen)
+    x = E[src] * (1 + torch.rand(n, 1, generator=gen)) + 0.05 * torch.randn(n, D, generator=gen)
+    save_file({"hp": x.contiguous(), "family": src}, str(tmp / "acts.safetensors"))
+    store = import_array(ImportConfig(array=tmp / "acts.safetensors", out=tmp / "store", level="sequence"))
+    model = SparseCoder(D, 6, 1, kind="topk")
+    with torch.no_grad():
+        model.W_dec.copy_(E[:6])
+        model.W_enc.copy_(E[:6].T)
+    sae = save_dictionary(model, tmp / "sae", extra={"stores": [str(store)], "hookpoints": ["hp"]})
+    (tmp / "words.txt").write_text("\n".join(WORDS) + "\n")
+    embed_vocabulary(WORDS, "planted", "hp", lambda t: E, tmp / "cache")
+    return tmp, sae
+
+
+def test_name_show_cbm_export(setup, capsys):
+    tmp, sae = setup
+    rc = main(["name", str(sae), "--vocab", str(tmp / "words.txt"), "--model", "planted",
+               "--cache-dir", str(tmp / "cache"), "--out", str(tmp / "concepts"), "--top-k", "5"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads((tmp / "concepts" / "concepts.json").read_text())
+    assert [c["name"] for c in doc["concepts"]] == WORDS[:6]
+    assert all(abs(c["score"] - 1) < 1e-4 and c["frequency"] > 0.1 for c in doc["concepts"])
+    assert (tmp / "concepts" / "concepts.safetensors").exists() and (tmp / "concepts" / "report" / "index.html").exists()
+    assert "concepts.json" in out and "index.html" in out
+
+    assert main(["show", str(tmp / "concepts"), "2"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("#2  stone") and "frequency:" in shown and "histogram:" in shown
+    assert main(["show", str(tmp / "concepts"), "ocean"]) == 0 and "#4  ocean" in capsys.readouterr().out
+    assert main(["show", str(tmp / "concepts"), "99"]) == 1 and "out of range" in capsys.readouterr().err
+
+    rc = main(["cbm", str(tmp / "concepts"), "--label-column", "family", "--out", str(tmp / "cbm"),
+               "--epochs", "30", "--lr", "0.01", "--lam", "0.01", "--lam", "0.1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    cbm = json.loads((tmp / "cbm" / "cbm.json").read_text())
+    assert cbm["metrics"]["accuracy"] > 0.9 and cbm["metrics"]["probe_accuracy"] > 0.9
+    assert cbm["classes"] == [str(i) for i in range(6)] and "linear probe" in out
+    assert (tmp / "cbm" / "report" / "cbm-class-0.html").exists()
+
+    assert main(["export", str(tmp / "concepts"), "--format", "json", "--out", str(tmp / "ej")]) == 0
+    assert json.loads((tmp / "ej" / "concepts.json").read_text())["concepts"] == doc["concepts"]
+    assert main(["export", str(tmp / "concepts"), "--format", "html", "--cbm", str(tmp / "cbm"),
+                 "--out", str(tmp / "eh")]) == 0  # fmt: skip
+    assert (tmp / "eh" / "index.html").exists() and (tmp / "eh" / "cbm.html").exists()
+    assert main(["export", str(sae), "--format", "saelens", "--out", str(tmp / "es")]) == 0
+    cfg = json.loads((tmp / "es" / "cfg.json").read_text())
+    assert cfg["d_sae"] == 6 and cfg["metadata"]["hook_name"] == "hp"
+    assert main(["export", str(sae), "--format", "json", "--out", str(tmp / "bad")]) == 1
+    assert "conceptdict name" in capsys.readouterr().err
