@@ -22,3 +22,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# ---------------------------------------------------------------- tiny models and stores (activations/ owner)
+# Built once per session from tests/fixtures_models.py; everything is random-init and offline.
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory):
+    """Directory of a random-init 2-layer GPT-2 (d_model 32) with a word-level tokenizer."""
+    from fixtures_models import build_tiny_lm
+
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    """Directory of a random-init 2-layer BERT encoder (d_model 32) with [CLS]/[SEP] wrapping."""
+    from fixtures_models import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_store(tmp_path_factory, tiny_lm_dir):
+    """(store path, model dir): token-level store of the tiny LM over 60 tiny documents, hookpoints
+    blocks.0.hook_out and blocks.1.hook_out (D = 32), a few hundred rows in several shards."""
+    from fixtures_models import build_tiny_lm_store
+
+    return build_tiny_lm_store(tmp_path_factory.mktemp("tiny_lm_store") / "store", tiny_lm_dir), tiny_lm_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_sentence_store(tmp_path_factory, tiny_bert_dir):
+    """(store path, model dir): sequence-level store (sentence.mean_normalized, D = 32) of the tiny BERT over
+    60 tiny documents, with a per-row ``topic`` label (store.labels("topic"))."""
+    from conceptdict.activations.cache import CacheConfig, cache_activations
+    from fixtures_models import tiny_corpus
+
+    out = tmp_path_factory.mktemp("tiny_sentence_store") / "store"
+    cfg = CacheConfig(model=str(tiny_bert_dir), hookpoints=["sentence.mean_normalized"], dataset="", out=out,
+                      context_length=48, batch_size=16, progress=False)
+    return cache_activations(cfg, records=tiny_corpus(60)), tiny_bert_dir

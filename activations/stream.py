@@ -1,0 +1,149 @@
+"""Training batches out of activation stores: shuffled across shards, deterministic, resumable.
+
+How the order is made (a pure function of the seed, the row count and the sizes, never of the data):
+rows are cut into blocks of consecutive rows; each epoch visits the blocks in a seeded random order;
+blocks are poured into a mixing buffer of about ``buffer_rows`` rows, the buffer (plus the rows left
+over from the previous fill) is permuted, and whole batches are cut from it. So one batch mixes rows
+from many shards, memory stays bounded, and skipping ``start_batch`` batches needs no data reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from conceptdict.activations.store import ActivationStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+def _sources(stores: Sequence[ActivationStore], hookpoints: Sequence[str]) -> list[tuple[ActivationStore, str]]:
+    """Every (store, hookpoint) pair, stores outermost; all must share D."""
+    pairs = [(s, h) for s in stores for h in hookpoints]
+    dims = {(str(s.path), h): s.d_in(h) for s, h in pairs}
+    if len(set(dims.values())) > 1:
+        raise StoreError(f"aligned sources must share D, got {dims}; stream them separately")
+    return pairs
+
+
+def check_aligned(stores: Sequence[ActivationStore], chunk: int = 1 << 16) -> None:
+    """Raise :class:`StoreError` unless every store holds the same rows (tokens, contexts, positions)."""
+    first = stores[0]
+    for other in stores[1:]:
+        if other.num_rows != first.num_rows:
+            raise StoreError(f"stores are not aligned: {first.path} has {first.num_rows} rows, {other.path} has "
+                             f"{other.num_rows}; cache both models over the same dataset, context length and tokens")
+        if other.level != first.level:
+            raise StoreError(f"stores are not aligned: {first.path} is {first.level}-level, {other.path} is "
+                             f"{other.level}-level")
+        for start in range(0, first.num_rows, chunk):
+            stop = min(first.num_rows, start + chunk)
+            for what in ("tokens", "context_index", "position"):
+                a, b = getattr(first, what)(start, stop), getattr(other, what)(start, stop)
+                if not torch.equal(a, b):
+                    row = start + int((a != b).nonzero()[0, 0])
+                    raise StoreError(f"stores are not aligned: {what} differ at row {row} ({first.path}: "
+                                     f"{int(a[row - start])}, {other.path}: {int(b[row - start])}); crosscoders "
+                                     "need stores cached over the same tokens (same tokenizer, dataset, context length)")
+
+
+def _block_size(buffer_rows: int, batch_size: int) -> int:
+    return max(1, min(4096, buffer_rows // 16, max(batch_size, 64)))
+
+
+def _index_plan(num_rows: int, batch_size: int, seed: int, epochs: int | None,
+                buffer_rows: int) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Yield (rows of this fill, batches of global row ids) per buffer fill."""
+    block = _block_size(buffer_rows, batch_size)
+    n_blocks = -(-num_rows // block)
+    carry = np.empty(0, dtype=np.int64)
+    epoch, fill = 0, 0
+    while epochs is None or epoch < epochs:
+        order = np.random.default_rng([seed, epoch]).permutation(n_blocks)
+        per_fill = max(1, buffer_rows // block)
+        for i in range(0, n_blocks, per_fill):
+            new = [np.arange(b * block, min(num_rows, (b + 1) * block)) for b in order[i:i + per_fill]]
+            ids = np.concatenate([carry, *new])
+            ids = ids[np.random.default_rng([seed, epoch, fill, 1]).permutation(len(ids))]
+            fill += 1
+            n_full = len(ids) // batch_size
+            carry = ids[n_full * batch_size:]
+            yield ids[: n_full * batch_size], [ids[j * batch_size:(j + 1) * batch_size] for j in range(n_full)]
+        epoch += 1
+
+
+def _gather(pairs: list[tuple[ActivationStore, str]], ids: np.ndarray) -> torch.Tensor:
+    """Rows ``ids`` of every source as float32 [n, S, D], reading each covered contiguous run once."""
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    breaks = np.flatnonzero(np.diff(sorted_ids) > 1) + 1
+    runs = np.split(sorted_ids, breaks)
+    out = torch.empty(len(ids), len(pairs), pairs[0][0].d_in(pairs[0][1]), dtype=torch.float32)
+    pos = 0
+    for run in runs:
+        start, stop = int(run[0]), int(run[-1]) + 1
+        dest = torch.from_numpy(order[pos:pos + len(run)])
+        for s, (store, hp) in enumerate(pairs):
+            block = store.rows(hp, start, stop).to(torch.float32)
+            out[dest, s] = block[torch.from_numpy(run - start)]
+        pos += len(run)
+    return out
+
+
+def stream_batches(
+    stores: Sequence[ActivationStore] | ActivationStore,
+    hookpoints: Sequence[str] | str,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    epochs: int | None = 1,
+    buffer_rows: int = 65536,
+    start_batch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[torch.Tensor]:
+    """Shuffled float32 batches: [B, D] for one source, [B, S, D] for several.
+
+    Sources are every (store, hookpoint) pair, stores outermost; several stores must hold the same tokens.
+    Deterministic given ``seed``; ``epochs=None`` repeats forever; a last incomplete batch is dropped.
+    ``start_batch`` skips exactly that many of this rank's batches without reading them; batch i of the
+    global order goes to rank ``i % world_size``.
+    """
+    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
+    hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
+    if not stores or not hookpoints:
+        raise ValueError("stream_batches needs at least one store and one hookpoint")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if len(stores) > 1:
+        check_aligned(stores)
+    pairs = _sources(stores, hookpoints)
+    num_rows = stores[0].num_rows
+    if epochs is not None and num_rows * epochs < batch_size:
+        raise ValueError(f"store {stores[0].path} has {num_rows} rows x {epochs} epochs, fewer than one batch of "
+                         f"{batch_size}; lower batch_size or raise epochs")
+    if num_rows == 0:
+        raise ValueError(f"store {stores[0].path} is empty")
+    buffer_rows = max(buffer_rows, batch_size)
+    squeeze = len(pairs) == 1
+    mine = 0  # batches of this rank seen so far
+    global_index = 0
+    for fill_ids, batches in _index_plan(num_rows, batch_size, seed, epochs, buffer_rows):
+        wanted = []
+        for j in range(len(batches)):
+            if global_index % world_size == rank:
+                if mine >= start_batch:
+                    wanted.append(j)
+                mine += 1
+            global_index += 1
+        if not wanted:
+            continue
+        data = _gather(pairs, fill_ids)
+        for j in wanted:
+            batch = data[j * batch_size:(j + 1) * batch_size]
+            yield batch[:, 0] if squeeze else batch

@@ -1,0 +1,73 @@
+"""A store's summary for people: what `conceptdict store info` and the demo print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from conceptdict.activations.store import ActivationStore
+
+
+class HookpointStats(NamedTuple):
+    name: str
+    d: int
+    norm_mean: float
+    norm_std: float
+    norm_min: float
+    norm_max: float
+    rows_sampled: int
+
+
+class StoreSummary(NamedTuple):
+    path: Path
+    model: str
+    level: str
+    rows: int
+    shards: int
+    size_bytes: int
+    dtype: str
+    dataset: str
+    label_keys: list[str]
+    hookpoints: list[HookpointStats]
+
+
+def _norm_stats(store: ActivationStore, hookpoint: str, max_rows: int) -> HookpointStats:
+    """L2-norm statistics over up to ``max_rows`` rows, taken as 16 evenly spaced runs."""
+    n = store.num_rows
+    take = min(n, max_rows)
+    pieces = []
+    runs = 16 if take >= 16 else 1
+    per = max(1, take // runs)
+    for i in range(runs):
+        start = (n - per) * i // max(1, runs - 1) if runs > 1 else 0
+        pieces.append(store.rows(hookpoint, start, min(n, start + per)).float().norm(dim=-1))
+    norms = torch.cat(pieces) if pieces else torch.zeros(0)
+    if norms.numel() == 0:
+        return HookpointStats(hookpoint, store.d_in(hookpoint), float("nan"), float("nan"), float("nan"),
+                              float("nan"), 0)
+    return HookpointStats(hookpoint, store.d_in(hookpoint), norms.mean().item(),
+                          norms.std().item() if norms.numel() > 1 else 0.0,
+                          norms.min().item(), norms.max().item(), norms.numel())
+
+
+def _describe_dataset(ds: dict) -> str:
+    if not ds:
+        return "-"
+    kind = ds.get("kind", "?")
+    source = ds.get("spec") or ds.get("source") or ""
+    extra = f", {ds['contexts']:,} contexts" if "contexts" in ds else ""
+    return f"{source} ({kind}{extra})"
+
+
+def store_summary(store: ActivationStore, max_rows: int = 65536) -> StoreSummary:
+    """Rows, size, dtype and per-hookpoint activation norm statistics of ``store``."""
+    m = store.manifest
+    model = (m.get("model") or {}).get("id") or "-"
+    return StoreSummary(
+        path=store.path, model=str(model), level=store.level, rows=store.num_rows, shards=len(m["shards"]),
+        size_bytes=store.size_bytes(), dtype=m["dtype"], dataset=_describe_dataset(m.get("dataset") or {}),
+        label_keys=list(m.get("label_keys", [])),
+        hookpoints=[_norm_stats(store, hp, max_rows) for hp in store.hookpoints],
+    )
