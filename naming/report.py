@@ -91,6 +91,10 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
         tokens += "</div>"
     flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items())
     examples = "".join(example_html(e) for e in c.top_examples[:n_examples])
+    if c.quantile_examples:
+        examples += '<div class="sub">across the activation range</div>' + "".join(
+            example_html(e) for e in c.quantile_examples[::2]
+        )
     return (
         f'<section class="card{" dead" if dead else ""}" id="c{c.id}">'
         f'<h2><span class="id">#{c.id}</span>{esc(c.name or "(unnamed)")}</h2>'
