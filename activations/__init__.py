@@ -1,29 +1,46 @@
 """Stage 1: model + tokens -> activation store, and back out as training batches.
 
-The only stage that touches transformer-lens, transformers and ``datasets``. Heavy imports
-(transformer-lens, transformers, datasets) happen inside the functions that need them.
+The only stage that touches transformer-lens, transformers and ``datasets``; those heavy libraries
+are imported inside the functions that need them, so importing this package stays cheap.
 """
 
+from conceptdict.activations.cache import CacheConfig, cache_activations, config_hash
+from conceptdict.activations.data import stdlib_docstrings
 from conceptdict.activations.importer import ImportConfig, import_array
-from conceptdict.activations.store import (
-    FORMAT_VERSION,
-    ActivationStore,
-    RowContext,
-    StoreError,
+from conceptdict.activations.models import (
+    DEFAULT_MODEL_DIR,
+    SENTENCE_HOOKPOINTS,
+    ModelHandle,
+    SpliceLosses,
+    embed_texts,
+    load_model,
+    spliced_losses,
 )
+from conceptdict.activations.store import FORMAT_VERSION, ActivationStore, RowContext, StoreError
 from conceptdict.activations.stream import check_aligned, stream_batches
 from conceptdict.activations.summary import HookpointStats, StoreSummary, store_summary
 
 __all__ = [
+    "DEFAULT_MODEL_DIR",
     "FORMAT_VERSION",
+    "SENTENCE_HOOKPOINTS",
     "ActivationStore",
+    "CacheConfig",
     "HookpointStats",
     "ImportConfig",
+    "ModelHandle",
     "RowContext",
+    "SpliceLosses",
     "StoreError",
     "StoreSummary",
+    "cache_activations",
     "check_aligned",
+    "config_hash",
+    "embed_texts",
     "import_array",
+    "load_model",
+    "spliced_losses",
+    "stdlib_docstrings",
     "store_summary",
     "stream_batches",
 ]

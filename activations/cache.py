@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -61,9 +61,9 @@ class CacheConfig:
     """Start each context with BOS when the tokenizer adds no special prefix of its own."""
     tokens: int | None = None
     """Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole dataset."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Stored activation dtype: float32, float16 or bfloat16."""
-    model_dtype: str = "float32"
+    model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Dtype the model runs in."""
     batch_size: int = 32
     """Contexts per forward pass."""
