@@ -67,8 +67,9 @@ def crosscoder_l1_loss(x: Tensor, x_hat: Tensor, acts: Tensor, W_dec: Tensor, n_
     return CrosscoderLoss(mse + penalty, mse, penalty)
 
 
-def _l1_train(model: SparseCoder, x: Tensor, l1_coeff: float) -> TrainOutput:
-    """Kind ``crosscoder-l1``: dense ReLU code, penalty lambda mean_b sum_j f_j sum_s |d_j^s|.
+def _l1_train(model: SparseCoder, x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+              k_aux: int = 0) -> TrainOutput:
+    """Kind ``crosscoder-l1``: dense ReLU code, penalty lambda mean_b sum_j f_j sum_s |d_j^s| (no AuxK).
 
     The training loop's reconstruction term is the batch FVU = sum |x - x_hat|^2 / (B V) with V the mean
     squared distance of a row to the batch mean; dividing the penalty by the same V makes the total exactly
@@ -79,7 +80,7 @@ def _l1_train(model: SparseCoder, x: Tensor, l1_coeff: float) -> TrainOutput:
     row_var = (x - x.mean(dim=0)).square().sum(dim=1).mean().clamp_min(1e-12).detach()
     penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, l1_coeff) / row_var
     active = acts > 0
-    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(), penalty, None)
+    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(), penalty, None, None)
 
 
 def _l1_encode(model: SparseCoder, x: Tensor) -> Tensor:
@@ -96,6 +97,13 @@ class CrosscoderSelection(NamedTuple):
     smallest: Tensor  # 0-dim: smallest kept SCALED activation f_j sum_s |d_j^s| (threshold estimate)
 
 
+def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
+    """Smallest kept f_j * weight_j of a zero-padded code values/indices [B, K] (0 when nothing is kept)."""
+    kept = values > 0
+    scaled = values.detach() * weight[indices]
+    return scaled[kept].min().detach() if kept.any() else values.new_zeros(())
+
+
 def batchtopk_crosscoder_select(acts: Tensor, W_dec: Tensor, n_sources: int, k: int,
                                 impl: str = "auto") -> CrosscoderSelection:
     """Keep the top k*B entries of acts [B, L] (ReLU'd) ranked by f_j * sum_s |d_j^s|, values unscaled.
@@ -104,10 +112,7 @@ def batchtopk_crosscoder_select(acts: Tensor, W_dec: Tensor, n_sources: int, k: 
     (and W_dec through the reconstruction)."""
     weight = source_norm_sum(W_dec.detach(), n_sources)
     code, _ = kernels.batch_topk(acts, k, scale=weight, impl=impl)
-    kept = code.values > 0
-    scaled = code.values.detach() * weight[code.indices]
-    smallest = scaled[kept].min() if kept.any() else acts.new_zeros(())
-    return CrosscoderSelection(code, smallest.detach())
+    return CrosscoderSelection(code, scaled_smallest(code.values, code.indices, weight))
 
 
 def crosscoder_threshold_codes(acts: Tensor, W_dec: Tensor, n_sources: int, threshold: Tensor) -> Tensor:
@@ -116,29 +121,44 @@ def crosscoder_threshold_codes(acts: Tensor, W_dec: Tensor, n_sources: int, thre
     return acts * (acts * weight > threshold)
 
 
-def training_decoder(model: SparseCoder) -> Tensor:
-    """W_dec [L, S*D] in the units the model was trained in.
+def input_scale(model: SparseCoder) -> Tensor:
+    """The per-source factor [S] that maps raw activations to the units the model was trained in.
 
-    A model whose input normalisation was folded into its weights carries the per-source factor in a
-    ``source_scale [S]`` buffer (the raw decoder column of source s is the trained one divided by it); the
-    ranking f_j sum_s |d_j^s| and its threshold are defined in training units, so they multiply it back."""
+    After training, ``saes.train`` folds its normalisation (each source to mean norm sqrt(D)) into the
+    weights: the raw decoder column of source s is the trained one divided by this factor. Read from a
+    ``source_scale`` buffer when the model has one, else from the training summary (config.json's
+    ``normalisation.scale_per_source``), else ones (nothing folded, e.g. during training)."""
     scale = getattr(model, "source_scale", None)
     if scale is None:
-        return model.W_dec
-    return model.W_dec * scale.to(model.W_dec).repeat_interleave(model.d_in)
+        summary = getattr(model, "training_summary", None) or {}
+        norm = summary.get("normalisation") or {}
+        if norm.get("folded_into_weights") and norm.get("scale_per_source") is not None:
+            scale = torch.tensor(norm["scale_per_source"], dtype=torch.float32)
+    if scale is None:
+        return torch.ones(model.n_sources, device=model.W_dec.device)
+    return scale.to(model.W_dec.device, torch.float32)
 
 
-def _batchtopk_train(model: SparseCoder, x: Tensor, l1_coeff: float) -> TrainOutput:
-    """Kind ``crosscoder``: BatchTopK over the decoder-norm-weighted code (``l1_coeff`` is unused)."""
-    acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
-    sel = batchtopk_crosscoder_select(acts, training_decoder(model), model.n_sources, model.k,
-                                      impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(sel.code.values, sel.code.indices, model.W_dec, model.b_dec,
-                                  impl=model.kernel_impl)
-    active = sel.code.values > 0
+def training_decoder(model: SparseCoder) -> Tensor:
+    """W_dec [L, S*D] in training units (see :func:`input_scale`): the ranking f_j sum_s |d_j^s| and its
+    inference threshold are defined there, so a folded model multiplies its factor back."""
+    return model.W_dec * input_scale(model).to(model.W_dec).repeat_interleave(model.d_in)
+
+
+def _batchtopk_train(model: SparseCoder, x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+                     k_aux: int = 0) -> TrainOutput:
+    """Kind ``crosscoder``: the fused BatchTopK encode ranked by sum_s |d_j^s| (``l1_coeff`` is unused), the
+    AuxK code over ``dead`` latents from the same pre-activations, and the scaled threshold estimate."""
+    weight = source_norm_sum(training_decoder(model).detach(), model.n_sources)
+    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=True, scale=weight, dead=dead,
+                         k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    active = enc.values > 0
     fired = torch.zeros(model.n_latents, dtype=torch.bool, device=x.device)
-    fired[sel.code.indices[active]] = True
-    return TrainOutput(x_hat, fired, active.sum(dim=1).float().mean().detach(), None, sel.smallest)
+    fired[enc.indices[active]] = True
+    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
+    return TrainOutput(x_hat, fired, active.sum(dim=1).float().mean().detach(), None,
+                       scaled_smallest(enc.values, enc.indices, weight), aux)
 
 
 def _batchtopk_encode(model: SparseCoder, x: Tensor) -> Tensor:
@@ -158,6 +178,8 @@ __all__ = [
     "crosscoder_l1_penalty",
     "crosscoder_pre",
     "crosscoder_threshold_codes",
+    "input_scale",
+    "scaled_smallest",
     "source_norm_sum",
     "training_decoder",
 ]

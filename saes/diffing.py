@@ -293,6 +293,35 @@ def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: Latent
     return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags)
 
 
+def diff_crosscoder(model, batches: Iterable[Tensor], cfg: DiffAnalysisConfig, *,
+                    max_batches: int | None = None) -> LatentDiff:
+    """The per-latent table of a trained crosscoder (a SparseCoder with S >= 2 working on raw activations).
+
+    ``batches`` are raw x [B, S, D] (e.g. held-out rows of both models over the same tokens). Decoder norms,
+    cosines and Latent Scaling are computed in the crosscoder's training units (raw activations times the
+    per-source normalisation factor, see ``saes.crosscoder.input_scale``) so that the two models' norms are
+    comparable; without batches (``max_batches=0``) the table has no Latent Scaling columns."""
+    from .crosscoder import input_scale
+
+    if model.n_sources < 2:
+        raise ValueError(f"diffing needs a crosscoder with at least 2 sources, got n_sources={model.n_sources}; "
+                         f"train with several stores (kind crosscoder)")
+    c = input_scale(model)[:, None]  # [S, 1]
+    directions = model.decoder_directions().float() * c[None]  # [L, S, D] in training units
+    if max_batches == 0:
+        return analyse_latents(directions, cfg)
+    scaling = latent_scaling(
+        (x.to(c.device).float() * c for x in batches),
+        lambda xs: model.encode(xs / c),
+        lambda f: model.decode(f) * c,
+        directions,
+        source_a=cfg.source_a,
+        source_b=cfg.source_b,
+        max_batches=max_batches,
+    )
+    return analyse_latents(directions, cfg, scaling)
+
+
 def histogram(values: Tensor, bins: int = 20, lo: float = 0.0, hi: float = 1.0) -> list[int]:
     """Counts of finite ``values`` in ``bins`` equal bins over [lo, hi] (values outside are clipped in)."""
     v = values[torch.isfinite(values)].double().clamp(lo, hi)
@@ -366,7 +395,54 @@ def planted_batches(pair: PlantedPair, batch_size: int, n_batches: int, *, p_fir
         yield x + noise * torch.randn(batch_size, 2, d, generator=gen)
 
 
+class PlantedScore(NamedTuple):
+    """How a diffing table recovers the planted truth of :func:`planted_pair`.
+
+    A latent is matched to the atom whose B direction is closest in cosine to its B decoder (at least
+    ``min_cos``; else unmatched). "Predicted B-only" is the latent set being scored (Delta tags alone, or
+    the model_specific flag of Latent Scaling)."""
+
+    precision: float  # predicted B-only latents matched to a b_only atom / predicted (nan if none predicted)
+    recall: float  # b_only atoms with at least one predicted latent matched to them / b_only atoms
+    n_predicted: int
+    misattributed: dict[str, int]  # predicted B-only latents by the kind of their matched atom ("unmatched")
+    shared_tagged_shared: float  # fraction of shared atoms whose best latent is tagged shared
+
+
+def score_b_only(table: LatentDiff, directions: Tensor, pair: PlantedPair, predicted: Tensor,
+                 min_cos: float = 0.9, source_b: int = 1) -> PlantedScore:
+    """Score the predicted B-only latents (bool [L]) of ``table`` (decoder ``directions [L, S, D]``) against
+    the planted atoms of ``pair``."""
+    d_b = directions[:, source_b].double()
+    atoms_b = pair.atoms_b.double()
+    cos = (d_b / d_b.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ (
+        atoms_b / atoms_b.norm(dim=-1, keepdim=True).clamp_min(1e-12)).T  # [L, N]
+    best_cos, best_atom = cos.max(dim=1)
+    kinds = pair.kinds
+    b_only_atoms = {n for n, kind in enumerate(kinds) if kind == "b_only"}
+    mis: dict[str, int] = {}
+    hit_atoms: set[int] = set()
+    n_pred = 0
+    for j in predicted.nonzero().flatten().tolist():
+        n_pred += 1
+        atom = int(best_atom[j]) if best_cos[j] >= min_cos else None
+        if atom in b_only_atoms:
+            hit_atoms.add(atom)
+        else:
+            key = "unmatched" if atom is None else kinds[atom]
+            mis[key] = mis.get(key, 0) + 1
+    tp = n_pred - sum(mis.values())
+    precision = tp / n_pred if n_pred else math.nan
+    recall = len(hit_atoms) / len(b_only_atoms) if b_only_atoms else math.nan
+    shared = [n for n, kind in enumerate(kinds) if kind == "shared"]
+    ok = [table.tags[int(cos[:, n].argmax())] == "shared" for n in shared]
+    return PlantedScore(precision, recall, n_pred, mis, sum(ok) / len(ok) if ok else math.nan)
+
+
 __all__ = [
+    "PlantedScore",
+    "diff_crosscoder",
+    "score_b_only",
     "ATOM_KINDS",
     "PlantedPair",
     "planted_batches",

@@ -75,7 +75,7 @@ def test_kinds_are_registered_and_differentiable(kind):
     torch.manual_seed(0)
     model = SparseCoder(d_in=6, n_latents=20, k=3, kind=kind, n_sources=2, kernel_impl="reference")
     x = torch.randn(16, 2, 6)
-    out = model.spec.train_forward(model, model.flatten_input(x), 0.5)
+    out = model.spec.train_forward(model, model.flatten_input(x), l1_coeff=0.5)
     assert out.x_hat.shape == (16, 12) and out.fired.shape == (20,)
     loss = (out.x_hat - x.flatten(1)).square().sum()
     if out.sparsity_loss is not None:
@@ -94,7 +94,7 @@ def test_l1_kind_penalty_is_the_reference_lambda_over_the_batch_variance():
     torch.manual_seed(1)
     model = SparseCoder(d_in=4, n_latents=10, k=2, kind="crosscoder-l1", n_sources=2, kernel_impl="reference")
     x = torch.randn(8, 8)
-    out = model.spec.train_forward(model, x, 0.3)
+    out = model.spec.train_forward(model, x, l1_coeff=0.3)
     acts = model.encode(x.view(8, 2, 4))
     var = (x - x.mean(0)).square().sum(1).mean()
     assert out.sparsity_loss.item() == pytest.approx(cc.crosscoder_l1_penalty(acts, model.W_dec, 2, 0.3).item()
@@ -117,3 +117,21 @@ def test_inference_rule_survives_folding_the_input_scale():
         model.register_buffer("source_scale", scale.clone())
     assert torch.allclose(model.encode(x), before, atol=1e-5)
     assert torch.allclose(cc.training_decoder(model), (model.W_dec * scale.repeat_interleave(5)), atol=0)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_batchtopk_kind_training_pass_matches_the_standalone_selection(impl):
+    torch.manual_seed(3)
+    model = SparseCoder(d_in=6, n_latents=20, k=3, kind="crosscoder", n_sources=2, kernel_impl=impl)
+    with torch.no_grad():
+        model.W_dec.mul_(torch.rand(20, 1) * 2 + 0.1)  # uneven decoder norms: the ranking differs from plain
+    x = torch.randn(16, 12)
+    dead = torch.zeros(20, dtype=torch.bool)
+    dead[:5] = True
+    out = model.spec.train_forward(model, x, l1_coeff=0.0, dead=dead, k_aux=2)
+    acts = torch.relu(cc.crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    sel = cc.batchtopk_crosscoder_select(acts, model.W_dec, 2, 3, impl="reference")
+    dense = torch.zeros(16, 20).scatter_add(1, sel.code.indices, sel.code.values)
+    assert torch.allclose(out.x_hat, dense @ model.W_dec + model.b_dec, atol=1e-5)
+    assert out.smallest.item() == pytest.approx(sel.smallest.item(), rel=1e-5)
+    assert out.aux is not None and set(out.aux.indices[out.aux.values > 0].tolist()) <= set(range(5))
