@@ -60,11 +60,10 @@ def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
 
 
 def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    D, L = W_enc.shape
-    grad_xT = np.empty((D, x.shape[0]), np.float32)
-    grad_W = np.empty((D, L), np.float32)
-    nk.encoder_backward(_i64(idx), _f32(g), _f32(x.t()), _f32(W_enc), grad_xT, grad_W)
-    return torch.from_numpy(grad_xT).t().contiguous(), torch.from_numpy(grad_W)
+    grad_x = np.empty(tuple(x.shape), np.float32)
+    grad_W = np.empty(tuple(W_enc.shape), np.float32)
+    nk.encoder_backward(_i64(idx), _f32(g), _f32(x), _f32(W_enc), grad_x, grad_W)
+    return torch.from_numpy(grad_x), torch.from_numpy(grad_W)
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)

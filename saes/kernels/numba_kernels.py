@@ -8,6 +8,7 @@ Shapes: idx / val [B, K] (int64 / float32), W rows [L, D], x [B, D], W_enc [D, L
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -84,58 +85,122 @@ def scatter_rows(idx, val, A, out):
     _scatter_buckets(start, order, val, A, idx.shape[1], out)
 
 
+TILE = 16  # latents per tile of the encoder backward (one 64-byte cache line of a W_enc row)
+
+
 @njit(**_OPTS)
-def encoder_backward(idx, g, xT, W_enc, grad_xT, grad_W):
-    """The encoder backward restricted to the selected pre-activations, one pass per input dimension d.
-
-    grad_xT [D, B] = (S_g W_enc^T)^T and grad_W [D, L] = x^T S_g, where S_g [B, L] holds g at idx.
-    Row d of W_enc and of grad_W (L floats) stay in cache while all B*K entries stream past; every
-    thread owns whole rows of grad_W, so there are no races and no [B*K, D] intermediate."""
+def _encoder_backward_tiles(start, order, g, x, W_enc, n_parts, grad_x_parts, grad_W):
     D, L = W_enc.shape
-    B, K = idx.shape
-    for d in prange(D):
-        for c in range(L):
-            grad_W[d, c] = 0.0
-        for b in range(B):
-            xv = xT[d, b]
-            s = np.float32(0.0)
-            for j in range(K):
-                gv = g[b, j]
-                c = idx[b, j]
-                s += gv * W_enc[d, c]
-                grad_W[d, c] += gv * xv
-            grad_xT[d, b] = s
+    K = g.shape[1]
+    flat_g = g.ravel()
+    n_tiles = (L + TILE - 1) // TILE
+    for part in prange(n_parts):
+        gx = grad_x_parts[part]
+        Wt = np.empty((TILE, D), np.float32)
+        Gt = np.empty((TILE, D), np.float32)
+        for tile in range(part * n_tiles // n_parts, (part + 1) * n_tiles // n_parts):
+            c0 = tile * TILE
+            w = min(TILE, L - c0)
+            for d in range(D):
+                for u in range(w):
+                    Wt[u, d] = W_enc[d, c0 + u]
+                    Gt[u, d] = 0.0
+            for u in range(w):
+                for t in range(start[c0 + u], start[c0 + u + 1]):
+                    e = order[t]
+                    gv = flat_g[e]
+                    if gv != 0.0:
+                        b = e // K
+                        for d in range(D):
+                            Gt[u, d] += gv * x[b, d]
+                            gx[b, d] += gv * Wt[u, d]
+            for d in range(D):
+                for u in range(w):
+                    grad_W[d, c0 + u] = Gt[u, d]
 
 
-@njit(cache=True, fastmath=False)
+def encoder_backward(idx, g, x, W_enc, grad_x, grad_W):
+    """The encoder backward restricted to the selected pre-activations: grad_x [B, D] = S_g W_enc^T and
+    grad_W [D, L] = x^T S_g, where S_g [B, L] holds g [B, K] at idx [B, K].
+
+    Entries are bucketed by latent; each thread owns a range of 16-latent tiles, loads the tile of
+    W_enc (one cache line per input dimension), accumulates the tile of grad_W with contiguous
+    vectorised row updates, and writes it back once. grad_x is summed over per-thread partials, so
+    nothing races and nothing of size [B*K, D] or [B, L] is built."""
+    start, order = _bucket_by_latent(idx, W_enc.shape[1])
+    n_parts = numba.get_num_threads()
+    parts = np.zeros((n_parts, x.shape[0], x.shape[1]), np.float32)
+    _encoder_backward_tiles(start, order, g, x, W_enc, n_parts, parts, grad_W)
+    np.sum(parts, axis=0, out=grad_x)
+
+
+@njit(cache=True, nogil=True)
 def _compact(bv, bi, n, k):
-    """Keep the k largest of bv[:n] at the front; return the new count and the smallest kept value."""
-    order = np.argsort(-bv[:n], kind="quicksort")[:k]
-    tv = bv[order].copy()
-    ti = bi[order].copy()
-    bv[:k] = tv
-    bi[:k] = ti
-    return k, tv[k - 1]
+    """Move the k largest of bv[:n] (with their bi) to the front, in place (quickselect, no allocation);
+    return k and the smallest of them."""
+    lo, hi, target = 0, n - 1, k - 1
+    while lo < hi:
+        pivot = bv[(lo + hi) // 2]
+        i, j = lo, hi
+        while i <= j:
+            while bv[i] > pivot:
+                i += 1
+            while bv[j] < pivot:
+                j -= 1
+            if i <= j:
+                bv[i], bv[j] = bv[j], bv[i]
+                bi[i], bi[j] = bi[j], bi[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
+    smallest = bv[0]
+    for t in range(1, k):
+        smallest = min(smallest, bv[t])
+    return k, smallest
+
+
+@njit(cache=True, nogil=True)
+def _sort_desc(bv, bi, k):
+    """Insertion sort of the first k entries, largest first (k is small)."""
+    for t in range(1, k):
+        v, c = bv[t], bi[t]
+        u = t - 1
+        while u >= 0 and bv[u] < v:
+            bv[u + 1], bi[u + 1] = bv[u], bi[u]
+            u -= 1
+        bv[u + 1], bi[u + 1] = v, c
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def row_topk(pre, k, cols, out_val, out_idx):
     """Per row, the k largest of pre[b, cols] (all columns when cols is empty), largest first.
 
-    One pass per row with a small candidate buffer (4k) and a running threshold; ties are broken
-    arbitrarily, as in torch.topk. Requires 1 <= k <= number of columns scanned."""
-    B = pre.shape[0]
-    n_cols = cols.shape[0] if cols.shape[0] > 0 else pre.shape[1]
+    One pass per row: a candidate buffer of 4k entries seeded with the first columns, a running
+    threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills
+    (about three times per row at k=32, L=16384). Ties are broken arbitrarily, as in torch.topk.
+    Requires 1 <= k <= number of columns scanned."""
+    B, L = pre.shape
+    use_cols = cols.shape[0] > 0
+    n_cols = cols.shape[0] if use_cols else L
     cap = min(n_cols, 4 * k)
     for b in prange(B):
+        row = pre[b]
         bv = np.empty(cap, np.float32)
         bi = np.empty(cap, np.int64)
-        n = 0
-        thr = -np.inf
-        for t in range(n_cols):
-            c = cols[t] if cols.shape[0] > 0 else t
-            v = pre[b, c]
-            if v > thr or n < k:
+        for t in range(cap):
+            c = cols[t] if use_cols else t
+            bv[t] = row[c]
+            bi[t] = c
+        n, thr = _compact(bv, bi, cap, k)
+        for t in range(cap, n_cols):
+            c = cols[t] if use_cols else t
+            v = row[c]
+            if v > thr:
                 if n == cap:
                     n, thr = _compact(bv, bi, n, k)
                     if not (v > thr):
@@ -144,6 +209,7 @@ def row_topk(pre, k, cols, out_val, out_idx):
                 bi[n] = c
                 n += 1
         n, thr = _compact(bv, bi, n, k)
+        _sort_desc(bv, bi, k)
         for j in range(k):
             out_val[b, j] = bv[j]
             out_idx[b, j] = bi[j]

@@ -166,7 +166,7 @@ def encode(
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
     one matmul; the [B, L] pre-activations are freed before returning. ``k=0`` skips the main code."""
     with torch.no_grad():
-        pre = torch.addmm(b_enc, x, W_enc)
+        pre = torch.addmm(b_enc, x, W_enc, out=_workspace(x.shape[0], W_enc))
         if k == 0:
             sel = _empty(pre)
         elif batch:
@@ -180,6 +180,27 @@ def encode(
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
     K = sel.indices.shape[1]
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux.indices, sel.smallest)
+
+
+# one reusable pre-activation buffer on CPU: a fresh [B, L] allocation is mmapped and page-faulted
+# on every step (about as slow as reading it twice); CUDA's caching allocator already reuses memory
+_WORKSPACE: dict[str, Tensor] = {}
+
+
+def _workspace(B: int, W_enc: Tensor) -> Tensor | None:
+    if W_enc.device.type != "cpu":
+        return None
+    shape = (B, W_enc.shape[1])
+    buf = _WORKSPACE.get("pre")
+    if buf is None or buf.shape != shape or buf.dtype != W_enc.dtype:
+        _WORKSPACE.pop("pre", None)
+        buf = _WORKSPACE["pre"] = torch.empty(shape, dtype=W_enc.dtype)
+    return buf
+
+
+def release_workspace() -> None:
+    """Drop the cached CPU pre-activation buffer (one [B, L] tensor kept between encodes)."""
+    _WORKSPACE.clear()
 
 
 def _empty(pre: Tensor) -> Selection:
