@@ -29,14 +29,15 @@ class TrainOutput(NamedTuple):
     l0: Tensor  # 0-dim: mean number of active latents per row (detached)
     sparsity_loss: Tensor | None  # 0-dim penalty added to the loss (ReLU-L1), None for TopK-style kinds
     smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
+    aux: kernels.SparseCode | None  # AuxK code [B, K'] over the dead latents when asked for, else None
 
 
 @dataclass(frozen=True)
 class KindSpec:
     """One row of the kind table."""
 
-    train_forward: Callable[["SparseCoder", Tensor, float], TrainOutput]
-    """(model, x_flat [B, S*D] already normalised, l1_coeff) -> TrainOutput."""
+    train_forward: Callable[..., TrainOutput]
+    """(model, x_flat [B, S*D] already normalised, *, l1_coeff, dead bool [L] | None, k_aux) -> TrainOutput."""
     encode: Callable[["SparseCoder", Tensor], Tensor]
     """(model, x_flat [B, S*D]) -> dense codes [B, L] under the inference rule."""
     uses_aux: bool
@@ -52,18 +53,29 @@ def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
     return (x - model.b_dec) @ model.W_enc + model.b_enc
 
 
-def _fired_from_code(code: kernels.SparseCode, n_latents: int) -> tuple[Tensor, Tensor]:
-    active = code.values > 0
-    fired = torch.zeros(n_latents, dtype=torch.bool, device=code.values.device)
-    fired[code.indices[active]] = True
+def _fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    active = values > 0
+    fired = torch.zeros(n_latents, dtype=torch.bool, device=values.device)
+    fired[indices[active]] = True
     return fired, active.sum(dim=1).float().mean().detach()
 
 
-def _topk_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
-    code = kernels.encode_topk(x - model.b_dec, model.W_enc, model.b_enc, model.k, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
-    fired, l0 = _fired_from_code(code, model.n_latents)
-    return TrainOutput(x_hat, fired, l0, None, None)
+def sparse_train_forward(model: "SparseCoder", x: Tensor, *, batch: bool, scale: Tensor | None = None,
+                         dead: Tensor | None = None, k_aux: int = 0) -> TrainOutput:
+    """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
+    (``batch=False``) or BatchTopK ranked by ``acts * scale`` (``batch=True``), the AuxK code from the same
+    pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking ``scale`` [L]."""
+    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
+                         dead=dead, k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
+    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
+    return TrainOutput(x_hat, fired, l0, None, enc.smallest.detach() if batch else None, aux)
+
+
+def _topk_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+                k_aux: int = 0) -> TrainOutput:
+    return sparse_train_forward(model, x, batch=False, dead=dead, k_aux=k_aux)
 
 
 def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -73,12 +85,9 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     )
 
 
-def _batchtopk_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
-    acts = torch.relu(_pre(model, x))
-    code, smallest = kernels.batch_topk(acts, model.k, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
-    fired, l0 = _fired_from_code(code, model.n_latents)
-    return TrainOutput(x_hat, fired, l0, None, smallest)
+def _batchtopk_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+                     k_aux: int = 0) -> TrainOutput:
+    return sparse_train_forward(model, x, batch=True, dead=dead, k_aux=k_aux)
 
 
 def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -86,7 +95,8 @@ def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     return acts * (acts > model.threshold)
 
 
-def _relu_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput:
+def _relu_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+                k_aux: int = 0) -> TrainOutput:
     acts = torch.relu(_pre(model, x))
     x_hat = acts @ model.W_dec + model.b_dec
     # L1 on f_j * sum_s |d_j^s|, divided by the batch's RMS norm so the coefficient does not depend on the scale of x
@@ -94,7 +104,7 @@ def _relu_train(model: "SparseCoder", x: Tensor, l1_coeff: float) -> TrainOutput
     scale = (x - x.mean(dim=0)).pow(2).sum(dim=1).mean().sqrt().clamp_min(1e-12).detach()
     active = acts > 0
     return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(),
-                       l1_coeff * penalty / scale, None)
+                       l1_coeff * penalty / scale, None, None)
 
 
 def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:

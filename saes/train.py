@@ -239,15 +239,13 @@ def _restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: Trai
 
 # -- the steps ---------------------------------------------------------------------------------
 
-def aux_loss(model: SparseCoder, x: Tensor, residual: Tensor, dead: Tensor, k_aux: int) -> Tensor:
-    """AuxK (OpenAI): the top ``k_aux`` dead latents reconstruct the detached residual e [B, F], without b_dec.
-
-    Returns ||e - e_hat||^2 / ||e - mean(e)||^2 (0 when no latent is dead)."""
-    code = kernels.encode_aux(x - model.b_dec, model.W_enc, model.b_enc, dead, k_aux, impl=model.kernel_impl)
-    if code.values.shape[1] == 0:
-        return x.new_zeros(())
-    zero_bias = torch.zeros_like(model.b_dec)
-    e_hat = kernels.sparse_decode(code.values, code.indices, model.W_dec, zero_bias, impl=model.kernel_impl)
+def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto") -> Tensor:
+    """AuxK (OpenAI): the dead latents' code ``aux`` [B, K'] reconstructs the detached residual e [B, F]
+    through the decoder WITHOUT b_dec; returns ||e - e_hat||^2 / ||e - mean(e)||^2 (0 when K' = 0)."""
+    if aux.values.shape[1] == 0:
+        return residual.new_zeros(())
+    zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
+    e_hat = kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl)
     denom = (residual - residual.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
     return (residual - e_hat).pow(2).sum() / denom
 
@@ -271,15 +269,17 @@ def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State,
           lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
     """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
     spec = model.spec
-    out = spec.train_forward(model, x, cfg.l1_coeff)
+    dead = st.since_fired >= dead_tokens
+    use_aux = spec.uses_aux and bool(dead.any())
+    out = spec.train_forward(model, x, l1_coeff=cfg.l1_coeff, dead=dead.to(x.device) if use_aux else None,
+                             k_aux=k_aux)
     err = x - out.x_hat
     total_var = (x - x.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
     fvu = err.pow(2).sum() / total_var
     loss = fvu
     aux = torch.zeros(())
-    dead = st.since_fired >= dead_tokens
-    if spec.uses_aux and bool(dead.any()):
-        aux = aux_loss(model, x, err.detach(), dead.to(x.device), k_aux)
+    if out.aux is not None:
+        aux = aux_loss(out.aux, model.W_dec, err.detach(), model.kernel_impl)
         loss = loss + cfg.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
@@ -431,7 +431,8 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
                     "last batch only", r["threshold_start_step"])
         with torch.no_grad():
-            _update_threshold(model, float(model.spec.train_forward(model, last_x, cfg.l1_coeff).smallest), 0.0, st)
+            _update_threshold(model, float(model.spec.train_forward(model, last_x, l1_coeff=cfg.l1_coeff).smallest),
+                              0.0, st)
     return _finish(model, cfg, st, r, held_out, out, meta, m)
 
 
