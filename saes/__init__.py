@@ -9,6 +9,8 @@ from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
 from .train import TrainConfig, train
 
+from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
+
 __all__ = [
     "KINDS", "EvalResult", "JsonlSink", "KindSpec", "MetricsSink", "NullSink", "SparseCoder", "TrainConfig",
     "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table", "import_saelens",

@@ -133,7 +133,8 @@ def density_histogram(density: Tensor) -> tuple[int, ...]:
     edges = torch.tensor(HIST_EDGES, dtype=logf.dtype)
     bins = torch.bucketize(logf, edges, right=True)  # 0: below -8, ..., len(edges): == 0 (always fires)
     counts = torch.bincount(bins, minlength=len(edges) + 1).tolist()
-    counts[-2] += counts.pop()  # frequency exactly 1 belongs to the last bin [-1, 0]
+    always = counts.pop()
+    counts[-1] += always  # frequency exactly 1 belongs to the last bin [-1, 0]
     return (dead, *counts)
 
 
