@@ -1,0 +1,360 @@
+"""``conceptdict diff``: train a crosscoder on two models' activations over the same tokens and report which
+latents belong to one model only (decoder-norm Delta, Latent Scaling flags).
+
+    conceptdict diff --model A --model B --hookpoint H [--dataset D] [train flags] --out DIFF_DIR
+    conceptdict diff --store A --store B [--hookpoint H] [train flags] --out DIFF_DIR
+
+DIFF_DIR holds ``stores/A``, ``stores/B`` (when models are given), ``crosscoder/`` (the dictionary artifact),
+``diff.json`` (summary + one record per latent), ``latents.csv``, ``report.html`` and ``diff_config.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import html
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, to_jsonable, write_resolved_config
+
+HELP = "diff two models: crosscoder over both models' activations, per-latent Delta tags and Latent Scaling flags"
+DIFF_FORMAT = "conceptdict-diff"
+DIFF_VERSION = 1
+SOURCE_NAMES = ("A", "B")
+TRAIN_SKIP = ("d_in",)
+
+
+@dataclass
+class DiffConfig:
+    """Flags of ``conceptdict diff`` besides the training flags (which are ``conceptdict train``'s)."""
+
+    out: Path
+    """Output directory (stores/, crosscoder/, diff.json, latents.csv, report.html)."""
+    models: list[str] = field(default_factory=list, metadata={"flag": "model"})
+    """Two models to cache and diff, A (reference, e.g. base) then B (e.g. fine-tune): hub names or directories."""
+    stores: list[Path] = field(default_factory=list, metadata={"flag": "store"})
+    """Instead of --model: two activation stores of A and B cached over the same tokens."""
+    hookpoint: str | None = None
+    """Hookpoint to diff (required with --model; with --store, default: the one hookpoint both stores hold)."""
+    dataset: str = "stdlib-docstrings"
+    """With --model: dataset to cache (stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, a hub name)."""
+    text_column: str = "text"
+    """With --model: column holding the text."""
+    context_length: int = 128
+    """With --model: tokens per context."""
+    cache_tokens: int | None = 200_000
+    """With --model: rows (tokens) to cache per model; None: the whole dataset."""
+    cache_batch_size: int = 32
+    """With --model: contexts per forward pass while caching."""
+    cache_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """With --model: stored activation dtype."""
+    scaling_tokens: int = 1_000_000
+    """At most this many rows feed Latent Scaling (one pass, its own shuffle)."""
+    b_only: float = 0.9
+    """Tag B-only when Delta is above this."""
+    a_only: float = 0.1
+    """Tag A-only when Delta is below this."""
+    shared_band: float = 0.1
+    """Tag shared when |Delta - 0.5| is below this."""
+    nu_eps_max: float = 0.2
+    """Genuinely B-specific needs nu_eps = beta_eps_A / beta_eps_B below this (else: complete shrinkage)."""
+    nu_r_max: float = 0.5
+    """Genuinely B-specific needs nu_r = beta_r_A / beta_r_B below this (else: latent decoupling)."""
+    overwrite: bool = False
+    """Replace an existing diff (and cached stores of a different configuration) at --out."""
+
+    def __post_init__(self) -> None:
+        if bool(self.models) == bool(self.stores):
+            raise ValueError(f"give either two --model or two --store (got models={self.models}, stores="
+                             f"{[str(s) for s in self.stores]})")
+        given = self.models or self.stores
+        if len(given) != 2:
+            raise ValueError(f"conceptdict diff compares exactly two models; got {len(given)}: "
+                             f"{[str(g) for g in given]}")
+        if self.models and not self.hookpoint:
+            raise ValueError("--model needs --hookpoint (e.g. blocks.6.hook_resid_post) to cache both models at")
+        for name in ("context_length", "cache_batch_size", "scaling_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+
+    def analysis(self):
+        from conceptdict.saes.diffing import DiffAnalysisConfig
+
+        return DiffAnalysisConfig(b_only=self.b_only, a_only=self.a_only, shared_band=self.shared_band,
+                                  nu_eps_max=self.nu_eps_max, nu_r_max=self.nu_r_max)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conceptdict.saes import TrainConfig
+
+    add_dataclass_args(parser, DiffConfig)
+    group = parser.add_argument_group("training (as `conceptdict train`; default --kind crosscoder)")
+    add_dataclass_args(group, TrainConfig, skip=TRAIN_SKIP)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _tokenizer_of(name: str):
+    from conceptdict.activations import load_model
+    from conceptdict.activations.models import load_tokenizer_dir
+
+    tok = load_tokenizer_dir(name) if Path(name).expanduser().is_dir() else None
+    return tok if tok is not None else load_model(name).tokenizer
+
+
+PROBE = "The quick brown fox jumps over the lazy dog. 1234 print('hello, world') \u00e9t\u00e9 \u4e2d\u6587"
+
+
+def tokenizer_difference(tok_a, tok_b) -> str | None:
+    """Why two tokenizers would not give the same tokens (None when they agree): vocabulary, special
+    tokens, or the ids of a probe text."""
+    if tok_a is None or tok_b is None:
+        missing = "A" if tok_a is None else "B"
+        return f"model {missing} has no tokenizer, so the two cannot be checked to read the same tokens"
+    vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
+    if len(vocab_a) != len(vocab_b):
+        return f"vocabulary sizes differ (A: {len(vocab_a)}, B: {len(vocab_b)})"
+    for token, idx in sorted(vocab_a.items(), key=lambda kv: kv[1]):
+        if vocab_b.get(token) != idx:
+            return f"token {token!r} has id {idx} in A but {vocab_b.get(token)} in B"
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        a, b = getattr(tok_a, attr, None), getattr(tok_b, attr, None)
+        if a != b:
+            return f"{attr} differs (A: {a}, B: {b})"
+    ids_a, ids_b = tok_a(PROBE)["input_ids"], tok_b(PROBE)["input_ids"]
+    if list(ids_a) != list(ids_b):
+        return f"they tokenise the probe text differently (A: {list(ids_a)[:12]}..., B: {list(ids_b)[:12]}...)"
+    return None
+
+
+def check_same_tokenizer(models: list[str]) -> None:
+    """Refuse two models whose tokenizers differ: a crosscoder needs both models' activations on the same tokens."""
+    reason = tokenizer_difference(_tokenizer_of(models[0]), _tokenizer_of(models[1]))
+    if reason is not None:
+        raise ValueError(f"models {models[0]!r} and {models[1]!r} have different tokenizers: {reason}. A crosscoder "
+                         f"pairs the two models' activations token by token, so both must read the same tokens; "
+                         f"diff two models that share a tokenizer (e.g. a base model and its fine-tune)")
+
+
+def cache_both(cfg: DiffConfig, device: str) -> list[Path]:
+    """Cache both models at the hookpoint over the same dataset and context length; returns the two stores."""
+    from conceptdict.activations import CacheConfig, cache_activations
+
+    check_same_tokenizer(cfg.models)
+    paths = []
+    for name, model in zip(SOURCE_NAMES, cfg.models):
+        cache_cfg = CacheConfig(model=model, hookpoints=[cfg.hookpoint], dataset=cfg.dataset,
+                                out=cfg.out / "stores" / name, text_column=cfg.text_column,
+                                context_length=cfg.context_length, tokens=cfg.cache_tokens, dtype=cfg.cache_dtype,
+                                batch_size=cfg.cache_batch_size, device=device, overwrite=cfg.overwrite)
+        paths.append(cache_activations(cache_cfg))
+    return paths
+
+
+def pick_hookpoint(stores, wanted: str | None) -> str:
+    """The hookpoint to diff: ``wanted`` when both stores hold it, else the single one they share."""
+    common = [h for h in stores[0].hookpoints if all(h in s.hookpoints for s in stores[1:])]
+    if wanted is not None:
+        if wanted not in common:
+            raise ValueError(f"hookpoint {wanted!r} is not in both stores (common hookpoints: {common}); "
+                             f"pick one of those with --hookpoint")
+        return wanted
+    if len(common) != 1:
+        raise ValueError(f"the stores share hookpoints {common}; choose one with --hookpoint")
+    return common[0]
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _num(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if math.isfinite(v) else "–"
+    return str(v)
+
+
+def write_csv(records: list[dict], path: Path) -> Path:
+    """One row per latent; empty cells for missing values."""
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["latent"])
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({k: "" if v is None else v for k, v in rec.items()})
+    return path
+
+
+def histogram_svg(counts: list[int], lo: float, hi: float, label: str, width: int = 420, height: int = 120) -> str:
+    """Inline SVG bar chart of ``counts`` over equal bins of [lo, hi], with the axis ends labelled."""
+    top = max(counts) if counts and max(counts) > 0 else 1
+    bar_w = width / max(len(counts), 1)
+    plot_h = height - 20
+    bars = []
+    for i, c in enumerate(counts):
+        h = plot_h * c / top
+        left, right = lo + (hi - lo) * i / len(counts), lo + (hi - lo) * (i + 1) / len(counts)
+        bars.append(f'<rect x="{i * bar_w:.1f}" y="{plot_h - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+                    f'height="{h:.1f}" fill="#4a7bb7"><title>{html.escape(label)} {left:.2f} to {right:.2f}: '
+                    f'{c}</title></rect>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+            f'aria-label="{html.escape(label, quote=True)} histogram">{"".join(bars)}'
+            f'<text x="0" y="{height - 4}" font-size="11">{lo:g}</text>'
+            f'<text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">{hi:g}</text>'
+            f'<text x="{width / 2}" y="{height - 4}" font-size="11" text-anchor="middle">'
+            f'{html.escape(label)}</text></svg>')
+
+
+REPORT_COLUMNS = ("latent", "tag", "delta", "cosine", "norm_a", "norm_b", "nu_eps", "nu_r", "beta_eps_a",
+                  "beta_eps_b", "fires", "model_specific", "complete_shrinkage", "latent_decoupling")
+
+
+def _table(records: list[dict], limit: int = 200) -> str:
+    cols = [c for c in REPORT_COLUMNS if records and c in records[0]]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(_num(r[c]))}</td>" for c in cols) + "</tr>"
+                   for r in records[:limit])
+    more = f"<p>{len(records) - limit} more in latents.csv</p>" if len(records) > limit else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{more}"
+
+
+def render_report(summary: dict, records: list[dict]) -> str:
+    """The HTML report: counts per tag and flag, histograms of Delta and cosine, the B-only latents with their
+    Latent Scaling flags (model-specific first) and the A-only latents. Every data string is escaped."""
+    from conceptdict.saes.diffing import histogram
+
+    import torch
+
+    e = html.escape
+    models = summary["sources"]
+    delta = torch.tensor([r["delta"] for r in records], dtype=torch.float64)
+    cosine = torch.tensor([r["cosine"] for r in records], dtype=torch.float64)
+    counts = "".join(f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in summary["counts"].items())
+    b_only = sorted((r for r in records if r["tag"] == "B-only"),
+                    key=lambda r: (not r.get("model_specific", False), -(r["delta"] or 0)))
+    a_only = [r for r in records if r["tag"] == "A-only"]
+    ev = summary.get("eval") or {}
+    fvu = ", ".join(f"{e(n)} {v:.4f}" for n, v in zip(SOURCE_NAMES, ev.get("per_source_fvu", [])))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>conceptdict diff: {e(models['A'])} vs {e(models['B'])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:right}}th{{background:#eee}}
+.figs{{display:flex;gap:2em;flex-wrap:wrap}}</style></head><body>
+<h1>Model diff</h1>
+<p>A = <code>{e(models['A'])}</code>, B = <code>{e(models['B'])}</code>, hookpoint <code>{e(summary['hookpoint'])}</code>;
+crosscoder <code>{e(summary['kind'])}</code> with {summary['n_latents']} latents (k = {summary['k']}).
+FVU per source on the analysed rows: {fvu or 'n/a'}; L0 {e(_num(ev.get('l0')))}.</p>
+<p>Delta = &frac12;((|d<sup>B</sup>| &minus; |d<sup>A</sup>|) / max(|d<sup>A</sup>|, |d<sup>B</sup>|) + 1): 1 = only in B.
+Latent Scaling fits d<sup>B</sup> to each model's reconstruction (&beta;<sup>r</sup>) and error (&beta;<sup>&epsilon;</sup>);
+a B-only latent is model-specific when &nu;<sup>&epsilon;</sup> &lt; {summary['thresholds']['nu_eps_max']:g} and
+&nu;<sup>r</sup> &lt; {summary['thresholds']['nu_r_max']:g}.</p>
+<h2>Counts</h2><table><tbody>{counts}</tbody></table>
+<div class="figs"><div><h3>Delta</h3>{histogram_svg(histogram(delta, 20, 0.0, 1.0), 0.0, 1.0, "Delta")}</div>
+<div><h3>Decoder cosine(A, B)</h3>{histogram_svg(histogram(cosine, 20, -1.0, 1.0), -1.0, 1.0, "cosine")}</div></div>
+<h2>B-only latents ({len(b_only)})</h2>{_table(b_only)}
+<h2>A-only latents ({len(a_only)})</h2>{_table(a_only)}
+</body></html>
+"""
+
+
+def write_outputs(out: Path, summary: dict, records: list[dict]) -> dict[str, Path]:
+    """diff.json (summary + per-latent records), latents.csv, report.html."""
+    paths = {"json": out / "diff.json", "csv": out / "latents.csv", "html": out / "report.html"}
+    doc = {"format": DIFF_FORMAT, "format_version": DIFF_VERSION, **summary, "latents": records}
+    paths["json"].write_text(json.dumps(to_jsonable(doc), indent=1, allow_nan=False) + "\n")
+    write_csv(records, paths["csv"])
+    paths["html"].write_text(render_report(summary, records))
+    return paths
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _configs(args: argparse.Namespace):
+    from conceptdict.saes import TrainConfig
+    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+
+    try:
+        cfg = build_config(DiffConfig, args)
+    except TypeError as e:
+        raise ConfigError(f"{e}; `conceptdict diff` needs --out and two --model (with --hookpoint) or two --store")
+    if args.kind is None:
+        args.kind = "crosscoder"
+    if args.kind not in CROSSCODER_KINDS:
+        raise ConfigError(f"--kind {args.kind} is not a crosscoder kind; use one of {list(CROSSCODER_KINDS)}")
+    return cfg, TrainConfig
+
+
+def _train_config(TrainConfig, args: argparse.Namespace, d_in: int):
+    """TrainConfig from the flags; --latents defaults to 8 x D and --k to min(32, latents / 8)."""
+    if args.latents is None:
+        args.latents = 8 * d_in
+    if args.k is None:
+        args.k = max(1, min(32, args.latents // 8))
+    return build_config(TrainConfig, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conceptdict.activations import ActivationStore, stream_batches
+    from conceptdict.saes import evaluate, train
+    from conceptdict.saes.diffing import diff_crosscoder
+
+    cfg, TrainConfig = _configs(args)
+    if (cfg.out / "diff.json").exists() and not cfg.overwrite:
+        raise FileExistsError(f"{cfg.out} already holds a diff; pass --overwrite or choose another --out")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    device = args.device if args.device not in (None, "auto") else "cpu"
+    paths = cache_both(cfg, device) if cfg.models else list(cfg.stores)
+    stores = [ActivationStore(p) for p in paths]
+    hookpoint = pick_hookpoint(stores, cfg.hookpoint)
+    tcfg = _train_config(TrainConfig, args, stores[0].d_in(hookpoint))
+    write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
+                          "diff_config.json")
+    epochs = None if tcfg.tokens else 1
+
+    def batches(start: int):
+        return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start)
+
+    sources = {n: (m if cfg.models else str(p)) for n, m, p in zip(SOURCE_NAMES, cfg.models or paths, paths)}
+    meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources}
+    model = train(tcfg, batches, out=cfg.out / "crosscoder",
+                  meta=meta, source=f"stores {', '.join(str(p) for p in paths)}, hookpoint {hookpoint}")
+    rows = min(cfg.scaling_tokens, stores[0].num_rows)
+    scaling_batch = min(tcfg.batch_size, rows)
+
+    def analysis_batches():
+        return stream_batches(stores, hookpoint, scaling_batch, seed=tcfg.seed + 1, epochs=1)
+
+    n_batches = max(1, rows // scaling_batch)
+    table = diff_crosscoder(model, analysis_batches(), cfg.analysis(), max_batches=n_batches)
+    ev = evaluate(model, itertools.islice(analysis_batches(), n_batches))
+    summary = {"sources": sources, "stores": [str(p) for p in paths], "hookpoint": hookpoint, "kind": model.kind,
+               "n_latents": model.n_latents, "k": model.k, "d_in": model.d_in,
+               "thresholds": dataclasses.asdict(cfg.analysis()), "counts": table.counts(), "eval": ev.to_dict()}
+    written = write_outputs(cfg.out, summary, table.records())
+    _print_summary(summary, table, written)
+    return 0
+
+
+def _print_summary(summary: dict, table, written: dict[str, Path]) -> None:
+    c = summary["counts"]
+    print(f"diffed A={summary['sources']['A']} vs B={summary['sources']['B']} at {summary['hookpoint']}: "
+          f"{summary['n_latents']} latents ({summary['kind']}, k={summary['k']})")
+    ev = summary["eval"]
+    print(f"  fvu per source {', '.join(f'{v:.4f}' for v in ev['per_source_fvu'])} | l0 {ev['l0']:.2f} | "
+          f"dead {100 * ev['dead_fraction']:.1f}% on {ev['n_tokens']} rows")
+    print("  " + ", ".join(f"{tag} {c[tag]}" for tag in ("B-only", "A-only", "shared", "other")))
+    if table.flags:
+        print(f"  B-only latents: {c['model_specific']} model-specific, {c['complete_shrinkage']} complete shrinkage, "
+              f"{c['latent_decoupling']} latent decoupling")
+    for name, path in written.items():
+        print(f"  {name:<5} {path}")
