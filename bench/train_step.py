@@ -1,0 +1,391 @@
+"""Issue 4: how close a TopK training step gets to its floor, the encoder matmul, and to the public trainers.
+
+The variants run in two subprocesses (this project's interpreter, and the benchmark environment with
+sparsify and SAELens) on the same synthetic activations (generated from a fixed seed with the same torch
+version in both), the same shapes and the same number of steps; each variant's peak memory is measured
+from its own baseline, one variant after the other. A step is forward + backward + Adam (torch.optim.Adam with fused=True, the
+same optimizer for every trainer: the unfused CPU Adam alone costs several encoder matmuls at L=16384
+and would hide every difference between the trainers). Variants:
+
+  matmul             the encoder matmul alone, x [B, D] @ W_enc [D, L] + b_enc (the floor)
+  ours-topk          conceptdict kernels, impl=auto (fused encode + sparse decode)
+  ours-batchtopk     the same with BatchTopK selection
+  ours-topk-aux      TopK with the AuxK code from the same matmul (10% dead latents, k_aux = D/2)
+  ours-torch-topk    impl=torch (portable sparse autograd), to show what "auto" gains
+  reference-topk     impl=reference (dense torch autograd)
+  train-topk         one step of conceptdict.saes.train (gradient projection, clipping, renorm, bookkeeping)
+  sparsify           EleutherAI sparsify SparseCoder, fvu loss         (run with --bench-python)
+  saelens            SAELens TopKTrainingSAE.training_forward_pass    (run with --bench-python)
+
+Peak memory: CPU, the peak RSS of the timed steps (VmHWM after resetting it through /proc/self/clear_refs
+once the warm-up steps have loaded or compiled their code; torch memory is invisible to tracemalloc) minus
+the RSS before the model was built; CUDA, torch.cuda.max_memory_allocated minus the memory allocated before
+the model. Both include the weights, the Adam state, the gradients and every buffer of the step; a
+tiny-shape run first loads every library and kernel, so code is not counted. The budget of issue 4 is
+1.3 x (weights + Adam state + one [B, L] pre-activation buffer).
+
+    .venv/bin/python bench/train_step.py                 # D=768 L=16384 k=32 B=4096, CPU
+    .venv/bin/python bench/train_step.py --small         # a preset that finishes in about a minute
+    .venv/bin/python bench/train_step.py --device cuda   # the Triton path, same table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = {
+    "full": dict(D=768, L=16384, k=32, B=4096, steps=4, warmup=2),
+    "small": dict(D=256, L=4096, k=16, B=1024, steps=3, warmup=1),
+}
+OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk")
+OTHERS = ("sparsify", "saelens")
+
+
+# ------------------------------------------------------------------ worker side (no conceptdict import here)
+
+
+def synthetic_batches(n: int, B: int, D: int, device: str):
+    """n batches [B, D] float32: 16 of 2D random unit atoms per row with |N(0,1)| weights, plus 0.1 noise."""
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    atoms = torch.nn.functional.normalize(torch.randn(2 * D, D, generator=g), dim=1)
+    out = []
+    for _ in range(n):
+        idx = torch.randint(0, 2 * D, (B, 16), generator=g)
+        coef = torch.randn(B, 16, generator=g).abs()
+        x = torch.nn.functional.embedding_bag(idx, atoms, per_sample_weights=coef, mode="sum")
+        out.append((x + 0.1 * torch.randn(B, D, generator=g)).to(device))
+    return out
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _hwm() -> int:
+    """Peak RSS since the last _reset_hwm (VmHWM), or the process peak when it cannot be reset."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_hwm() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _adam(params):
+    import torch
+
+    return torch.optim.Adam(params, lr=1e-4, fused=True)
+
+
+class _Meter:
+    """Step timer and peak-memory meter for one worker."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.torch, self.cuda = torch, device.startswith("cuda")
+        self.times: list[float] = []
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            self.base = _rss()
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def peak(self) -> int:
+        if self.cuda:
+            return self.torch.cuda.max_memory_allocated() - self.base
+        return _hwm() - self.base
+
+    def run(self, step, batches, warmup: int) -> None:
+        for i, x in enumerate(batches):
+            if i == warmup and not self.cuda:
+                _reset_hwm()
+            self.sync()
+            t = time.perf_counter()
+            step(x)
+            self.sync()
+            if i >= warmup:
+                self.times.append(time.perf_counter() - t)
+
+
+def _init_weights(D: int, L: int, device: str):
+    """W_dec unit rows, W_enc = W_dec^T, zero biases (sparsify's and OpenAI's initialisation), seeded."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    W_dec = torch.nn.functional.normalize(torch.randn(L, D, generator=g), dim=1)
+    return W_dec.t().contiguous().to(device), torch.zeros(L, device=device), W_dec.to(device), torch.zeros(D, device=device)
+
+
+def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
+    import torch
+
+    from conceptdict.saes import kernels
+
+    impl = {"ours-torch-topk": "torch", "reference-topk": "reference"}.get(name, "auto")
+    batch = name == "ours-batchtopk"
+    W_enc, b_enc, W_dec, b_dec = (t.requires_grad_() for t in _init_weights(p["D"], p["L"], p["device"]))
+    opt = _adam([W_enc, b_enc, W_dec, b_dec])
+    dead, k_aux = None, 0
+    if name == "ours-topk-aux":
+        dead = torch.zeros(p["L"], dtype=torch.bool, device=p["device"])
+        dead[torch.randperm(p["L"], generator=torch.Generator().manual_seed(1))[: p["L"] // 10]] = True
+        k_aux = p["D"] // 2
+
+    def step(x):
+        total_var = (x - x.mean(0)).pow(2).sum()
+        enc = kernels.encode(x - b_dec, W_enc, b_enc, p["k"], batch=batch, dead=dead, k_aux=k_aux, impl=impl)
+        x_hat = kernels.sparse_decode(enc.values, enc.indices, W_dec, b_dec, impl=impl)
+        e = x - x_hat
+        loss = e.pow(2).sum() / total_var
+        if k_aux:
+            e_hat = kernels.sparse_decode(enc.aux_values, enc.aux_indices, W_dec, None, impl=impl)
+            loss = loss + (e.detach() - e_hat).pow(2).sum() / total_var / 32
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    meter.run(step, batches, p["warmup"])
+    resolved = kernels.resolve_impl("encode", impl, torch.device(p["device"]))
+    return {"impl": resolved}
+
+
+def _matmul(p: dict, meter: _Meter, batches) -> dict:
+    import torch
+
+    W_enc, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
+    meter.run(lambda x: torch.addmm(b_enc, x, W_enc), batches, p["warmup"])
+    buf = torch.empty(p["B"], p["L"], device=p["device"])
+    inner = _Meter(p["device"])
+    inner.run(lambda x: torch.addmm(b_enc, x, W_enc, out=buf), batches, p["warmup"])
+    return {"into_buffer_s": statistics.median(inner.times)}
+
+
+def _train(p: dict, meter: _Meter, batches) -> dict:
+    from conceptdict.saes.train import TrainConfig, train
+
+    stamps: list[float] = []
+
+    def stream():
+        for x in batches:
+            meter.sync()
+            stamps.append(time.perf_counter())
+            yield x
+        meter.sync()
+        stamps.append(time.perf_counter())
+
+    cfg = TrainConfig(latents=p["L"], k=p["k"], batch_size=p["B"], tokens=p["B"] * (len(batches) - 1),
+                      eval_batches=0, init_rows=p["B"], checkpoint_every=0, log_every=10**9, device=p["device"])
+    train(cfg, stream())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    meter.times = gaps[1 + p["warmup"]:] or gaps[-1:]
+    return {}
+
+
+def _sparsify(p: dict, meter: _Meter, batches) -> dict:
+    import torch
+    from sparsify import SparseCoder, SparseCoderConfig
+
+    torch.manual_seed(0)
+    sae = SparseCoder(p["D"], SparseCoderConfig(num_latents=p["L"], k=p["k"]), device=p["device"])
+    opt = _adam(sae.parameters())
+
+    def step(x):
+        out = sae(x)
+        opt.zero_grad(set_to_none=True)
+        out.fvu.backward()
+        opt.step()
+
+    meter.run(step, batches, p["warmup"])
+    return {}
+
+
+def _saelens(p: dict, meter: _Meter, batches) -> dict:
+    import torch
+    from sae_lens import TopKTrainingSAE, TopKTrainingSAEConfig
+    from sae_lens.saes.sae import TrainStepInput
+
+    torch.manual_seed(0)
+    sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=p["D"], d_sae=p["L"], k=p["k"], device=p["device"]))
+    opt = _adam(sae.parameters())
+    n = [0]
+
+    def step(x):
+        out = sae.training_forward_pass(TrainStepInput(x, {}, None, n[0], False))
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        n[0] += 1
+
+    meter.run(step, batches, p["warmup"])
+    return {}
+
+
+def worker(names: list[str], p: dict) -> None:
+    """Run each variant once at a tiny shape (loads and compiles code), then measure it at ``p``;
+    prints one RESULT line per variant."""
+    for name in names:
+        try:
+            _measure(name, dict(p, D=16, L=64, k=4, B=32, steps=1, warmup=1))
+            r = _measure(name, p)
+        except Exception as exc:  # report and go on with the next variant
+            r = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        print("RESULT " + json.dumps(r), flush=True)
+
+
+def _measure(name: str, p: dict) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], p["D"], p["device"])
+    meter = _Meter(p["device"])
+    if name == "matmul":
+        extra = _matmul(p, meter, batches)
+    elif name == "train-topk":
+        extra = _train(p, meter, batches + batches[:1])
+    elif name == "sparsify":
+        extra = _sparsify(p, meter, batches)
+    elif name == "saelens":
+        extra = _saelens(p, meter, batches)
+    else:
+        extra = _ours(name, p, meter, batches)
+    step_s = statistics.median(meter.times)
+    if name.startswith("ours"):
+        from conceptdict.saes.kernels.sparse import release_workspace
+
+        release_workspace()
+    return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
+            "times": meter.times, **extra}
+
+
+# ------------------------------------------------------------------ parent side
+
+
+def run_worker(python: str, names: list[str], p: dict, timeout: float) -> dict[str, dict]:
+    """Run the variants ``names`` in one subprocess of ``python``; name -> result (or {"error": ...})."""
+    cmd = [python, str(Path(__file__).resolve()), "--worker", ",".join(names), "--params", json.dumps(p)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    out: dict[str, dict] = {}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                r = json.loads(line[len("RESULT "):])
+                out[r["name"]] = r
+                print(f"  {r['name']}: " + (r.get("error") or f"{1e3 * r['step_s']:.1f} ms/step"), flush=True)
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+        err = proc.stderr.read().strip().splitlines()[-3:]
+    for name in names:
+        out.setdefault(name, {"name": name, "error": " | ".join(err) or "no result (timed out?)"})
+    return out
+
+
+def budget_bytes(p: dict) -> dict:
+    n_weights = 2 * p["D"] * p["L"] + p["L"] + p["D"]
+    return {"weights": 4 * n_weights, "adam": 8 * n_weights, "pre_buffer": 4 * p["B"] * p["L"]}
+
+
+def ratios(res: dict, p: dict) -> dict:
+    def step(n):
+        return res.get(n, {}).get("step_s")
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    budget = sum(budget_bytes(p).values())
+    ours_peak = res.get("ours-topk", {}).get("peak_bytes")
+    return {
+        "ours_step_over_matmul (goal <= 1.5)": ratio(step("ours-topk"), step("matmul")),
+        "ours_step_over_matmul_into_buffer": ratio(step("ours-topk"), res.get("matmul", {}).get("into_buffer_s")),
+        "ours_tokens_over_sparsify (goal >= 1.5)": ratio(step("sparsify"), step("ours-topk")),
+        "ours_tokens_over_saelens (goal >= 3)": ratio(step("saelens"), step("ours-topk")),
+        "batchtopk_over_topk (goal <= 1.2)": ratio(step("ours-batchtopk"), step("ours-topk")),
+        "ours_peak_over_budget (goal <= 1.3)": ratio(ours_peak, budget),
+        "topk_aux_over_topk": ratio(step("ours-topk-aux"), step("ours-topk")),
+        "reference_over_ours": ratio(step("reference-topk"), step("ours-topk")),
+        "torch_impl_over_ours": ratio(step("ours-torch-topk"), step("ours-topk")),
+        "train_step_over_ours": ratio(step("train-topk"), step("ours-topk")),
+        "sparsify_over_reference": ratio(step("sparsify"), step("reference-topk")),
+        "saelens_over_reference": ratio(step("saelens"), step("reference-topk")),
+    }
+
+
+def print_table(res: dict, rat: dict, p: dict) -> None:
+    floor = res.get("matmul", {}).get("step_s")
+    print(f"D={p['D']} L={p['L']} k={p['k']} B={p['B']} device={p['device']} steps={p['steps']} (+{p['warmup']} warm-up)")
+    print(f"{'variant':18s} {'step ms':>9s} {'x matmul':>9s} {'tokens/s':>10s} {'peak MiB':>9s}  impl")
+    for name, r in res.items():
+        if "error" in r:
+            print(f"{name:18s} error: {r['error']}")
+            continue
+        x = f"{r['step_s'] / floor:9.2f}" if floor else f"{'-':>9s}"
+        print(f"{name:18s} {1e3 * r['step_s']:9.1f} {x} {r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  "
+              f"{r.get('impl', '')}")
+    b = budget_bytes(p)
+    print("memory budget (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items())
+          + f"; x1.3 = {1.3 * sum(b.values()) / 2**20:.1f}")
+    for k, v in rat.items():
+        print(f"  {k:42s} {'n/a' if v is None else f'{v:.2f}'}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="small preset (about a minute on 2 cores)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the Triton path on CUDA)")
+    ap.add_argument("--steps", type=int, help="timed steps per variant (median reported)")
+    ap.add_argument("--warmup", type=int, help="untimed steps first (numba/triton compilation, torch.compile)")
+    ap.add_argument("--only", nargs="*", help="run only these variants")
+    ap.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
+                    help="interpreter with eai-sparsify and sae-lens installed (skipped when missing)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per environment")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--params", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker(a.worker.split(","), json.loads(a.params))
+        return
+    p = dict(PRESETS["small" if a.small else "full"], device=a.device)
+    p.update({k: v for k, v in (("steps", a.steps), ("warmup", a.warmup)) if v is not None})
+    names = [n for n in OURS + OTHERS if not a.only or n in a.only]
+    res = run_worker(sys.executable, [n for n in names if n in OURS], p, a.timeout) if set(names) & set(OURS) else {}
+    others = [n for n in names if n in OTHERS]
+    if others and not Path(a.bench_python).exists():
+        res.update({n: {"name": n, "error": f"no benchmark interpreter at {a.bench_python}"} for n in others})
+    elif others:
+        res.update(run_worker(a.bench_python, others, p, a.timeout))
+    rat = ratios(res, p)
+    print_table(res, rat, p)
+    if a.json:
+        a.json.write_text(json.dumps({"params": p, "results": res, "ratios": rat,
+                                      "budget_bytes": budget_bytes(p)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
