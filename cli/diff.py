@@ -307,12 +307,13 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
     from conceptdict.saes.diffing import diff_crosscoder
+    from conceptdict.saes.train import resolve_device
 
     cfg, TrainConfig = _configs(args)
     if (cfg.out / "diff.json").exists() and not cfg.overwrite:
         raise FileExistsError(f"{cfg.out} already holds a diff; pass --overwrite or choose another --out")
     cfg.out.mkdir(parents=True, exist_ok=True)
-    device = args.device if args.device not in (None, "auto") else "cpu"
+    device = str(resolve_device(args.device or "auto"))
     paths = cache_both(cfg, device) if cfg.models else list(cfg.stores)
     stores = [ActivationStore(p) for p in paths]
     hookpoint = pick_hookpoint(stores, cfg.hookpoint)

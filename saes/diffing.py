@@ -22,11 +22,14 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from .model import SparseCoder
 
 log = logging.getLogger(__name__)
 
@@ -155,20 +158,23 @@ def scaling_sums(f: Tensor, x: Tensor, x_hat: Tensor, directions: Tensor, source
     f [B, L] latent activations (0 where a latent does not fire, so only firing tokens count);
     x, x_hat [B, S, D] inputs and reconstructions; directions [L, S, D] the decoder, in the units of x.
     The fitted direction is d = d_j^B. For the error target of model m,
-    d^T (x^m - x_hat^m + f d_j^m) = d^T e^m + f (d^T d_j^m), so it needs no per-latent copy of the batch."""
-    f = f.double()
-    d = directions[:, source_b].double()  # [L, D]
-    f2 = f.square()
+    d^T (x^m - x_hat^m + f d_j^m) = d^T e^m + f (d^T d_j^m), so it needs no per-latent copy of the batch.
+    The projections run in the inputs' dtype (float32 on real data: four [B, D] x [D, L] matmuls, the cost
+    of one encoder pass each); the sums over tokens are accumulated in float64."""
+    dtype = torch.promote_types(x.dtype, directions.dtype)
+    f = f.to(dtype)
+    d = directions[:, source_b].to(dtype)  # [L, D]
+    f2 = f.square().sum(0, dtype=torch.float64)
     out = []
     for m in (source_a, source_b):
-        xm, xhm = x[:, m].double(), x_hat[:, m].double()
-        self_dot = (directions[:, m].double() * d).sum(-1)  # [L]
-        num_r = (f * (xhm @ d.T)).sum(0)
-        num_eps = (f * ((xm - xhm) @ d.T)).sum(0) + f2.sum(0) * self_dot
+        xm, xhm = x[:, m].to(dtype), x_hat[:, m].to(dtype)
+        self_dot = (directions[:, m].double() * directions[:, source_b].double()).sum(-1)  # [L]
+        num_r = (f * (xhm @ d.T)).sum(0, dtype=torch.float64)
+        num_eps = (f * ((xm - xhm) @ d.T)).sum(0, dtype=torch.float64) + f2 * self_dot
         out.append((num_r, num_eps))
     (num_r_a, num_eps_a), (num_r_b, num_eps_b) = out
     fires = (f > 0).sum(0).double()
-    return ScalingSums(num_r_a, num_r_b, num_eps_a, num_eps_b, f2.sum(0), fires)
+    return ScalingSums(num_r_a, num_r_b, num_eps_a, num_eps_b, f2, fires)
 
 
 def scaling_from_sums(sums: ScalingSums, directions: Tensor, source_b: int = 1) -> LatentScaling:
@@ -293,7 +299,7 @@ def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: Latent
     return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags)
 
 
-def diff_crosscoder(model, batches: Iterable[Tensor], cfg: DiffAnalysisConfig, *,
+def diff_crosscoder(model: SparseCoder, batches: Iterable[Tensor], cfg: DiffAnalysisConfig, *,
                     max_batches: int | None = None) -> LatentDiff:
     """The per-latent table of a trained crosscoder (a SparseCoder with S >= 2 working on raw activations).
 

@@ -189,3 +189,14 @@ def test_planted_pair_ground_truth():
     assert torch.equal(x, again)
     with pytest.raises(ValueError, match="scale=1.5"):
         planted_pair(8, 1, 1, 1, 1, scale=1.5)
+
+
+def test_float32_inputs_accumulate_in_float64():
+    directions, batches, encode, decode, *_ = _orthogonal_setup(n_batches=2)
+    exact = latent_scaling(iter(batches), encode, decode, directions)
+    d32 = directions.float()
+    single = latent_scaling((x.float() for x in batches), lambda x: encode(x.double()).float(),
+                            lambda f: decode(f.double()).float(), d32)
+    assert single.beta_eps_a.dtype == torch.float64
+    assert torch.allclose(single.beta_eps_a, exact.beta_eps_a, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(single.nu_r, exact.nu_r, rtol=1e-5, atol=1e-6)
