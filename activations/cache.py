@@ -73,8 +73,11 @@ class CacheConfig:
     """Seed of the document shuffle (only used with --shuffle)."""
     shuffle: bool = False
     """Shuffle documents with a 10,000-record buffer before tokenising."""
+    sort_window: int = 16
+    """With one document per context: batches per window sorted by length before the forward (less
+    padding); rows are still stored in dataset order."""
     shard_rows: int = 65536
-    """Rows per shard file (a shard is cut after the batch that reaches it)."""
+    """Rows per shard file (a shard is cut after the window of batches that reaches it)."""
     overwrite: bool = False
     """Replace a store with a different configuration at --out."""
     progress: bool = True
@@ -86,7 +89,7 @@ class CacheConfig:
         for name, value in (("dtype", self.dtype), ("model_dtype", self.model_dtype)):
             if value not in st.DTYPES:
                 raise ValueError(f"{name} must be one of {sorted(st.DTYPES)}, got {value!r}")
-        for name in ("context_length", "batch_size", "shard_rows"):
+        for name in ("context_length", "batch_size", "shard_rows", "sort_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tokens is not None and self.tokens < 1:
@@ -117,14 +120,16 @@ def _config_json(cfg: CacheConfig) -> dict:
 
 
 class Batch(NamedTuple):
-    """One forward's worth: contexts [b, T] padded, their labels and texts, the first context's index."""
+    """One forward's worth: contexts [b, T] right-padded, their indices [b], labels and texts.
+    ``window_end`` marks the last batch of a length-sorting window (rows are written per window)."""
 
     index: int
-    first_context: int
+    context_ids: torch.Tensor
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: list[dict]
     texts: list[str | None]
+    window_end: bool
 
 
 def _shuffled(records: Iterator[dict], seed: int, buffer: int = 10_000) -> Iterator[dict]:
@@ -138,27 +143,40 @@ def _shuffled(records: Iterator[dict], seed: int, buffer: int = 10_000) -> Itera
     yield from pool
 
 
-def iter_batches(contexts: Iterable[data_mod.Context], batch_size: int, pad_id: int) -> Iterator[Batch]:
-    """Group contexts into right-padded batches."""
-    chunk: list[data_mod.Context] = []
-    index = first = 0
-    for ctx in contexts:
-        chunk.append(ctx)
-        if len(chunk) == batch_size:
-            yield _pad(index, first, chunk, pad_id)
-            index, first, chunk = index + 1, first + len(chunk), []
-    if chunk:
-        yield _pad(index, first, chunk, pad_id)
+def iter_batches(contexts: Iterable[data_mod.Context], batch_size: int, pad_id: int,
+                 sort_window: int = 1) -> Iterator[Batch]:
+    """Right-padded batches of ``batch_size`` contexts. With ``sort_window`` > 1, each window of
+    ``sort_window`` batches is ordered by context length first (less padding); deterministic."""
+    window: list[tuple[int, data_mod.Context]] = []
+    index = 0
+    for i, ctx in enumerate(contexts):
+        window.append((i, ctx))
+        if len(window) == batch_size * sort_window:
+            yield from _window_batches(window, index, batch_size, pad_id, sort_window > 1)
+            index += -(-len(window) // batch_size)
+            window = []
+    if window:
+        yield from _window_batches(window, index, batch_size, pad_id, sort_window > 1)
 
 
-def _pad(index: int, first: int, chunk: list[data_mod.Context], pad_id: int) -> Batch:
-    width = max(len(c.ids) for c in chunk)
+def _window_batches(window: list, index: int, batch_size: int, pad_id: int, by_length: bool) -> Iterator[Batch]:
+    if by_length:
+        window = sorted(window, key=lambda item: len(item[1].ids))  # stable: ties keep dataset order
+    starts = range(0, len(window), batch_size)
+    for j, start in enumerate(starts):
+        chunk = window[start:start + batch_size]
+        yield _pad(index + j, chunk, pad_id, window_end=j == len(starts) - 1)
+
+
+def _pad(index: int, chunk: list[tuple[int, data_mod.Context]], pad_id: int, window_end: bool) -> Batch:
+    width = max(len(c.ids) for _, c in chunk)
     ids = torch.full((len(chunk), width), pad_id, dtype=torch.int64)
     mask = torch.zeros((len(chunk), width), dtype=torch.int64)
-    for i, c in enumerate(chunk):
+    for i, (_, c) in enumerate(chunk):
         ids[i, : len(c.ids)] = torch.tensor(c.ids, dtype=torch.int64)
         mask[i, : len(c.ids)] = 1
-    return Batch(index, first, ids, mask, [c.labels for c in chunk], [c.text for c in chunk])
+    return Batch(index, torch.tensor([i for i, _ in chunk], dtype=torch.int64), ids, mask,
+                 [c.labels for _, c in chunk], [c.text for _, c in chunk], window_end)
 
 
 def _text_crc(text: str | None, ids: torch.Tensor) -> int:
@@ -170,7 +188,7 @@ def batch_rows(batch: Batch, acts: dict[str, torch.Tensor], level: str, special_
                limit: int | None) -> tuple[dict[str, torch.Tensor], dict[str, list], list[str] | None, int]:
     """Store rows of one batch: (tensors, labels, texts, excluded special rows); at most ``limit`` rows."""
     b, width = batch.input_ids.shape
-    ctx = torch.arange(batch.first_context, batch.first_context + b, dtype=torch.int64)
+    ctx = batch.context_ids
     if level == "sequence":
         tensors = {h: a for h, a in acts.items()}
         tensors["tokens"] = torch.tensor([_text_crc(t, batch.input_ids[i][batch.attention_mask[i].bool()])
@@ -281,14 +299,23 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
     shards = ShardWriter(out, manifest, cfg.shard_rows)
     special = torch.tensor(manifest["excluded_tokens"]["ids"], dtype=torch.int64)
     state = {"rows": int(manifest["num_rows"]), "excluded": 0, "contexts": 0, "next_batch": resume_batch}
+    pending: list[tuple] = []
 
-    def write(item):  # on the writer thread
-        batch, acts, limit = item
-        tensors, labels, texts, excluded = batch_rows(batch, acts, cfg.level, special, limit)
-        state["excluded"] += excluded
-        state["next_batch"] = batch.index + 1
+    def write(item):  # on the writer thread: rows are buffered per window, then written in context order
+        if item is not None:
+            batch, acts, limit = item
+            tensors, labels, texts, excluded = batch_rows(batch, acts, cfg.level, special, limit)
+            pending.append((tensors, labels, texts))
+            state["excluded"] += excluded
+            state["next_batch"] = batch.index + 1
+            if not batch.window_end:
+                return
+        if not pending:
+            return
+        tensors, labels, texts = _in_context_order(pending)
+        pending.clear()
         shards.add(tensors, labels or None, texts,
-                   extra={"next_batch": batch.index + 1, "excluded_rows": state["excluded"]})
+                   extra={"next_batch": state["next_batch"], "excluded_rows": state["excluded"]})
         if shards.buffered_rows == 0:  # a shard was cut: its entry holds the count so far
             state["excluded"] = 0
 
@@ -297,8 +324,10 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
                unit_scale=True, disable=not cfg.progress, desc=f"cache {out.name}", dynamic_ncols=True)
     writer = BackgroundWriter(write)
     try:
-        for batch in iter_batches(_contexts(cfg, model, records), cfg.batch_size, pad_id or 0):
-            state["contexts"] = batch.first_context + batch.input_ids.shape[0]
+        packing = cfg.packing if cfg.packing is not None else cfg.level == "token"
+        sort_window = 1 if packing else cfg.sort_window
+        for batch in iter_batches(_contexts(cfg, model, records), cfg.batch_size, pad_id or 0, sort_window):
+            state["contexts"] = max(state["contexts"], int(batch.context_ids.max()) + 1)
             if batch.index < resume_batch:
                 continue
             limit = None if cfg.tokens is None else cfg.tokens - state["rows"]
@@ -309,11 +338,24 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
             bar.update(added)
             if cfg.tokens is not None and state["rows"] >= cfg.tokens:
                 break
+        writer.submit(None)  # write a window cut short by --tokens
     finally:
         writer.close()
         bar.close()
     shards.flush({"next_batch": state["next_batch"], "excluded_rows": state["excluded"]})
     _finish(shards, manifest, state["contexts"])
+
+
+def _in_context_order(parts: list[tuple]) -> tuple[dict, dict, list | None]:
+    """Concatenate one window's rows and restore dataset order (stable sort on the context index)."""
+    tensors = {k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]}
+    order = torch.sort(tensors["context_index"], stable=True).indices
+    tensors = {k: v[order.to(v.device)] for k, v in tensors.items()}
+    idx = order.tolist()
+    labels = {k: [v for p in parts for v in p[1].get(k, [None] * p[0]["tokens"].shape[0])] for k in parts[0][1]}
+    labels = {k: [v[i] for i in idx] for k, v in labels.items()}
+    texts = None if parts[0][2] is None else [t for p in parts for t in p[2]]
+    return tensors, labels, None if texts is None else [texts[i] for i in idx]
 
 
 def _count_rows(batch: Batch, level: str, special: torch.Tensor, limit: int | None) -> int:

