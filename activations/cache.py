@@ -109,9 +109,11 @@ class CacheConfig:
 _NOT_HASHED = ("out", "overwrite", "progress")
 
 
-def config_hash(cfg: CacheConfig) -> str:
-    """Fingerprint of everything that changes the store's bytes."""
+def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:
+    """Fingerprint of everything that changes the store's bytes (``records_digest``: of in-memory records)."""
     data = {k: v for k, v in vars(cfg).items() if k not in _NOT_HASHED}
+    if records_digest is not None:
+        data["records"] = records_digest
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -229,9 +231,20 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
         new = _config_json(cfg)
         diff = sorted(k for k in set(old) | set(new) if k not in _NOT_HASHED and old.get(k) != new.get(k))
         state = "finished" if manifest.get("complete") else "unfinished"
+        what = ", ".join(diff) or "the in-memory records"
         raise FileExistsError(f"{out} holds a {state} store made with a different configuration (differs in: "
-                              f"{', '.join(diff) or 'unknown'}); choose a new --out directory or pass --overwrite")
+                              f"{what}); choose a new --out directory or pass --overwrite")
     return manifest
+
+
+def records_digest(records: Iterable[Any] | None) -> str | None:
+    """sha256 of in-memory records given as a list or tuple (None for no records or a one-shot iterator)."""
+    if records is None:
+        return None
+    if not isinstance(records, (list, tuple)):
+        log.warning("records given as an iterator cannot be fingerprinted; a resumed run must get the same ones")
+        return "iterator"
+    return hashlib.sha256(json.dumps(list(records), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _save_tokenizer(tokenizer, out: Path) -> None:
@@ -251,7 +264,8 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) ->
     """Cache ``cfg.hookpoints`` of ``cfg.model`` over ``cfg.dataset`` (or ``records``, an in-memory list of
     strings or dicts) into the store ``cfg.out``; resumes an unfinished store made with the same config."""
     out = Path(cfg.out)
-    digest = config_hash(cfg)
+    rec_digest = records_digest(records)
+    digest = config_hash(cfg, rec_digest)
     manifest = _open_out(cfg, digest)
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
@@ -262,6 +276,8 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) ->
     _save_tokenizer(model.tokenizer, out)
     if manifest is None:
         manifest = _fresh_manifest(cfg, model, digest)
+        if rec_digest is not None:
+            manifest["dataset"]["records_sha256"] = rec_digest
         st.write_manifest(out, manifest)
     resume_batch = int(manifest["shards"][-1]["next_batch"]) if manifest["shards"] else 0
     if resume_batch:
