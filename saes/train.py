@@ -55,7 +55,8 @@ class TrainConfig:
     """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096). The literature's 2e-4 / sqrt(L / 2^14) (= 4e-4 at
     L=4096) recovered too few planted atoms on short runs; see bench/synthetic_recovery.py."""
     warmup_steps: int | None = None
-    """Linear learning-rate warm-up steps; None: min(1000, 5% of the run)."""
+    """Linear learning-rate warm-up steps; None: min(1000, 5% of the run), or 100 when the run's length is unknown
+    (no ``tokens`` and data without a length)."""
     decay_fraction: float = 0.2
     """Final fraction of the run over which the learning rate decays linearly to 0 (dictionary_learning)."""
     grad_clip: float = 1.0
@@ -214,12 +215,13 @@ class _State:
     since_fired: Tensor | None = None  # [L] int64 rows since each latent last fired
 
 
-def _checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: _State, cfg: TrainConfig) -> dict:
+def _checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: _State, cfg: TrainConfig,
+                      gen: torch.Generator, resolved: dict[str, Any]) -> dict:
     return {
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
-        "scale": st.scale, "since_fired": st.since_fired, "rng": torch.get_rng_state(),
-        "config": _config_key(cfg), "shape": [model.n_sources, model.d_in],
+        "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(),
+        "config": _config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved,
     }
 
 
@@ -233,7 +235,6 @@ def _restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: Trai
                          f"{(model.n_sources, model.d_in)}; resume on the same store and hookpoint(s)")
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
-    torch.set_rng_state(ck["rng"])
     return _State(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"])
 
 
@@ -345,7 +346,7 @@ def _resolved(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[s
     return {
         "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
         "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
-        (min(1000, max(1, total // 20)) if total else 1000),
+        (min(1000, max(1, total // 20)) if total else 100),
         "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
         "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
         "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
@@ -394,6 +395,9 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     if ck is not None:
         st = _restore(ck, model, opt, cfg, source)
         gen.set_state(ck["rng"])
+        if ck.get("resolved", r) != r:
+            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
+                             f"the data's length changed: pass the same tokens= as the first run")
     else:
         flat = torch.cat([model.flatten_input(x) for x in head])[: cfg.init_rows]
         st = _State(position=len(held_out), scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
@@ -420,13 +424,13 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
             log.info(_log_line(st, m, tok_s))
             sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
         if out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg) | {"rng": gen.get_state()})
+            save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg, gen, r))
     bar.close()
     sink.close()
     if st.step == 0:
         raise ValueError(f"{source} yielded no training batches (after {len(held_out)} held-out ones)")
     if out is not None:
-        save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg) | {"rng": gen.get_state()})
+        save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg, gen, r))
     if model.spec.uses_threshold and st.threshold_updates == 0 and last_x is not None:
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
                     "last batch only", r["threshold_start_step"])

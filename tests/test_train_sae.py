@@ -1,0 +1,195 @@
+"""Training: refusals, schedule, AuxK, BatchTopK threshold, checkpoints and exact resume, metrics."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+
+import pytest
+import torch
+
+from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
+from conceptdict.saes.kernels import SparseCode
+from conceptdict.saes.train import _State, _update_threshold, aux_loss, default_dead_tokens, lr_at
+from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+
+pytestmark = pytest.mark.unit
+
+SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=14, seed=3)
+
+
+def _cfg(**kw):
+    base = dict(latents=32, k=3, eval_batches=2, log_every=2, checkpoint_every=3, device="cpu", init_rows=64,
+                kernel_impl="reference")
+    return TrainConfig(**(base | kw))
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+def test_config_refusals():
+    with pytest.raises(ValueError, match="k=32 must be at least 1 and below latents=32"):
+        TrainConfig(latents=32, k=32)
+    with pytest.raises(ValueError, match="unknown dictionary kind 'gated'"):
+        TrainConfig(latents=32, k=4, kind="gated")
+    with pytest.raises(ValueError, match="decay_fraction"):
+        TrainConfig(latents=32, k=4, decay_fraction=2.0)
+
+
+def test_nan_batch_is_refused_with_its_index_and_count():
+    batches = [torch.randn(8, 4) for _ in range(5)]
+    batches[3][0, :3] = float("nan")
+    batches[3][1, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"batch 3 from the training batches holds 4 NaN/inf values of 32"):
+        train(_cfg(latents=8, k=2, eval_batches=1), batches)
+
+
+def test_empty_data_and_all_held_out_are_refused():
+    with pytest.raises(ValueError, match="holds no rows"):
+        train(_cfg(), [], source="store runs/empty, hookpoint h")
+    with pytest.raises(ValueError, match="all held out"):
+        train(_cfg(eval_batches=4), [torch.randn(8, 4)] * 3)
+
+
+def test_width_mismatch_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="config d_in=16 but store runs/x, hookpoint h has D=12"):
+        train(_cfg(d_in=16), functools.partial(synthetic_batches, SPEC), source="store runs/x, hookpoint h")
+    train(_cfg(), functools.partial(synthetic_batches, SPEC), out=tmp_path)
+    other = SyntheticSpec(n_atoms=48, d=10, batch_size=64, n_batches=14)
+    with pytest.raises(ValueError, match=r"checkpoint has \(sources, d_in\)=\(1, 12\) but store B has \(1, 10\)"):
+        train(_cfg(), functools.partial(synthetic_batches, other), out=tmp_path, resume=True, source="store B")
+    with pytest.raises(ValueError, match="settings that differ from the checkpoint"):
+        train(_cfg(k=4), functools.partial(synthetic_batches, SPEC), out=tmp_path, resume=True)
+
+
+# -- pieces -------------------------------------------------------------------------------------
+
+def test_lr_schedule_warmup_constant_decay():
+    lrs = [lr_at(s, 1.0, warmup=4, total=20, decay_fraction=0.25) for s in range(20)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4:15] == [1.0] * 11
+    assert lrs[15:] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2])
+    assert lr_at(10_000, 1.0, warmup=4, total=None, decay_fraction=0.25) == 1.0
+
+
+def test_aux_loss_is_normalised_and_ignores_b_dec():
+    W_dec = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    e = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    code = SparseCode(torch.tensor([[1.0], [2.0]]), torch.tensor([[1], [0]]))  # e_hat = [[0, 1], [2, 0]]
+    # ||e - e_hat||^2 = 1 + 1 + 1 = 3; ||e - mean(e)||^2 = 4
+    assert float(aux_loss(code, W_dec, e, impl="reference")) == pytest.approx(3 / 4)
+    assert float(aux_loss(SparseCode(torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.long)), W_dec, e)) == 0.0
+
+
+def test_threshold_running_estimate():
+    m = SparseCoder(4, 8, 2, "batchtopk")
+    st = _State()
+    _update_threshold(m, 2.0, 0.5, st)
+    assert torch.all(m.threshold == 2.0)
+    _update_threshold(m, 4.0, 0.5, st)  # n=1: mean of the first two (m' = min(0.5, 1/2))
+    assert torch.all(m.threshold == 3.0)
+    _update_threshold(m, 5.0, 0.5, st)  # n=2: m' = min(0.5, 2/3) = 0.5
+    assert torch.all(m.threshold == 4.0)
+
+
+def test_default_dead_window_is_in_tokens():
+    assert default_dead_tokens(4096, 32) == 640_000
+    assert default_dead_tokens(2**20, 8) == 10_000_000
+    assert default_dead_tokens(64, 8) == 100_000
+
+
+def test_auxk_revives_dead_latents():
+    """Latents made dead at init (encoder columns shrunk 50x, so never in the top k) come back through AuxK only."""
+    spec = SyntheticSpec(n_atoms=32, d=16, active=3, batch_size=128, n_batches=40, seed=1)
+
+    def run(alpha):
+        cfg = _cfg(latents=32, k=3, aux_alpha=alpha, dead_tokens=256, checkpoint_every=0, eval_batches=0, lr=3e-3,
+                   warmup_steps=2)
+        gen = torch.Generator().manual_seed(0)
+        killed = torch.randperm(32, generator=gen)[:16]
+
+        def batches(start):
+            yield from synthetic_batches(spec, start)
+
+        tr = importlib.import_module("conceptdict.saes.train")
+        original = tr._build
+
+        def build(*a, **kw):
+            model, g = original(*a, **kw)
+            with torch.no_grad():
+                model.W_enc[:, killed] *= 0.02
+            return model, g
+
+        tr._build = build
+        try:
+            model = train(cfg, batches)
+        finally:
+            tr._build = original
+        x = torch.cat(list(synthetic_batches(spec, 30)))
+        return float((model.encode(x)[:, killed] > 0).any(dim=0).float().mean())
+
+    assert run(0.0) < 0.25
+    assert run(1 / 32) > 0.6
+
+
+# -- checkpoints and resume -----------------------------------------------------------------------
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crashing(spec, at):
+    def gen(start):
+        for i, x in enumerate(synthetic_batches(spec, start), start):
+            if i == at:
+                raise _Crash(f"simulated crash at batch {i}")
+            yield x
+    return gen
+
+
+@pytest.mark.parametrize("kind", ["topk", "batchtopk"])
+def test_resume_gives_bit_identical_weights(tmp_path, kind):
+    cfg = _cfg(kind=kind, threshold_start_step=2)
+    full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
+    with pytest.raises(_Crash):
+        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")  # checkpoints at steps 3 and 6 (batches 5, 8)
+    ck = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 6 and ck["position"] == 8
+    resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    for name, t in full.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], t), name
+    strip = lambda p: [{k: v for k, v in json.loads(ln).items() if k != "tok_s"} for ln in p.read_text().splitlines()]
+    assert strip(tmp_path / "cut" / "metrics.jsonl") == strip(tmp_path / "full" / "metrics.jsonl")
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()] == [
+        2, 4, 6, 8, 10, 12]
+
+
+def test_resume_from_a_plain_iterable(tmp_path):
+    batches = list(synthetic_batches(SPEC))
+    full = train(_cfg(), batches, out=tmp_path / "a")  # 12 training batches (a list has a length)
+    with pytest.raises(_Crash):
+        train(_cfg(), _crashing(SPEC, at=9)(0), out=tmp_path / "b")  # a generator: length unknown
+    with pytest.raises(ValueError, match="pass the same tokens="):
+        train(_cfg(), batches, out=tmp_path / "b", resume=True)
+    full = train(_cfg(tokens=12 * 64), batches, out=tmp_path / "a")
+    with pytest.raises(_Crash):
+        train(_cfg(tokens=12 * 64), _crashing(SPEC, at=9)(0), out=tmp_path / "b")
+    resumed = train(_cfg(tokens=12 * 64), batches, out=tmp_path / "b", resume=True)
+    assert torch.equal(resumed.W_dec, full.W_dec) and torch.equal(resumed.b_enc, full.b_enc)
+
+
+def test_artifact_written_and_works_on_raw_activations(tmp_path):
+    """Training normalises (here: inputs 50x larger than sqrt(D)); the saved dictionary takes raw inputs."""
+    batches = [x * 50 for x in synthetic_batches(SPEC)]
+    model = train(_cfg(latents=48, tokens=10 * 64), batches, out=tmp_path, meta={"hookpoints": ["h"]})
+    loaded = load_dictionary(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["hookpoints"] == ["h"] and cfg["training"]["steps"] == 10 and cfg["training"]["rows"] == 640
+    assert cfg["normalisation"]["folded_into_weights"]
+    assert cfg["normalisation"]["scale_per_source"][0] == pytest.approx(1 / 50 * 12**0.5 / float(
+        torch.cat(batches[2:3]).div(50).norm(dim=1).mean()), rel=0.2)
+    held = cfg["training"]["heldout_eval"]
+    from conceptdict.saes import evaluate
+    again = evaluate(loaded, batches[:2])
+    assert again.fvu == pytest.approx(held["fvu"], rel=1e-5) and again.fvu < 0.9
+    assert torch.equal(loaded.W_dec, model.W_dec)
