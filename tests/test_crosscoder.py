@@ -135,3 +135,24 @@ def test_batchtopk_kind_training_pass_matches_the_standalone_selection(impl):
     assert torch.allclose(out.x_hat, dense @ model.W_dec + model.b_dec, atol=1e-5)
     assert out.smallest.item() == pytest.approx(sel.smallest.item(), rel=1e-5)
     assert out.aux is not None and set(out.aux.indices[out.aux.values > 0].tolist()) <= set(range(5))
+
+
+@pytest.mark.gpu
+def test_crosscoder_training_pass_on_cuda_matches_the_cpu_reference():
+    import copy
+
+    torch.manual_seed(4)
+    cpu = SparseCoder(d_in=40, n_latents=300, k=8, kind="crosscoder", n_sources=2, kernel_impl="reference")
+    with torch.no_grad():
+        cpu.W_dec.mul_(torch.rand(300, 1) + 0.5)
+    gpu = copy.deepcopy(cpu).cuda()
+    gpu.kernel_impl = "auto"
+    x = torch.randn(256, 80)
+    out_c = cpu.spec.train_forward(cpu, x)
+    out_g = gpu.spec.train_forward(gpu, x.cuda())
+    assert torch.allclose(out_g.x_hat.cpu(), out_c.x_hat, atol=1e-4)
+    assert out_g.smallest.item() == pytest.approx(out_c.smallest.item(), rel=1e-4)
+    with torch.no_grad():
+        cpu.threshold.fill_(out_c.smallest.item())
+        gpu.threshold.fill_(out_c.smallest.item())
+    assert torch.allclose(gpu.encode(x.view(256, 2, 40).cuda()).cpu(), cpu.encode(x.view(256, 2, 40)), atol=1e-4)
