@@ -168,3 +168,15 @@ def test_minilm_default_on_docstrings(tmp_path):
     st_model.max_seq_length = 48
     ref = st_model.encode([d["text"] for d in docs[:40]], convert_to_tensor=True).cpu()
     torch.testing.assert_close(store.rows("sentence.mean_normalized", 0, 40), ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_cache_matches_cpu(tmp_path, tiny_lm_dir):
+    base = dict(model=str(tiny_lm_dir), hookpoints=["blocks.1.hook_out"], dataset="", context_length=32,
+                batch_size=8, progress=False)
+    cpu = ActivationStore(cache_activations(CacheConfig(**base, out=tmp_path / "cpu"), records=tiny_corpus(30)))
+    gpu = ActivationStore(cache_activations(CacheConfig(**base, out=tmp_path / "gpu", device="cuda"),
+                                            records=tiny_corpus(30)))
+    assert gpu.num_rows == cpu.num_rows and torch.equal(gpu.tokens(0, gpu.num_rows), cpu.tokens(0, cpu.num_rows))
+    torch.testing.assert_close(gpu.rows("blocks.1.hook_out", 0, gpu.num_rows),
+                               cpu.rows("blocks.1.hook_out", 0, cpu.num_rows), atol=1e-4, rtol=1e-3)

@@ -1,0 +1,125 @@
+"""Caching throughput vs the bare forward pass, same model and same tokens, measured in one run.
+
+    .venv/bin/python bench/cache_throughput.py [--contexts 64] [--context-length 128] [--batch-size 32]
+        [--hookpoint blocks.5.hook_out] [--repeats 3] [--json PATH]
+
+Baseline: the Hugging Face encoder the model directory holds (for all-MiniLM-L6-v2: ``BertModel``, what
+sentence-transformers runs), ``torch.inference_mode``, on the same padded batches; no hooks, no copies.
+Cache: ``conceptdict cache``'s loop (tokenised records -> batches -> capture through TransformerBridge ->
+background writer -> safetensors shards with fsync and hashes) over the same token ids, model already
+loaded (steady state); the end-to-end wall time including model loading is reported too.
+Baseline and cache runs alternate ``--repeats`` times; the medians are compared. Goal: ratio >= 0.90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from conceptdict.activations import CacheConfig, DEFAULT_MODEL_DIR, cache_activations, load_model  # noqa: E402
+from conceptdict.activations import cache as cache_mod  # noqa: E402
+from conceptdict.activations.data import iter_contexts, stdlib_docstrings  # noqa: E402
+from conceptdict.activations.store import read_manifest  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=str(DEFAULT_MODEL_DIR()))
+    p.add_argument("--hookpoint", default="blocks.5.hook_out")
+    p.add_argument("--contexts", type=int, default=64)
+    p.add_argument("--context-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def token_records(tokenizer, n: int, length: int) -> list[dict]:
+    """``n`` packed contexts of stdlib docstrings, as pre-tokenised records (identical ids for both runs)."""
+    contexts = iter_contexts(stdlib_docstrings(), tokenizer, context_length=length, packing=True)
+    out = []
+    for ctx in contexts:
+        if len(ctx.ids) == length:
+            out.append({"ids": ctx.ids})
+        if len(out) == n:
+            return out
+    raise SystemExit(f"the docstring corpus gives fewer than {n} contexts of {length} tokens")
+
+
+def bare_forward(hf_model, records: list[dict], batch_size: int) -> float:
+    """Seconds for the bare HF forward over every batch."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(records), batch_size):
+            ids = torch.tensor([r["ids"] for r in records[i:i + batch_size]])
+            hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return time.perf_counter() - start
+
+
+def cache_loop(model, records: list[dict], args, out: Path) -> float:
+    """Seconds for the cache loop (tokens -> store on disk) with the model already loaded."""
+    cfg = CacheConfig(model=args.model, hookpoints=[args.hookpoint], dataset="", out=out, tokens_column="ids",
+                      packing=False, context_length=args.context_length, batch_size=args.batch_size,
+                      dtype=args.dtype, progress=False, sort_window=1)
+    out.mkdir(parents=True)
+    manifest = cache_mod._fresh_manifest(cfg, model, cache_mod.config_hash(cfg))  # noqa: SLF001 - bench internals
+    start = time.perf_counter()
+    cache_mod._run(cfg, model, manifest, records, 0)  # noqa: SLF001
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    model = load_model(args.model)
+    records = token_records(model.tokenizer, args.contexts, args.context_length)
+    n_tokens = args.contexts * args.context_length
+    hf_model = getattr(model.bridge.original_model, "base_model", model.bridge.original_model)
+    tmp = Path(tempfile.mkdtemp(prefix="cache_bench_"))
+    bare_forward(hf_model, records[: args.batch_size], args.batch_size)  # warm-up
+    bare, cached = [], []
+    for r in range(args.repeats):
+        bare.append(bare_forward(hf_model, records, args.batch_size))
+        cached.append(cache_loop(model, records, args, tmp / f"run{r}"))
+    start = time.perf_counter()
+    cfg = CacheConfig(model=args.model, hookpoints=[args.hookpoint], dataset="", out=tmp / "e2e",
+                      tokens_column="ids", packing=False, context_length=args.context_length,
+                      batch_size=args.batch_size, dtype=args.dtype, progress=False, sort_window=1)
+    cache_activations(cfg, records=records)
+    e2e = time.perf_counter() - start
+    rows = read_manifest(tmp / "run0")["num_rows"]
+    result = {
+        "model": args.model, "hookpoint": args.hookpoint, "tokens": n_tokens, "rows_stored": rows,
+        "batch_size": args.batch_size, "context_length": args.context_length, "dtype": args.dtype,
+        "threads": torch.get_num_threads(), "repeats": args.repeats,
+        "bare_seconds": bare, "cache_seconds": cached,
+        "bare_tokens_per_s": n_tokens / statistics.median(bare),
+        "cache_tokens_per_s": n_tokens / statistics.median(cached),
+        "ratio": statistics.median(bare) / statistics.median(cached),
+        "end_to_end_seconds_with_model_load": e2e,
+        "end_to_end_tokens_per_s": n_tokens / e2e,
+    }
+    print(f"model {Path(args.model).name}  hookpoint {args.hookpoint}  {n_tokens} tokens "
+          f"({args.contexts} x {args.context_length}), batch {args.batch_size}, {result['threads']} threads")
+    print(f"bare forward   {result['bare_tokens_per_s']:9.0f} tok/s   (runs: {', '.join(f'{s:.2f}s' for s in bare)})")
+    print(f"conceptdict    {result['cache_tokens_per_s']:9.0f} tok/s   (runs: {', '.join(f'{s:.2f}s' for s in cached)})")
+    print(f"ratio          {result['ratio']:9.3f}   (goal >= 0.90)")
+    print(f"end to end incl. model load: {result['end_to_end_tokens_per_s']:.0f} tok/s ({e2e:.1f} s)")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
