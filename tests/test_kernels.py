@@ -1,0 +1,252 @@
+"""Every kernel implementation against the dense reference: values and gradients, float32 and bfloat16.
+
+Codes are compared densely (scattered into [B, L]), so the order of the kept entries and the padding
+slots do not matter. bfloat16 encoder tests use inputs whose pre-activations are exact and pairwise
+distinct (x = identity, W_enc a permutation of distinct bf16 numbers), so no implementation can pick a
+different entry on a tie or a rounding difference; gradients then differ only by summation order.
+The triton implementation runs through Triton's interpreter on CPU (skipped when triton is absent).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton_impl
+
+from conceptdict.saes import kernels  # noqa: E402
+from conceptdict.saes.kernels import reference, select  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+IMPLS = [
+    "torch",
+    pytest.param("numba", marks=pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="no numba")),
+    pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")),
+]
+DTYPES = [torch.float32, torch.bfloat16]
+# (B, D, L, k): not powers of two, k = 1, k = L, one row
+SHAPES = [(37, 19, 53, 5), (11, 11, 23, 1), (6, 6, 7, 7), (1, 5, 9, 3)]
+
+
+def _tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+
+
+def _close(a, b, dtype, what):
+    a, b = a.float(), b.float()
+    scale = max(1.0, b.abs().max().item())
+    tol = _tol(dtype)
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    torch.testing.assert_close(a / scale, b / scale, rtol=tol["rtol"], atol=tol["atol"], msg=lambda m: f"{what}: {m}")
+
+
+def _dense(values, indices, L):
+    """[B, K] codes -> [B, L] float32 (differentiable in values)."""
+    return torch.zeros(values.shape[0], L, dtype=torch.float32).scatter_add(1, indices, values.float())
+
+
+def _encoder_inputs(B, D, L, dtype, seed=0):
+    """float32: random; bfloat16: x = I (D = B) and W_enc a signed permutation of distinct exact values."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.float32:
+        x = torch.randn(B, D, generator=g)
+        W = torch.randn(D, L, generator=g) / D**0.5
+        b = 0.1 * torch.randn(L, generator=g)
+    else:
+        D = B
+        x = torch.eye(B)
+        n = B * L
+        i = torch.arange(n)
+        distinct = (1 + (i % 128).float() / 128) * torch.exp2((i // 128).float() - 6)
+        sign = torch.where(torch.rand(n, generator=g) < 0.3, -1.0, 1.0)
+        W = (distinct * sign)[torch.randperm(n, generator=g)].view(B, L)
+        b = torch.zeros(L)
+    return [t.to(dtype).requires_grad_() for t in (x, W, b)]
+
+
+def _grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+# ------------------------------------------------------------------ sparse decode
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,D,L,K", [(37, 19, 53, 5), (1, 130, 7, 7), (13, 3, 5, 9)])
+def test_sparse_decode(impl, dtype, B, D, L, K):
+    g = torch.Generator().manual_seed(B + D)
+    indices = torch.randint(0, L, (B, K), generator=g)
+    indices[:, -1] = indices[:, 0]  # repeated index in every row
+    values = torch.rand(B, K, generator=g)
+    values[0, 1:] = 0.0  # a zero-padded row (as BatchTopK produces)
+    indices[0, 1:] = 0
+    W = torch.randn(L, D, generator=g)
+    bias = torch.randn(D, generator=g)
+    weight = torch.randn(B, D, generator=g)
+    outs = {}
+    for name in ("reference", impl):
+        v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
+        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name)
+        outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
+    for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
+        assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+        _close(a, b, dtype, what)
+
+
+# ------------------------------------------------------------------ encoders
+
+
+def _run_encode(name, x, W, b, k, **kw):
+    enc = kernels.encode(x, W, b, k, impl=name, **kw)
+    L = W.shape[1]
+    g = torch.Generator().manual_seed(7)
+    R, R_aux = torch.randn(x.shape[0], L, generator=g), torch.randn(x.shape[0], L, generator=g)
+    dense, dense_aux = _dense(enc.values, enc.indices, L), _dense(enc.aux_values, enc.aux_indices, L)
+    loss = (dense * R).sum() + (dense_aux * R_aux).sum()
+    return enc, dense.detach(), dense_aux.detach(), _grads(loss, (x, W, b))
+
+
+def _check_encode(impl, dtype, x, W, b, k, **kw):
+    ref = _run_encode("reference", x, W, b, k, **kw)
+    got = _run_encode(impl, x, W, b, k, **kw)
+    assert got[0].values.dtype == dtype and got[0].indices.dtype == torch.int64
+    _close(got[1], ref[1], dtype, "code")
+    _close(got[2], ref[2], dtype, "aux code")
+    _close(got[0].smallest.reshape(()), ref[0].smallest.reshape(()), dtype, "smallest kept")
+    for what, a, c in zip(("grad x", "grad W_enc", "grad b_enc"), got[3], ref[3]):
+        _close(a, c, dtype, what)
+    return got[0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,D,L,k", SHAPES)
+def test_encode_topk(impl, dtype, B, D, L, k):
+    x, W, b = _encoder_inputs(B, D, L, dtype)
+    ref = kernels.encode_topk(x, W, b, k, impl="reference")
+    got = kernels.encode_topk(x, W, b, k, impl=impl)
+    _close(_dense(got.values, got.indices, L), _dense(ref.values, ref.indices, L), dtype, "topk code")
+    _check_encode(impl, dtype, x, W, b, k)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,D,L,k", SHAPES)
+@pytest.mark.parametrize("ranked", [False, True])
+def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked):
+    x, W, b = _encoder_inputs(B, D, L, dtype)
+    scale = None
+    if ranked:  # a crosscoder's ranking weights: powers of two keep bf16 scores exact and distinct
+        scale = torch.exp2(torch.randint(0, 3, (L,), generator=torch.Generator().manual_seed(3)).float()).to(dtype)
+        if dtype == torch.bfloat16:
+            pytest.skip("scaled bf16 scores can tie across latents; covered in float32")
+    enc = _check_encode(impl, dtype, x, W, b, k, batch=True, scale=scale)
+    kept = enc.values > 0
+    assert int(kept.sum()) <= k * B
+    assert torch.all(enc.indices[~kept] == 0) and torch.all(enc.values[~kept] == 0), "padding must be (0, 0.0)"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_dead", [0, 1, 17])
+@pytest.mark.parametrize("batch", [False, True])
+def test_encode_with_aux(impl, dtype, n_dead, batch):
+    B, D, L, k, k_aux = 13, 13, 31, 3, 6
+    x, W, b = _encoder_inputs(B, D, L, dtype, seed=5)
+    dead = torch.zeros(L, dtype=torch.bool)
+    dead[torch.randperm(L, generator=torch.Generator().manual_seed(2))[:n_dead]] = True
+    enc = _check_encode(impl, dtype, x, W, b, k, batch=batch, dead=dead, k_aux=k_aux)
+    assert enc.aux_indices.shape == (B, min(k_aux, n_dead))
+    assert bool(dead[enc.aux_indices].all())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n_dead", [0, 4])
+def test_encode_aux_alone(impl, n_dead):
+    B, D, L, k_aux = 9, 9, 20, 3
+    x, W, b = _encoder_inputs(B, D, L, torch.float32, seed=1)
+    dead = torch.zeros(L, dtype=torch.bool)
+    dead[:n_dead] = True
+    ref = kernels.encode_aux(x, W, b, dead, k_aux, impl="reference")
+    got = kernels.encode_aux(x, W, b, dead, k_aux, impl=impl)
+    assert got.values.shape == ref.values.shape == (B, min(n_dead, k_aux))
+    _close(_dense(got.values, got.indices, L), _dense(ref.values, ref.indices, L), torch.float32, "aux code")
+    if n_dead:
+        weight = torch.randn(B, L)
+        ga = _grads((_dense(got.values, got.indices, L) * weight).sum(), (x, W, b))
+        gr = _grads((_dense(ref.values, ref.indices, L) * weight).sum(), (x, W, b))
+        for what, a, c in zip(("grad x", "grad W_enc", "grad b_enc"), ga, gr):
+            _close(a, c, torch.float32, what)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_batch_topk_on_acts(impl, scaled):
+    B, L, k = 17, 29, 4
+    g = torch.Generator().manual_seed(4)
+    acts = torch.relu(torch.randn(B, L, generator=g)).requires_grad_()
+    scale = torch.rand(L, generator=g) + 0.5 if scaled else None
+    weight = torch.randn(B, L, generator=g)
+    res = {}
+    for name in ("reference", impl):
+        code, smallest = kernels.batch_topk(acts, k, scale=scale, impl=name)
+        dense = _dense(code.values, code.indices, L)
+        res[name] = (dense, smallest, *_grads((dense * weight).sum(), (acts,)))
+    for what, a, c in zip(("code", "smallest", "grad acts"), res[impl], res["reference"]):
+        _close(a, c, torch.float32, what)
+
+
+# ------------------------------------------------------------------ selection paths and dispatch
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_row_topk_with_columns(impl):
+    if impl == "triton":
+        pytest.skip("triton selects with torch.topk")
+    mod = {"torch": "torch_impl", "numba": "numba_impl"}[impl]
+    backend = __import__(f"conceptdict.saes.kernels.{mod}", fromlist=["BACKEND"]).BACKEND
+    pre = torch.randn(23, 301, generator=torch.Generator().manual_seed(9))
+    for k, cols in ((37, None), (1, None), (301, None), (5, torch.arange(3, 301, 7))):
+        values, indices = backend.row_topk(pre, k, cols)
+        sub = pre if cols is None else pre[:, cols]
+        expect = sub.topk(k, dim=1).values
+        torch.testing.assert_close(values.sort(dim=1, descending=True).values, expect)
+        torch.testing.assert_close(pre.gather(1, indices), values)
+
+
+def test_batch_selection_proof_and_fallbacks():
+    """Uneven rows (one row holds most winners) take the unproven-row path; many take the exact path."""
+    from conceptdict.saes.kernels.torch_impl import BACKEND
+
+    g = torch.Generator().manual_seed(0)
+    row_topk = BACKEND.row_topk
+    B, L, k = 40, 200, 3
+    for hot_rows in (1, 2, 30):
+        pre = torch.randn(B, L, generator=g)
+        pre[:hot_rows] += 10.0  # these rows own far more than 4k of the k*B winners
+        sel = select.select_batch(pre.clone(), k, None, row_topk)
+        ref_v, ref_i, ref_s = reference.batch_topk(torch.relu(pre), k)
+        torch.testing.assert_close(_dense(sel.values, sel.indices, L), _dense(ref_v, ref_i, L))
+        torch.testing.assert_close(sel.smallest, ref_s)
+
+
+def test_auto_is_resolved_at_call_time_and_imports_nothing():
+    code = ("import sys, torch; import conceptdict.saes.kernels as k; "
+            "assert 'numba' not in sys.modules and 'triton' not in sys.modules, 'imported at package import'; "
+            "print(k.resolve_impl('encode', 'auto', torch.device('cpu')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    expected = "numba" if importlib.util.find_spec("numba") else "torch"
+    assert out.stdout.strip() == expected
+    assert kernels.resolve_impl("encode", "torch", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="impl='nope'"):
+        kernels.resolve_impl("encode", "nope", torch.device("cpu"))
