@@ -1,0 +1,163 @@
+"""``conceptdict eval SAE_DIR [--store STORE] [--model M]``: metrics table + eval.json.
+
+Reconstruction and sparsity metrics come from ``saes.evaluate`` over store rows; for a token-level store of
+a causal language model, the dictionary is also spliced into the model at its hookpoint
+(``activations.spliced_losses``) and CE loss recovered / KL score are computed (``saes.with_splice_scores``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from conceptdict.cli.args import build_config, to_jsonable
+
+HELP = "evaluate a dictionary on a store: L0, FVU, explained variance, dead/dense latents, CE loss recovered"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Flags of ``conceptdict eval``."""
+
+    store: Path | None = None
+    """Store to evaluate on (repeat for a crosscoder); default: the store(s) recorded in SAE_DIR/config.json."""
+    hookpoint: str | None = None
+    """Hookpoint; default: the one the dictionary was trained on."""
+    model: str | None = None
+    """Language model for CE loss recovered / KL score; default: the store's model when it is a causal LM."""
+    rows: int = 65536
+    """Evaluate on at most this many store rows (from the start of the store)."""
+    batch_size: int = 4096
+    """Rows per evaluation batch."""
+    contexts: int = 32
+    """Contexts (rebuilt from the store's tokens) for the spliced CE/KL evaluation; 0 skips it."""
+    device: str = "cpu"
+    """Device for the dictionary and the model."""
+    out: Path | None = None
+    """Where to write eval.json; default: SAE_DIR/eval.json."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sae_dir", type=Path, help="dictionary directory written by `conceptdict train`")
+    parser.add_argument("--config", type=Path, default=None, help="JSON config file (flags override it)")
+    from conceptdict.cli.args import add_dataclass_args
+
+    add_dataclass_args(parser, EvalConfig)
+
+
+def _open(sae_dir: Path, cfg: EvalConfig):
+    """(model, store, hookpoint, dictionary config) with the widths checked."""
+    from conceptdict.activations import ActivationStore
+    from conceptdict.saes import load_dictionary, load_dictionary_config
+
+    config = load_dictionary_config(sae_dir)
+    model = load_dictionary(sae_dir, device=cfg.device)
+    if model.n_sources != 1:
+        raise ValueError(f"{sae_dir} is a crosscoder over {model.n_sources} sources; `conceptdict eval` evaluates "
+                         f"single-source dictionaries (use `conceptdict diff` for crosscoders)")
+    store_path = cfg.store or (config.get("stores") or [None])[0]
+    if store_path is None:
+        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+    store = ActivationStore(store_path)
+    hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
+    if hookpoint is None or hookpoint not in store.hookpoints:
+        raise ValueError(f"hookpoint {hookpoint!r} is not in store {store_path} (it holds {store.hookpoints}); "
+                         f"pass --hookpoint")
+    if store.d_in(hookpoint) != model.d_in:
+        raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
+                         f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
+    return model, store, hookpoint
+
+
+def _batches(store, hookpoint: str, rows: int, batch_size: int):
+    stop = min(rows, store.num_rows)
+    for start in range(0, stop, batch_size):
+        yield store.rows(hookpoint, start, min(start + batch_size, stop)).float()
+
+
+def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token contexts [N, T] (right-padded) and attention mask from the first store rows.
+
+    Rows carry (context index, position, token); a context whose first stored position is 1 gets ``bos_id``
+    prepended (the store excludes BOS rows); contexts with other gaps are skipped."""
+    stop = min(store.num_rows, 200_000)
+    ctx, pos, tok = store.context_index(0, stop), store.position(0, stop), store.tokens(0, stop)
+    seqs: list[list[int]] = []
+    for c in torch.unique_consecutive(ctx).tolist():
+        sel = ctx == c
+        p, t = pos[sel], tok[sel]
+        order = torch.argsort(p)
+        p, t = p[order].tolist(), t[order].tolist()
+        if p and p[0] == 1 and bos_id is not None:
+            p, t = [0] + p, [bos_id] + t
+        if not p or p[0] != 0 or p != list(range(len(p))) or len(p) < 2:
+            continue
+        seqs.append(t)
+        if len(seqs) == n_contexts:
+            break
+    if not seqs:
+        raise ValueError(f"no complete token contexts could be rebuilt from {store.path}")
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(seqs), T, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def _model_name(cfg: EvalConfig, store) -> str | None:
+    if cfg.model:
+        return cfg.model
+    info = store.manifest.get("model") or {}
+    archs = info.get("architectures") or []
+    if store.level != "token" or not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return None
+    source = info.get("source")
+    return source if source and Path(source).is_dir() else info.get("id")
+
+
+def _splice(result, sae, store, hookpoint: str, cfg: EvalConfig):
+    """result with CE loss recovered / KL score, when a causal LM is at hand."""
+    from conceptdict.activations import load_model, spliced_losses
+    from conceptdict.saes import with_splice_scores
+
+    name = _model_name(cfg, store)
+    if name is None or cfg.contexts == 0 or store.level != "token":
+        return result
+    lm = load_model(name, device=cfg.device)
+    tok = lm.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    ids, mask = rebuild_contexts(store, cfg.contexts, tok.bos_token_id, pad)
+
+    def replace(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return sae(x.to(sae.W_enc.device)).to(x.device)
+
+    losses = spliced_losses(lm, hookpoint, ids, replace, attention_mask=mask)
+    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
+                              losses.kl_replaced)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conceptdict.saes import evaluate, format_table
+
+    cfg = build_config(EvalConfig, args, args.config)
+    sae, store, hookpoint = _open(args.sae_dir, cfg)
+    result = evaluate(sae, _batches(store, hookpoint, cfg.rows, cfg.batch_size))
+    result = _splice(result, sae, store, hookpoint, cfg)
+    out = cfg.out or args.sae_dir / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint,
+              "config": to_jsonable(cfg), "metrics": result.to_dict(with_density=True)}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{sae.kind} dictionary {args.sae_dir} on {store.path} [{hookpoint}], {result.n_tokens} rows:")
+    print(format_table(result))
+    print(f"eval: {out}")
+    return 0

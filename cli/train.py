@@ -1,0 +1,126 @@
+"""``conceptdict train --store STORE [--hookpoint H] --latents L --k K --out SAE_DIR``: fit a dictionary."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, to_jsonable, write_resolved_config
+
+HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder) on activation store(s)"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainCommand:
+    """Where ``conceptdict train`` reads and writes (the dictionary's own settings are TrainConfig)."""
+
+    stores: list[Path] = field(default_factory=list, metadata={"flag": "store"})
+    """Activation store(s); several stores over the same tokens train a crosscoder over them."""
+    hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint"})
+    """Hookpoint(s) to train on; default: the store's only hookpoint. Several: a crosscoder across them."""
+    out: Path | None = None
+    """Output directory for the dictionary (config.json, weights.safetensors, checkpoint, metrics)."""
+    resume: bool = False
+    """Continue an interrupted run from OUT/checkpoint.pt (same settings); ends with the same weights."""
+    overwrite: bool = False
+    """Replace a dictionary already in OUT instead of refusing."""
+    buffer_rows: int = 65536
+    """Rows in the shuffle buffer of the training stream."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conceptdict.saes import TrainConfig
+
+    parser.add_argument("--config", type=Path, default=None,
+                        help="JSON file of dictionary settings (the TrainConfig fields; flags override it)")
+    add_dataclass_args(parser, TrainCommand)
+    add_dataclass_args(parser, TrainConfig)
+
+
+def _train_config(args: argparse.Namespace):
+    from conceptdict.saes import TrainConfig
+
+    given = json.loads(Path(args.config).read_text()) if args.config and Path(args.config).exists() else {}
+    missing = [f"--{n}" for n in ("latents", "k") if getattr(args, n, None) is None and n not in given]
+    if missing:
+        raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32)")
+    return build_config(TrainConfig, args, args.config)
+
+
+def open_training_data(stores: list[Path], hookpoints: list[str]):
+    """(ActivationStore list, hookpoint list, rows, description) after checking they fit together."""
+    from conceptdict.activations import ActivationStore
+
+    if not stores:
+        raise ConfigError("conceptdict train needs --store STORE_DIR (made by `conceptdict cache` or `store import`)")
+    opened = [ActivationStore(p) for p in stores]
+    if not hookpoints:
+        if len(opened[0].hookpoints) != 1:
+            raise ConfigError(f"store {stores[0]} holds hookpoints {opened[0].hookpoints}; pick with --hookpoint")
+        hookpoints = list(opened[0].hookpoints)
+    widths = {(str(s.path), h): s.d_in(h) for s in opened for h in hookpoints}
+    if len(set(widths.values())) > 1:
+        raise ValueError(f"sources have different widths {widths}; a crosscoder needs one D for every source")
+    rows = min(s.num_rows for s in opened)
+    if rows == 0:
+        raise ValueError(f"store {stores[0]} is empty (0 rows): nothing to train on; re-run `conceptdict cache`")
+    desc = f"store {', '.join(str(p) for p in stores)}, hookpoint {', '.join(hookpoints)}"
+    return opened, hookpoints, rows, desc
+
+
+def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
+    from conceptdict.saes.artifact import CONFIG_FILE
+
+    if (out / CONFIG_FILE).exists() and not (resume or overwrite):
+        raise FileExistsError(f"{out} already holds a dictionary; pass --overwrite to replace it or --resume")
+
+
+def _sized(cfg, rows: int):
+    """Clamp the batch size to what the store holds and default tokens to one pass over the training rows."""
+    need = (cfg.eval_batches + 1) * cfg.batch_size
+    if rows < need:
+        batch = max(1, rows // (cfg.eval_batches + 4))
+        log.warning("store has %d rows, fewer than (eval_batches + 1) * batch_size = %d; using batch_size %d",
+                    rows, need, batch)
+        cfg = dataclasses.replace(cfg, batch_size=batch)
+    if cfg.tokens is None:
+        cfg = dataclasses.replace(cfg, tokens=(rows // cfg.batch_size - cfg.eval_batches) * cfg.batch_size)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from conceptdict.activations import stream_batches
+    from conceptdict.saes import EvalResult, format_table, train
+
+    cmd = build_config(TrainCommand, args)
+    if cmd.out is None:
+        raise ConfigError("conceptdict train needs --out SAE_DIR")
+    cfg = _train_config(args)
+    stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
+    _check_out(cmd.out, cmd.resume, cmd.overwrite)
+    cfg = _sized(cfg, rows)
+    per_epoch = rows // cfg.batch_size
+    epochs = None if cfg.tokens > (per_epoch - cfg.eval_batches) * cfg.batch_size else 1
+
+    def batches(start: int):
+        return stream_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
+                              buffer_rows=cmd.buffer_rows, start_batch=start)
+
+    meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
+            "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
+    write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
+    model = train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
+    summary = model.training_summary or {}
+    print(f"trained {model.kind} dictionary: D={model.d_in}, L={model.n_latents}, k={model.k}, "
+          f"sources={model.n_sources}, {summary.get('steps')} steps, {summary.get('rows')} rows")
+    held = summary.get("heldout_eval")
+    if held:
+        print("held-out evaluation:")
+        print(format_table(EvalResult(**held)))
+    print(f"dictionary: {cmd.out}")
+    return 0

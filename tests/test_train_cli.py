@@ -1,0 +1,86 @@
+"""`conceptdict train` and `conceptdict eval` on stores: an imported array store and a cached tiny-LM store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conceptdict.cli.main import main
+from conceptdict.saes import load_dictionary, load_dictionary_config
+from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+
+SPEC = SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12, seed=5)
+FAST = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--log-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def array_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arr")
+    x = torch.cat(list(synthetic_batches(SPEC)))
+    save_file({"acts": x.contiguous()}, str(root / "acts.safetensors"))
+    assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
+    return root / "store"
+
+
+@pytest.mark.integration
+def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
+    out = tmp_path / "sae"
+    rc = main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--kind", "batchtopk",
+               "--out", str(out), *FAST])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "held-out evaluation" in text and "FVU (textbook)" in text and "L0 (inference)" in text
+    cfg = load_dictionary_config(out)
+    assert cfg["hookpoints"] == ["acts"] and cfg["stores"] == [str(array_store.resolve())]
+    assert cfg["training"]["rows"] == (3072 // 256 - 2) * 256  # default tokens: one pass minus held-out
+    assert json.loads((out / "train_config.json").read_text())["train"]["k"] == 4
+    assert (out / "metrics.jsonl").read_text().count("\n") == 2
+
+    assert main(["eval", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "explained variance (SAEBench formula)" in text and "CE loss recovered" not in text
+    record = json.loads((out / "eval.json").read_text())
+    assert record["hookpoint"] == "acts" and record["metrics"]["n_tokens"] == 3072
+    assert len(record["metrics"]["density"]) == 64
+    assert record["metrics"]["fvu"] < 0.9
+
+    # a finished run resumes to the same weights; an existing dictionary is not overwritten silently
+    before = load_dictionary(out).W_dec.clone()
+    assert main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--kind", "batchtopk",
+                 "--out", str(out), "--resume", *FAST]) == 0
+    assert torch.equal(load_dictionary(out).W_dec, before)
+    assert main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--out", str(out), *FAST]) == 1
+    assert "already holds a dictionary" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_train_cli_refusals(tmp_path, array_store, capsys):
+    assert main(["train", "--store", str(array_store), "--latents", "8", "--k", "8", "--out", str(tmp_path)]) == 1
+    assert "k=8 must be at least 1 and below latents=8" in capsys.readouterr().err
+    assert main(["train", "--store", str(array_store), "--k", "8", "--out", str(tmp_path)]) == 1
+    assert "needs --latents" in capsys.readouterr().err
+    assert main(["train", "--store", str(array_store), "--latents", "32", "--k", "2", "--d-in", "17",
+                 "--out", str(tmp_path / "x"), *FAST]) == 1
+    assert f"config d_in=17 but store {array_store}, hookpoint acts has D=16" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_train_and_eval_with_ce_loss_on_a_cached_lm_store(tmp_path, tiny_lm_store, capsys):
+    store, model_dir = tiny_lm_store
+    out = tmp_path / "sae"
+    rc = main(["train", "--store", str(store), "--hookpoint", "blocks.1.hook_out", "--latents", "64", "--k", "4",
+               "--out", str(out), "--batch-size", "128", "--eval-batches", "1", "--kernel-impl", "reference"])
+    assert rc == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["eval", str(out), "--model", str(model_dir), "--contexts", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "CE loss recovered" in text and "KL score" in text
+    metrics = json.loads((out / "eval.json").read_text())["metrics"]
+    splice = metrics["splice"]
+    want = (splice["ce_zero"] - splice["ce_replaced"]) / (splice["ce_zero"] - splice["ce_clean"])
+    assert metrics["ce_loss_recovered"] == pytest.approx(want)
+    assert main(["eval", str(out), "--hookpoint", "blocks.9.hook_out"]) == 1
+    assert "hookpoint 'blocks.9.hook_out' is not in store" in capsys.readouterr().err
