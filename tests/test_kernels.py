@@ -250,3 +250,35 @@ def test_auto_is_resolved_at_call_time_and_imports_nothing():
     assert kernels.resolve_impl("encode", "torch", torch.device("cpu")) == "torch"
     with pytest.raises(ValueError, match="impl='nope'"):
         kernels.resolve_impl("encode", "nope", torch.device("cpu"))
+
+
+# ------------------------------------------------------------------ real shapes on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [False, True])
+def test_real_shapes_on_gpu(batch):
+    """triton against torch (same addmm and selection, so the same entries) at the benchmark's shapes, and the
+    torch loss against the dense reference (whose separate matmul may round a near-tie the other way)."""
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    B, D, L, k = 4096, 768, 16384, 32
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, D, device="cuda", generator=g).requires_grad_()
+    W = (torch.randn(D, L, device="cuda", generator=g) / D**0.5).requires_grad_()
+    b = torch.zeros(L, device="cuda").requires_grad_()
+    W_dec = torch.randn(L, D, device="cuda", generator=g).requires_grad_()
+    b_dec = torch.zeros(D, device="cuda").requires_grad_()
+    dead = torch.zeros(L, dtype=torch.bool, device="cuda")
+    dead[::10] = True
+    res = {}
+    for name in ("reference", "torch", "triton"):
+        enc = kernels.encode(x, W, b, k, batch=batch, dead=dead, k_aux=D // 2, impl=name)
+        x_hat = kernels.sparse_decode(enc.values, enc.indices, W_dec, b_dec, impl=name)
+        e_hat = kernels.sparse_decode(enc.aux_values, enc.aux_indices, W_dec, None, impl=name)
+        loss = (x - x_hat).pow(2).sum() + (x - e_hat).pow(2).sum()
+        res[name] = (loss, x_hat, e_hat, *torch.autograd.grad(loss, (x, W, b, W_dec, b_dec)))
+    names = ("loss", "x_hat", "e_hat", "grad x", "grad W_enc", "grad b_enc", "grad W_dec", "grad b_dec")
+    for what, a, c in zip(names, res["triton"], res["torch"]):
+        _close(a.cpu(), c.cpu(), torch.float32, what)
+    torch.testing.assert_close(res["torch"][0], res["reference"][0], rtol=1e-3, atol=0)
