@@ -93,14 +93,13 @@ def _sized(cfg, rows: int):
     return cfg
 
 
-def run(args: argparse.Namespace) -> int:
+def train_on_stores(cmd: TrainCommand, cfg):
+    """Open the stores, size the run, stream the batches into ``saes.train``; returns the trained dictionary."""
     from conceptdict.activations import stream_batches
-    from conceptdict.saes import EvalResult, format_table, train
+    from conceptdict.saes import train
 
-    cmd = build_config(TrainCommand, args)
     if cmd.out is None:
         raise ConfigError("conceptdict train needs --out SAE_DIR")
-    cfg = _train_config(args)
     stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
     _check_out(cmd.out, cmd.resume, cmd.overwrite)
     cfg = _sized(cfg, rows)
@@ -114,13 +113,26 @@ def run(args: argparse.Namespace) -> int:
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
     write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
-    model = train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
+    return train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
+
+
+def describe(model) -> list[str]:
+    """Lines for the terminal: what was trained and its held-out evaluation table."""
+    from conceptdict.saes import EvalResult, format_table
+
     summary = model.training_summary or {}
-    print(f"trained {model.kind} dictionary: D={model.d_in}, L={model.n_latents}, k={model.k}, "
-          f"sources={model.n_sources}, {summary.get('steps')} steps, {summary.get('rows')} rows")
+    lines = [f"trained {model.kind} dictionary: D={model.d_in}, L={model.n_latents}, k={model.k}, "
+             f"sources={model.n_sources}, {summary.get('steps')} steps, {summary.get('rows')} rows"]
     held = summary.get("heldout_eval")
     if held:
-        print("held-out evaluation:")
-        print(format_table(EvalResult(**held)))
+        lines += ["held-out evaluation:", format_table(EvalResult(**held))]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = build_config(TrainCommand, args)
+    cfg = _train_config(args)
+    model = train_on_stores(cmd, cfg)
+    print("\n".join(describe(model)))
     print(f"dictionary: {cmd.out}")
     return 0
