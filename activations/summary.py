@@ -34,15 +34,14 @@ class StoreSummary(NamedTuple):
 
 
 def _norm_stats(store: ActivationStore, hookpoint: str, max_rows: int) -> HookpointStats:
-    """L2-norm statistics over up to ``max_rows`` rows, taken as 16 evenly spaced runs."""
+    """L2-norm statistics over every row, or over 16 evenly spaced runs when there are more than ``max_rows``."""
     n = store.num_rows
-    take = min(n, max_rows)
-    pieces = []
-    runs = 16 if take >= 16 else 1
-    per = max(1, take // runs)
-    for i in range(runs):
-        start = (n - per) * i // max(1, runs - 1) if runs > 1 else 0
-        pieces.append(store.rows(hookpoint, start, min(n, start + per)).float().norm(dim=-1))
+    if n <= max_rows:
+        pieces = [chunk.float().norm(dim=-1) for _, chunk in store.iter_rows(hookpoint)]
+    else:
+        per = max_rows // 16
+        starts = [(n - per) * i // 15 for i in range(16)]
+        pieces = [store.rows(hookpoint, a, a + per).float().norm(dim=-1) for a in starts]
     norms = torch.cat(pieces) if pieces else torch.zeros(0)
     if norms.numel() == 0:
         return HookpointStats(hookpoint, store.d_in(hookpoint), float("nan"), float("nan"), float("nan"),

