@@ -1,0 +1,75 @@
+"""The SAELens export loads in the real sae-lens and gives the same codes and reconstructions.
+
+Runs in-process when ``sae_lens`` is importable, else through ``.venv-saelens/bin/python`` when that
+git-ignored side environment exists (``python -m venv .venv-saelens && .venv-saelens/bin/pip install
+torch==2.13.0 sae-lens``); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conceptdict.saes import SparseCoder, export_saelens
+
+pytestmark = pytest.mark.slow  # importing sae-lens alone takes tens of seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDE_PYTHON = ROOT / ".venv-saelens" / "bin" / "python"
+
+CHECK = r"""
+import json, sys, torch
+from safetensors.torch import load_file
+from sae_lens import SAE
+out = {}
+for d in sys.argv[2:]:
+    t = load_file(d + "/probe.safetensors")
+    sae = SAE.load_from_disk(d, device="cpu")
+    with torch.no_grad():
+        f = sae.encode(t["x"])
+        x_hat = sae.decode(f)
+    out[d] = {"arch": sae.cfg.architecture(), "codes": float((f - t["f"]).abs().max()),
+              "recon": float((x_hat - t["x_hat"]).abs().max())}
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def _model(kind):
+    m = SparseCoder(12, 40, 5, kind)
+    m.reset_parameters(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        m.b_enc.normal_(0.0, 0.1)
+        m.b_dec.normal_(0.0, 0.2)
+        m.threshold.fill_(0.15)
+    return m
+
+
+def test_export_loads_in_sae_lens(tmp_path):
+    in_process = importlib.util.find_spec("sae_lens") is not None
+    if not in_process and not SIDE_PYTHON.exists():
+        pytest.skip("sae_lens is not installed (neither here nor in .venv-saelens)")
+    dirs = []
+    for kind in ("topk", "batchtopk", "relu"):
+        m = _model(kind)
+        d = tmp_path / kind
+        export_saelens(m, d, {"model_name": "tiny", "hook_name": "blocks.0.hook_resid_post"})
+        x = torch.randn(64, 12, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            f = m.encode(x)
+            save_file({"x": x, "f": f, "x_hat": m.decode(f)}, str(d / "probe.safetensors"))
+        dirs.append(str(d))
+    result = tmp_path / "result.json"
+    python = sys.executable if in_process else str(SIDE_PYTHON)
+    proc = subprocess.run([python, "-c", CHECK, str(result), *dirs], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(result.read_text())
+    assert [got[d]["arch"] for d in dirs] == ["topk", "jumprelu", "standard"]
+    for d in dirs:
+        assert got[d]["codes"] < 1e-5 and got[d]["recon"] < 1e-5, (d, got[d])
