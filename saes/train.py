@@ -167,9 +167,14 @@ def _check_batch(x: Tensor, index: int, source: str) -> Tensor:
     return x.float()
 
 
+def _seekable(batches: Batches) -> bool:
+    """True for a function start_batch -> iterable (it can start anywhere without reading what it skips)."""
+    return callable(batches) and not hasattr(batches, "__iter__")
+
+
 def _open(batches: Batches, start: int) -> Iterator[Tensor]:
     """Iterator over the batches from batch ``start`` on (skipping by reading when the source cannot seek)."""
-    if callable(batches) and not hasattr(batches, "__iter__"):
+    if _seekable(batches):
         return iter(batches(start))
     return itertools.islice(iter(batches), start, None)
 
@@ -376,10 +381,10 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
     stream = _checked(_open(batches, 0), 0, source)
     held_out = list(itertools.islice(stream, cfg.eval_batches))
-    if ck is not None:
+    if ck is not None:  # continue at the checkpoint's data position
         start = ck["position"]
-        stream = _checked(_open(batches, start), start, source) if callable(batches) and not hasattr(
-            batches, "__iter__") else _checked(itertools.islice(stream, start - len(held_out), None), start, source)
+        skipped = _open(batches, start) if _seekable(batches) else itertools.islice(stream, start - len(held_out), None)
+        stream = _checked(skipped, start, source)
     head = _take_rows(stream, cfg.init_rows if ck is None else 1)
     if not head and not held_out:
         raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
