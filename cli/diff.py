@@ -279,8 +279,8 @@ def write_outputs(out: Path, summary: dict, records: list[dict]) -> dict[str, Pa
 # --------------------------------------------------------------------------- the command
 
 
-def _configs(args: argparse.Namespace):
-    from conceptdict.saes import TrainConfig
+def _diff_config(args: argparse.Namespace) -> DiffConfig:
+    """DiffConfig from the flags; also defaults --kind to crosscoder and refuses non-crosscoder kinds."""
     from conceptdict.saes.crosscoder import CROSSCODER_KINDS
 
     try:
@@ -291,11 +291,13 @@ def _configs(args: argparse.Namespace):
         args.kind = "crosscoder"
     if args.kind not in CROSSCODER_KINDS:
         raise ConfigError(f"--kind {args.kind} is not a crosscoder kind; use one of {list(CROSSCODER_KINDS)}")
-    return cfg, TrainConfig
+    return cfg
 
 
-def _train_config(TrainConfig, args: argparse.Namespace, d_in: int):
+def _train_config(args: argparse.Namespace, d_in: int):
     """TrainConfig from the flags; --latents defaults to 8 x D and --k to min(32, latents / 8)."""
+    from conceptdict.saes import TrainConfig
+
     if args.latents is None:
         args.latents = 8 * d_in
     if args.k is None:
@@ -309,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.saes.diffing import diff_crosscoder
     from conceptdict.saes.train import resolve_device
 
-    cfg, TrainConfig = _configs(args)
+    cfg = _diff_config(args)
     if (cfg.out / "diff.json").exists() and not cfg.overwrite:
         raise FileExistsError(f"{cfg.out} already holds a diff; pass --overwrite or choose another --out")
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -317,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     paths = cache_both(cfg, device) if cfg.models else list(cfg.stores)
     stores = [ActivationStore(p) for p in paths]
     hookpoint = pick_hookpoint(stores, cfg.hookpoint)
-    tcfg = _train_config(TrainConfig, args, stores[0].d_in(hookpoint))
+    tcfg = _train_config(args, stores[0].d_in(hookpoint))
     write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
                           "diff_config.json")
     epochs = None if tcfg.tokens else 1
@@ -325,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     def batches(start: int):
         return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start)
 
-    sources = {n: (m if cfg.models else str(p)) for n, m, p in zip(SOURCE_NAMES, cfg.models or paths, paths)}
+    sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
     meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources}
     model = train(tcfg, batches, out=cfg.out / "crosscoder",
                   meta=meta, source=f"stores {', '.join(str(p) for p in paths)}, hookpoint {hookpoint}")
