@@ -1,0 +1,252 @@
+"""Activation stores under ``torch.distributed``: rank-sliced caching with a merged manifest, and
+rank-sliced training batches.
+
+Caching (``cache_distributed``): context i of the dataset (its global index, counted before any slicing)
+goes to rank ``i % world`` (round-robin), so the split is deterministic and independent of batch sizes.
+Each rank runs the ordinary, crash-safe ``cache_activations`` into its own part store
+``OUT/parts/rank-RRRRR-of-WWWWW/`` (rows keep their GLOBAL context index), so a killed job resumes every
+rank from its own manifest. When every part is complete, rank 0 merges them: part shards are hard-linked
+(copied where links are impossible) into ``OUT/shard-NNNNN.safetensors`` in rank order, and
+``OUT/manifest.json`` is written once, atomically; a crash during the merge only repeats the merge. The
+merged store holds exactly the rows of a one-process store of the same config (as a set, with the same
+tokens, context indices and positions), in rank-major rather than dataset order; its ``config_hash`` is
+the one-process store's, so either can be resumed or reused by the other.
+
+Training data (``rank_batches``): rank r reads rows ``[r*B//W, (r+1)*B//W)`` of every global batch of
+``stream_batches``' order, so the ranks together see exactly the batches one process sees.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+import numpy as np
+import torch
+
+from conceptdict.activations import store as st
+from conceptdict.activations import stream as stream_mod
+from conceptdict.activations.store import ActivationStore, StoreError
+
+log = logging.getLogger(__name__)
+
+PARTS_DIR = "parts"
+
+
+class World(NamedTuple):
+    """This process's place in the job."""
+
+    rank: int
+    size: int
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def world() -> World:
+    """(rank, world size) of the initialised default process group, else from torchrun's environment
+    (RANK / WORLD_SIZE), else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+# -- training batches -----------------------------------------------------------------------------
+
+def rank_rows(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The [start, stop) rows of a global batch that ``rank`` of ``world_size`` reads (contiguous, sizes
+    differing by at most one)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch_size < world_size:
+        raise ValueError(f"batch_size={batch_size} is below the number of ranks {world_size}: every rank needs "
+                         "at least one row; raise --batch-size (it is the GLOBAL batch)")
+    return rank * batch_size // world_size, (rank + 1) * batch_size // world_size
+
+
+def rank_batches(
+    stores: Sequence[ActivationStore] | ActivationStore,
+    hookpoints: Sequence[str] | str,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    epochs: int | None = 1,
+    buffer_rows: int = 65536,
+    start_batch: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """This rank's rows of every GLOBAL batch of ``stream_batches(stores, hookpoints, batch_size, seed=...)``:
+    [B_r, D] or [B_r, S, D] float32, B_r = rows of :func:`rank_rows`. ``start_batch`` counts GLOBAL batches
+    (the training checkpoint's data position), so a run resumes under any number of ranks. ``rank`` /
+    ``world_size`` default to the process group's. With one rank this yields exactly ``stream_batches``."""
+    w = world()
+    rank = w.rank if rank is None else rank
+    world_size = w.size if world_size is None else world_size
+    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
+    hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
+    if not stores or not hookpoints:
+        raise ValueError("rank_batches needs at least one store and one hookpoint")
+    lo, hi = rank_rows(batch_size, rank, world_size)
+    if len(stores) > 1:
+        stream_mod.check_aligned(stores)
+    pairs = stream_mod._sources(stores, hookpoints)
+    num_rows = stores[0].num_rows
+    if num_rows == 0:
+        raise ValueError(f"store {stores[0].path} is empty")
+    if epochs is not None and num_rows * epochs < batch_size:
+        raise ValueError(f"store {stores[0].path} has {num_rows} rows x {epochs} epochs, fewer than one batch of "
+                         f"{batch_size}; lower batch_size or raise epochs")
+    squeeze = len(pairs) == 1
+    index = 0  # global batch index
+    plan = stream_mod._index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size))
+    for _, batches in plan:
+        wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
+        index += len(batches)
+        if not wanted:
+            continue
+        data = stream_mod._gather(pairs, np.concatenate(wanted))
+        for j in range(len(wanted)):
+            batch = data[j * (hi - lo):(j + 1) * (hi - lo)]
+            yield batch[:, 0] if squeeze else batch
+
+
+# -- caching ----------------------------------------------------------------------------------------
+
+def part_dir(out: Path, rank: int, world_size: int) -> Path:
+    """Where ``rank`` of ``world_size`` caches its contexts: ``OUT/parts/rank-RRRRR-of-WWWWW``."""
+    return Path(out) / PARTS_DIR / f"rank-{rank:05d}-of-{world_size:05d}"
+
+
+def rank_contexts(contexts: Iterable[Any], rank: int, world_size: int) -> Iterator[tuple[int, Any]]:
+    """(global index, context) for the contexts of ``rank``: every ``world_size``-th from ``rank`` on."""
+    for i, ctx in enumerate(contexts):
+        if i % world_size == rank:
+            yield i, ctx
+
+
+def cache_distributed(cfg, records: Iterable[Any] | None = None) -> Path:
+    """``cache_activations`` under torch.distributed: this rank caches its contexts into its part store, then
+    rank 0 merges every part into ``cfg.out`` (all ranks wait for it). With one rank: ``cache_activations``.
+
+    ``cfg`` is the ``CacheConfig`` of the whole job (``--tokens`` unsupported with several ranks)."""
+    from conceptdict.activations import cache as cache_mod
+
+    w = world()
+    out = Path(cfg.out)
+    if w.size == 1:
+        return cache_mod.cache_activations(cfg, records)
+    if "part" not in inspect.signature(cache_mod.cache_activations).parameters:
+        raise RuntimeError("this conceptdict's cache_activations has no part=(rank, world_size) argument; "
+                           "apply the hook of docs/distributed.md to activations/cache.py")
+    if cfg.tokens is not None:
+        raise ValueError(f"--tokens={cfg.tokens} with {w.size} ranks: the first N rows of the dataset cannot be "
+                         "split without caching past them; cache the whole dataset (a smaller --dataset) or "
+                         "run one process")
+    done = st.read_manifest(out) if (out / st.MANIFEST).exists() else None
+    if done is None or not done.get("complete") or done.get("config_hash") != _digest(cfg):
+        part = replace(cfg, out=part_dir(out, w.rank, w.size), progress=cfg.progress and w.main)
+        cache_mod.cache_activations(part, records, part=(w.rank, w.size))
+        barrier()
+        if w.main:
+            merge_parts(out, w.size, _digest(cfg), cfg)
+    barrier()
+    return out
+
+
+def _digest(cfg) -> str:
+    from conceptdict.activations.cache import config_hash
+
+    return config_hash(cfg)
+
+
+class MergeResult(NamedTuple):
+    """What :func:`merge_parts` wrote."""
+
+    path: Path
+    rows: int
+    shards: int
+
+
+def merge_parts(out: Path, world_size: int, config_hash: str, cfg=None) -> MergeResult:
+    """Merge the complete part stores ``OUT/parts/rank-*-of-W`` into the store ``out`` (one atomic manifest
+    write; idempotent: a crash midway is repaired by running it again). Removes the parts afterwards."""
+    out = Path(out)
+    parts = [part_dir(out, r, world_size) for r in range(world_size)]
+    manifests = []
+    for p in parts:
+        m = st.read_manifest(p)
+        if m is None or not m.get("complete"):
+            raise StoreError(f"part store {p} is missing or unfinished; re-run the same torchrun command to "
+                             "resume every rank before merging")
+        manifests.append(m)
+    merged = _merged_manifest(manifests, config_hash, cfg)
+    for i, (p, entry) in enumerate(_shard_sources(parts, manifests)):
+        target = out / st.shard_name(i)
+        _link(p / entry["file"], target)
+        merged["shards"].append({k: v for k, v in entry.items() if k not in ("next_batch", "file")}
+                                | {"file": target.name})
+    merged["num_rows"] = sum(int(e["rows"]) for e in merged["shards"])
+    tok = parts[0] / "tokenizer"
+    if tok.exists() and not (out / "tokenizer").exists():
+        shutil.copytree(tok, out / ".tokenizer.tmp", dirs_exist_ok=True)
+        os.replace(out / ".tokenizer.tmp", out / "tokenizer")
+    st.write_manifest(out, merged)
+    shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
+    log.info("merged %d part stores into %s: %d rows in %d shards", world_size, out, merged["num_rows"],
+             len(merged["shards"]))
+    return MergeResult(out, merged["num_rows"], len(merged["shards"]))
+
+
+def _shard_sources(parts: list[Path], manifests: list[dict]) -> Iterator[tuple[Path, dict]]:
+    for p, m in zip(parts, manifests):
+        for entry in m["shards"]:
+            yield p, entry
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Make ``dst`` hold ``src``'s bytes: a hard link (no copy) or, across filesystems, an atomic copy."""
+    if dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError:
+        st.atomic_write_bytes(dst, src.read_bytes())
+
+
+def _merged_manifest(manifests: list[dict], config_hash: str, cfg) -> dict:
+    """The one-process store's manifest fields from the parts' (shards filled in by the caller)."""
+    first = json.loads(json.dumps(manifests[0]))
+    for key in ("level", "hookpoints", "dtype", "config_hash"):
+        if any(m.get(key) != first.get(key) for m in manifests):
+            raise StoreError(f"part stores disagree on {key!r}; they were cached with different settings — "
+                             "remove the parts directory and cache again")
+    first["shards"], first["num_rows"], first["complete"] = [], 0, True
+    first["config_hash"] = config_hash
+    if cfg is not None:
+        first["config"] = json.loads(json.dumps(vars(cfg), default=str))
+    first["label_keys"] = sorted({k for m in manifests for k in m.get("label_keys", [])})
+    first["excluded_tokens"]["rows"] = sum(int(m["excluded_tokens"].get("rows", 0)) for m in manifests)
+    if "contexts" in first.get("dataset", {}):
+        first["dataset"]["contexts"] = max(int(m["dataset"].get("contexts", 0)) for m in manifests)
+    first["distributed"] = {"world_size": len(manifests), "assignment": "context i -> rank i % world_size",
+                            "rows_per_rank": [int(m["num_rows"]) for m in manifests]}
+    return first

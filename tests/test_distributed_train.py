@@ -1,0 +1,149 @@
+"""Data-parallel training: 2 gloo ranks under torchrun train the same dictionary as one process.
+
+Every kind with a data-parallel rule (TopK, BatchTopK, ReLU-L1, BatchTopK crosscoder, L1 crosscoder) trains
+on a tiny synthetic store in one process and under ``torchrun --nproc_per_node=2``; the weights (and the
+BatchTopK inference threshold) must agree within 1e-4, every rank must hold the same dictionary, and a
+checkpoint written by one process must resume under two ranks to the uninterrupted result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conceptdict.activations import ActivationStore, ImportConfig, import_array, stream_batches
+from conceptdict.activations.distributed import rank_batches, rank_rows
+from conceptdict.saes import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY = ROOT / "tests" / "distributed_entry.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def synthetic_store(tmp: Path, n: int = 3072, d: int = 12, seed: int = 0) -> Path:
+    """Two aligned hookpoints ``a`` and ``b`` [n, d] of sparse combinations of random atoms."""
+    rng = np.random.default_rng(seed)
+    atoms = rng.normal(size=(48, d)).astype(np.float32)
+    codes = rng.random((n, 48)) * (rng.random((n, 48)) < 0.08)
+    a = (codes @ atoms + 0.05 * rng.normal(size=(n, d))).astype(np.float32)
+    b = (0.7 * a + 0.3 * (codes[:, ::-1] @ atoms) + 2.0).astype(np.float32)
+    np.savez(tmp / "acts.npz", a=a, b=b)
+    return import_array(ImportConfig(array=tmp / "acts.npz", out=tmp / "store"))
+
+
+def base_config(kind: str, **over) -> dict:
+    cfg = dict(kind=kind, latents=64, k=4, batch_size=128, tokens=128 * 14, eval_batches=2, init_rows=256,
+               threshold_start_step=4, dead_tokens=300, aux_k=8, checkpoint_every=0, log_every=5,
+               kernel_impl="torch", device="cpu", seed=3, lr=3e-3, l1_coeff=0.05)
+    cfg.update(over)
+    return cfg
+
+
+KINDS = [("topk", ["a"]), ("batchtopk", ["a"]), ("relu", ["a"]), ("crosscoder", ["a", "b"]),
+         ("crosscoder-l1", ["a", "b"])]
+
+
+def one_process(store: Path, hps: list[str], cfg: TrainConfig, out: Path | None = None, resume: bool = False,
+                sink=None):
+    s = ActivationStore(store)
+    return train(cfg, lambda start: stream_batches(s, hps, cfg.batch_size, seed=cfg.seed, epochs=None,
+                                                   start_batch=start), out=out, resume=resume, sink=sink)
+
+
+def torchrun(mode: str, spec: dict, tmp: Path, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = tmp / f"spec-{mode}.json"
+    path.write_text(json.dumps(spec))
+    cmd = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--master_port=0", "--rdzv_backend=c10d",
+           "--rdzv_endpoint=localhost:0", str(ENTRY), mode, str(path)]
+    run_env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")} | (env or {})
+    return subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300)
+
+
+def failure(proc: subprocess.CompletedProcess) -> str:
+    """The ranks' own tracebacks, without torchrun's summary."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    return "\n".join(ln for ln in lines if ln.startswith("[rank"))[-6000:] or proc.stderr[-4000:]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.unit
+def test_rank_rows_split_every_global_batch():
+    assert [rank_rows(10, r, 3) for r in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    with pytest.raises(ValueError, match="GLOBAL batch"):
+        rank_rows(2, 0, 3)
+
+
+@pytest.mark.unit
+def test_rank_batches_concatenate_to_stream_batches(tmp_path):
+    store = ActivationStore(synthetic_store(tmp_path, n=1000))
+    ref = list(stream_batches(store, ["a", "b"], 96, seed=5, buffer_rows=300, start_batch=2))
+    for world_size in (1, 2, 3):
+        parts = [list(rank_batches(store, ["a", "b"], 96, seed=5, buffer_rows=300, start_batch=2, rank=r,
+                                   world_size=world_size)) for r in range(world_size)]
+        assert all(len(p) == len(ref) for p in parts)
+        for i, batch in enumerate(ref):
+            assert torch.equal(torch.cat([p[i] for p in parts]), batch)
+
+
+@pytest.mark.integration
+def test_two_ranks_train_the_one_process_dictionary(tmp_path):
+    store = synthetic_store(tmp_path)
+    runs, refs = [], {}
+    for kind, hps in KINDS:
+        cfg = base_config(kind)
+        refs[kind] = {k: v.detach() for k, v in one_process(store, hps, TrainConfig(**cfg)).state_dict().items()}
+        runs.append({"config": cfg, "stores": [str(store)], "hookpoints": hps,
+                     "weights": str(tmp_path / f"{kind}.safetensors")})
+    proc = torchrun("train", {"runs": runs}, tmp_path)
+    assert proc.returncode == 0, failure(proc)
+    for (kind, _), run in zip(KINDS, runs):
+        got = load_file(run["weights"])
+        other = load_file(run["weights"] + ".rank1")
+        assert max_diff(got, other) == 0.0, f"{kind}: ranks disagree"
+        diff = max_diff(got, refs[kind])
+        assert diff < 1e-4, f"{kind}: 2-rank weights differ from 1 process by {diff:.2e}"
+        if kind in ("batchtopk", "crosscoder"):
+            assert bool((got["threshold"] > 0).all()), f"{kind}: inference threshold never estimated"
+
+
+class _StopAfter:
+    """A metrics sink that interrupts training after ``step`` (a killed job)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def write(self, record):
+        if record["step"] > self.step:
+            raise KeyboardInterrupt
+
+    def close(self):
+        pass
+
+
+@pytest.mark.integration
+def test_one_process_checkpoint_resumes_under_two_ranks(tmp_path):
+    store = synthetic_store(tmp_path)
+    cfg = base_config("batchtopk", checkpoint_every=6, log_every=1)
+    full = one_process(store, ["a"], TrainConfig(**cfg)).state_dict()
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        one_process(store, ["a"], TrainConfig(**cfg), out=out, sink=_StopAfter(6))
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
+    run = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(out), "resume": True,
+           "weights": str(tmp_path / "resumed.safetensors")}
+    proc = torchrun("train", {"runs": [run]}, tmp_path)
+    assert proc.returncode == 0, failure(proc)
+    diff = max_diff(load_file(run["weights"]), {k: v.detach() for k, v in full.items()})
+    assert diff < 1e-4, f"resumed under 2 ranks: weights differ from the uninterrupted run by {diff:.2e}"
+    assert (out / "weights.safetensors").exists() and (out / "config.json").exists()
