@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 tests/distributed_entry.py train SPEC.json
     torchrun --nproc_per_node=2 tests/distributed_entry.py cache SPEC.json
 
-``train``: for each run in the spec, train data-parallel (``saes.distributed.train``) on this rank's slices
+``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train data-parallel (``saes.distributed.train``) on this rank's slices
 (``activations.distributed.rank_batches``) and, on rank 0, save the weights. ``cache``: ``cache_distributed``
 of the spec's CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that
 many forwards (a killed rank).
@@ -93,10 +93,19 @@ def run_train(spec: dict) -> None:
         stores = [ActivationStore(p) for p in run["stores"]]
         hps = run["hookpoints"]
 
-        def batches(start, stores=stores, hps=hps, cfg=cfg):
-            return rank_batches(stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, start_batch=start)
+        def batches(start, stores=stores, hps=hps, cfg=cfg, stop=run.get("interrupt_at")):
+            it = rank_batches(stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, start_batch=start)
+            for position, x in enumerate(it, start):
+                if stop is not None and position >= stop:
+                    raise KeyboardInterrupt  # the job is killed before reading this global batch
+                yield x
 
-        model = sdist.train(cfg, batches, out=run.get("out"), resume=run.get("resume", False))
+        try:
+            model = sdist.train(cfg, batches, out=run.get("out"), resume=run.get("resume", False))
+        except KeyboardInterrupt:
+            if run.get("interrupt_at") is None:
+                raise
+            continue
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         if sdist.world().main:
             save_file(state, run["weights"])

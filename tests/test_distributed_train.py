@@ -96,27 +96,6 @@ def test_rank_batches_concatenate_to_stream_batches(tmp_path):
             assert torch.equal(torch.cat([p[i] for p in parts]), batch)
 
 
-@pytest.mark.integration
-def test_two_ranks_train_the_one_process_dictionary(tmp_path):
-    store = synthetic_store(tmp_path)
-    runs, refs = [], {}
-    for kind, hps in KINDS:
-        cfg = base_config(kind)
-        refs[kind] = {k: v.detach() for k, v in one_process(store, hps, TrainConfig(**cfg)).state_dict().items()}
-        runs.append({"config": cfg, "stores": [str(store)], "hookpoints": hps,
-                     "weights": str(tmp_path / f"{kind}.safetensors")})
-    proc = torchrun("train", {"runs": runs}, tmp_path)
-    assert proc.returncode == 0, failure(proc)
-    for (kind, _), run in zip(KINDS, runs):
-        got = load_file(run["weights"])
-        other = load_file(run["weights"] + ".rank1")
-        assert max_diff(got, other) == 0.0, f"{kind}: ranks disagree"
-        diff = max_diff(got, refs[kind])
-        assert diff < 1e-4, f"{kind}: 2-rank weights differ from 1 process by {diff:.2e}"
-        if kind in ("batchtopk", "crosscoder"):
-            assert bool((got["threshold"] > 0).all()), f"{kind}: inference threshold never estimated"
-
-
 class _StopAfter:
     """A metrics sink that interrupts training after ``step`` (a killed job)."""
 
@@ -131,19 +110,64 @@ class _StopAfter:
         pass
 
 
-@pytest.mark.integration
-def test_one_process_checkpoint_resumes_under_two_ranks(tmp_path):
-    store = synthetic_store(tmp_path)
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    """One torchrun launch (startup dominates) for every run: each kind from scratch, and a BatchTopK run
+    resumed under 2 ranks from a checkpoint one process wrote after step 6 of 14."""
+    tmp = tmp_path_factory.mktemp("dp")
+    store = synthetic_store(tmp)
+    runs, refs = {}, {}
+    for kind, hps in KINDS:
+        cfg = base_config(kind)
+        refs[kind] = {k: v.detach() for k, v in one_process(store, hps, TrainConfig(**cfg)).state_dict().items()}
+        runs[kind] = {"config": cfg, "stores": [str(store)], "hookpoints": hps,
+                      "weights": str(tmp / f"{kind}.safetensors")}
     cfg = base_config("batchtopk", checkpoint_every=6, log_every=1)
-    full = one_process(store, ["a"], TrainConfig(**cfg)).state_dict()
-    out = tmp_path / "run"
+    out = tmp / "resumed"
     with pytest.raises(KeyboardInterrupt):
         one_process(store, ["a"], TrainConfig(**cfg), out=out, sink=_StopAfter(6))
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
-    run = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(out), "resume": True,
-           "weights": str(tmp_path / "resumed.safetensors")}
-    proc = torchrun("train", {"runs": [run]}, tmp_path)
+    refs["resumed"] = refs["batchtopk"]
+    runs["resumed"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(out),
+                       "resume": True, "weights": str(tmp / "resumed.safetensors")}
+    runs["interrupted"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(tmp / "interrupted"),
+                           "interrupt_at": 9, "weights": str(tmp / "never.safetensors")}
+    proc = torchrun("train", {"runs": list(runs.values())}, tmp)
     assert proc.returncode == 0, failure(proc)
-    diff = max_diff(load_file(run["weights"]), {k: v.detach() for k, v in full.items()})
+    return runs, refs, store
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS])
+def test_two_ranks_train_the_one_process_dictionary(two_rank_runs, kind):
+    runs, refs, _ = two_rank_runs
+    got = load_file(runs[kind]["weights"])
+    assert max_diff(got, load_file(runs[kind]["weights"] + ".rank1")) == 0.0, f"{kind}: ranks disagree"
+    diff = max_diff(got, refs[kind])
+    assert diff < 1e-4, f"{kind}: 2-rank weights differ from 1 process by {diff:.2e}"
+    if kind in ("batchtopk", "crosscoder"):
+        assert bool((got["threshold"] > 0).all()), f"{kind}: inference threshold never estimated"
+
+
+@pytest.mark.integration
+def test_one_process_checkpoint_resumes_under_two_ranks(two_rank_runs):
+    runs, refs, _ = two_rank_runs
+    diff = max_diff(load_file(runs["resumed"]["weights"]), refs["resumed"])
     assert diff < 1e-4, f"resumed under 2 ranks: weights differ from the uninterrupted run by {diff:.2e}"
+    out = Path(runs["resumed"]["out"])
     assert (out / "weights.safetensors").exists() and (out / "config.json").exists()
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 14
+
+
+@pytest.mark.integration
+def test_two_rank_checkpoint_resumes_in_one_process(two_rank_runs):
+    """A 2-rank run killed after step 7 (checkpoint at step 6) finishes in ONE process with the weights of
+    the uninterrupted run: the checkpoint does not depend on the number of ranks."""
+    runs, refs, store = two_rank_runs
+    run = runs["interrupted"]
+    out = Path(run["out"])
+    assert not Path(run["weights"]).exists()
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
+    model = one_process(store, ["a"], TrainConfig(**run["config"]), out=out, resume=True)
+    diff = max_diff({k: v.detach() for k, v in model.state_dict().items()}, refs["batchtopk"])
+    assert diff < 1e-4, f"1-process resume of the 2-rank checkpoint differs from the uninterrupted run by {diff:.2e}"
