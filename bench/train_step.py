@@ -274,10 +274,6 @@ def _measure(name: str, p: dict) -> dict:
     else:
         extra = _ours(name, p, meter, batches)
     step_s = statistics.median(meter.times)
-    if name.startswith("ours"):
-        from conceptdict.saes.kernels.sparse import release_workspace
-
-        release_workspace()
     return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
             "times": meter.times, **extra}
 

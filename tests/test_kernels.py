@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton_impl
 
 from conceptdict.saes import kernels  # noqa: E402
-from conceptdict.saes.kernels import reference, select  # noqa: E402
+from conceptdict.saes.kernels import reference, select, sparse  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -34,6 +34,12 @@ IMPLS = [
 DTYPES = [torch.float32, torch.bfloat16]
 # (B, D, L, k): not powers of two, k = 1, k = L, one row
 SHAPES = [(37, 19, 53, 5), (11, 11, 23, 1), (6, 6, 7, 7), (1, 5, 9, 3)]
+
+
+@pytest.fixture(autouse=True)
+def _small_row_chunks(monkeypatch):
+    """Encode in chunks of 16 rows, so the chunked selection and its joins are exercised at test shapes."""
+    monkeypatch.setattr(sparse, "ROW_CHUNK", 16)
 
 
 def _tol(dtype):
@@ -223,20 +229,25 @@ def test_row_topk_with_columns(impl):
         torch.testing.assert_close(pre.gather(1, indices), values)
 
 
-def test_batch_selection_proof_and_fallbacks():
-    """Uneven rows (one row holds most winners) take the unproven-row path; many take the exact path."""
-    from conceptdict.saes.kernels.torch_impl import BACKEND
-
-    g = torch.Generator().manual_seed(0)
-    row_topk = BACKEND.row_topk
-    B, L, k = 40, 200, 3
-    for hot_rows in (1, 2, 30):
-        pre = torch.randn(B, L, generator=g)
-        pre[:hot_rows] += 10.0  # these rows own far more than 4k of the k*B winners
-        sel = select.select_batch(pre.clone(), k, None, row_topk)
-        ref_v, ref_i, ref_s = reference.batch_topk(torch.relu(pre), k)
-        torch.testing.assert_close(_dense(sel.values, sel.indices, L), _dense(ref_v, ref_i, L))
-        torch.testing.assert_close(sel.smallest, ref_s)
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("hot_rows", [0, 1, 3, 40])
+def test_batch_topk_unproven_rows(impl, hot_rows):
+    """Rows holding more than 4k of the k*B winners cannot be proven by their candidates: they are
+    recomputed whole (in select_batch on acts, and from x in the fused encode); the result stays exact."""
+    B, D, L, k = 40, 24, 200, 3
+    g = torch.Generator().manual_seed(hot_rows)
+    x = torch.randn(B, D, generator=g)
+    x[:hot_rows] *= 6.0  # these rows own far more than their share of the batch's winners
+    W = torch.randn(D, L, generator=g)
+    b = torch.zeros(L)
+    ref_v, ref_i, ref_s = reference.batch_topk(torch.relu(x @ W + b), k)
+    enc = kernels.encode(x, W, b, k, batch=True, impl=impl)
+    torch.testing.assert_close(_dense(enc.values, enc.indices, L), _dense(ref_v, ref_i, L))
+    torch.testing.assert_close(enc.smallest, ref_s)
+    code, smallest = kernels.batch_topk(torch.relu(x @ W + b), k, impl=impl)
+    torch.testing.assert_close(_dense(code.values, code.indices, L), _dense(ref_v, ref_i, L))
+    if hot_rows:
+        assert int((enc.values > 0).sum(dim=1).max()) > select.CANDIDATE_FACTOR * k, "no row was unproven"
 
 
 def test_auto_is_resolved_at_call_time_and_imports_nothing():

@@ -104,16 +104,20 @@ def _encoder_backward_tiles(start, order, g, x, W_enc, n_parts, grad_x_parts, gr
             for d in range(D):
                 for u in range(w):
                     Wt[u, d] = W_enc[d, c0 + u]
-                    Gt[u, d] = 0.0
+            Gt[:] = 0.0
             for u in range(w):
+                wt = Wt[u]
+                gt = Gt[u]
                 for t in range(start[c0 + u], start[c0 + u + 1]):
                     e = order[t]
                     gv = flat_g[e]
                     if gv != 0.0:
-                        b = e // K
+                        xr = x[e // K]
+                        gr = gx[e // K]
+                        for d in range(D):  # separate loops over 1-D views vectorise
+                            gt[d] += gv * xr[d]
                         for d in range(D):
-                            Gt[u, d] += gv * x[b, d]
-                            gx[b, d] += gv * Wt[u, d]
+                            gr[d] += gv * wt[d]
             for d in range(D):
                 for u in range(w):
                     grad_W[d, c0 + u] = Gt[u, d]

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .select import Selection, select_batch, select_rows
+from .select import (Candidates, Selection, batch_from_candidates, n_candidates, row_candidates, select_batch,
+                     select_rows)
 
 # rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
 _CHUNK_ROWS = 1024
@@ -164,64 +165,60 @@ def encode(
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
-    one matmul; the [B, L] pre-activations are freed before returning. ``k=0`` skips the main code."""
+    one matmul. On CPU the matmul runs ROW_CHUNK rows at a time and each chunk is selected while it is
+    still in cache, so no [B, L] buffer exists at all (BatchTopK keeps 4k candidates per row and
+    recomputes the rows they cannot prove). ``k=0`` skips the main code."""
+    B, L = x.shape[0], W_enc.shape[1]
+    kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
+    cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
+    step = ROW_CHUNK if x.device.type == "cpu" else max(B, 1)
+    main, aux = [], []
     with torch.no_grad():
-        pre = torch.addmm(b_enc, x, W_enc, out=_workspace(x.shape[0], W_enc))
-        if k == 0:
-            sel = _empty(pre)
-        elif batch:
-            sel = select_batch(pre, k, scale, backend.row_topk)
+        for s in range(0, B, step):
+            pre = torch.addmm(b_enc, x[s : s + step], W_enc)
+            if batch and k:
+                main.append(row_candidates(pre.clamp_min_(0), n_candidates(k, L), scale, backend.row_topk))
+            elif k:
+                main.append(select_rows(pre, k, backend.row_topk))
+            if kk:
+                values, indices = backend.row_topk(pre, kk, cols)
+                aux.append(Selection(values.clamp_min(0), indices, None))
+            del pre
+        if batch and k:
+            cand = Candidates(*(torch.cat(t) for t in zip(*main)))
+            sel = batch_from_candidates(cand, k, L, lambda rows: _full_rows(x, W_enc, b_enc, scale, rows))
         else:
-            sel = select_rows(pre, k, backend.row_topk)
-        aux = _select_aux(pre, dead, k_aux, backend.row_topk)
-        del pre
-        idx = torch.cat([sel.indices, aux.indices], dim=1)
-        vals = torch.cat([sel.values, aux.values], dim=1)
+            sel = _join(main, x, B)
+        aux_sel = _join(aux, x, B)
+        idx = torch.cat([sel.indices, aux_sel.indices], dim=1)
+        vals = torch.cat([sel.values, aux_sel.values], dim=1)
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
     K = sel.indices.shape[1]
-    return Encoded(out[:, :K], sel.indices, out[:, K:], aux.indices, sel.smallest)
+    return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, sel.smallest)
 
 
-# one reusable pre-activation buffer on CPU: a fresh [B, L] allocation is mmapped and page-faulted
-# on every step (about as slow as reading it twice); CUDA's caching allocator already reuses memory
-_WORKSPACE: dict[str, Tensor] = {}
+# CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB)
+ROW_CHUNK = 512
 
 
-def _workspace(B: int, W_enc: Tensor) -> Tensor | None:
-    if W_enc.device.type != "cpu":
-        return None
-    shape = (B, W_enc.shape[1])
-    buf = _WORKSPACE.get("pre")
-    if buf is None or buf.shape != shape or buf.dtype != W_enc.dtype:
-        _WORKSPACE.pop("pre", None)
-        buf = _WORKSPACE["pre"] = torch.empty(shape, dtype=W_enc.dtype)
-    return buf
+def _join(parts: list[Selection], x: Tensor, B: int) -> Selection:
+    """Concatenate per-chunk selections (an empty [B, 0] code when there are none)."""
+    zero = x.new_zeros(()).detach()
+    if not parts:
+        return Selection(x.new_zeros(B, 0).detach(), torch.zeros(B, 0, dtype=torch.long, device=x.device), zero)
+    return Selection(torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts]), zero)
 
 
-def release_workspace() -> None:
-    """Drop the cached CPU pre-activation buffer (one [B, L] tensor kept between encodes)."""
-    _WORKSPACE.clear()
-
-
-def _empty(pre: Tensor) -> Selection:
-    B = pre.shape[0]
-    return Selection(pre.new_zeros(B, 0), torch.zeros(B, 0, dtype=torch.long, device=pre.device), pre.new_zeros(()))
-
-
-def _select_aux(pre: Tensor, dead: Tensor | None, k_aux: int, row_topk) -> Selection:
-    n_dead = 0 if dead is None else int(dead.sum().item())
-    kk = min(k_aux, n_dead)
-    if kk == 0:
-        return _empty(pre)
-    cols = torch.nonzero(dead.to(pre.device)).flatten()
-    values, indices = row_topk(pre, kk, cols)
-    return Selection(values.clamp_min(0), indices, pre.new_zeros(()))
+def _full_rows(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor | None, rows: Tensor):
+    """(score, value) [n, L] of whole rows, recomputed for the batch top-k rows candidates cannot prove."""
+    value = torch.addmm(b_enc, x[rows], W_enc).clamp_min_(0)
+    return (value if scale is None else value * scale.to(value.dtype)), value
 
 
 def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
     """Exact batch top-k of acts [B, L] (already >= 0); values differentiable in acts (by gather)."""
     with torch.no_grad():
-        sel = select_batch(acts.detach(), k, scale, backend.row_topk, relu_inplace=False)
+        sel = select_batch(acts.detach(), k, scale, backend.row_topk)
         kept = sel.values > 0
     values = acts.gather(1, sel.indices) * kept
     return values, sel.indices, sel.smallest
