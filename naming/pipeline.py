@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+VOCAB_BATCH = 1024  # vocabulary words are short: large batches amortise the per-call cost of the model
+
 
 @dataclass
 class NameConfig:
@@ -117,7 +119,7 @@ def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_mod
             from conceptdict.activations import embed_texts
 
             with torch.no_grad():
-                return embed_texts(get_model(), texts, hookpoint)
+                return embed_texts(get_model(), texts, hookpoint, batch_size=VOCAB_BATCH)
 
         words = load_vocabulary(cfg.vocab)
         ve = embed_vocabulary(words, model_name or "?", hookpoint, embed, cfg.cache_dir or default_cache_dir())
