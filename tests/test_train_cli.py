@@ -20,7 +20,7 @@ FAST = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "
 def array_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("arr")
     x = torch.cat(list(synthetic_batches(SPEC)))
-    save_file({"acts": x.contiguous()}, str(root / "acts.safetensors"))
+    save_file({"acts": x.contiguous(), "twin": (2 * x.flip(1)).contiguous()}, str(root / "acts.safetensors"))
     assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
     return root / "store"
 
@@ -28,8 +28,8 @@ def array_store(tmp_path_factory):
 @pytest.mark.integration
 def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
     out = tmp_path / "sae"
-    rc = main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--kind", "batchtopk",
-               "--out", str(out), *FAST])
+    rc = main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "64", "--k", "4",
+               "--kind", "batchtopk", "--out", str(out), *FAST])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "held-out evaluation" in text and "FVU (textbook)" in text and "L0 (inference)" in text
@@ -49,11 +49,25 @@ def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
 
     # a finished run resumes to the same weights; an existing dictionary is not overwritten silently
     before = load_dictionary(out).W_dec.clone()
-    assert main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--kind", "batchtopk",
-                 "--out", str(out), "--resume", *FAST]) == 0
+    assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "64", "--k", "4",
+                 "--kind", "batchtopk", "--out", str(out), "--resume", *FAST]) == 0
     assert torch.equal(load_dictionary(out).W_dec, before)
-    assert main(["train", "--store", str(array_store), "--latents", "64", "--k", "4", "--out", str(out), *FAST]) == 1
+    assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "64", "--k", "4",
+                 "--out", str(out), *FAST]) == 1
     assert "already holds a dictionary" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_two_hookpoints_train_a_crosscoder(tmp_path, array_store, capsys):
+    out = tmp_path / "cc"
+    assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--hookpoint", "twin",
+                 "--kind", "crosscoder", "--latents", "64", "--k", "4", "--out", str(out), *FAST]) == 0
+    assert "sources=2" in capsys.readouterr().out
+    model = load_dictionary(out)
+    assert model.n_sources == 2 and model.decoder_directions().shape == (64, 2, 16)
+    cfg = load_dictionary_config(out)
+    assert cfg["hookpoints"] == ["acts", "twin"] and len(cfg["normalisation"]["scale_per_source"]) == 2
+    assert len(cfg["training"]["heldout_eval"]["per_source_fvu"]) == 2
 
 
 @pytest.mark.unit
@@ -62,8 +76,10 @@ def test_train_cli_refusals(tmp_path, array_store, capsys):
     assert "k=8 must be at least 1 and below latents=8" in capsys.readouterr().err
     assert main(["train", "--store", str(array_store), "--k", "8", "--out", str(tmp_path)]) == 1
     assert "needs --latents" in capsys.readouterr().err
-    assert main(["train", "--store", str(array_store), "--latents", "32", "--k", "2", "--d-in", "17",
-                 "--out", str(tmp_path / "x"), *FAST]) == 1
+    assert main(["train", "--store", str(array_store), "--latents", "32", "--k", "2", "--out", str(tmp_path)]) == 1
+    assert "holds hookpoints ['acts', 'twin']; pick with --hookpoint" in capsys.readouterr().err
+    assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "32", "--k", "2",
+                 "--d-in", "17", "--out", str(tmp_path / "x"), *FAST]) == 1
     assert f"config d_in=17 but store {array_store}, hookpoint acts has D=16" in capsys.readouterr().err
 
 
