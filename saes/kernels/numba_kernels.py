@@ -180,9 +180,13 @@ def _sort_desc(bv, bi, k):
         bv[u + 1], bi[u + 1] = v, c
 
 
+SORT_MAX_K = 64  # row_topk returns its entries largest first up to this k (insertion sort is O(k^2))
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def row_topk(pre, k, cols, out_val, out_idx):
-    """Per row, the k largest of pre[b, cols] (all columns when cols is empty), largest first.
+    """Per row, the k largest of pre[b, cols] (all columns when cols is empty); largest first when
+    k <= SORT_MAX_K, in no particular order above (the AuxK code with k_aux = D/2).
 
     One pass per row: a candidate buffer of 4k entries seeded with the first columns, a running
     threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills
@@ -213,7 +217,8 @@ def row_topk(pre, k, cols, out_val, out_idx):
                 bi[n] = c
                 n += 1
         n, thr = _compact(bv, bi, n, k)
-        _sort_desc(bv, bi, k)
+        if k <= SORT_MAX_K:
+            _sort_desc(bv, bi, k)
         for j in range(k):
             out_val[b, j] = bv[j]
             out_idx[b, j] = bi[j]
