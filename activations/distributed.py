@@ -161,21 +161,28 @@ def cache_distributed(cfg, records: Iterable[Any] | None = None) -> Path:
         raise ValueError(f"--tokens={cfg.tokens} with {w.size} ranks: the first N rows of the dataset cannot be "
                          "split without caching past them; cache the whole dataset (a smaller --dataset) or "
                          "run one process")
+    digest = _digest(cfg, records)
     done = st.read_manifest(out) if (out / st.MANIFEST).exists() else None
-    if done is None or not done.get("complete") or done.get("config_hash") != _digest(cfg):
+    if done is not None and not done.get("complete"):
+        raise FileExistsError(f"{out} holds an unfinished one-process store; resume it with one process (the same "
+                              "command without torchrun) or choose another --out")
+    if done is None or done.get("config_hash") != digest:
+        if done is not None:
+            raise FileExistsError(f"{out} holds a store made with a different configuration; choose a new --out")
         part = replace(cfg, out=part_dir(out, w.rank, w.size), progress=cfg.progress and w.main)
         cache_mod.cache_activations(part, records, part=(w.rank, w.size))
         barrier()
         if w.main:
-            merge_parts(out, w.size, _digest(cfg), cfg)
+            merge_parts(out, w.size, digest, cfg)
     barrier()
     return out
 
 
-def _digest(cfg) -> str:
-    from conceptdict.activations.cache import config_hash
+def _digest(cfg, records) -> str:
+    """The one-process store's config_hash for ``cfg`` over ``records``."""
+    from conceptdict.activations.cache import config_hash, records_digest
 
-    return config_hash(cfg)
+    return config_hash(cfg, records_digest(records))
 
 
 class MergeResult(NamedTuple):
@@ -198,6 +205,10 @@ def merge_parts(out: Path, world_size: int, config_hash: str, cfg=None) -> Merge
             raise StoreError(f"part store {p} is missing or unfinished; re-run the same torchrun command to "
                              "resume every rank before merging")
         manifests.append(m)
+    if any(m.get("config_hash") != config_hash for m in manifests):
+        raise StoreError(f"part stores under {out / PARTS_DIR} were cached with another configuration "
+                         f"(config_hash {[m.get('config_hash') for m in manifests]}, expected {config_hash}); "
+                         "remove that directory and cache again")
     merged = _merged_manifest(manifests, config_hash, cfg)
     for i, (p, entry) in enumerate(_shard_sources(parts, manifests)):
         target = out / st.shard_name(i)
