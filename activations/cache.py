@@ -30,7 +30,7 @@ from conceptdict.activations.writer import BackgroundWriter, ShardWriter
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "default"
+DEFAULT_MODEL = models.DEFAULT_MODEL
 
 
 @dataclass
@@ -256,10 +256,6 @@ def _save_tokenizer(tokenizer, out: Path) -> None:
     tmp.rename(out / "tokenizer")
 
 
-def _resolve_model_name(name: str) -> str:
-    return str(models.DEFAULT_MODEL_DIR()) if name == DEFAULT_MODEL else name
-
-
 def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) -> Path:
     """Cache ``cfg.hookpoints`` of ``cfg.model`` over ``cfg.dataset`` (or ``records``, an in-memory list of
     strings or dicts) into the store ``cfg.out``; resumes an unfinished store made with the same config."""
@@ -270,7 +266,7 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) ->
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    model = models.load_model(_resolve_model_name(cfg.model), device=cfg.device, dtype=cfg.model_dtype)
+    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype)
     models.check_hookpoints(model, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)
     _save_tokenizer(model.tokenizer, out)
@@ -336,7 +332,10 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
             state["excluded"] = 0
 
     pad_id = getattr(model.tokenizer, "pad_token_id", None) if model.tokenizer is not None else None
-    bar = tqdm(total=cfg.tokens, initial=state["rows"], unit="tok" if cfg.level == "token" else "input",
+    total = cfg.tokens
+    if total is None and cfg.level == "sequence" and isinstance(records, (list, tuple)):
+        total = len(records)
+    bar = tqdm(total=total, initial=state["rows"], unit="tok" if cfg.level == "token" else "input",
                unit_scale=True, disable=not cfg.progress, desc=f"cache {out.name}", dynamic_ncols=True)
     writer = BackgroundWriter(write)
     try:

@@ -123,6 +123,8 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
                                  "--tokens-column")
             ids, text = tokenizer(value, add_special_tokens=False)["input_ids"], value
         if not packing:
+            if not prefix + ids + suffix:
+                continue  # an empty pre-tokenised document gives no context
             yield Context(prefix + ids[:body] + suffix, _labels(record, {column}, label_columns), text)
             continue
         pending.extend(ids + ([sep] if sep is not None and not tokens_column else []))

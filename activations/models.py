@@ -23,6 +23,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MODEL = "default"
 SENTENCE_HOOKPOINTS = ("sentence.mean", "sentence.mean_normalized")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # HF model types whose last hidden state is the last block's output (post-norm encoders);
@@ -108,7 +109,10 @@ def _library_versions() -> dict[str, str]:
 
 
 def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") -> ModelHandle:
-    """Load a hub name or local directory through ``TransformerBridge.boot_transformers``."""
+    """Load a hub name or local directory through ``TransformerBridge.boot_transformers``
+    ("default": the bundled all-MiniLM-L6-v2, see :func:`DEFAULT_MODEL_DIR`)."""
+    if name_or_dir == DEFAULT_MODEL:
+        name_or_dir = str(DEFAULT_MODEL_DIR())
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     from transformer_lens.model_bridge import TransformerBridge

@@ -201,6 +201,7 @@ class ActivationStore:
         if total != self.num_rows:
             raise StoreError(f"{self.path}/{MANIFEST}: shard rows sum to {total} but num_rows is {self.num_rows}")
         self._handles: dict[int, Any] = {}
+        self._meta: dict[tuple[int, str], Any] = {}
 
     def __repr__(self) -> str:
         return f"ActivationStore({str(self.path)!r}, rows={self.num_rows}, hookpoints={self.hookpoints})"
@@ -270,7 +271,11 @@ class ActivationStore:
         return self._read("position", start, stop)
 
     def _shard_meta(self, shard: int, key: str) -> list | dict | None:
-        return _shard_json(self, shard, key)
+        """A JSON entry of one shard's safetensors metadata (labels, texts), parsed once."""
+        if (shard, key) not in self._meta:
+            meta = self._handle(shard).metadata() or {}
+            self._meta[(shard, key)] = json.loads(meta[key]) if key in meta else None
+        return self._meta[(shard, key)]
 
     def labels(self, key: str) -> list | None:
         """Per-row label column carried from the dataset (e.g. "module"), or None if the store has none."""
@@ -354,10 +359,3 @@ class ActivationStore:
     def size_bytes(self) -> int:
         return sum(int(e["bytes"]) for e in self.manifest["shards"])
 
-
-def _shard_json(store: ActivationStore, shard: int, key: str):
-    cache = store.__dict__.setdefault("_meta_cache", {})
-    if (shard, key) not in cache:
-        meta = store._handle(shard).metadata() or {}
-        cache[(shard, key)] = json.loads(meta[key]) if key in meta else None
-    return cache[(shard, key)]

