@@ -457,12 +457,12 @@ def _finish(model: SparseCoder, cfg: TrainConfig, st: _State, r: dict[str, Any],
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }
+    model.training_summary = summary  # before evaluating: kinds may read the folded scale from it (crosscoders)
     if held_out:
         result = evaluate(model, held_out)
         summary["heldout_eval"] = result.to_dict()
         log.info("held-out (%d rows): fvu %.4f | l0 %.2f (k=%d) | dead %.2f%%", result.n_tokens, result.fvu,
                  result.l0, model.k, 100 * result.dead_fraction)
-    model.training_summary = summary
     if out is not None:
         save_dictionary(model, out, extra=dict(meta or {}))
     return model
