@@ -131,6 +131,13 @@ def rank_batches(
 
 # -- caching ----------------------------------------------------------------------------------------
 
+def use_rank_device(name: str) -> None:
+    """Make ``cuda`` mean this rank's GPU (``cuda:LOCAL_RANK``) in a multi-process job (the device stays out
+    of the config, whose hash must match the one-process store's)."""
+    if name == "cuda" and world().size > 1 and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def part_dir(out: Path, rank: int, world_size: int) -> Path:
     """Where ``rank`` of ``world_size`` caches its contexts: ``OUT/parts/rank-RRRRR-of-WWWWW``."""
     return Path(out) / PARTS_DIR / f"rank-{rank:05d}-of-{world_size:05d}"
@@ -169,6 +176,7 @@ def cache_distributed(cfg, records: Iterable[Any] | None = None) -> Path:
     if done is None or done.get("config_hash") != digest:
         if done is not None:
             raise FileExistsError(f"{out} holds a store made with a different configuration; choose a new --out")
+        use_rank_device(cfg.device)
         part = replace(cfg, out=part_dir(out, w.rank, w.size), progress=cfg.progress and w.main)
         cache_mod.cache_activations(part, records, part=(w.rank, w.size))
         barrier()
