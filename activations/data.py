@@ -66,7 +66,12 @@ def iter_records(spec: str | Iterable, split: str = "train") -> Iterator[dict]:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
     else:
         name, _, config = spec.partition(":")
-        ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
+        try:
+            ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
+        except Exception as e:  # noqa: BLE001 - datasets raises many types; the user needs one message
+            raise ValueError(f"cannot load dataset {spec!r}: {type(e).__name__}: {e}. Pass 'stdlib-docstrings', "
+                             "a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name reachable from this "
+                             "machine") from e
     yield from ds
 
 

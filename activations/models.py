@@ -119,7 +119,11 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") ->
 
     local = Path(name_or_dir).expanduser()
     source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
-    bridge = TransformerBridge.boot_transformers(source, device=device, dtype=DTYPES[dtype])
+    try:
+        bridge = TransformerBridge.boot_transformers(source, device=device, dtype=DTYPES[dtype])
+    except OSError as e:
+        raise ValueError(f"cannot load model {name_or_dir!r}: {e}. Pass a local model directory, 'default', or a "
+                         "hub name reachable from this machine (offline: HF_HUB_OFFLINE=1 needs a cached copy)") from e
     bridge.eval()
     tokenizer = _load_tokenizer(source)
     hf_config = getattr(bridge.original_model, "config", None)

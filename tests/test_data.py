@@ -106,3 +106,10 @@ def test_in_memory_and_unknown_suffix(tmp_path):
     bad.write_text("x")
     with pytest.raises(ValueError, match="expected one of"):
         list(iter_records(str(bad)))
+
+
+@pytest.mark.unit
+def test_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ValueError, match="cannot load dataset 'no-such-user/no-such-dataset'"):
+        list(iter_records("no-such-user/no-such-dataset"))

@@ -101,3 +101,8 @@ def test_spliced_losses(lm):
 def test_spliced_losses_needs_causal_lm(bert):
     with pytest.raises(ValueError, match="causal"):
         spliced_losses(bert, "blocks.0.hook_out", torch.randint(5, 100, (1, 5)), lambda x: x)
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="cannot load model"):
+        load_model(str(tmp_path / "no-such-model-dir"))
