@@ -74,7 +74,8 @@ def world() -> World:
 
 
 def init_from_env(backend: str | None = None) -> World:
-    """Join the job torchrun describes (``WORLD_SIZE`` > 1 in the environment); a no-op otherwise.
+    """Join the job torchrun describes (``WORLD_SIZE`` > 1 in the environment); a no-op otherwise. Ranks
+    other than 0 are then :func:`quiet` (logging and progress bars come from rank 0 only).
 
     ``backend``: nccl or gloo; None picks nccl when CUDA is available, else gloo (and logs why)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
@@ -86,7 +87,16 @@ def init_from_env(backend: str | None = None) -> World:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
-    return world()
+    w = world()
+    if not w.main:
+        quiet()
+    return w
+
+
+def quiet() -> None:
+    """Silence this rank: conceptdict logs at WARNING and up only, tqdm bars off (TQDM_DISABLE)."""
+    logging.getLogger("conceptdict").setLevel(logging.WARNING)
+    os.environ["TQDM_DISABLE"] = "1"
 
 
 def device_for(name: str) -> str:
