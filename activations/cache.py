@@ -351,6 +351,10 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
             added = _count_rows(batch, cfg.level, special, limit)
             state["rows"] += added
             bar.update(added)
+            if cfg.level == "sequence" and cfg.progress:  # the bar counts inputs; show the token rate too
+                state["tokens"] = state.get("tokens", 0) + int(batch.attention_mask.sum())
+                bar.set_postfix_str(f"{state['tokens'] / max(bar.format_dict['elapsed'], 1e-9):.0f} tok/s",
+                                    refresh=False)
             if cfg.tokens is not None and state["rows"] >= cfg.tokens:
                 break
         writer.submit(None)  # write a window cut short by --tokens
