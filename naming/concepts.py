@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -39,13 +39,35 @@ class Example:
     text: str
     """The context as plain text."""
 
+    def display_tokens(self) -> list[str]:
+        """Tokens as they read in running text: WordPiece pieces (``##x``) join the previous token and other
+        tokens get a space, for tokenizers whose decoded tokens carry no spaces of their own."""
+        return display_tokens(self.tokens)
+
     def marked_text(self, left: str = "<<", right: str = ">>") -> str:
         """The context with the activating token wrapped in ``left``/``right`` (the plain text when unmarked)."""
         if self.marked < 0 or not self.tokens:
             return self.text
-        t = list(self.tokens)
-        t[self.marked] = f"{left}{t[self.marked]}{right}"
+        t = self.display_tokens()
+        lead = t[self.marked][: len(t[self.marked]) - len(t[self.marked].lstrip(" "))]
+        t[self.marked] = f"{lead}{left}{t[self.marked].lstrip(' ')}{right}"
         return "".join(t)
+
+
+def display_tokens(tokens: Sequence[str]) -> list[str]:
+    """See :meth:`Example.display_tokens`; GPT-2/SentencePiece-style tokens (with their own spaces) are kept."""
+    toks = [str(t) for t in tokens]
+    if any(t[:1].isspace() for t in toks) or not any(t.startswith("##") for t in toks):
+        return toks
+    out = []
+    for i, t in enumerate(toks):
+        if t.startswith("##"):
+            out.append(t[2:])
+        elif i == 0 or t[:1] in ".,;:!?)]}'" or out[-1][-1:] in "([{.'_":
+            out.append(t)
+        else:
+            out.append(" " + t)
+    return out
 
 
 @dataclass(frozen=True)

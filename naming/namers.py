@@ -107,13 +107,24 @@ def _norm_token(tok: str) -> str:
     return tok if any(ch.isalnum() for ch in tok) else ""
 
 
+def _merge_pieces(toks: Sequence[str]) -> list[str]:
+    """Join WordPiece continuations (``##x``) onto the token before them."""
+    out: list[str] = []
+    for t in toks:
+        if t.startswith("##") and out:
+            out[-1] += t[2:]
+        else:
+            out.append(t)
+    return out
+
+
 def context_terms(example: Example, window: int | None = None, max_n: int = 2) -> set[str]:
     """The set of normalised n-grams (n <= max_n) of an example's tokens (all of them for a sequence row);
     a token-level row keeps ``window`` tokens each side of the marked one when given."""
     toks = list(example.tokens) or _WORD.findall(example.text)
     if example.marked >= 0 and window is not None:
         toks = toks[max(0, example.marked - window) : example.marked + window + 1]
-    norm = [_norm_token(t) for t in toks]
+    norm = [_norm_token(t) for t in _merge_pieces(toks)]
     terms: set[str] = set()
     for n in range(1, max_n + 1):
         for i in range(len(norm) - n + 1):

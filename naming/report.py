@@ -70,7 +70,10 @@ def histogram_svg(edges: Sequence[float], counts: Sequence[float], width: int = 
 def example_html(e: Example) -> str:
     """An example with its activating token in <mark>; all text escaped."""
     if e.marked >= 0 and e.tokens:
-        parts = [f"<mark>{esc(t)}</mark>" if i == e.marked else esc(t) for i, t in enumerate(e.tokens)]
+        toks = e.display_tokens()
+        parts = [esc(t) for t in toks]
+        lead = toks[e.marked][: len(toks[e.marked]) - len(toks[e.marked].lstrip(" "))]
+        parts[e.marked] = f"{lead}<mark>{esc(toks[e.marked].lstrip(' '))}</mark>"
         body = "".join(parts)
     else:
         body = esc(e.text)

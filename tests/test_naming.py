@@ -217,3 +217,13 @@ def _write(path, words):
 def test_namer_inputs_defaults():
     inp = NamingInputs(torch.zeros(1, 2))
     assert inp.top_examples == () and inp.base_examples == ()
+
+
+def test_wordpiece_tokens_read_as_text_and_merge_for_the_context_namer():
+    from conceptdict.naming.namers import context_terms
+
+    e = Example(row=0, activation=1.0, tokens=("open", "the", "py", "##file", "(", "x", ")", "."), marked=2, text="")
+    assert e.marked_text() == "open the <<py>>file (x)."
+    gpt = Example(row=0, activation=1.0, tokens=("a", " b", " c"), marked=1, text="a b c")
+    assert gpt.marked_text("[", "]") == "a [b] c"
+    assert "pyfile" in context_terms(e) and "py" not in context_terms(e)
