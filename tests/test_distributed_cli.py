@@ -1,0 +1,73 @@
+"""``torchrun --nproc_per_node=2 -m conceptdict.cli.main cache|train``: the commands themselves give the
+one-process store and dictionary. Runs once the hooks of docs/distributed.md are in activations/cache.py,
+cli/cache.py and cli/train.py (skipped before: the library paths are tested in test_distributed_cache.py
+and test_distributed_train.py through tests/distributed_entry.py)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conceptdict.activations import ActivationStore
+from fixtures_models import tiny_corpus
+from test_distributed_train import TORCHRUN, failure
+
+
+def _hooks_applied() -> bool:
+    import conceptdict.activations.cache as cache_mod
+    import conceptdict.cli.train as train_cmd
+
+    return "part" in inspect.signature(cache_mod.cache_activations).parameters and \
+        "rank_batches" in inspect.getsource(train_cmd)
+
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not _hooks_applied(), reason="the torchrun hooks of docs/distributed.md are not "
+                                                                "applied to activations/cache.py and cli/ yet")]
+
+
+def _cli(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
+    launcher = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"] \
+        if nproc > 1 else [sys.executable]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([*launcher, "-m", "conceptdict.cli.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cache_and_train_commands_under_torchrun(tmp_path, tiny_lm_dir):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(30)))
+    stores = {}
+    for n in (1, 2):
+        out = tmp_path / f"store{n}"
+        proc = _cli(["cache", "--model", str(tiny_lm_dir), "--hookpoint", "blocks.1.hook_out", "--dataset", str(data),
+                     "--context-length", "32", "--batch-size", "4", "--shard-rows", "128", "--out", str(out)],
+                    n, tmp_path)
+        assert proc.returncode == 0, failure(proc)
+        stores[n] = ActivationStore(out)
+        assert proc.stdout.count("rows") >= 1  # rank 0's summary
+    keys = []
+    for s in stores.values():
+        key = torch.stack([s.context_index(0, s.num_rows).long(), s.position(0, s.num_rows).long(),
+                           s.tokens(0, s.num_rows).long()], 1)
+        keys.append(key[torch.argsort(key[:, 0] * 10_000 + key[:, 1])])
+    assert torch.equal(keys[0], keys[1])
+    weights = {}
+    for n in (1, 2):
+        out = tmp_path / f"sae{n}"
+        proc = _cli(["train", "--store", str(stores[1].path), "--kind", "batchtopk", "--latents", "64", "--k", "4",
+                     "--batch-size", "64", "--tokens", "640", "--seed", "1", "--device", "cpu", "--out", str(out)],
+                    n, tmp_path)
+        assert proc.returncode == 0, failure(proc)
+        assert sum(ln.startswith("dictionary:") for ln in proc.stdout.splitlines()) == 1, "only rank 0 prints"
+        weights[n] = load_file(out / "weights.safetensors")
+    diff = max(float((weights[1][k] - weights[2][k]).abs().max()) for k in weights[1])
+    assert diff < 1e-4, f"`conceptdict train` on 2 ranks differs from 1 process by {diff:.2e}"
