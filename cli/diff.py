@@ -342,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
     ev = evaluate(model, itertools.islice(analysis_batches(), n_batches))
     summary = {"sources": sources, "stores": [str(p) for p in paths], "hookpoint": hookpoint, "kind": model.kind,
                "n_latents": model.n_latents, "k": model.k, "d_in": model.d_in,
-               "thresholds": dataclasses.asdict(cfg.analysis()), "counts": table.counts(), "eval": ev.to_dict()}
+               "thresholds": dataclasses.asdict(cfg.analysis()), "counts": table.counts(), "eval": ev.to_dict(),
+               "heldout_eval": (model.training_summary or {}).get("heldout_eval")}
     written = write_outputs(cfg.out, summary, table.records())
     _print_summary(summary, table, written)
     return 0

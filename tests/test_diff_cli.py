@@ -69,6 +69,7 @@ def test_diff_two_tiny_models_through_the_cli(tiny_lm_dir, corpus_file, tmp_path
     manifests = [json.loads((out / "stores" / n / "manifest.json").read_text()) for n in ("A", "B")]
     assert manifests[0]["num_rows"] == manifests[1]["num_rows"] > 1000
     assert doc["eval"]["l0"] > 0 and len(doc["eval"]["per_source_fvu"]) == 2 and doc["eval"]["fvu"] < 1.0
+    assert doc["heldout_eval"]["l0"] > 0 and doc["heldout_eval"]["fvu"] < 1.0  # training's own held-out rows
     cc = json.loads((out / "crosscoder" / "config.json").read_text())
     assert cc["kind"] == "crosscoder" and cc["n_sources"] == 2 and cc["d_in"] == 32
     with (out / "latents.csv").open() as fh:
