@@ -191,8 +191,10 @@ def _train(p: dict, meter: _Meter, batches) -> dict:
     stamps: list[float] = []
 
     def stream():
-        for x in batches:
+        for i, x in enumerate(batches):
             meter.sync()
+            if i == 1 + p["warmup"] and not meter.cuda:
+                _reset_hwm()  # after the initialisation (b_dec, scale) and the warm-up steps
             stamps.append(time.perf_counter())
             yield x
         meter.sync()
