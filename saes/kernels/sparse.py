@@ -4,7 +4,8 @@ A TopK step computes the pre-activations once (one dense matmul, ``pre [B, L]``)
 on touches only the B*K selected entries: the encoder backward is ``grad_x = S_g W_enc^T`` and
 ``grad_W_enc = x^T S_g`` with ``S_g`` the sparse [B, L] gradient at the selected entries; the decode is
 an embedding-bag sum and its backward a gather-dot (values) and a scatter (W_dec rows).
-``pre`` is freed as soon as the selection is done; nothing saved for backward is [B, L].
+``pre`` is computed in row chunks on CPU and freed as soon as each chunk is selected; nothing saved for
+backward is [B, L].
 
 A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_backend()`` below is the
 portable one (index_add / embedding_bag), usable on any device.
