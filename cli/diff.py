@@ -6,6 +6,8 @@ latents belong to one model only (decoder-norm Delta, Latent Scaling flags).
 
 DIFF_DIR holds ``stores/A``, ``stores/B`` (when models are given), ``crosscoder/`` (the dictionary artifact),
 ``diff.json`` (summary + one record per latent), ``latents.csv``, ``report.html`` and ``diff_config.json``.
+Latent Scaling (and its flags) concerns the B-only latents, as in Minder, Dumas et al.; swap the two models to
+analyse the A-only ones the same way.
 """
 
 from __future__ import annotations
@@ -256,7 +258,8 @@ FVU per source on the analysed rows: {fvu or 'n/a'}; L0 {e(_num(ev.get('l0')))}.
 <p>Delta = &frac12;((|d<sup>B</sup>| &minus; |d<sup>A</sup>|) / max(|d<sup>A</sup>|, |d<sup>B</sup>|) + 1): 1 = only in B.
 Latent Scaling fits d<sup>B</sup> to each model's reconstruction (&beta;<sup>r</sup>) and error (&beta;<sup>&epsilon;</sup>);
 a B-only latent is model-specific when &nu;<sup>&epsilon;</sup> &lt; {summary['thresholds']['nu_eps_max']:g} and
-&nu;<sup>r</sup> &lt; {summary['thresholds']['nu_r_max']:g}.</p>
+&nu;<sup>r</sup> &lt; {summary['thresholds']['nu_r_max']:g}. The flags concern B-only latents; to analyse A-only
+latents the same way, run the diff with the two models swapped.</p>
 <h2>Counts</h2><table><tbody>{counts}</tbody></table>
 <div class="figs"><div><h3>Delta</h3>{histogram_svg(histogram(delta, 20, 0.0, 1.0), 0.0, 1.0, "Delta")}</div>
 <div><h3>Decoder cosine(A, B)</h3>{histogram_svg(histogram(cosine, 20, -1.0, 1.0), -1.0, 1.0, "cosine")}</div></div>
