@@ -146,12 +146,16 @@ def _shuffled(records: Iterator[dict], seed: int, buffer: int = 10_000) -> Itera
 
 
 def iter_batches(contexts: Iterable[data_mod.Context], batch_size: int, pad_id: int,
-                 sort_window: int = 1) -> Iterator[Batch]:
+                 sort_window: int = 1, part: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
     """Right-padded batches of ``batch_size`` contexts. With ``sort_window`` > 1, each window of
-    ``sort_window`` batches is ordered by context length first (less padding); deterministic."""
+    ``sort_window`` batches is ordered by context length first (less padding); deterministic.
+    ``part`` = (rank, world_size) keeps every world_size-th context from rank on (global indices kept)."""
+    rank, world_size = part
     window: list[tuple[int, data_mod.Context]] = []
     index = 0
     for i, ctx in enumerate(contexts):
+        if i % world_size != rank:
+            continue
         window.append((i, ctx))
         if len(window) == batch_size * sort_window:
             yield from _window_batches(window, index, batch_size, pad_id, sort_window > 1)
@@ -256,13 +260,23 @@ def _save_tokenizer(tokenizer, out: Path) -> None:
     tmp.rename(out / "tokenizer")
 
 
-def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) -> Path:
+def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
+                      part: tuple[int, int] = (0, 1)) -> Path:
     """Cache ``cfg.hookpoints`` of ``cfg.model`` over ``cfg.dataset`` (or ``records``, an in-memory list of
-    strings or dicts) into the store ``cfg.out``; resumes an unfinished store made with the same config."""
+    strings or dicts) into the store ``cfg.out``; resumes an unfinished store made with the same config.
+
+    ``part`` = (rank, world_size): cache only every world_size-th context from rank on (for
+    ``activations.distributed``, which merges the parts); the config hash stays the whole job's."""
+    rank, world_size = part
+    if not 0 <= rank < world_size:
+        raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
     out = Path(cfg.out)
     rec_digest = records_digest(records)
     digest = config_hash(cfg, rec_digest)
     manifest = _open_out(cfg, digest)
+    if manifest is not None and manifest.get("part", [0, 1]) != [rank, world_size]:
+        raise FileExistsError(f"{out} holds part {manifest.get('part', [0, 1])} of a job, not part "
+                              f"{[rank, world_size]}; choose another --out")
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
@@ -274,11 +288,13 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None) ->
         manifest = _fresh_manifest(cfg, model, digest)
         if rec_digest is not None:
             manifest["dataset"]["records_sha256"] = rec_digest
+        if world_size > 1:
+            manifest["part"] = [rank, world_size]
         st.write_manifest(out, manifest)
     resume_batch = int(manifest["shards"][-1]["next_batch"]) if manifest["shards"] else 0
     if resume_batch:
         log.info("resuming %s at batch %d (%d rows already stored)", out, resume_batch, manifest["num_rows"])
-    _run(cfg, model, manifest, records, resume_batch)
+    _run(cfg, model, manifest, records, resume_batch, part)
     return out
 
 
@@ -306,7 +322,8 @@ def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any
                                   label_columns=cfg.label_columns, prepend_bos=cfg.prepend_bos)
 
 
-def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, resume_batch: int) -> None:
+def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, resume_batch: int,
+         part: tuple[int, int] = (0, 1)) -> None:
     out = Path(cfg.out)
     shards = ShardWriter(out, manifest, cfg.shard_rows)
     special = torch.tensor(manifest["excluded_tokens"]["ids"], dtype=torch.int64)
@@ -341,7 +358,8 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
     try:
         packing = cfg.packing if cfg.packing is not None else cfg.level == "token"
         sort_window = 1 if packing else cfg.sort_window
-        for batch in iter_batches(_contexts(cfg, model, records), cfg.batch_size, pad_id or 0, sort_window):
+        contexts = _contexts(cfg, model, records)
+        for batch in iter_batches(contexts, cfg.batch_size, pad_id or 0, sort_window, part):
             state["contexts"] = max(state["contexts"], int(batch.context_ids.max()) + 1)
             if batch.index < resume_batch:
                 continue

@@ -18,14 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from conceptdict.activations import ActivationStore, CacheConfig, cache_activations, store_summary
+    from conceptdict.activations import ActivationStore, CacheConfig, store_summary
+    from conceptdict.activations.distributed import cache_distributed
     from conceptdict.cli.store import format_summary
+    from conceptdict.saes.distributed import init_from_env
 
+    w = init_from_env()  # a no-op unless torchrun started several ranks
     try:
         cfg = build_config(CacheConfig, args, args.config)
     except TypeError as e:  # a required field given neither as a flag nor in --config
         raise ConfigError(f"{e}; `conceptdict cache` needs --model, --hookpoint, --dataset and --out") from None
-    out = cache_activations(cfg)
-    write_resolved_config(cfg, out, "cache_config.json")
-    print(format_summary(store_summary(ActivationStore(out))))
+    out = cache_distributed(cfg)  # cache_activations(cfg) with one rank
+    if w.main:
+        write_resolved_config(cfg, out, "cache_config.json")
+        print(format_summary(store_summary(ActivationStore(out))))
     return 0
