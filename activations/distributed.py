@@ -259,6 +259,7 @@ def _merged_manifest(manifests: list[dict], config_hash: str, cfg) -> dict:
             raise StoreError(f"part stores disagree on {key!r}; they were cached with different settings — "
                              "remove the parts directory and cache again")
     first["shards"], first["num_rows"], first["complete"] = [], 0, True
+    first.pop("part", None)  # the parts' (rank, world_size) mark; the merged store is the whole job's
     first["config_hash"] = config_hash
     if cfg is not None:
         first["config"] = json.loads(json.dumps(vars(cfg), default=str))

@@ -64,7 +64,9 @@ def test_two_rank_cache_killed_and_resumed_equals_one_process(tmp_path, tiny_lm_
         assert two.manifest[key] == ref.manifest[key], key
     assert two.manifest["dataset"]["contexts"] == ref.manifest["dataset"]["contexts"]
     assert two.manifest["excluded_tokens"] == ref.manifest["excluded_tokens"]
-    assert two.manifest["distributed"]["world_size"] == 2
+    assert two.manifest["distributed"]["world_size"] == 2 and "part" not in two.manifest
+    assert cache_activations(CacheConfig(**{**_config(tiny_lm_dir, tmp_path / "two"), "out": tmp_path / "two"}),
+                             records=records) == tmp_path / "two", "one process must accept the merged store"
     assert not (tmp_path / "two" / "parts").exists()
     key_two, acts_two = _rows(two)
     key_ref, acts_ref = _rows(ref)
