@@ -59,6 +59,8 @@ class CbmConfig:
     """Candidate L2 weights for the raw-activation baseline probe."""
     epochs: int = 200
     """Training epochs (Discover-then-Name: 200)."""
+    min_steps: int = 1000
+    """At least this many Adam steps (more epochs on small datasets, which 200 epochs would leave underfit)."""
     batch_size: int = 256
     """Inputs per Adam step."""
     lr: float = 1e-3
@@ -146,9 +148,10 @@ class LinearFit(NamedTuple):
 
 def fit_linear(
     x: Tensor, y: Tensor, n_classes: int, *, bias: bool, l1: float = 0.0, l2: float = 0.0,
-    epochs: int = 200, lr: float = 1e-3, batch_size: int = 256, seed: int = 0,
+    epochs: int = 200, lr: float = 1e-3, batch_size: int = 256, seed: int = 0, min_steps: int = 0,
 ) -> LinearFit:  # fmt: skip
-    """Minimise CE + l1 * mean|W| + l2 * mean(W^2) with Adam over minibatches of x [N, F], y [N]."""
+    """Minimise CE + l1 * mean|W| + l2 * mean(W^2) with Adam over minibatches of x [N, F], y [N]
+    for ``epochs`` epochs, or more when that is fewer than ``min_steps`` steps."""
     gen = torch.Generator().manual_seed(seed)
     W = torch.zeros(n_classes, x.shape[1], device=x.device, requires_grad=True)
     params = [W]
@@ -158,6 +161,7 @@ def fit_linear(
         params.append(b)
     opt = torch.optim.Adam(params, lr=lr)
     n = x.shape[0]
+    epochs = max(epochs, math.ceil(min_steps / max(1, math.ceil(n / batch_size))))
     for _ in range(epochs):
         for idx in torch.randperm(n, generator=gen).to(x.device).split(batch_size):
             logits = x[idx] @ W.T + (b if b is not None else 0)
@@ -227,7 +231,7 @@ def _fit_cbm(xtr, ytr, xva, yva, C, cfg: CbmConfig):
     best = None
     for lam in sorted(cfg.lambdas):
         fit = fit_linear(xtr, ytr, C, bias=False, l1=lam, epochs=cfg.epochs, lr=cfg.lr,
-                         batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
+                         batch_size=cfg.batch_size, seed=cfg.seed, min_steps=cfg.min_steps)  # fmt: skip
         W = _prune(fit.weight, cfg.zero_tol)
         acc = accuracy(xva @ W.T, yva)
         tried[str(lam)] = acc
@@ -248,7 +252,7 @@ def _fit_probe(raw: Tensor, y: Tensor, split: Split, C: int, cfg: CbmConfig) -> 
     best = None
     for l2 in cfg.probe_l2:
         fit = fit_linear(z[split.train], y[split.train], C, bias=True, l2=l2, epochs=cfg.epochs, lr=cfg.lr,
-                         batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
+                         batch_size=cfg.batch_size, seed=cfg.seed, min_steps=cfg.min_steps)  # fmt: skip
         va = accuracy(z[split.val] @ fit.weight.T + fit.bias, y[split.val])
         if best is None or va > best[0]:
             best = (va, l2, fit)

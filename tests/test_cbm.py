@@ -59,7 +59,7 @@ def test_probe_has_no_bias_and_penalty_is_mean_abs_weight(monkeypatch):
     W = torch.randn(3, 6, requires_grad=True)
     ce = torch.nn.functional.cross_entropy(x @ W.T, y)
     assert float((ce + 0.5 * W.abs().mean()).detach()) == pytest.approx(float((ce + 0.5 * W.abs().sum() / 18).detach()))
-    res = train_cbm(torch.rand(60, 4), [i % 2 for i in range(60)], list("abcd"), CbmConfig(epochs=2, lambdas=[0.1]))
+    res = train_cbm(torch.rand(60, 4), [i % 2 for i in range(60)], list("abcd"), CbmConfig(min_steps=0, epochs=2, lambdas=[0.1]))
     assert torch.equal(res.logits(torch.zeros(1, 4)), torch.zeros(1, 2))
 
 
@@ -101,7 +101,7 @@ def _planted_dataset(n=300, L=12, seed=0):
 
 def test_train_cbm_learns_planted_concepts_and_reports_baseline():
     concepts, labels, names, raw = _planted_dataset()
-    res = train_cbm(concepts, labels, names, CbmConfig(epochs=40, lr=1e-2, lambdas=[0.01, 0.1]), raw=raw)
+    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=40, lr=1e-2, lambdas=[0.01, 0.1]), raw=raw)
     m = res.metrics
     assert m["accuracy"] > 0.9 and m["probe_accuracy"] > 0.8
     assert set(m["val_accuracy_by_lambda"]) == {"0.01", "0.1"} and res.lam in (0.01, 0.1)
@@ -117,7 +117,7 @@ def test_train_cbm_learns_planted_concepts_and_reports_baseline():
 
 def test_interventions_change_predictions():
     concepts, labels, names, _ = _planted_dataset()
-    res = train_cbm(concepts, labels, names, CbmConfig(epochs=40, lr=1e-2, lambdas=[0.01]))
+    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=40, lr=1e-2, lambdas=[0.01]))
     x = concepts[[i for i, lab in enumerate(labels) if lab == "class0"][:10]]
     out = intervene(res, x, set_to={"c1": 3.0}, remove=["c0"])
     assert (out.before == 0).all() and (out.after == 1).all() and out.logits_after.shape == (10, 3)
@@ -127,7 +127,7 @@ def test_interventions_change_predictions():
 
 def test_cbm_round_trip(tmp_path):
     concepts, labels, names, raw = _planted_dataset(n=90)
-    res = train_cbm(concepts, labels, names, CbmConfig(epochs=5, lambdas=[0.1]), raw=raw)
+    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=5, lambdas=[0.1]), raw=raw)
     back = load_cbm(save_cbm(res, tmp_path))
     assert torch.equal(back.weight, res.weight) and torch.equal(back.scale, res.scale)
     assert back.classes == res.classes and back.concept_names == res.concept_names and back.metrics == res.metrics
@@ -135,7 +135,7 @@ def test_cbm_round_trip(tmp_path):
 
 def test_rare_classes_are_dropped_and_two_are_needed():
     with pytest.raises(ValueError, match="at least 2 classes"):
-        train_cbm(torch.rand(10, 3), ["a"] * 9 + ["b"], ["x", "y", "z"], CbmConfig(epochs=1))
+        train_cbm(torch.rand(10, 3), ["a"] * 9 + ["b"], ["x", "y", "z"], CbmConfig(min_steps=0, epochs=1))
 
 
 def test_store_features_pool_token_rows_per_input():
