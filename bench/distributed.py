@@ -5,8 +5,10 @@ Both runs train the same dictionary (same store, flags and seed; ``--batch-size`
 rows trained per second of its ``train()`` call (model init, held-out evaluation included; process start-up
 and imports excluded), and the 2-process run the share of its wall time spent in the gradient all-reduce
 (an upper bound on what DDP's overlap of communication with the backward could save). The CPU budget is
-split evenly: 1 process gets ``--threads`` torch threads, each of N processes ``--threads / N``.
-Printed ratios are against the 1-process run of the same invocation.
+split evenly: 1 process gets ``--threads`` torch threads, each of N processes ``--threads / N``; a third run,
+1 process with ``--threads / N`` threads, shows how much of a difference is thread scaling rather than
+distribution. Printed ratios are against the first 1-process run of the same invocation; the maximum weight
+difference between the 1- and N-process dictionaries is printed too.
 
     .venv/bin/python bench/distributed.py                   # D=256 L=4096 k=32 B=2048, 20 steps
     .venv/bin/python bench/distributed.py --small --json out.json
@@ -100,7 +102,8 @@ def worker(spec: dict) -> dict:
 
 
 def launch(spec: dict, nproc: int, tmp: Path) -> dict:
-    path, out = tmp / f"spec-{nproc}.json", tmp / f"result-{nproc}.json"
+    tag = f"{nproc}x{spec['threads']}"
+    path, out = tmp / f"spec-{tag}.json", tmp / f"result-{tag}.json"
     path.write_text(json.dumps(spec | {"result": str(out)}))
     per = str(max(1, spec["threads"] // nproc))
     env = os.environ | {"OMP_NUM_THREADS": per, "NUMBA_NUM_THREADS": per}
@@ -142,14 +145,18 @@ def main(argv: list[str] | None = None) -> int:
                 "backend": args.backend}
         one = launch(spec, 1, tmp)
         many = launch(spec, args.nproc, tmp)
+        # the same per-process thread count as the parallel run: on an oversubscribed machine, one process
+        # with several OpenMP threads can be much slower than its thread count suggests
+        narrow = launch(spec | {"threads": max(1, args.threads // args.nproc)}, 1, tmp)
     diff = max(float((one["weights"][k] - many["weights"][k]).abs().max()) for k in one["weights"])
-    one.pop("weights"), many.pop("weights")
-    figures = {"preset": preset, "kind": args.kind, "runs": [one, many],
+    for r in (one, many, narrow):
+        r.pop("weights")
+    figures = {"preset": preset, "kind": args.kind, "runs": [one, many, narrow],
                "speedup": many["tokens_per_s"] / one["tokens_per_s"], "max_weight_diff": diff}
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} global B={preset['B']} "
           f"steps={preset['steps']} threads={args.threads}")
     print(f"{'processes':>9} {'threads/proc':>12} {'tokens/s':>10} {'vs 1 proc':>9} {'all-reduce share':>16}")
-    for r in (one, many):
+    for r in (one, many, narrow):
         print(f"{r['processes']:>9} {r['threads_per_process']:>12} {r['tokens_per_s']:>10,.0f} "
               f"{r['tokens_per_s'] / one['tokens_per_s']:>8.2f}x {100 * r['allreduce_share']:>15.1f}%")
     print(f"max |weight difference| between the 1- and {args.nproc}-process dictionaries: {diff:.2e}")
