@@ -53,10 +53,10 @@ class CbmConfig:
     """How token-level concept activations are pooled per input (sequence-level stores need none)."""
     super_quantile: float = 0.1
     """SuperActivator pooling: fraction of an input's highest token activations averaged per concept."""
-    lambdas: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 0.1, 1.0], metadata={"flag": "lam"})
+    lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0, 3.0, 10.0], metadata={"flag": "lam"})
     """Candidate sparsity weights lambda (CE + lambda * mean|W|); the best on the validation split wins."""
-    probe_l2: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2], metadata={"flag": "probe-l2"})
-    """Candidate L2 weights for the raw-activation baseline probe."""
+    probe_l2: list[float] = field(default_factory=lambda: [0.0, 0.1, 1.0, 10.0], metadata={"flag": "probe-l2"})
+    """Candidate L2 weights (on mean W^2) for the raw-activation baseline probe; the best on validation wins."""
     epochs: int = 200
     """Training epochs (Discover-then-Name: 200)."""
     min_steps: int = 1000
