@@ -55,9 +55,9 @@ class TrainConfig:
     """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096), the literature's 1/sqrt(L) scaling (2e-4 / sqrt(L / 2^14),
     dictionary_learning / sparsify) with a 4x larger constant for short runs. bench/synthetic_recovery.py,
     2048 planted atoms in D=128, L=2048, k=8, 100 steps of 1024 rows, held-out FVU by lr: 5.7e-4 (literature)
-    0.205, 1.13e-3 0.170, 2.26e-3 (this default) 0.170, 4.5e-3 0.179; all recover 100% of the atoms."""
+    0.205, 1.13e-3 0.170, 2.26e-3 (this default) 0.170, 4.5e-3 0.179; all recover all the atoms."""
     warmup_steps: int | None = None
-    """Linear learning-rate warm-up steps; None: min(1000, 5% of the run) (dictionary_learning's 1000 steps,
+    """Linear learning-rate warm-up steps; None: min(1000, 5 percent of the run) (dictionary_learning's 1000 steps,
     capped so short runs reach the full rate), or 100 when the run's length is unknown (no ``tokens`` and
     data without a length)."""
     decay_fraction: float = 0.2

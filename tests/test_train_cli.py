@@ -100,3 +100,13 @@ def test_train_and_eval_with_ce_loss_on_a_cached_lm_store(tmp_path, tiny_lm_stor
     assert metrics["ce_loss_recovered"] == pytest.approx(want)
     assert main(["eval", str(out), "--hookpoint", "blocks.9.hook_out"]) == 1
     assert "hookpoint 'blocks.9.hook_out' is not in store" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_help_renders(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "--store" in text and ("--latents" in text) == (command == "train")
