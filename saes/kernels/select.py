@@ -3,8 +3,9 @@
 Batch TopK is proven from per-row candidates: with the c = 4k largest scores of every row, let t be the
 (k*B)-th largest candidate. The true threshold is >= t, and a row whose smallest candidate is <= t has
 nothing outside its candidates above t, so the top k*B of the candidates is exact. Rows whose smallest
-candidate is above t (they may hold more than c winners) are recomputed whole and join the pool; no
-path sorts or even holds all B*L values unless every row is unproven.
+candidate is above t (they may hold more than c winners) are recomputed, and their entries >= t join
+the good rows' candidates >= t in the pool; no path sorts or even holds all B*L values unless every
+row is unproven.
 
 Shapes: pre [B, L] (or a chunk of rows of it), outputs values / indices [B, K] zero-padded per row.
 """
@@ -72,15 +73,20 @@ def batch_from_candidates(cand: Candidates, k: int, L: int,
         rows, flat = top.indices // c, top.indices
         cols, values = cand.index.flatten()[flat], cand.value.flatten()[flat]
     else:
+        # only entries >= t can be kept (the true threshold is >= t): the good rows' candidates and the
+        # unproven rows' recomputed entries that pass t form an exact, small pool
         log.debug("batch top-k: %d of %d rows unproven by %d candidates; recomputing them", bad.numel(), B, c)
+        t = top.values.min()
         good = torch.nonzero(~unproven).flatten()
+        g_s, g_v, g_i = cand.score[good], cand.value[good], cand.index[good]
+        g_r, g_c = torch.nonzero(g_s >= t, as_tuple=True)
         full_score, full_value = full_rows(bad)
-        pool_s = torch.cat([cand.score[good].flatten(), full_score.flatten()])
+        b_r, b_c = torch.nonzero(full_score >= t, as_tuple=True)
+        pool_s = torch.cat([g_s[g_r, g_c], full_score[b_r, b_c]])
         pos = pool_s.topk(n_keep, sorted=False).indices
-        rows = torch.cat([good.repeat_interleave(c), bad.repeat_interleave(L)])[pos]
-        arange_L = torch.arange(L, device=bad.device)
-        cols = torch.cat([cand.index[good].flatten(), arange_L.repeat(bad.numel())])[pos]
-        values = torch.cat([cand.value[good].flatten(), full_value.flatten()])[pos]
+        rows = torch.cat([good[g_r], bad[b_r]])[pos]
+        cols = torch.cat([g_i[g_r, g_c], b_c])[pos]
+        values = torch.cat([g_v[g_r, g_c], full_value[b_r, b_c]])[pos]
     alive = values > 0
     rows, cols, values = rows[alive], cols[alive], values[alive]
     smallest = values.min() if values.numel() else cand.value.new_zeros(())
