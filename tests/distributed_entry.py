@@ -6,7 +6,7 @@
 ``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train data-parallel (``saes.distributed.train``) on this rank's slices
 (``activations.distributed.rank_batches``) and, on rank 0, save the weights. ``cache``: ``cache_distributed``
 of the spec's CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that
-many forwards (a killed rank).
+many full-size forwards, once its first shard is listed (a killed rank).
 
 Until activations/cache.py takes ``part=(rank, world_size)`` (the hook in docs/distributed.md), this script
 installs it from outside (:func:`install_cache_hook`).
@@ -67,14 +67,18 @@ def run_cache(spec: dict) -> None:
     w = adist.world()
     if spec.get("die_after") and w.rank == 1:
         original, calls = models.capture, [0]
+        manifest = adist.part_dir(cfg.out, 1, w.size) / "manifest.json"
 
-        def capture(*args, **kwargs):
-            calls[0] += 1
+        def capture(model, input_ids, *args, **kwargs):
+            calls[0] += input_ids.shape[0] == cfg.batch_size  # real batches, not the loader's probes
             if calls[0] > spec["die_after"]:
                 import time
-                time.sleep(1.0)  # let the writer thread finish the shards it has
+                for _ in range(600):  # let the writer thread list the shards of the forwards so far
+                    if manifest.exists() and json.loads(manifest.read_text())["shards"]:
+                        break
+                    time.sleep(0.1)
                 os._exit(17)
-            return original(*args, **kwargs)
+            return original(model, input_ids, *args, **kwargs)
 
         models.capture = capture
     adist.cache_distributed(cfg, records=spec["records"])

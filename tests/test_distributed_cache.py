@@ -44,10 +44,10 @@ def test_merge_refuses_unfinished_parts(tmp_path):
 
 @pytest.mark.integration
 def test_two_rank_cache_killed_and_resumed_equals_one_process(tmp_path, tiny_lm_dir):
-    records = tiny_corpus(40)
+    records = tiny_corpus(32)
     one = cache_activations(CacheConfig(**{**_config(tiny_lm_dir, tmp_path / "one"), "out": tmp_path / "one"}),
                             records=records)
-    spec = {"config": _config(tiny_lm_dir, tmp_path / "two"), "records": records, "die_after": 3}
+    spec = {"config": _config(tiny_lm_dir, tmp_path / "two"), "records": records, "die_after": 1}
     killed = torchrun("cache", spec, tmp_path)
     assert killed.returncode != 0, "rank 1 was meant to die"
     part1 = json.loads((part_dir(tmp_path / "two", 1, 2) / "manifest.json").read_text())
