@@ -89,7 +89,8 @@ def worker(spec: dict) -> dict:
     model = sdist.train(cfg, batches)
     wall = time.perf_counter() - t
     result = {"processes": w.size, "threads_per_process": threads, "wall_s": wall,
-              "tokens_per_s": cfg.tokens / wall, "allreduce_s": comm["s"], "allreduce_share": comm["s"] / wall}
+              "tokens_per_s": cfg.tokens / wall, "allreduce_s": comm["s"], "allreduce_share": comm["s"] / wall,
+              "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu")}
     if w.main:
         from safetensors.torch import save_file
 
@@ -149,17 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         # with several OpenMP threads can be much slower than its thread count suggests
         narrow = launch(spec | {"threads": max(1, args.threads // args.nproc)}, 1, tmp)
     diff = max(float((one["weights"][k] - many["weights"][k]).abs().max()) for k in one["weights"])
+    rel = float((one["weights"]["W_dec"] - many["weights"]["W_dec"]).norm() / one["weights"]["W_dec"].norm())
     for r in (one, many, narrow):
         r.pop("weights")
     figures = {"preset": preset, "kind": args.kind, "runs": [one, many, narrow],
-               "speedup": many["tokens_per_s"] / one["tokens_per_s"], "max_weight_diff": diff}
+               "speedup": many["tokens_per_s"] / one["tokens_per_s"], "max_weight_diff": diff,
+               "relative_W_dec_diff": rel}
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} global B={preset['B']} "
           f"steps={preset['steps']} threads={args.threads}")
-    print(f"{'processes':>9} {'threads/proc':>12} {'tokens/s':>10} {'vs 1 proc':>9} {'all-reduce share':>16}")
+    print(f"{'processes':>9} {'threads/proc':>12} {'tokens/s':>10} {'vs 1 proc':>9} {'all-reduce share':>16} "
+          f"{'held-out FVU':>12}")
     for r in (one, many, narrow):
         print(f"{r['processes']:>9} {r['threads_per_process']:>12} {r['tokens_per_s']:>10,.0f} "
-              f"{r['tokens_per_s'] / one['tokens_per_s']:>8.2f}x {100 * r['allreduce_share']:>15.1f}%")
-    print(f"max |weight difference| between the 1- and {args.nproc}-process dictionaries: {diff:.2e}")
+              f"{r['tokens_per_s'] / one['tokens_per_s']:>8.2f}x {100 * r['allreduce_share']:>15.1f}% "
+              f"{r['heldout_fvu'] or float('nan'):>12.5f}")
+    print(f"1 vs {args.nproc} processes: max |weight difference| {diff:.2e}, "
+          f"|W_dec difference| / |W_dec| {rel:.2e}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     return 0
