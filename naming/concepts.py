@@ -40,8 +40,8 @@ class Example:
     """The context as plain text."""
 
     def display_tokens(self) -> list[str]:
-        """Tokens as they read in running text: WordPiece pieces (``##x``) join the previous token and other
-        tokens get a space, for tokenizers whose decoded tokens carry no spaces of their own."""
+        """Tokens as they read in running text. When no decoded token carries a space of its own (WordPiece),
+        pieces ``##x`` join the previous token and other tokens get a space (none before closing punctuation)."""
         return display_tokens(self.tokens)
 
     def marked_text(self, left: str = "<<", right: str = ">>") -> str:
@@ -57,7 +57,7 @@ class Example:
 def display_tokens(tokens: Sequence[str]) -> list[str]:
     """See :meth:`Example.display_tokens`; GPT-2/SentencePiece-style tokens (with their own spaces) are kept."""
     toks = [str(t) for t in tokens]
-    if any(t[:1].isspace() for t in toks) or not any(t.startswith("##") for t in toks):
+    if len(toks) < 2 or any(t[:1].isspace() for t in toks):
         return toks
     out = []
     for i, t in enumerate(toks):

@@ -175,7 +175,7 @@ def test_concept_dictionary_round_trip(tmp_path):
     cd = ConceptDictionary((c,), torch.randn(1, 4), {"model": "m"})
     save_concepts(cd, tmp_path)
     doc = json.loads((tmp_path / "concepts.json").read_text())
-    assert doc["format_version"] == 1 and doc["concepts"][0]["top_examples"][0]["marked_text"] == "a<<<script>>>b"
+    assert doc["format_version"] == 1 and doc["concepts"][0]["top_examples"][0]["marked_text"] == "a <<<script>>> b"
     back = load_concepts(tmp_path)
     assert back.concepts == cd.concepts and torch.equal(back.directions, cd.directions) and back.meta == cd.meta
     with pytest.raises(ValueError, match="ordered by id"):
@@ -227,3 +227,8 @@ def test_wordpiece_tokens_read_as_text_and_merge_for_the_context_namer():
     gpt = Example(row=0, activation=1.0, tokens=("a", " b", " c"), marked=1, text="a b c")
     assert gpt.marked_text("[", "]") == "a [b] c"
     assert "pyfile" in context_terms(e) and "py" not in context_terms(e)
+
+
+def test_spaceless_tokens_get_spaces_for_display():
+    e = Example(row=0, activation=1.0, tokens=("if", "the", "last", "object", "is", "not"), marked=5, text="")
+    assert e.marked_text() == "if the last object is <<not>>"
