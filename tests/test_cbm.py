@@ -148,3 +148,19 @@ def test_store_features_pool_token_rows_per_input():
     with pytest.raises(ValueError, match="label column"):
         store_features(FakeCoder(torch.eye(2), k=1), store, "hp", "nope")
     assert cbm_mod._row_inputs(store).tolist() == [0, 0, 0, 1, 1]
+
+
+def test_min_steps_extends_short_trainings(monkeypatch):
+    steps = []
+    real = torch.optim.Adam.step
+
+    def count(self, *a, **k):
+        steps.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", count)
+    fit_linear(torch.randn(10, 3), torch.randint(0, 2, (10,)), 2, bias=False, epochs=1, batch_size=5, min_steps=7)
+    assert len(steps) == 8  # 2 batches per epoch, ceil(7 / 2) = 4 epochs
+    steps.clear()
+    fit_linear(torch.randn(10, 3), torch.randint(0, 2, (10,)), 2, bias=False, epochs=5, batch_size=5, min_steps=0)
+    assert len(steps) == 10
