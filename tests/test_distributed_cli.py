@@ -9,7 +9,6 @@ import inspect
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,22 @@ pytestmark = [pytest.mark.integration,
                                                                 "applied to activations/cache.py and cli/ yet")]
 
 
-def _cli(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
-    launcher = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"] \
-        if nproc > 1 else [sys.executable]
+def _cli(args: list[str], nproc: int, cwd: Path, capsys) -> subprocess.CompletedProcess:
+    """The command in this process (nproc=1) or under torchrun."""
+    if nproc == 1:
+        from conceptdict.cli.main import main
+
+        capsys.readouterr()
+        rc = main(args)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, rc, out.out, out.err)
+    launcher = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([*launcher, "-m", "conceptdict.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
-def test_cache_and_train_commands_under_torchrun(tmp_path, tiny_lm_dir):
+def test_cache_and_train_commands_under_torchrun(tmp_path, tiny_lm_dir, capsys):
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(30)))
     stores = {}
@@ -50,7 +56,7 @@ def test_cache_and_train_commands_under_torchrun(tmp_path, tiny_lm_dir):
         out = tmp_path / f"store{n}"
         proc = _cli(["cache", "--model", str(tiny_lm_dir), "--hookpoint", "blocks.1.hook_out", "--dataset", str(data),
                      "--context-length", "32", "--batch-size", "4", "--shard-rows", "128", "--out", str(out)],
-                    n, tmp_path)
+                    n, tmp_path, capsys)
         assert proc.returncode == 0, failure(proc)
         stores[n] = ActivationStore(out)
         assert proc.stdout.count("rows") >= 1  # rank 0's summary
@@ -65,7 +71,7 @@ def test_cache_and_train_commands_under_torchrun(tmp_path, tiny_lm_dir):
         out = tmp_path / f"sae{n}"
         proc = _cli(["train", "--store", str(stores[1].path), "--kind", "batchtopk", "--latents", "64", "--k", "4",
                      "--batch-size", "64", "--tokens", "640", "--seed", "1", "--device", "cpu", "--out", str(out)],
-                    n, tmp_path)
+                    n, tmp_path, capsys)
         assert proc.returncode == 0, failure(proc)
         assert sum(ln.startswith("dictionary:") for ln in proc.stdout.splitlines()) == 1, "only rank 0 prints"
         weights[n] = load_file(out / "weights.safetensors")
