@@ -102,7 +102,7 @@ def add_dataclass_args(
         default = _default_of(f)
         if default is not dataclasses.MISSING and not isinstance(default, (list, dict)):
             help_text += f" (default: {default})"
-        kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text}
+        kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text.replace("%", "%%")}
         origin = get_origin(tp)
         if origin is Literal:
             kwargs["choices"] = list(get_args(tp))

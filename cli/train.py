@@ -95,8 +95,8 @@ def _sized(cfg, rows: int):
 
 def train_on_stores(cmd: TrainCommand, cfg):
     """Open the stores, size the run, stream the batches into ``saes.train``; returns the trained dictionary."""
-    from conceptdict.activations import stream_batches
-    from conceptdict.saes import train
+    from conceptdict.activations.distributed import rank_batches
+    from conceptdict.saes import distributed as dp
 
     if cmd.out is None:
         raise ConfigError("conceptdict train needs --out SAE_DIR")
@@ -107,13 +107,15 @@ def train_on_stores(cmd: TrainCommand, cfg):
     epochs = None if cfg.tokens > (per_epoch - cfg.eval_batches) * cfg.batch_size else 1
 
     def batches(start: int):
-        return stream_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
-                              buffer_rows=cmd.buffer_rows, start_batch=start)
+        # this rank's rows of every global batch (one process: exactly stream_batches)
+        return rank_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
+                            buffer_rows=cmd.buffer_rows, start_batch=start)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
-    write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
-    return train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
+    if dp.world().main:
+        write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
+    return dp.train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
 
 
 def describe(model) -> list[str]:
@@ -132,7 +134,11 @@ def describe(model) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     cmd = build_config(TrainCommand, args)
     cfg = _train_config(args)
+    from conceptdict.saes.distributed import init_from_env
+
+    world = init_from_env()  # under torchrun: join the job; ranks > 0 stay quiet
     model = train_on_stores(cmd, cfg)
-    print("\n".join(describe(model)))
-    print(f"dictionary: {cmd.out}")
+    if world.main:
+        print("\n".join(describe(model)))
+        print(f"dictionary: {cmd.out}")
     return 0

@@ -417,7 +417,7 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
     total = math.ceil(cfg.tokens / rows_per_batch) if cfg.tokens else (
         len(batches) - len(held_out) if hasattr(batches, "__len__") else None)
     r = tr._resolved(cfg, model, total)
-    opt = torch.optim.Adam(model.parameters(), lr=r["lr"], betas=(0.9, 0.999))
+    opt = tr.make_optimizer(model, r["lr"])
     if ck is not None:
         st = tr._restore(ck, model, opt, cfg, source)
         gen.set_state(ck["rng"])
