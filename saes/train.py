@@ -46,7 +46,8 @@ class TrainConfig:
     k: int
     """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
     kind: str = "topk"
-    """Dictionary kind: topk, batchtopk or relu (ReLU + L1 baseline); other stages may register more."""
+    """Dictionary kind: topk, batchtopk, relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or
+    crosscoder-l1 (the classical L1 crosscoder; needs several sources)."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096
@@ -82,7 +83,8 @@ class TrainConfig:
     With AuxK every bench/synthetic_recovery.py run ends with 0 dead latents; tests/test_train_sae.py
     revives 14 of 16 latents killed at init (1 of 16 without AuxK)."""
     l1_coeff: float = 0.4
-    """ReLU kind only: weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
+    """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
+    weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     threshold_start_step: int | None = None
