@@ -113,31 +113,28 @@ def _comm_device(t: Tensor) -> Tensor:
     return t.cpu()
 
 
-def all_sum(t: Tensor) -> Tensor:
-    """Sum of ``t`` over ranks (a new tensor on t's device; ``t`` itself without a process group)."""
+def _all_reduce(t: Tensor, op: "dist.ReduceOp.RedOpType") -> Tensor:
+    """``op`` of ``t`` over ranks (a new tensor on t's device; ``t`` itself without a process group)."""
     if world().size == 1:
         return t
     buf = _comm_device(t.detach().clone())
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    dist.all_reduce(buf, op=op)
     return buf.to(t.device)
+
+
+def all_sum(t: Tensor) -> Tensor:
+    """Sum of ``t`` over ranks."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_min(t: Tensor) -> Tensor:
     """Elementwise minimum of ``t`` over ranks."""
-    if world().size == 1:
-        return t
-    buf = _comm_device(t.detach().clone())
-    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
-    return buf.to(t.device)
+    return _all_reduce(t, dist.ReduceOp.MIN)
 
 
 def any_rank(mask: Tensor) -> Tensor:
     """Elementwise OR of a bool tensor over ranks (e.g. the latents that fired anywhere in the batch)."""
-    if world().size == 1:
-        return mask
-    buf = _comm_device(mask.to(torch.uint8))
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return buf.to(mask.device).bool()
+    return _all_reduce(mask.to(torch.uint8), dist.ReduceOp.MAX).bool() if world().size > 1 else mask
 
 
 def gather_rows(x: Tensor) -> Tensor:
