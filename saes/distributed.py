@@ -325,23 +325,9 @@ def dp_step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: "tr._
         loss = loss + cfg.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    all_reduce_grads(model)
-    model.remove_parallel_decoder_grad()
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    model.normalize_decoder()
-    fired = any_rank(out.fired)
-    st.since_fired += stats.rows
-    st.since_fired[fired.cpu()] = 0
-    if out.smallest is not None and st.step >= threshold_start:
-        tr._update_threshold(model, float(out.smallest), cfg.threshold_momentum, st)
-    st.step += 1
-    st.rows += stats.rows
+    tr.apply_update(model, opt, loss, lr, cfg.grad_clip, reduce_grads=all_reduce_grads)
+    tr.record_step(model, st, any_rank(out.fired), stats.rows, out.smallest, threshold_start,
+                   cfg.threshold_momentum)
     parts = all_sum(torch.stack([loss.detach(), fvu.detach(), aux.detach().reshape(()),
                                  out.l0.float() * x.shape[0] / stats.rows]).cpu().double())
     return {"loss": float(parts[0]), "fvu": float(parts[1]), "l0": float(parts[3]), "aux": float(parts[2]),

@@ -290,6 +290,35 @@ def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> T
     return scale
 
 
+def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
+                 reduce_grads: Callable[[SparseCoder], None] | None = None) -> None:
+    """Backpropagate ``loss``, (sum the gradients over ranks), remove the decoder-gradient component parallel
+    to each row, clip, take the Adam step at ``lr`` and renormalise the decoder rows."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if reduce_grads is not None:
+        reduce_grads(model)
+    model.remove_parallel_decoder_grad()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    model.normalize_decoder()
+
+
+def record_step(model: SparseCoder, st: _State, fired: Tensor, rows: int, smallest: Tensor | None,
+                threshold_start: int, momentum: float) -> None:
+    """After a step over ``rows`` rows: dead-latent counters (``fired`` bool [L]), the BatchTopK threshold
+    estimate, and the step / row counts."""
+    st.since_fired += rows
+    st.since_fired[fired.cpu()] = 0
+    if smallest is not None and st.step >= threshold_start:
+        _update_threshold(model, float(smallest), momentum, st)
+    st.step += 1
+    st.rows += rows
+
+
 def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State, cfg: TrainConfig,
           lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
     """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
@@ -308,22 +337,8 @@ def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State,
         loss = loss + cfg.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    model.remove_parallel_decoder_grad()
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    model.normalize_decoder()
-    B = x.shape[0]
-    st.since_fired += B
-    st.since_fired[out.fired.cpu()] = 0
-    if out.smallest is not None and st.step >= threshold_start:
-        _update_threshold(model, float(out.smallest), cfg.threshold_momentum, st)
-    st.step += 1
-    st.rows += B
+    apply_update(model, opt, loss, lr, cfg.grad_clip)
+    record_step(model, st, out.fired, x.shape[0], out.smallest, threshold_start, cfg.threshold_momentum)
     return {"loss": float(loss.detach()), "fvu": float(fvu.detach()), "l0": float(out.l0), "aux": float(aux.detach()),
             "dead": float(dead.float().mean()), "lr": lr}
 
