@@ -4,20 +4,13 @@ so that stage 3 is tested on known tensors independently of stages 1 and 2."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
 
+from conceptdict.activations import RowContext
+
 pytestmark = pytest.mark.unit
-
-
-class RowContext(NamedTuple):
-    tokens: list[str]
-    marked: int
-    text: str
-    context_index: int
-    position: int
 
 
 class FakeStore:
