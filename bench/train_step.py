@@ -133,12 +133,14 @@ class _Meter:
 
 
 def _init_weights(D: int, L: int, device: str):
-    """W_dec unit rows, W_enc = W_dec^T, zero biases (sparsify's and OpenAI's initialisation), seeded."""
+    """W_dec unit rows, W_enc = W_dec^T, zero biases (sparsify's and OpenAI's initialisation), seeded.
+
+    W_enc is returned as its latent-major storage [L, D] (SparseCoder's layout; the encoder is its ``.t()``)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     W_dec = torch.nn.functional.normalize(torch.randn(L, D, generator=g), dim=1)
-    return W_dec.t().contiguous().to(device), torch.zeros(L, device=device), W_dec.to(device), torch.zeros(D, device=device)
+    return W_dec.clone().to(device), torch.zeros(L, device=device), W_dec.to(device), torch.zeros(D, device=device)
 
 
 def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
@@ -148,8 +150,8 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     impl = {"ours-torch-topk": "torch", "reference-topk": "reference"}.get(name, "auto")
     batch = name == "ours-batchtopk"
-    W_enc, b_enc, W_dec, b_dec = (t.requires_grad_() for t in _init_weights(p["D"], p["L"], p["device"]))
-    opt = _adam([W_enc, b_enc, W_dec, b_dec])
+    W_enc_t, b_enc, W_dec, b_dec = (t.requires_grad_() for t in _init_weights(p["D"], p["L"], p["device"]))
+    opt = _adam([W_enc_t, b_enc, W_dec, b_dec])
     dead, k_aux = None, 0
     if name == "ours-topk-aux":
         dead = torch.zeros(p["L"], dtype=torch.bool, device=p["device"])
@@ -158,12 +160,12 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     def step(x):
         total_var = (x - x.mean(0)).pow(2).sum()
-        enc = kernels.encode(x - b_dec, W_enc, b_enc, p["k"], batch=batch, dead=dead, k_aux=k_aux, impl=impl)
-        x_hat = kernels.sparse_decode(enc.values, enc.indices, W_dec, b_dec, impl=impl)
+        enc = kernels.encode(x - b_dec, W_enc_t.t(), b_enc, p["k"], batch=batch, dead=dead, k_aux=k_aux, impl=impl)
+        x_hat = kernels.sparse_decode(enc.values, enc.indices, W_dec, b_dec, impl=impl, skip_zero_grads=True)
         e = x - x_hat
         loss = e.pow(2).sum() / total_var
         if k_aux:
-            e_hat = kernels.sparse_decode(enc.aux_values, enc.aux_indices, W_dec, None, impl=impl)
+            e_hat = kernels.sparse_decode(enc.aux_values, enc.aux_indices, W_dec, None, impl=impl, skip_zero_grads=True)
             loss = loss + (e.detach() - e_hat).pow(2).sum() / total_var / 32
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -177,7 +179,8 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
 def _matmul(p: dict, meter: _Meter, batches) -> dict:
     import torch
 
-    W_enc, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
+    W_enc_t, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
+    W_enc = W_enc_t.t()
     meter.run(lambda x: torch.addmm(b_enc, x, W_enc), batches, p["warmup"])
     buf = torch.empty(p["B"], p["L"], device=p["device"])
     inner = _Meter(p["device"])
@@ -285,7 +288,8 @@ def _floor(p: dict, batches) -> float:
     """The encoder matmul timed in the same worker right before a variant (the machine's speed drifts)."""
     import torch
 
-    W_enc, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
+    W_enc_t, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
+    W_enc = W_enc_t.t()
     m = _Meter(p["device"])
     m.run(lambda x: torch.addmm(b_enc, x, W_enc), batches[: p["steps"] + 1], 1)
     return statistics.median(m.times)

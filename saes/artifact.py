@@ -50,7 +50,7 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
     S, D, L = model.n_sources, model.d_in, model.n_latents
     out = {"W_enc": model.W_enc, "b_enc": model.b_enc, "W_dec": model.W_dec, "b_dec": model.b_dec}
     if S > 1:
-        out["W_enc"] = model.W_enc.view(S, D, L)
+        out["W_enc"] = model.W_enc.reshape(S, D, L)
         out["W_dec"] = model.W_dec.view(L, S, D).permute(1, 0, 2)
         out["b_dec"] = model.b_dec.view(S, D)
     if model.spec.uses_threshold:

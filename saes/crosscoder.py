@@ -152,7 +152,8 @@ def _batchtopk_train(model: SparseCoder, x: Tensor, *, l1_coeff: float = 0.0, de
     weight = source_norm_sum(training_decoder(model).detach(), model.n_sources)
     enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=True, scale=weight, dead=dead,
                          k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+                                  skip_zero_grads=True)
     active = enc.values > 0
     fired = torch.zeros(model.n_latents, dtype=torch.bool, device=x.device)
     fired[enc.indices[active]] = True

@@ -254,7 +254,7 @@ def _global_batch_forward(model: SparseCoder, x: Tensor, rows: int, weight: Tens
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
     vals = (enc.values * keep).gather(1, order)
     idx = enc.indices.gather(1, order)
-    x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     kept = vals.detach() > 0
     fired = torch.zeros(model.n_latents, dtype=torch.bool, device=x.device)
     fired[idx[kept]] = True

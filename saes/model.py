@@ -67,7 +67,8 @@ def sparse_train_forward(model: "SparseCoder", x: Tensor, *, batch: bool, scale:
     pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking ``scale`` [L]."""
     enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
                          dead=dead, k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+                                  skip_zero_grads=True)
     fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
     aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
     return TrainOutput(x_hat, fired, l0, None, enc.smallest.detach() if batch else None, aux)
@@ -129,8 +130,9 @@ def kind_spec(kind: str) -> KindSpec:
 class SparseCoder(nn.Module):
     """A sparse dictionary over S sources of width D each (S = 1: an SAE).
 
-    Parameters: ``W_enc [S*D, L]``, ``b_enc [L]``, ``W_dec [L, S*D]``, ``b_dec [S*D]``; buffer
-    ``threshold [L]`` (the JumpReLU inference threshold of BatchTopK; -1 until estimated).
+    Parameters: ``W_enc [S*D, L]`` (a transposed view of latent-major storage), ``b_enc [L]``,
+    ``W_dec [L, S*D]``, ``b_dec [S*D]``; buffer ``threshold [L]`` (the JumpReLU inference threshold of
+    BatchTopK; -1 until estimated).
     """
 
     def __init__(self, d_in: int, n_latents: int, k: int, kind: str = "topk", n_sources: int = 1,
@@ -146,7 +148,10 @@ class SparseCoder(nn.Module):
         self.kernel_impl = kernel_impl
         width = n_sources * d_in
         kw = {"dtype": dtype, "device": device}
-        self.W_enc = nn.Parameter(torch.empty(width, n_latents, **kw))
+        # stored latent-major ([L, S*D] in memory, a transposed view): each latent's encoder vector is
+        # contiguous, so the sparse encoder backward writes whole rows (saes/kernels) and no transpose copy
+        # is ever made; the logical shape, the files and every formula stay [S*D, L]
+        self.W_enc = nn.Parameter(torch.empty(n_latents, width, **kw).t())
         self.b_enc = nn.Parameter(torch.zeros(n_latents, **kw))
         self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))

@@ -59,8 +59,9 @@ def _dense(values, indices, L):
     return torch.zeros(values.shape[0], L, dtype=torch.float32).scatter_add(1, indices, values.float())
 
 
-def _encoder_inputs(B, D, L, dtype, seed=0):
-    """float32: random; bfloat16: x = I (D = B) and W_enc a signed permutation of distinct exact values."""
+def _encoder_inputs(B, D, L, dtype, seed=0, latent_major=False):
+    """float32: random; bfloat16: x = I (D = B) and W_enc a signed permutation of distinct exact values.
+    ``latent_major``: W_enc [D, L] as a transposed view of [L, D] storage (SparseCoder's layout)."""
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.float32:
         x = torch.randn(B, D, generator=g)
@@ -75,6 +76,8 @@ def _encoder_inputs(B, D, L, dtype, seed=0):
         sign = torch.where(torch.rand(n, generator=g) < 0.3, -1.0, 1.0)
         W = (distinct * sign)[torch.randperm(n, generator=g)].view(B, L)
         b = torch.zeros(L)
+    if latent_major:
+        W = W.t().contiguous().t()
     return [t.to(dtype).requires_grad_() for t in (x, W, b)]
 
 
@@ -88,24 +91,28 @@ def _grads(loss, tensors):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,K", [(37, 19, 53, 5), (1, 130, 7, 7), (13, 3, 5, 9)])
-def test_sparse_decode(impl, dtype, B, D, L, K):
+@pytest.mark.parametrize("skip_zero_grads", [False, True])
+def test_sparse_decode(impl, dtype, B, D, L, K, skip_zero_grads):
     g = torch.Generator().manual_seed(B + D)
     indices = torch.randint(0, L, (B, K), generator=g)
     indices[:, -1] = indices[:, 0]  # repeated index in every row
     values = torch.rand(B, K, generator=g)
     values[0, 1:] = 0.0  # a zero-padded row (as BatchTopK produces)
     indices[0, 1:] = 0
+    values[-1, K // 2] = 0.0  # a ReLU zero inside a row
     W = torch.randn(L, D, generator=g)
     bias = torch.randn(D, generator=g)
     weight = torch.randn(B, D, generator=g)
     outs = {}
     for name in ("reference", impl):
         v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
-        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name)
+        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name, skip_zero_grads=skip_zero_grads)
         outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
     for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
         assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
         _close(a, b, dtype, what)
+    zero_grads = outs[impl][1][values == 0]
+    assert bool((zero_grads == 0).all()) == skip_zero_grads, "zero values: gradient 0 exactly when skipped"
 
 
 # ------------------------------------------------------------------ encoders
@@ -136,8 +143,9 @@ def _check_encode(impl, dtype, x, W, b, k, **kw):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
-def test_encode_topk(impl, dtype, B, D, L, k):
-    x, W, b = _encoder_inputs(B, D, L, dtype)
+@pytest.mark.parametrize("latent_major", [False, True])
+def test_encode_topk(impl, dtype, B, D, L, k, latent_major):
+    x, W, b = _encoder_inputs(B, D, L, dtype, latent_major=latent_major)
     ref = kernels.encode_topk(x, W, b, k, impl="reference")
     got = kernels.encode_topk(x, W, b, k, impl=impl)
     _close(_dense(got.values, got.indices, L), _dense(ref.values, ref.indices, L), dtype, "topk code")
@@ -148,8 +156,9 @@ def test_encode_topk(impl, dtype, B, D, L, k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
 @pytest.mark.parametrize("ranked", [False, True])
-def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked):
-    x, W, b = _encoder_inputs(B, D, L, dtype)
+@pytest.mark.parametrize("latent_major", [False, True])
+def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked, latent_major):
+    x, W, b = _encoder_inputs(B, D, L, dtype, latent_major=latent_major)
     scale = None
     if ranked:  # a crosscoder's ranking weights: powers of two keep bf16 scores exact and distinct
         scale = torch.exp2(torch.randint(0, 3, (L,), generator=torch.Generator().manual_seed(3)).float()).to(dtype)
@@ -165,9 +174,10 @@ def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_dead", [0, 1, 17])
 @pytest.mark.parametrize("batch", [False, True])
-def test_encode_with_aux(impl, dtype, n_dead, batch):
+@pytest.mark.parametrize("latent_major", [False, True])
+def test_encode_with_aux(impl, dtype, n_dead, batch, latent_major):
     B, D, L, k, k_aux = 13, 13, 31, 3, 6
-    x, W, b = _encoder_inputs(B, D, L, dtype, seed=5)
+    x, W, b = _encoder_inputs(B, D, L, dtype, seed=5, latent_major=latent_major)
     dead = torch.zeros(L, dtype=torch.bool)
     dead[torch.randperm(L, generator=torch.Generator().manual_seed(2))[:n_dead]] = True
     enc = _check_encode(impl, dtype, x, W, b, k, batch=batch, dead=dead, k_aux=k_aux)
@@ -220,13 +230,31 @@ def test_row_topk_with_columns(impl):
         pytest.skip("triton selects with torch.topk")
     mod = {"torch": "torch_impl", "numba": "numba_impl"}[impl]
     backend = __import__(f"conceptdict.saes.kernels.{mod}", fromlist=["BACKEND"]).BACKEND
-    pre = torch.randn(23, 301, generator=torch.Generator().manual_seed(9))
-    for k, cols in ((37, None), (1, None), (301, None), (5, torch.arange(3, 301, 7))):
-        values, indices = backend.row_topk(pre, k, cols)
-        sub = pre if cols is None else pre[:, cols]
+    g = torch.Generator().manual_seed(9)
+    pre, bias, scale = torch.randn(23, 301, generator=g), torch.randn(301, generator=g), torch.rand(301, generator=g)
+    cases = [(37, None, None, None), (1, None, None, None), (301, None, None, None), (5, torch.arange(3, 301, 7), None, None),
+             (40, None, bias, None), (7, None, bias, scale), (6, torch.arange(0, 301, 3), bias, scale), (1, None, None, scale)]
+    for k, cols, b, s in cases:
+        values, indices = backend.row_topk(pre, k, cols, b, s)
+        score = (pre + (0 if b is None else b)) * (1 if s is None else s)
+        sub = score if cols is None else score[:, cols]
         expect = sub.topk(k, dim=1).values
         torch.testing.assert_close(values.sort(dim=1, descending=True).values, expect)
-        torch.testing.assert_close(pre.gather(1, indices), values)
+        torch.testing.assert_close(score.gather(1, indices), values)
+        if cols is not None:
+            assert bool(torch.isin(indices, cols).all())
+
+
+@pytest.mark.parametrize("impl", ["torch", "numba"])
+def test_latent_major_encoder_grad_keeps_its_layout(impl):
+    """With W_enc stored latent-major (SparseCoder's layout) the fast backends return grad W_enc in that
+    layout (rows of grad W_enc^T written directly): autograd then keeps it without a transpose copy."""
+    if impl == "numba" and importlib.util.find_spec("numba") is None:
+        pytest.skip("no numba")
+    x, W, b = _encoder_inputs(29, 13, 41, torch.float32, latent_major=True)
+    enc = kernels.encode(x, W, b, 4, impl=impl)
+    (grad_W,) = torch.autograd.grad((enc.values * torch.randn_like(enc.values)).sum(), (W,))
+    assert grad_W.stride() == W.stride() == (1, 13)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -49,8 +49,10 @@ def test_batchtopk_inference_is_jumprelu_on_threshold():
     m.threshold.fill_(float(pre.detach().median()))
     f = m.encode(x)
     assert torch.equal(f, pre * (pre > m.threshold))
-    # one row's code does not depend on its batch
-    assert torch.equal(m.encode(x[:1]), f[:1])
+    # one row's code does not depend on its batch (up to the BLAS kernel a 1-row matmul takes: same support)
+    one = m.encode(x[:1])
+    assert torch.equal(one > 0, f[:1] > 0)
+    torch.testing.assert_close(one, f[:1], rtol=1e-6, atol=1e-6)
 
 
 def test_kind_table_and_refusals():

@@ -101,9 +101,15 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None, impl: str = "a
     return SparseCode(values, indices), smallest
 
 
-def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, impl: str = "auto") -> Tensor:
-    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec, differentiable in values, W_dec, b_dec."""
-    return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec)
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, impl: str = "auto", *,
+                  skip_zero_grads: bool = False) -> Tensor:
+    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec, differentiable in values, W_dec, b_dec.
+
+    ``skip_zero_grads=True``: a value exactly 0 gets gradient 0 instead of <grad, W_dec[index]>, and the
+    fast kernels skip it. Right for codes from ``encode``, whose zeros are padding or ReLU zeros whose
+    gradient its backward discards; a BatchTopK code padded to its longest row (K several times k) then
+    costs what its kept entries cost."""
+    return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec, skip_zero_grads)
 
 
 def encode(

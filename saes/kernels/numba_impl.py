@@ -29,12 +29,14 @@ def _check_cpu(t: Tensor) -> None:
         raise ValueError(f"impl='numba' runs on CPU only but got a tensor on {t.device}; use impl='torch' or 'auto'")
 
 
-def row_topk(pre: Tensor, k: int, cols: Tensor | None) -> tuple[Tensor, Tensor]:
+def row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
+             scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     _check_cpu(pre)
     B = pre.shape[0]
     values = np.empty((B, k), np.float32)
     indices = np.empty((B, k), np.int64)
-    nk.row_topk(_f32(pre), k, _NO_COLS if cols is None else _i64(cols), values, indices)
+    nk.row_topk(_f32(pre), k, _NO_COLS if cols is None else _i64(cols), None if bias is None else _f32(bias),
+                None if scale is None else _f32(scale), values, indices)
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices)
 
 
@@ -47,9 +49,9 @@ def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tens
     return torch.from_numpy(out).to(W.dtype)
 
 
-def gather_dot(idx: Tensor, G: Tensor, W: Tensor) -> Tensor:
+def gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
     out = np.empty(tuple(idx.shape), np.float32)
-    nk.gather_dot(_i64(idx), _f32(G), _f32(W), out)
+    nk.gather_dot(_i64(idx), _f32(G), _f32(W), None if val is None else _f32(val), out)
     return torch.from_numpy(out).to(G.dtype)
 
 
@@ -60,6 +62,15 @@ def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
 
 
 def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
+    """grad_x [B, D] and grad_W_enc [D, L], the latter in W_enc's memory layout.
+
+    Latent-major W_enc (a transposed view of [L, D] storage, as SparseCoder keeps it): grad_x is the
+    decode's gather-sum over W_enc^T rows and grad_W_enc^T the decode's bucketed row scatter of x, both
+    with contiguous rows. Row-major W_enc: the tiled kernel (transposes 16-latent tiles in cache)."""
+    _check_cpu(W_enc)
+    if W_enc.t().is_contiguous() and W_enc.dtype == torch.float32:
+        grad_x = gather_sum(idx, g, W_enc.t(), None)
+        return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
     grad_W = np.empty(tuple(W_enc.shape), np.float32)
     nk.encoder_backward(_i64(idx), _f32(g), _f32(x), _f32(W_enc), grad_x, grad_W)

@@ -32,12 +32,16 @@ def gather_sum(idx, val, W, bias, out):
 
 
 @njit(**_OPTS)
-def gather_dot(idx, G, W, out):
-    """out[b, j] = <G[b], W[idx[b, j]]>: the gradient of the decode with respect to the values."""
+def gather_dot(idx, G, W, val, out):
+    """out[b, j] = <G[b], W[idx[b, j]]>: the gradient of the decode with respect to the values; 0 without
+    any work where val[b, j] == 0 (val None: every entry)."""
     B, K = idx.shape
     D = W.shape[1]
     for b in prange(B):
         for j in range(K):
+            if val is not None and val[b, j] == 0.0:
+                out[b, j] = 0.0
+                continue
             r = idx[b, j]
             s = np.float32(0.0)
             for d in range(D):
@@ -46,20 +50,25 @@ def gather_dot(idx, G, W, out):
 
 
 @njit(cache=True)
-def _bucket_by_latent(idx, L):
-    """Counting sort of the B*K entries by latent: (start [L+1], flat entry ids ordered by latent)."""
+def _bucket_by_latent(idx, val, L):
+    """Counting sort of the B*K entries with a nonzero value by latent: (start [L+1], flat entry ids
+    ordered by latent). Zero entries (padding of a BatchTopK code) add nothing to a scatter, so they
+    are left out rather than piled onto latent 0."""
     flat = idx.ravel()
+    fv = val.ravel()
     start = np.zeros(L + 1, np.int64)
     for e in range(flat.shape[0]):
-        start[flat[e] + 1] += 1
+        if fv[e] != 0.0:
+            start[flat[e] + 1] += 1
     for r in range(L):
         start[r + 1] += start[r]
     fill = start[:-1].copy()
-    order = np.empty(flat.shape[0], np.int64)
+    order = np.empty(start[L], np.int64)
     for e in range(flat.shape[0]):
-        r = flat[e]
-        order[fill[r]] = e
-        fill[r] += 1
+        if fv[e] != 0.0:
+            r = flat[e]
+            order[fill[r]] = e
+            fill[r] += 1
     return start, order
 
 
@@ -81,7 +90,7 @@ def _scatter_buckets(start, order, val, A, K, out):
 
 def scatter_rows(idx, val, A, out):
     """out [L, D] = sum over entries (b, j) of val[b, j] * A[b] into row idx[b, j] (race-free, by latent)."""
-    start, order = _bucket_by_latent(idx, out.shape[0])
+    start, order = _bucket_by_latent(idx, val, out.shape[0])
     _scatter_buckets(start, order, val, A, idx.shape[1], out)
 
 
@@ -131,7 +140,7 @@ def encoder_backward(idx, g, x, W_enc, grad_x, grad_W):
     W_enc (one cache line per input dimension), accumulates the tile of grad_W with contiguous
     vectorised row updates, and writes it back once. grad_x is summed over per-thread partials, so
     nothing races and nothing of size [B*K, D] or [B, L] is built."""
-    start, order = _bucket_by_latent(idx, W_enc.shape[1])
+    start, order = _bucket_by_latent(idx, g, W_enc.shape[1])
     n_parts = numba.get_num_threads()
     parts = np.zeros((n_parts, x.shape[0], x.shape[1]), np.float32)
     _encoder_backward_tiles(start, order, g, x, W_enc, n_parts, parts, grad_W)
@@ -181,17 +190,46 @@ def _sort_desc(bv, bi, k):
 
 
 SORT_MAX_K = 64  # row_topk returns its entries largest first up to this k (insertion sort is O(k^2))
+SCAN_BLOCK = 32  # columns tested at once (a vectorised count) before any scalar work on them
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _score(row, c, bias, scale):
+    """(row[c] + bias[c]) * scale[c]; ``bias`` / ``scale`` None are compiled out (numba types None apart)."""
+    v = row[c]
+    if bias is not None:
+        v += bias[c]
+    if scale is not None:
+        v *= scale[c]
+    return v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _offer(bv, bi, n, thr, cap, k, v, c):
+    """Keep column c with score v when it beats thr; a full buffer is compacted to its k best first
+    (which raises thr). Returns the new (n, thr)."""
+    if v > thr:
+        if n == cap:
+            n, thr = _compact(bv, bi, n, k)
+            if not (v > thr):
+                return n, thr
+        bv[n] = v
+        bi[n] = c
+        n += 1
+    return n, thr
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def row_topk(pre, k, cols, out_val, out_idx):
-    """Per row, the k largest of pre[b, cols] (all columns when cols is empty); largest first when
-    k <= SORT_MAX_K, in no particular order above (the AuxK code with k_aux = D/2).
+def row_topk(pre, k, cols, bias, scale, out_val, out_idx):
+    """Per row, the k largest scores (pre[b, c] + bias[c]) * scale[c] over c in cols (all columns when
+    cols is empty; bias and scale may be None); largest first when k <= SORT_MAX_K, in no particular
+    order above (the AuxK code with k_aux = D/2).
 
     One pass per row: a candidate buffer of 4k entries seeded with the first columns, a running
-    threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills
-    (about three times per row at k=32, L=16384). Ties are broken arbitrarily, as in torch.topk.
-    Requires 1 <= k <= number of columns scanned."""
+    threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills. Over
+    all columns the row is read SCAN_BLOCK columns at a time: a branch-free count of the scores above
+    the threshold (vectorised), and scalar work only on the blocks that hold one. Ties are broken
+    arbitrarily, as in torch.topk. Requires 1 <= k <= number of columns scanned."""
     B, L = pre.shape
     use_cols = cols.shape[0] > 0
     n_cols = cols.shape[0] if use_cols else L
@@ -200,22 +238,30 @@ def row_topk(pre, k, cols, out_val, out_idx):
         row = pre[b]
         bv = np.empty(cap, np.float32)
         bi = np.empty(cap, np.int64)
-        for t in range(cap):
-            c = cols[t] if use_cols else t
-            bv[t] = row[c]
-            bi[t] = c
-        n, thr = _compact(bv, bi, cap, k)
-        for t in range(cap, n_cols):
-            c = cols[t] if use_cols else t
-            v = row[c]
-            if v > thr:
-                if n == cap:
-                    n, thr = _compact(bv, bi, n, k)
-                    if not (v > thr):
-                        continue
-                bv[n] = v
-                bi[n] = c
-                n += 1
+        if use_cols:
+            for t in range(cap):
+                bv[t] = _score(row, cols[t], bias, scale)
+                bi[t] = cols[t]
+            n, thr = _compact(bv, bi, cap, k)
+            for t in range(cap, n_cols):
+                c = cols[t]
+                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c)
+        else:
+            for t in range(cap):
+                bv[t] = _score(row, t, bias, scale)
+                bi[t] = t
+            n, thr = _compact(bv, bi, cap, k)
+            c0 = cap
+            while c0 + SCAN_BLOCK <= L:
+                hits = 0
+                for u in range(SCAN_BLOCK):
+                    hits += _score(row, c0 + u, bias, scale) > thr
+                if hits:
+                    for u in range(SCAN_BLOCK):
+                        n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c0 + u, bias, scale), c0 + u)
+                c0 += SCAN_BLOCK
+            for c in range(c0, L):
+                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c)
         n, thr = _compact(bv, bi, n, k)
         if k <= SORT_MAX_K:
             _sort_desc(bv, bi, k)

@@ -51,8 +51,13 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tenso
     return values, indices, smallest.detach()
 
 
-def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor) -> Tensor:
-    """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec."""
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
+                  skip_zero_grads: bool = False) -> Tensor:
+    """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec.
+
+    ``skip_zero_grads``: values exactly 0 get a zero gradient (see ``saes.kernels.sparse_decode``)."""
+    if skip_zero_grads:
+        values = torch.where(values != 0, values, values.detach())
     B = values.shape[0]
     L = W_dec.shape[0]
     dense = values.new_zeros(B, L).scatter_add(1, indices, values)

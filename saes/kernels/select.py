@@ -38,9 +38,9 @@ class Candidates(NamedTuple):
     index: Tensor
 
 
-def select_rows(pre: Tensor, k: int, row_topk) -> Selection:
-    """Per-row TopK of ReLU(pre): values [B, k] (clamped at 0), indices [B, k]."""
-    values, indices = row_topk(pre, k, None)
+def select_rows(pre: Tensor, k: int, row_topk, bias: Tensor | None = None) -> Selection:
+    """Per-row TopK of ReLU(pre + bias): values [B, k] (clamped at 0), indices [B, k]."""
+    values, indices = row_topk(pre, k, None, bias)
     return Selection(values.clamp_min(0), indices, pre.new_zeros(()))
 
 
@@ -48,13 +48,19 @@ def n_candidates(k: int, L: int) -> int:
     return min(L, CANDIDATE_FACTOR * k)
 
 
-def row_candidates(acts: Tensor, c: int, scale: Tensor | None, row_topk) -> Candidates:
-    """The c best entries per row of acts [b, L] (already >= 0) ranked by acts * scale."""
+def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Tensor | None = None) -> Candidates:
+    """The c best entries per row of ReLU(pre + bias) [b, L] ranked by ReLU(pre + bias) * scale (scale >= 0).
+
+    The backend ranks (pre + bias) * scale, which orders the positive entries the same way; clamping the
+    scores at 0 afterwards gives exactly the ReLU ranking's candidate scores."""
+    score, index = row_topk(pre, c, None, bias, scale)
     if scale is None:
-        score, index = row_topk(acts, c, None)
-        return Candidates(score, score, index)
-    score, index = row_topk(acts * scale.to(acts.dtype), c, None)
-    return Candidates(score, acts.gather(1, index), index)
+        value = score
+    else:
+        value = pre.gather(1, index)
+        if bias is not None:
+            value = value + bias.to(value.dtype)[index]
+    return Candidates(score.clamp_min(0), value.clamp_min(0), index)
 
 
 def batch_from_candidates(cand: Candidates, k: int, L: int,

@@ -31,12 +31,14 @@ _CHUNK_ROWS = 1024
 class Backend(NamedTuple):
     """The primitives a fast implementation provides (all without autograd)."""
 
-    row_topk: Callable[[Tensor, int, Tensor | None], tuple[Tensor, Tensor]]
-    """(pre [B, L], k, cols [C] int64 or None) -> values [B, k], indices [B, k]: per-row top k (of pre[:, cols])."""
+    row_topk: Callable[..., tuple[Tensor, Tensor]]
+    """(pre [B, L], k, cols [C] int64 or None, bias [L] or None, scale [L] or None) -> scores [B, k],
+    indices [B, k]: per row, the k largest scores (pre + bias) * scale (over the columns ``cols``)."""
     gather_sum: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
     """(idx [B, K], val [B, K], W [L, D], bias [D] or None) -> [B, D] = bias + sum_j val W[idx]."""
-    gather_dot: Callable[[Tensor, Tensor, Tensor], Tensor]
-    """(idx [B, K], G [B, D], W [L, D]) -> [B, K] = <G[b], W[idx[b, j]]>."""
+    gather_dot: Callable[..., Tensor]
+    """(idx [B, K], G [B, D], W [L, D], val [B, K] or None) -> [B, K] = <G[b], W[idx[b, j]]>, 0 where
+    ``val`` (when given) is 0: those entries may be skipped."""
     scatter_rows: Callable[[Tensor, Tensor, Tensor, int], Tensor]
     """(idx [B, K], val [B, K], A [B, D], L) -> [L, D] = sum over entries of val A[b] into row idx."""
     encoder_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -46,11 +48,15 @@ class Backend(NamedTuple):
 # ---------------------------------------------------------------- the portable (torch) backend
 
 
-def _torch_row_topk(pre: Tensor, k: int, cols: Tensor | None) -> tuple[Tensor, Tensor]:
-    if cols is None:
-        return pre.topk(k, dim=1, sorted=False)
-    values, pos = pre.index_select(1, cols).topk(k, dim=1, sorted=False)
-    return values, cols[pos]
+def _torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
+                    scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    score = pre if cols is None else pre.index_select(1, cols)
+    if bias is not None:
+        score = score + (bias if cols is None else bias[cols]).to(score.dtype)
+    if scale is not None:
+        score = score * (scale if cols is None else scale[cols]).to(score.dtype)
+    values, pos = score.topk(k, dim=1, sorted=False)
+    return values, (pos if cols is None else cols[pos])
 
 
 def _torch_gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
@@ -58,12 +64,12 @@ def _torch_gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) 
     return out if bias is None else out + bias
 
 
-def _torch_gather_dot(idx: Tensor, G: Tensor, W: Tensor) -> Tensor:
+def _torch_gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
     out = G.new_empty(idx.shape)
     for s in range(0, idx.shape[0], _CHUNK_ROWS):
         rows = W[idx[s : s + _CHUNK_ROWS]]  # [c, K, D]
         out[s : s + _CHUNK_ROWS] = torch.bmm(rows, G[s : s + _CHUNK_ROWS, :, None].to(W.dtype))[..., 0].to(G.dtype)
-    return out
+    return out if val is None else out.masked_fill_(val == 0, 0)
 
 
 def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
@@ -77,9 +83,12 @@ def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
 
 
 def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    grad_x = _torch_gather_sum(idx, g, W_enc.t().contiguous(), None)
-    grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t().contiguous()
-    return grad_x, grad_W
+    """grad_x by embedding_bag over W_enc^T rows, grad_W_enc^T by index_add; grad_W_enc comes back in
+    W_enc's layout (no copies for latent-major storage, SparseCoder's)."""
+    latent_major = W_enc.t().is_contiguous()
+    grad_x = _torch_gather_sum(idx, g, W_enc.t() if latent_major else W_enc.t().contiguous(), None)
+    grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t()
+    return grad_x, grad_W if latent_major else grad_W.contiguous()
 
 
 def torch_backend() -> Backend:
@@ -92,8 +101,9 @@ def torch_backend() -> Backend:
 
 class _SparseDecode(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, indices, W_dec, b_dec, backend):
+    def forward(ctx, values, indices, W_dec, b_dec, backend, skip_zero_grads):
         ctx.backend = backend
+        ctx.skip_zero_grads = skip_zero_grads
         ctx.has_bias = b_dec is not None
         ctx.save_for_backward(values, indices, W_dec)
         return backend.gather_sum(indices, values, W_dec, b_dec)
@@ -104,12 +114,13 @@ class _SparseDecode(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_v = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_v = ctx.backend.gather_dot(indices, grad_out, W_dec).to(values.dtype)
+            skip = values if ctx.skip_zero_grads else None
+            grad_v = ctx.backend.gather_dot(indices, grad_out, W_dec, skip).to(values.dtype)
         if ctx.needs_input_grad[2]:
             grad_W = ctx.backend.scatter_rows(indices, values, grad_out, W_dec.shape[0]).to(W_dec.dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_b = grad_out.sum(0)
-        return grad_v, None, grad_W, grad_b, None
+        return grad_v, None, grad_W, grad_b, None, None
 
 
 class _SparseEncoderGrad(torch.autograd.Function):
@@ -137,9 +148,11 @@ class _SparseEncoderGrad(torch.autograd.Function):
         return grad_x, grad_W, grad_b, None, None, None
 
 
-def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend) -> Tensor:
-    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward."""
-    return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend)
+def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend,
+                  skip_zero_grads: bool = False) -> Tensor:
+    """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward;
+    ``skip_zero_grads``: zero values get gradient 0 (``saes.kernels.sparse_decode``)."""
+    return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend, skip_zero_grads)
 
 
 class Encoded(NamedTuple):
@@ -172,17 +185,23 @@ def encode(
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
-    step = ROW_CHUNK if x.device.type == "cpu" else max(B, 1)
+    cpu = x.device.type == "cpu"
+    step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
     with torch.no_grad():
+        buf = x.new_empty(min(step, B), L) if cpu else None
         for s in range(0, B, step):
-            pre = torch.addmm(b_enc, x[s : s + step], W_enc)
+            xs = x[s : s + step]
+            if cpu:  # into one reused chunk buffer; the selection adds b_enc (addmm would copy it in first)
+                pre, bias = torch.mm(xs, W_enc, out=buf[: xs.shape[0]]), b_enc
+            else:
+                pre, bias = torch.addmm(b_enc, xs, W_enc), None
             if batch and k:
-                main.append(row_candidates(pre.clamp_min_(0), n_candidates(k, L), scale, backend.row_topk))
+                main.append(row_candidates(pre, n_candidates(k, L), scale, backend.row_topk, bias))
             elif k:
-                main.append(select_rows(pre, k, backend.row_topk))
+                main.append(select_rows(pre, k, backend.row_topk, bias))
             if kk:
-                values, indices = backend.row_topk(pre, kk, cols)
+                values, indices = backend.row_topk(pre, kk, cols, bias)
                 aux.append(Selection(values.clamp_min(0), indices, None))
             del pre
         if batch and k:
@@ -198,7 +217,7 @@ def encode(
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, sel.smallest)
 
 
-# CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB)
+# CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB, one buffer)
 ROW_CHUNK = 512
 
 
@@ -239,8 +258,8 @@ def make_ops(backend: Backend):
     def _batch_topk(acts, k, scale=None):
         return batch_topk(acts, k, scale, backend)
 
-    def _sparse_decode(values, indices, W_dec, b_dec):
-        return sparse_decode(values, indices, W_dec, b_dec, backend)
+    def _sparse_decode(values, indices, W_dec, b_dec, skip_zero_grads=False):
+        return sparse_decode(values, indices, W_dec, b_dec, backend, skip_zero_grads)
 
     def _encode_aux(x, W_enc, b_enc, dead, k_aux):
         enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux)

@@ -94,13 +94,15 @@ def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tens
     return out.to(W.dtype)
 
 
-def gather_dot(idx: Tensor, G: Tensor, W: Tensor) -> Tensor:
+def gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
     _check(W)
     B, K = idx.shape
     out = torch.empty(B, K, dtype=torch.float32, device=W.device)
     if B and K:
         _gather_dot_kernel[(B, K)](idx, G, W, out, K, W.shape[1], *idx.stride(), *G.stride(), *W.stride(),
                                    BLOCK=BLOCK_D)
+    if val is not None:
+        out.masked_fill_(val == 0, 0)
     return out.to(G.dtype)
 
 
@@ -124,7 +126,7 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     """grad_x = gather_sum over W_enc^T (a strided view, no copy); grad_W_enc^T via atomics into [D, L]."""
     _check(W_enc)
     grad_x = gather_sum(idx, g, W_enc.t(), None)
-    grad_W = torch.zeros(W_enc.shape, dtype=torch.float32, device=W_enc.device)
+    grad_W = torch.zeros_like(W_enc, dtype=torch.float32)  # W_enc's layout: rows of grad_W^T when latent-major
     _scatter_into(grad_W.t(), idx, g, x)
     return grad_x, grad_W
 
