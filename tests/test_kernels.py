@@ -245,6 +245,25 @@ def test_row_topk_with_columns(impl):
             assert bool(torch.isin(indices, cols).all())
 
 
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="no numba")
+def test_row_above_collects_every_score_above_the_cutoff():
+    from conceptdict.saes.kernels import numba_impl
+
+    g = torch.Generator().manual_seed(11)
+    pre, bias, scale = torch.randn(19, 203, generator=g), torch.randn(203, generator=g), torch.rand(203, generator=g)
+    for tau, cap, b, s in ((1.5, 40, None, None), (0.5, 7, bias, None), (0.2, 300, bias, scale), (9.0, 5, None, scale)):
+        score = (pre + (0 if b is None else b)) * (1 if s is None else s)
+        values, indices, count = numba_impl.row_above(pre, tau, cap, b, s)
+        above = score > tau
+        assert torch.equal(count, above.sum(dim=1))
+        for r in range(pre.shape[0]):
+            cols = torch.nonzero(above[r]).flatten()[:cap]  # the first cap of them, in column order
+            n = cols.numel()
+            assert torch.equal(indices[r, :n], cols)
+            torch.testing.assert_close(values[r, :n], score[r, cols])
+            assert bool((values[r, n:] == 0).all()) and bool((indices[r, n:] == 0).all())
+
+
 @pytest.mark.parametrize("impl", ["torch", "numba"])
 def test_latent_major_encoder_grad_keeps_its_layout(impl):
     """With W_enc stored latent-major (SparseCoder's layout) the fast backends return grad W_enc in that
@@ -258,14 +277,18 @@ def test_latent_major_encoder_grad_keeps_its_layout(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("hot_rows", [0, 1, 3, 40])
-def test_batch_topk_unproven_rows(impl, hot_rows):
+@pytest.mark.parametrize("hot_rows", [0, 1, 3, 16, 40])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_batch_topk_unproven_rows(impl, hot_rows, where):
     """Rows holding more than 4k of the k*B winners cannot be proven by their candidates: they are
-    recomputed whole (in select_batch on acts, and from x in the fused encode); the result stays exact."""
+    recomputed whole (in select_batch on acts, and from x in the fused encode); the result stays exact.
+    With 16-row chunks, hot rows first make the cutoff guessed from the first chunk too high for the
+    rest (every later row is recomputed); hot rows last overflow their slots above the cutoff."""
     B, D, L, k = 40, 24, 200, 3
     g = torch.Generator().manual_seed(hot_rows)
     x = torch.randn(B, D, generator=g)
-    x[:hot_rows] *= 6.0  # these rows own far more than their share of the batch's winners
+    hot = slice(0, hot_rows) if where == "first" else slice(B - hot_rows, B)
+    x[hot] *= 6.0  # these rows own far more than their share of the batch's winners
     W = torch.randn(D, L, generator=g)
     b = torch.zeros(L)
     ref_v, ref_i, ref_s = reference.batch_topk(torch.relu(x @ W + b), k)

@@ -6,6 +6,8 @@ package import. Kernels compute in float32; other dtypes are converted at the bo
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -14,6 +16,26 @@ from . import numba_kernels as nk
 from .sparse import Backend, make_ops
 
 _NO_COLS = np.empty(0, np.int64)
+
+# Recycled [L, D] outputs (the W_dec and W_enc gradients): a fresh 50 MB array per step is a fresh mmap,
+# faulted in page by page by the parallel kernel and unmapped when the gradient is dropped; that cost
+# 60-190 ms per step at D=768, L=16384 (bench/train_step.py). An array is handed out again only when no
+# tensor uses it any more: torch.from_numpy's storage holds a reference to the array, so any live tensor
+# or view over it (a parameter's .grad included) shows in the array's reference count.
+_RECYCLED: dict[tuple[int, ...], list[np.ndarray]] = {}
+_RECYCLE_PER_SHAPE = 4
+
+
+def _recycled(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised float32 array of ``shape``, reused from an earlier call when nothing holds it."""
+    arrays = _RECYCLED.setdefault(shape, [])
+    for a in arrays:
+        if sys.getrefcount(a) == 3:  # the list, this loop's name and getrefcount's argument
+            return a
+    a = np.empty(shape, np.float32)
+    if len(arrays) < _RECYCLE_PER_SHAPE:
+        arrays.append(a)
+    return a
 
 
 def _f32(t: Tensor) -> np.ndarray:
@@ -40,6 +62,18 @@ def row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = Non
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices)
 
 
+def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
+              scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    _check_cpu(pre)
+    B = pre.shape[0]
+    values = np.empty((B, cap), np.float32)
+    indices = np.empty((B, cap), np.int64)
+    count = np.empty(B, np.int64)
+    nk.row_above(_f32(pre), np.float32(tau), cap, None if bias is None else _f32(bias),
+                 None if scale is None else _f32(scale), values, indices, count)
+    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
+
+
 def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
     _check_cpu(W)
     D = W.shape[1]
@@ -56,7 +90,7 @@ def gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> 
 
 
 def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
-    out = np.empty((L, A.shape[1]), np.float32)
+    out = _recycled((L, A.shape[1]))  # every row is written
     nk.scatter_rows(_i64(idx), _f32(val), _f32(A), out)
     return torch.from_numpy(out).to(A.dtype)
 
@@ -77,5 +111,5 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     return torch.from_numpy(grad_x), torch.from_numpy(grad_W)
 
 
-BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)
+BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux = make_ops(BACKEND)

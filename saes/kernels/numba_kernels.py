@@ -77,15 +77,15 @@ def _scatter_buckets(start, order, val, A, K, out):
     L, D = out.shape
     flat_val = val.ravel()
     for r in prange(L):
-        for d in range(D):
-            out[r, d] = 0.0
+        o = out[r]  # 1-D views: the row updates vectorise
+        o[:] = 0.0
         for t in range(start[r], start[r + 1]):
             e = order[t]
             v = flat_val[e]
             if v != 0.0:
-                b = e // K
+                a = A[e // K]
                 for d in range(D):
-                    out[r, d] += v * A[b, d]
+                    o[d] += v * a[d]
 
 
 def scatter_rows(idx, val, A, out):
@@ -268,3 +268,42 @@ def row_topk(pre, k, cols, bias, scale, out_val, out_idx):
         for j in range(k):
             out_val[b, j] = bv[j]
             out_idx[b, j] = bi[j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def row_above(pre, tau, cap, bias, scale, out_val, out_idx, count):
+    """Per row, the scores (pre[b, c] + bias[c]) * scale[c] above ``tau`` (bias / scale may be None), in
+    column order, the first ``cap`` of them into out_val / out_idx (the rest of the slots zeroed) and how
+    many there are into count[b] (> cap: the row holds more than its slots).
+
+    The batch top-k's pass once a cutoff is known: a branch-free count per SCAN_BLOCK columns, scalar
+    work only on the blocks that hold a score above tau; no selection at all."""
+    B, L = pre.shape
+    for b in prange(B):
+        row = pre[b]
+        n = 0
+        c0 = 0
+        while c0 + SCAN_BLOCK <= L:
+            hits = 0
+            for u in range(SCAN_BLOCK):
+                hits += _score(row, c0 + u, bias, scale) > tau
+            if hits:
+                for u in range(SCAN_BLOCK):
+                    v = _score(row, c0 + u, bias, scale)
+                    if v > tau:
+                        if n < cap:
+                            out_val[b, n] = v
+                            out_idx[b, n] = c0 + u
+                        n += 1
+            c0 += SCAN_BLOCK
+        for c in range(c0, L):
+            v = _score(row, c, bias, scale)
+            if v > tau:
+                if n < cap:
+                    out_val[b, n] = v
+                    out_idx[b, n] = c
+                n += 1
+        for j in range(min(n, cap), cap):
+            out_val[b, j] = 0.0
+            out_idx[b, j] = 0
+        count[b] = n

@@ -1,11 +1,12 @@
 """Selection on the pre-activations: per-row TopK, exact batch TopK without sorting B*L values, AuxK.
 
-Batch TopK is proven from per-row candidates: with the c = 4k largest scores of every row, let t be the
-(k*B)-th largest candidate. The true threshold is >= t, and a row whose smallest candidate is <= t has
-nothing outside its candidates above t, so the top k*B of the candidates is exact. Rows whose smallest
-candidate is above t (they may hold more than c winners) are recomputed, and their entries >= t join
-the good rows' candidates >= t in the pool; no path sorts or even holds all B*L values unless every
-row is unproven.
+Batch TopK is proven from per-row candidates: every row b offers candidates holding all its scores
+above a floor f_b (its c = 4k largest scores, f_b the smallest of them; or, with a cutoff tau guessed
+from the first rows, every score above tau, f_b = tau). Let t be the (k*B)-th largest candidate. The
+true threshold is >= t, and a row with f_b <= t has nothing outside its candidates above t, so the top
+k*B of the candidates is exact. Rows with f_b > t (or more scores above tau than the candidate buffer
+holds) are recomputed, and their entries >= t join the good rows' candidates >= t in the pool; no path
+sorts or even holds all B*L values unless every row is unproven.
 
 Shapes: pre [B, L] (or a chunk of rows of it), outputs values / indices [B, K] zero-padded per row.
 """
@@ -31,11 +32,13 @@ class Selection(NamedTuple):
 
 
 class Candidates(NamedTuple):
-    """The c best entries of each row by score: score, unscaled activation and latent, each [B, c]."""
+    """Entries of each row by score: score, unscaled activation and latent, each [B, c] (padding: score
+    and value 0), and the floor [B]: every score of the row above it is among the candidates."""
 
     score: Tensor
     value: Tensor
     index: Tensor
+    floor: Tensor
 
 
 def select_rows(pre: Tensor, k: int, row_topk, bias: Tensor | None = None) -> Selection:
@@ -54,13 +57,38 @@ def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Te
     The backend ranks (pre + bias) * scale, which orders the positive entries the same way; clamping the
     scores at 0 afterwards gives exactly the ReLU ranking's candidate scores."""
     score, index = row_topk(pre, c, None, bias, scale)
-    if scale is None:
-        value = score
-    else:
-        value = pre.gather(1, index)
-        if bias is not None:
-            value = value + bias.to(value.dtype)[index]
-    return Candidates(score.clamp_min(0), value.clamp_min(0), index)
+    value = score if scale is None else _value_at(pre, index, bias)
+    score = score.clamp_min(0)
+    floor = score.min(dim=1).values if c < pre.shape[1] else score.new_full((pre.shape[0],), float("-inf"))
+    return Candidates(score, value.clamp_min(0), index, floor)
+
+
+def _value_at(pre: Tensor, index: Tensor, bias: Tensor | None) -> Tensor:
+    value = pre.gather(1, index)
+    return value if bias is None else value + bias.to(value.dtype)[index]
+
+
+# the cutoff guessed from the first rows keeps about this many times k entries per row on average
+TAU_MARGIN = 1.5
+
+
+def batch_cutoff(cand: Candidates, k: int) -> float:
+    """A guess of the batch threshold from the first rows' candidates, on the low side: the
+    (TAU_MARGIN * k * rows)-th largest of their scores (0 when they hold fewer)."""
+    n = int(TAU_MARGIN * k * cand.score.shape[0])
+    flat = cand.score.flatten()
+    return float(flat.topk(n, sorted=False).values.min()) if 0 < n <= flat.numel() else 0.0
+
+
+def above_candidates(pre: Tensor, tau: float, c: int, scale: Tensor | None, row_above,
+                     bias: Tensor | None = None) -> Candidates:
+    """Every entry of ReLU(pre + bias) [b, L] whose score (ranked as in ``row_candidates``) is above ``tau``,
+    up to c per row; a row with more than c of them gets floor +inf (it is recomputed if needed)."""
+    score, index, count = row_above(pre, tau, c, bias, scale)
+    value = score if scale is None else _value_at(pre, index, bias)
+    value = value * (torch.arange(c, device=pre.device) < count[:, None])  # padding slots -> 0
+    floor = torch.where(count > c, float("inf"), max(tau, 0.0)).to(score.dtype)
+    return Candidates(score.clamp_min(0), value.clamp_min(0), index, floor)
 
 
 def batch_from_candidates(cand: Candidates, k: int, L: int,
@@ -70,10 +98,7 @@ def batch_from_candidates(cand: Candidates, k: int, L: int,
     B, c = cand.score.shape
     n_keep = min(k * B, B * L)
     top = cand.score.flatten().topk(n_keep, sorted=False)
-    if c < L:
-        unproven = cand.score.min(dim=1).values > top.values.min()
-    else:  # the candidates are whole rows
-        unproven = torch.zeros(B, dtype=torch.bool, device=cand.score.device)
+    unproven = cand.floor > top.values.min()
     bad = torch.nonzero(unproven).flatten()
     if bad.numel() == 0:
         rows, flat = top.indices // c, top.indices

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .select import (Candidates, Selection, batch_from_candidates, n_candidates, row_candidates, select_batch,
-                     select_rows)
+from .select import (Candidates, Selection, above_candidates, batch_cutoff, batch_from_candidates, n_candidates,
+                     row_candidates, select_batch, select_rows)
 
 # rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
 _CHUNK_ROWS = 1024
@@ -43,6 +43,11 @@ class Backend(NamedTuple):
     """(idx [B, K], val [B, K], A [B, D], L) -> [L, D] = sum over entries of val A[b] into row idx."""
     encoder_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
     """(idx [B, K], g [B, K], x [B, D], W_enc [D, L]) -> grad_x [B, D], grad_W_enc [D, L]."""
+    row_above: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+    """Optional (pre [B, L], tau, cap, bias or None, scale or None) -> scores [B, cap], indices [B, cap],
+    count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
+    how many there are. When present, a chunked BatchTopK collects the rows after the first chunk with
+    a cutoff guessed from it instead of selecting 4k candidates per row (``select.above_candidates``)."""
 
 
 # ---------------------------------------------------------------- the portable (torch) backend
@@ -180,14 +185,16 @@ def encode(
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
     one matmul. On CPU the matmul runs ROW_CHUNK rows at a time and each chunk is selected while it is
-    still in cache, so no [B, L] buffer exists at all (BatchTopK keeps 4k candidates per row and
-    recomputes the rows they cannot prove). ``k=0`` skips the main code."""
+    still in cache, so no [B, L] buffer exists at all (BatchTopK keeps 4k candidates per row of the first
+    chunk, then, with a backend that has ``row_above``, every entry above a cutoff guessed from them; the
+    rows these cannot prove are recomputed). ``k=0`` skips the main code."""
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
+    tau = 0.0
     with torch.no_grad():
         buf = x.new_empty(min(step, B), L) if cpu else None
         for s in range(0, B, step):
@@ -196,8 +203,11 @@ def encode(
                 pre, bias = torch.mm(xs, W_enc, out=buf[: xs.shape[0]]), b_enc
             else:
                 pre, bias = torch.addmm(b_enc, xs, W_enc), None
-            if batch and k:
+            if batch and k and main and backend.row_above is not None:
+                main.append(above_candidates(pre, tau, n_candidates(k, L), scale, backend.row_above, bias))
+            elif batch and k:
                 main.append(row_candidates(pre, n_candidates(k, L), scale, backend.row_topk, bias))
+                tau = batch_cutoff(main[0], k)
             elif k:
                 main.append(select_rows(pre, k, backend.row_topk, bias))
             if kk:
