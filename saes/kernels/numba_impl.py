@@ -52,13 +52,13 @@ def _check_cpu(t: Tensor) -> None:
 
 
 def row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
-             scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+             scale: Tensor | None = None, floor: float = float("-inf")) -> tuple[Tensor, Tensor]:
     _check_cpu(pre)
     B = pre.shape[0]
     values = np.empty((B, k), np.float32)
     indices = np.empty((B, k), np.int64)
     nk.row_topk(_f32(pre), k, _NO_COLS if cols is None else _i64(cols), None if bias is None else _f32(bias),
-                None if scale is None else _f32(scale), values, indices)
+                None if scale is None else _f32(scale), np.float32(floor), values, indices)
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices)
 
 

@@ -190,6 +190,7 @@ def _sort_desc(bv, bi, k):
 
 
 SORT_MAX_K = 64  # row_topk returns its entries largest first up to this k (insertion sort is O(k^2))
+_NO_FLOOR = np.float32(-np.inf)
 SCAN_BLOCK = 32  # columns tested at once (a vectorised count) before any scalar work on them
 
 
@@ -205,12 +206,13 @@ def _score(row, c, bias, scale):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _offer(bv, bi, n, thr, cap, k, v, c):
+def _offer(bv, bi, n, thr, cap, k, v, c, floor):
     """Keep column c with score v when it beats thr; a full buffer is compacted to its k best first
-    (which raises thr). Returns the new (n, thr)."""
+    (which raises thr, never below ``floor``). Returns the new (n, thr)."""
     if v > thr:
         if n == cap:
             n, thr = _compact(bv, bi, n, k)
+            thr = max(thr, floor)
             if not (v > thr):
                 return n, thr
         bv[n] = v
@@ -219,8 +221,33 @@ def _offer(bv, bi, n, thr, cap, k, v, c):
     return n, thr
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _scan_row(row, k, cap, bias, scale, floor, bv, bi):
+    """The k largest scores of one whole row into bv[:k] / bi[:k] (see row_topk); returns the k-th
+    largest. Scores at or below ``floor`` may be skipped: the result is exact when it is above floor."""
+    L = row.shape[0]
+    for t in range(cap):
+        bv[t] = _score(row, t, bias, scale)
+        bi[t] = t
+    n, thr = _compact(bv, bi, cap, k)
+    thr = max(thr, floor)
+    c0 = cap
+    while c0 + SCAN_BLOCK <= L:
+        hits = 0
+        for u in range(SCAN_BLOCK):
+            hits += _score(row, c0 + u, bias, scale) > thr
+        if hits:
+            for u in range(SCAN_BLOCK):
+                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c0 + u, bias, scale), c0 + u, floor)
+        c0 += SCAN_BLOCK
+    for c in range(c0, L):
+        n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c, floor)
+    n, thr = _compact(bv, bi, n, k)
+    return thr
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def row_topk(pre, k, cols, bias, scale, out_val, out_idx):
+def row_topk(pre, k, cols, bias, scale, floor, out_val, out_idx):
     """Per row, the k largest scores (pre[b, c] + bias[c]) * scale[c] over c in cols (all columns when
     cols is empty; bias and scale may be None); largest first when k <= SORT_MAX_K, in no particular
     order above (the AuxK code with k_aux = D/2).
@@ -228,8 +255,11 @@ def row_topk(pre, k, cols, bias, scale, out_val, out_idx):
     One pass per row: a candidate buffer of 4k entries seeded with the first columns, a running
     threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills. Over
     all columns the row is read SCAN_BLOCK columns at a time: a branch-free count of the scores above
-    the threshold (vectorised), and scalar work only on the blocks that hold one. Ties are broken
-    arbitrarily, as in torch.topk. Requires 1 <= k <= number of columns scanned."""
+    the threshold (vectorised), and scalar work only on the blocks that hold one. ``floor`` (-inf for
+    none; whole rows only) starts the threshold at a guess of the k-th largest: scores at or below it
+    are skipped, and a row whose k-th largest turns out below the guess is scanned again without it,
+    so the result is exact either way. Ties are broken arbitrarily, as in torch.topk. Requires
+    1 <= k <= number of columns scanned."""
     B, L = pre.shape
     use_cols = cols.shape[0] > 0
     n_cols = cols.shape[0] if use_cols else L
@@ -245,24 +275,12 @@ def row_topk(pre, k, cols, bias, scale, out_val, out_idx):
             n, thr = _compact(bv, bi, cap, k)
             for t in range(cap, n_cols):
                 c = cols[t]
-                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c)
+                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c, _NO_FLOOR)
+            n, thr = _compact(bv, bi, n, k)
         else:
-            for t in range(cap):
-                bv[t] = _score(row, t, bias, scale)
-                bi[t] = t
-            n, thr = _compact(bv, bi, cap, k)
-            c0 = cap
-            while c0 + SCAN_BLOCK <= L:
-                hits = 0
-                for u in range(SCAN_BLOCK):
-                    hits += _score(row, c0 + u, bias, scale) > thr
-                if hits:
-                    for u in range(SCAN_BLOCK):
-                        n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c0 + u, bias, scale), c0 + u)
-                c0 += SCAN_BLOCK
-            for c in range(c0, L):
-                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c)
-        n, thr = _compact(bv, bi, n, k)
+            thr = _scan_row(row, k, cap, bias, scale, floor, bv, bi)
+            if thr <= floor:  # the guess was too high for this row: something above the k-th was skipped
+                thr = _scan_row(row, k, cap, bias, scale, _NO_FLOOR, bv, bi)
         if k <= SORT_MAX_K:
             _sort_desc(bv, bi, k)
         for j in range(k):

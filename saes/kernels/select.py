@@ -41,10 +41,24 @@ class Candidates(NamedTuple):
     floor: Tensor
 
 
-def select_rows(pre: Tensor, k: int, row_topk, bias: Tensor | None = None) -> Selection:
-    """Per-row TopK of ReLU(pre + bias): values [B, k] (clamped at 0), indices [B, k]."""
-    values, indices = row_topk(pre, k, None, bias)
+def select_rows(pre: Tensor, k: int, row_topk, bias: Tensor | None = None,
+                floor: float = float("-inf")) -> Selection:
+    """Per-row TopK of ReLU(pre + bias): values [B, k] (clamped at 0), indices [B, k]; ``floor`` is a
+    hint of the rows' k-th largest score (``row_floor``)."""
+    values, indices = row_topk(pre, k, None, bias, None, floor)
     return Selection(values.clamp_min(0), indices, pre.new_zeros(()))
+
+
+# the TopK floor hint is this quantile of the first chunk's k-th largest scores (a row below it is rescanned)
+FLOOR_QUANTILE = 0.1
+
+
+def row_floor(first: Selection) -> float:
+    """A hint for the rows after the first chunk: a low quantile of the first chunk's per-row k-th
+    largest (clamped) scores. About FLOOR_QUANTILE of the rows fall below it and are scanned twice; the
+    others start their threshold there instead of at the k-th largest of their first 4k columns."""
+    kth = first.values.min(dim=1).values.float()
+    return float(torch.quantile(kth, FLOOR_QUANTILE)) if kth.numel() else float("-inf")
 
 
 def n_candidates(k: int, L: int) -> int:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .select import (Candidates, Selection, above_candidates, batch_cutoff, batch_from_candidates, n_candidates,
-                     row_candidates, select_batch, select_rows)
+                     row_candidates, row_floor, select_batch, select_rows)
 
 # rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
 _CHUNK_ROWS = 1024
@@ -32,8 +32,9 @@ class Backend(NamedTuple):
     """The primitives a fast implementation provides (all without autograd)."""
 
     row_topk: Callable[..., tuple[Tensor, Tensor]]
-    """(pre [B, L], k, cols [C] int64 or None, bias [L] or None, scale [L] or None) -> scores [B, k],
-    indices [B, k]: per row, the k largest scores (pre + bias) * scale (over the columns ``cols``)."""
+    """(pre [B, L], k, cols [C] int64 or None, bias [L] or None, scale [L] or None, floor=-inf) -> scores
+    [B, k], indices [B, k]: per row, the k largest scores (pre + bias) * scale (over the columns ``cols``).
+    ``floor`` is only a hint (a guess of the rows' k-th largest score) a backend may use to skip work."""
     gather_sum: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
     """(idx [B, K], val [B, K], W [L, D], bias [D] or None) -> [B, D] = bias + sum_j val W[idx]."""
     gather_dot: Callable[..., Tensor]
@@ -54,7 +55,7 @@ class Backend(NamedTuple):
 
 
 def _torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
-                    scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                    scale: Tensor | None = None, floor: float = float("-inf")) -> tuple[Tensor, Tensor]:
     score = pre if cols is None else pre.index_select(1, cols)
     if bias is not None:
         score = score + (bias if cols is None else bias[cols]).to(score.dtype)
@@ -194,7 +195,7 @@ def encode(
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
-    tau = 0.0
+    tau, floor = 0.0, float("-inf")
     with torch.no_grad():
         buf = x.new_empty(min(step, B), L) if cpu else None
         for s in range(0, B, step):
@@ -209,7 +210,8 @@ def encode(
                 main.append(row_candidates(pre, n_candidates(k, L), scale, backend.row_topk, bias))
                 tau = batch_cutoff(main[0], k)
             elif k:
-                main.append(select_rows(pre, k, backend.row_topk, bias))
+                main.append(select_rows(pre, k, backend.row_topk, bias, floor))
+                floor = row_floor(main[0]) if len(main) == 1 else floor
             if kk:
                 values, indices = backend.row_topk(pre, kk, cols, bias)
                 aux.append(Selection(values.clamp_min(0), indices, None))
