@@ -243,6 +243,14 @@ def test_row_topk_with_columns(impl):
         torch.testing.assert_close(score.gather(1, indices), values)
         if cols is not None:
             assert bool(torch.isin(indices, cols).all())
+    # a floor hint (TopK after the first chunk) never changes the answer: rows whose k-th score is
+    # below it are scanned again
+    score = pre + bias
+    kth = score.topk(9, dim=1).values[:, -1]
+    for floor in (float(kth.min()) - 1, float(kth.median()), float(kth.max()) + 1):
+        values, indices = backend.row_topk(pre, 9, None, bias, None, floor)
+        torch.testing.assert_close(values.sort(dim=1, descending=True).values, score.topk(9, dim=1).values)
+        torch.testing.assert_close(score.gather(1, indices), values)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="no numba")
