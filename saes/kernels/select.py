@@ -105,6 +105,17 @@ def above_candidates(pre: Tensor, tau: float, c: int, scale: Tensor | None, row_
     return Candidates(score.clamp_min(0), value.clamp_min(0), index, floor)
 
 
+def join_candidates(parts: list[Candidates]) -> Candidates:
+    """Concatenate per-chunk candidates along rows, zero-padding narrower ones to the widest."""
+    width = max(p.score.shape[1] for p in parts)
+
+    def pad(t: Tensor) -> Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+
+    return Candidates(*(torch.cat([pad(t) for t in ts]) for ts in zip(*(p[:3] for p in parts))),
+                      torch.cat([p.floor for p in parts]))
+
+
 def batch_from_candidates(cand: Candidates, k: int, L: int,
                           full_rows: Callable[[Tensor], tuple[Tensor, Tensor]]) -> Selection:
     """Exact top k*B of the batch from per-row candidates [B, c]; ``full_rows(rows)`` returns
