@@ -175,14 +175,22 @@ def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked, latent_major):
 @pytest.mark.parametrize("n_dead", [0, 1, 17])
 @pytest.mark.parametrize("batch", [False, True])
 @pytest.mark.parametrize("latent_major", [False, True])
-def test_encode_with_aux(impl, dtype, n_dead, batch, latent_major):
+@pytest.mark.parametrize("aux_form", ["auto", "sparse"])
+def test_encode_with_aux(impl, dtype, n_dead, batch, latent_major, aux_form, monkeypatch):
+    if aux_form == "sparse":
+        monkeypatch.setattr(sparse, "DENSE_AUX_FACTOR", 0)
     B, D, L, k, k_aux = 13, 13, 31, 3, 6
     x, W, b = _encoder_inputs(B, D, L, dtype, seed=5, latent_major=latent_major)
     dead = torch.zeros(L, dtype=torch.bool)
     dead[torch.randperm(L, generator=torch.Generator().manual_seed(2))[:n_dead]] = True
     enc = _check_encode(impl, dtype, x, W, b, k, batch=batch, dead=dead, k_aux=k_aux)
-    assert enc.aux_indices.shape == (B, min(k_aux, n_dead))
+    # few dead latents (<= DENSE_AUX_FACTOR * k_aux): a dense code over all of them, indices broadcast
+    dense = 0 < n_dead <= sparse.DENSE_AUX_FACTOR * min(k_aux, n_dead)
+    assert enc.aux_indices.shape == (B, n_dead if dense else min(k_aux, n_dead))
     assert bool(dead[enc.aux_indices].all())
+    assert n_dead == 0 or int((enc.aux_values != 0).sum(dim=1).max()) <= k_aux
+    if dense:
+        assert enc.aux_indices.stride(0) == 0
 
 
 @pytest.mark.parametrize("impl", IMPLS)

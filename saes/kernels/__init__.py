@@ -108,7 +108,15 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     ``skip_zero_grads=True``: a value exactly 0 gets gradient 0 instead of <grad, W_dec[index]>, and the
     fast kernels skip it. Right for codes from ``encode``, whose zeros are padding or ReLU zeros whose
     gradient its backward discards; a BatchTopK code padded to its longest row (K several times k) then
-    costs what its kept entries cost."""
+    costs what its kept entries cost.
+
+    A code whose indices are one row broadcast over the batch (stride 0: ``encode``'s dense AuxK code)
+    is decoded by one matmul, ``values @ W_dec[indices[0]]``, with any implementation."""
+    if indices.dim() == 2 and indices.shape[0] > 1 and indices.stride(0) == 0:
+        if skip_zero_grads:
+            values = torch.where(values != 0, values, values.detach())
+        out = values @ W_dec.index_select(0, indices[0])
+        return out if b_dec is None else out + b_dec
     return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec, skip_zero_grads)
 
 

@@ -182,16 +182,26 @@ def encode(
     scale: Tensor | None = None,
     dead: Tensor | None = None,
     k_aux: int = 0,
+    dense_aux_ok: bool = True,
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
     one matmul. On CPU the matmul runs ROW_CHUNK rows at a time and each chunk is selected while it is
     still in cache, so no [B, L] buffer exists at all (BatchTopK keeps 4k candidates per row of the first
     chunk, then, with a backend that has ``row_above``, every entry above a cutoff guessed from them; the
-    rows these cannot prove are recomputed). ``k=0`` skips the main code."""
+    rows these cannot prove are recomputed). ``k=0`` skips the main code.
+
+    With few dead latents (at most DENSE_AUX_FACTOR * k_aux) the AuxK code is dense over them: values
+    [B, n_dead] (zero outside each row's top k_aux) with indices the dead latents broadcast over rows
+    (stride 0), which ``kernels.sparse_decode`` decodes with one matmul (``dense_aux``; ``dense_aux_ok=False``
+    keeps the [B, k_aux] form)."""
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
+    dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
+    if dense:
+        enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale)
+        return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
@@ -228,6 +238,23 @@ def encode(
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
     K = sel.indices.shape[1]
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, sel.smallest)
+
+
+# AuxK: a dense code over the dead latents when there are at most this many times k_aux of them. Dense
+# costs ~5 matmuls of B x n_dead x D at the matmul rate, sparse ~5 gathers of B x k_aux rows of D at
+# memory speed. TopK+AuxK step at D=768, L=16384, k=32, k_aux=384, B=4096 on 2 CPU cores, dense / sparse:
+# 400 dead 806 / -, 1638 dead 1071 / 1488 ms, 3000 dead 1533 / 1965 ms, 6000 dead 2565 / 1665 ms
+DENSE_AUX_FACTOR = 8
+
+
+def dense_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, cols: Tensor, kk: int) -> Tensor:
+    """The AuxK code over the dead latents ``cols`` [n] as a dense [B, n]: ReLU(x W_enc[:, cols] + b_enc[cols])
+    kept at each row's top ``kk``, zero elsewhere; plain autograd (matmuls) into x, W_enc and b_enc."""
+    W_dead = W_enc.t().index_select(0, cols)  # [n, D]: rows of latent-major storage, grads back into rows
+    act = torch.relu(torch.addmm(b_enc.index_select(0, cols), x, W_dead.t()))
+    with torch.no_grad():
+        keep = torch.zeros_like(act, dtype=torch.bool).scatter_(1, act.topk(kk, dim=1, sorted=False).indices, True)
+    return act * keep
 
 
 # BatchTopK after the first chunk: slots per row for the entries above the cutoff, in units of 4k (a row
@@ -280,7 +307,7 @@ def make_ops(backend: Backend):
         return sparse_decode(values, indices, W_dec, b_dec, backend, skip_zero_grads)
 
     def _encode_aux(x, W_enc, b_enc, dead, k_aux):
-        enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux)
+        enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux, dense_aux_ok=False)
         return enc.aux_values, enc.aux_indices
 
     return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux
