@@ -7,7 +7,10 @@ from its own baseline, one variant after the other. A step is forward + backward
 same optimizer for every trainer: the unfused CPU Adam alone costs several encoder matmuls at L=16384
 and would hide every difference between the trainers). Variants:
 
-  matmul             the encoder matmul alone, x [B, D] @ W_enc [D, L] + b_enc (the floor)
+  matmul             the encoder matmul alone, x [B, D] @ W_enc [D, L] + b_enc (the floor); every other
+                     variant also times it (into a preallocated output) just before each of its steps
+                     and reports the median step/matmul ratio of those pairs ("x matmul"), since this
+                     machine's speed drifts by tens of percent within a minute
   ours-topk          conceptdict kernels, impl=auto (fused encode + sparse decode)
   ours-batchtopk     the same with BatchTopK selection
   ours-topk-aux      TopK with the AuxK code from the same matmul (10% dead latents, k_aux = D/2)
@@ -97,13 +100,17 @@ def _adam(params):
 
 
 class _Meter:
-    """Step timer and peak-memory meter for one worker."""
+    """Step timer and peak-memory meter for one worker. With ``floor`` (a callable on the batch), every
+    timed step is paired with the encoder matmul timed just before it (``floors``): the machine's speed
+    drifts by tens of percent within a minute, so ratios come from pairs measured seconds apart."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, floor=None):
         import torch
 
         self.torch, self.cuda = torch, device.startswith("cuda")
+        self.floor = floor
         self.times: list[float] = []
+        self.floors: list[float] = []
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -120,10 +127,20 @@ class _Meter:
             return self.torch.cuda.max_memory_allocated() - self.base
         return _hwm() - self.base
 
+    def time_floor(self, x, record: bool) -> None:
+        if self.floor is not None:
+            self.sync()
+            t = time.perf_counter()
+            self.floor(x)
+            self.sync()
+            if record:
+                self.floors.append(time.perf_counter() - t)
+
     def run(self, step, batches, warmup: int) -> None:
         for i, x in enumerate(batches):
             if i == warmup and not self.cuda:
                 _reset_hwm()
+            self.time_floor(x, i >= warmup)
             self.sync()
             t = time.perf_counter()
             step(x)
@@ -199,6 +216,8 @@ def _train(p: dict, meter: _Meter, batches) -> dict:
             if i == 1 + p["warmup"] and not meter.cuda:
                 _reset_hwm()  # after the initialisation (b_dec, scale) and the warm-up steps
             stamps.append(time.perf_counter())
+            meter.time_floor(x, i >= 1 + p["warmup"])  # paired with the step on batch i, timed from after it
+            stamps.append(time.perf_counter())
             yield x
         meter.sync()
         stamps.append(time.perf_counter())
@@ -206,7 +225,9 @@ def _train(p: dict, meter: _Meter, batches) -> dict:
     cfg = TrainConfig(latents=p["L"], k=p["k"], batch_size=p["B"], tokens=p["B"] * (len(batches) - 1),
                       eval_batches=0, init_rows=p["B"], checkpoint_every=0, log_every=10**9, device=p["device"])
     train(cfg, stream())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    # stamps: before and after each batch's floor matmul, then the end; step i runs from after floor i to
+    # before floor i + 1
+    gaps = [b - a for a, b in zip(stamps[1::2], stamps[2::2])]
     meter.times = gaps[1 + p["warmup"]:] or gaps[-1:]
     return {}
 
@@ -267,8 +288,8 @@ def _measure(name: str, p: dict) -> dict:
 
     torch.manual_seed(0)
     batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], p["D"], p["device"])
-    floor_s = _floor(p, batches) if name != "matmul" else None
-    meter = _Meter(p["device"])
+    floor = _floor(p) if name != "matmul" else None
+    meter = _Meter(p["device"], floor)
     if name == "matmul":
         extra = _matmul(p, meter, batches)
     elif name == "train-topk":
@@ -281,18 +302,20 @@ def _measure(name: str, p: dict) -> dict:
         extra = _ours(name, p, meter, batches)
     step_s = statistics.median(meter.times)
     return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
-            "times": meter.times, "floor_s": floor_s or step_s, **extra}
+            "times": meter.times, "floor_s": statistics.median(meter.floors) if floor else step_s,
+            "step_over_floor": (statistics.median(t / f for t, f in zip(meter.times, meter.floors))
+                                if floor else 1.0), **extra}
 
 
-def _floor(p: dict, batches) -> float:
-    """The encoder matmul timed in the same worker right before a variant (the machine's speed drifts)."""
+def _floor(p: dict):
+    """The encoder matmul x @ W_enc + b_enc into a preallocated output (so it adds nothing to a variant's
+    peak memory), timed before every step of a variant (``_Meter``)."""
     import torch
 
     W_enc_t, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
     W_enc = W_enc_t.t()
-    m = _Meter(p["device"])
-    m.run(lambda x: torch.addmm(b_enc, x, W_enc), batches[: p["steps"] + 1], 1)
-    return statistics.median(m.times)
+    out = torch.empty(p["B"], p["L"], device=p["device"])
+    return lambda x: torch.addmm(b_enc, x, W_enc, out=out)
 
 
 # ------------------------------------------------------------------ parent side
@@ -331,9 +354,8 @@ def ratios(res: dict, p: dict) -> dict:
     def ratio(a, b):
         return a / b if a and b else None
 
-    def rel(n):  # step in units of the matmul timed next to it, in the same worker
-        r = res.get(n, {})
-        return ratio(r.get("step_s"), r.get("floor_s"))
+    def rel(n):  # step in units of the matmul timed just before each step (median of the pairs)
+        return res.get(n, {}).get("step_over_floor")
 
     budget = sum(budget_bytes(p).values())
     ours_peak = res.get("ours-topk", {}).get("peak_bytes")
@@ -357,13 +379,14 @@ def ratios(res: dict, p: dict) -> dict:
 
 def print_table(res: dict, rat: dict, p: dict) -> None:
     print(f"D={p['D']} L={p['L']} k={p['k']} B={p['B']} device={p['device']} steps={p['steps']} (+{p['warmup']} warm-up)")
-    print("x matmul: the step over the encoder matmul timed in the same worker just before it")
+    print("x matmul: median over steps of the step over the encoder matmul (into a preallocated output)"
+          " timed just before it")
     print(f"{'variant':18s} {'step ms':>9s} {'matmul ms':>9s} {'x matmul':>9s} {'tokens/s':>10s} {'peak MiB':>9s}  impl")
     for name, r in res.items():
         if "error" in r:
             print(f"{name:18s} error: {r['error']}")
             continue
-        print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_s'] / r['floor_s']:9.2f} "
+        print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_over_floor']:9.2f} "
               f"{r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  {r.get('impl', '')}")
     b = budget_bytes(p)
     print("memory budget (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items())
