@@ -206,6 +206,16 @@ def _score(row, c, bias, scale):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _any_above(row, c0, bias, scale, thr):
+    """Whether a score of columns c0 .. c0 + SCAN_BLOCK - 1 is above thr: a branch-free count, so the
+    common case (none) costs no scalar work."""
+    hits = 0
+    for u in range(SCAN_BLOCK):
+        hits += _score(row, c0 + u, bias, scale) > thr
+    return hits > 0
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _offer(bv, bi, n, thr, cap, k, v, c, floor):
     """Keep column c with score v when it beats thr; a full buffer is compacted to its k best first
     (which raises thr, never below ``floor``). Returns the new (n, thr)."""
@@ -233,10 +243,7 @@ def _scan_row(row, k, cap, bias, scale, floor, bv, bi):
     thr = max(thr, floor)
     c0 = cap
     while c0 + SCAN_BLOCK <= L:
-        hits = 0
-        for u in range(SCAN_BLOCK):
-            hits += _score(row, c0 + u, bias, scale) > thr
-        if hits:
+        if _any_above(row, c0, bias, scale, thr):
             for u in range(SCAN_BLOCK):
                 n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c0 + u, bias, scale), c0 + u, floor)
         c0 += SCAN_BLOCK
@@ -302,10 +309,7 @@ def row_above(pre, tau, cap, bias, scale, out_val, out_idx, count):
         n = 0
         c0 = 0
         while c0 + SCAN_BLOCK <= L:
-            hits = 0
-            for u in range(SCAN_BLOCK):
-                hits += _score(row, c0 + u, bias, scale) > tau
-            if hits:
+            if _any_above(row, c0, bias, scale, tau):
                 for u in range(SCAN_BLOCK):
                     v = _score(row, c0 + u, bias, scale)
                     if v > tau:
