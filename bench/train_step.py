@@ -111,7 +111,7 @@ class _Meter:
         self.floor = floor
         self.times: list[float] = []
         self.floors: list[float] = []
-        self.peaks: list[int] = []  # CPU with a floor: peak RSS of each timed step alone
+        self.peaks: list[int] = []  # with a floor: the peak of each timed step alone
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -123,19 +123,20 @@ class _Meter:
         if self.cuda:
             self.torch.cuda.synchronize()
 
+    def _now_peak(self) -> int:
+        return self.torch.cuda.max_memory_allocated() if self.cuda else _hwm()
+
     def peak(self) -> int:
-        if self.cuda:
-            return self.torch.cuda.max_memory_allocated() - self.base
-        return (max(self.peaks) if self.peaks else _hwm()) - self.base
+        return (max(self.peaks) if self.peaks else self._now_peak()) - self.base
 
     def end_step(self) -> None:
-        """After a timed step (CPU, with a floor): record its own peak RSS."""
-        if self.floor is not None and not self.cuda:
-            self.peaks.append(_hwm())
+        """After a timed step (with a floor): record its own peak."""
+        if self.floor is not None:
+            self.peaks.append(self._now_peak())
 
     def time_floor(self, x, record: bool) -> None:
-        """Time the floor matmul on x; on CPU then reset the peak RSS, so the fresh [B, L] output it just
-        freed does not count as the next step's memory."""
+        """Time the floor matmul on x, then reset the peak (RSS, or CUDA's allocator peak), so the fresh
+        [B, L] output it just freed does not count as the next step's memory."""
         if self.floor is not None:
             self.sync()
             t = time.perf_counter()
@@ -143,7 +144,9 @@ class _Meter:
             self.sync()
             if record:
                 self.floors.append(time.perf_counter() - t)
-                if not self.cuda:
+                if self.cuda:
+                    self.torch.cuda.reset_peak_memory_stats()
+                else:
                     _reset_hwm()
 
     def run(self, step, batches, warmup: int) -> None:
