@@ -191,10 +191,10 @@ def encode(
     chunk, then, with a backend that has ``row_above``, every entry above a cutoff guessed from them; the
     rows these cannot prove are recomputed). ``k=0`` skips the main code.
 
-    With few dead latents (at most DENSE_AUX_FACTOR * k_aux) the AuxK code is dense over them: values
-    [B, n_dead] (zero outside each row's top k_aux) with indices the dead latents broadcast over rows
-    (stride 0), which ``kernels.sparse_decode`` decodes with one matmul (``dense_aux``; ``dense_aux_ok=False``
-    keeps the [B, k_aux] form)."""
+    With few dead latents (at most DENSE_AUX_FACTOR * k_aux) the AuxK code is dense over them, from a
+    second, n_dead-wide matmul: values [B, n_dead] (zero outside each row's top k_aux) with indices the
+    dead latents broadcast over rows (stride 0), which ``kernels.sparse_decode`` decodes with one matmul
+    (``dense_aux``; ``dense_aux_ok=False`` keeps the [B, k_aux] form)."""
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
