@@ -360,3 +360,39 @@ def test_real_shapes_on_gpu(batch):
     for what, a, c in zip(names, res["triton"], res["torch"]):
         _close(a.cpu(), c.cpu(), torch.float32, what)
     torch.testing.assert_close(res["torch"][0], res["reference"][0], rtol=1e-3, atol=0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="no numba")
+def test_recycled_gradient_buffers_are_never_shared_while_held():
+    """numba's [L, D] scatter outputs are reused across calls, but only once no tensor holds them: a
+    gradient kept from one step (a parameter's .grad, a view of it, its .data) never changes under a later one."""
+    from conceptdict.saes.kernels import numba_impl
+
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 41, (30, 4), generator=g)
+    val = torch.rand(30, 4, generator=g)
+    A = torch.randn(30, 13, generator=g)
+    first = numba_impl.scatter_rows(idx, val, A, 41)
+    kept = (first.clone(), first.t(), first.data)
+    second = numba_impl.scatter_rows(idx, 2 * val, A, 41)
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(second, 2 * kept[0])
+    del first
+    third = numba_impl.scatter_rows(idx, 3 * val, A, 41)  # the view and .data still hold the first buffer
+    assert third.data_ptr() not in (kept[1].data_ptr(), second.data_ptr())
+    torch.testing.assert_close(kept[1].t(), kept[0])
+    torch.testing.assert_close(kept[2], kept[0])
+    ptrs = {second.data_ptr(), third.data_ptr(), kept[1].data_ptr()}
+    del second, third, kept
+    assert numba_impl.scatter_rows(idx, val, A, 41).data_ptr() in ptrs, "a free buffer is reused"
+
+    # in training: the parameter's gradient of one step survives the next backward when it is kept
+    W_dec = torch.randn(41, 13, generator=g).requires_grad_()
+    codes = [(torch.rand(30, 4, generator=g), torch.randint(0, 41, (30, 4), generator=g)) for _ in range(2)]
+    grads = []
+    for v, i in codes:
+        W_dec.grad = None
+        kernels.sparse_decode(v, i, W_dec, None, impl="numba").pow(2).sum().backward()
+        grads.append((W_dec.grad, W_dec.grad.clone()))
+    for held, copy in grads:
+        torch.testing.assert_close(held, copy)
