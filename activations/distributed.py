@@ -93,11 +93,13 @@ def rank_batches(
     start_batch: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
+    holdout_batches: int = 0,
 ) -> Iterator[torch.Tensor]:
     """This rank's rows of every GLOBAL batch of ``stream_batches(stores, hookpoints, batch_size, seed=...)``:
     [B_r, D] or [B_r, S, D] float32, B_r = rows of :func:`rank_rows`. ``start_batch`` counts GLOBAL batches
     (the training checkpoint's data position), so a run resumes under any number of ranks. ``rank`` /
-    ``world_size`` default to the process group's. With one rank this yields exactly ``stream_batches``."""
+    ``world_size`` default to the process group's; ``holdout_batches`` as in ``stream_batches``. With one
+    rank this yields exactly ``stream_batches``."""
     w = world()
     rank = w.rank if rank is None else rank
     world_size = w.size if world_size is None else world_size
@@ -117,7 +119,7 @@ def rank_batches(
                          f"{batch_size}; lower batch_size or raise epochs")
     squeeze = len(pairs) == 1
     index = 0  # global batch index
-    plan = stream_mod._index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size))
+    plan = stream_mod._index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches)
     for _, batches in plan:
         wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
         index += len(batches)

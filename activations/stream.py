@@ -5,6 +5,8 @@ rows are cut into blocks of consecutive rows; each epoch visits the blocks in a 
 blocks are poured into a mixing buffer of about ``buffer_rows`` rows, the buffer (plus the rows left
 over from the previous fill) is permuted, and whole batches are cut from it. So one batch mixes rows
 from many shards, memory stays bounded, and skipping ``start_batch`` batches needs no data reads.
+With ``holdout_batches=n`` the rows of the first n batches (training's held-out evaluation rows) never
+come again: later epochs leave them out.
 """
 
 from __future__ import annotations
@@ -54,24 +56,37 @@ def _block_size(buffer_rows: int, batch_size: int) -> int:
     return max(1, min(4096, buffer_rows // 16, max(batch_size, 64)))
 
 
-def _index_plan(num_rows: int, batch_size: int, seed: int, epochs: int | None,
-                buffer_rows: int) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-    """Yield (rows of this fill, batches of global row ids) per buffer fill."""
+def _index_plan(num_rows: int, batch_size: int, seed: int, epochs: int | None, buffer_rows: int,
+                holdout: int = 0) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Yield (rows of this fill, batches of global row ids) per buffer fill; the rows of the first
+    ``holdout`` batches are left out of every later epoch."""
+    if holdout and holdout * batch_size >= num_rows:
+        raise ValueError(f"holding out {holdout} batches of {batch_size} rows leaves none of the {num_rows} rows "
+                         f"to train on; lower eval_batches or batch_size, or add data")
     block = _block_size(buffer_rows, batch_size)
     n_blocks = -(-num_rows // block)
     carry = np.empty(0, dtype=np.int64)
-    epoch, fill = 0, 0
+    held: list[np.ndarray] = []  # the held-out batches' rows, complete once `holdout` batches are out
+    held_sorted = None
+    epoch, fill, emitted = 0, 0, 0
     while epochs is None or epoch < epochs:
         order = np.random.default_rng([seed, epoch]).permutation(n_blocks)
         per_fill = max(1, buffer_rows // block)
+        if epoch > 0 and held and held_sorted is None:
+            held_sorted = np.sort(np.concatenate(held))
         for i in range(0, n_blocks, per_fill):
             new = [np.arange(b * block, min(num_rows, (b + 1) * block)) for b in order[i:i + per_fill]]
+            if held_sorted is not None:
+                new = [r[~np.isin(r, held_sorted, assume_unique=True)] for r in new]
             ids = np.concatenate([carry, *new])
             ids = ids[np.random.default_rng([seed, epoch, fill, 1]).permutation(len(ids))]
             fill += 1
             n_full = len(ids) // batch_size
             carry = ids[n_full * batch_size:]
-            yield ids[: n_full * batch_size], [ids[j * batch_size:(j + 1) * batch_size] for j in range(n_full)]
+            batches = [ids[j * batch_size:(j + 1) * batch_size] for j in range(n_full)]
+            held += batches[: max(0, holdout - emitted)]
+            emitted += n_full
+            yield ids[: n_full * batch_size], batches
         epoch += 1
 
 
@@ -104,13 +119,16 @@ def stream_batches(
     start_batch: int = 0,
     rank: int = 0,
     world_size: int = 1,
+    holdout_batches: int = 0,
 ) -> Iterator[torch.Tensor]:
     """Shuffled float32 batches: [B, D] for one source, [B, S, D] for several.
 
     Sources are every (store, hookpoint) pair, stores outermost; several stores must hold the same tokens.
     Deterministic given ``seed``; ``epochs=None`` repeats forever; a last incomplete batch is dropped.
     ``start_batch`` skips exactly that many of this rank's batches without reading them; batch i of the
-    global order goes to rank ``i % world_size``.
+    global order goes to rank ``i % world_size``. ``holdout_batches``: the rows of the first that many
+    (global) batches never come again in later epochs (``saes.train`` evaluates on its first
+    ``eval_batches`` batches, so training passes ``eval_batches`` here).
     """
     stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
     hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
@@ -133,7 +151,7 @@ def stream_batches(
     squeeze = len(pairs) == 1
     mine = 0  # batches of this rank seen so far
     global_index = 0
-    for fill_ids, batches in _index_plan(num_rows, batch_size, seed, epochs, buffer_rows):
+    for fill_ids, batches in _index_plan(num_rows, batch_size, seed, epochs, buffer_rows, holdout_batches):
         wanted = []
         for j in range(len(batches)):
             if global_index % world_size == rank:

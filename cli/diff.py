@@ -328,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
     epochs = None if tcfg.tokens else 1
 
     def batches(start: int):
-        return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start)
+        return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start,
+                              holdout_batches=tcfg.eval_batches)
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
     meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources}

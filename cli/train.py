@@ -109,7 +109,7 @@ def train_on_stores(cmd: TrainCommand, cfg):
     def batches(start: int):
         # this rank's rows of every global batch (one process: exactly stream_batches)
         return rank_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
-                            buffer_rows=cmd.buffer_rows, start_batch=start)
+                            buffer_rows=cmd.buffer_rows, start_batch=start, holdout_batches=cfg.eval_batches)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}

@@ -5,6 +5,10 @@ skip to its data position | fresh: estimate the normalisation scale and b_dec fr
 (kind forward, FVU loss + sparsity / AuxK terms, decoder-gradient projection, clipping, Adam with warm-up and
 linear decay, decoder renormalisation, dead-latent and threshold bookkeeping, logging, checkpoints) -> fold
 the normalisation into the weights -> evaluate on the held-out batches -> save the artifact.
+
+The held-out batches are only held out if the data never repeats their rows: a stream over several
+epochs must leave them out of later epochs (``activations.stream_batches(..., holdout_batches=
+eval_batches)``, as ``conceptdict train`` and ``conceptdict diff`` do).
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ class TrainConfig:
     threshold_momentum: float = 0.999
     """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
     eval_batches: int = 4
-    """Batches from the start of the data held out of training and evaluated at the end (0: none)."""
+    """Batches from the start of the data held out of training and evaluated at the end (0: none); the
+    command line's stream leaves their rows out of every later epoch."""
     seed: int = 0
     """Seed of the initialisation (the data order is the stream's own seed)."""
     checkpoint_every: int = 500

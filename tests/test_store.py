@@ -125,6 +125,30 @@ def test_stream_deterministic_and_covers_every_row_once(tmp_path):
     assert len(two) == 20  # 202 rows -> the remainder carries across the epoch boundary
 
 
+def test_stream_holdout_rows_never_come_again(tmp_path):
+    """Training evaluates on its first eval_batches batches: with holdout_batches their rows are left out
+    of every later epoch (resumable and rank-split like any stream), and the first epoch is unchanged."""
+    store = make_store(tmp_path / "s", {"h": row_ids(203)}, shard_rows=20)
+    kw = dict(seed=2, buffer_rows=48)
+    plain = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 8, epochs=1, **kw)]
+    full = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 8, epochs=4, holdout_batches=3, **kw)]
+    assert full[: len(plain)] == plain  # epoch 0 as without holdout
+    held = {r for batch in full[:3] for r in batch}
+    assert len(held) == 24 and not held & {r for batch in full[3:] for r in batch}
+    later = [r for batch in full[len(plain):] for r in batch]
+    assert len(set(later) | held) == 203 and len(later) > 2 * (203 - 24)  # every other row keeps coming
+    resumed = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 8, epochs=4, holdout_batches=3,
+                                                                start_batch=40, **kw)]
+    assert resumed == full[40:]
+    from conceptdict.activations.distributed import rank_batches
+
+    halves = [[b[:, 0].long().tolist() for b in rank_batches(store, "h", 8, epochs=4, holdout_batches=3, rank=r,
+                                                               world_size=2, **kw)] for r in (0, 1)]
+    assert [a + b for a, b in zip(*halves)] == full
+    with pytest.raises(ValueError, match="leaves none"):
+        next(stream_batches(store, "h", 8, epochs=None, holdout_batches=26, **kw))
+
+
 def test_stream_shuffles_across_shards(tmp_path):
     store = make_store(tmp_path / "s", {"h": row_ids(400)}, shard_rows=50)
     assert len(store.manifest["shards"]) >= 7
