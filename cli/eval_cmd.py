@@ -1,6 +1,8 @@
 """``conceptdict eval SAE_DIR [--store STORE] [--model M]``: metrics table + eval.json.
 
-Reconstruction and sparsity metrics come from ``saes.evaluate`` over store rows; for a token-level store of
+Reconstruction and sparsity metrics come from ``saes.evaluate`` over store rows: by default, on the store the
+dictionary was trained on, the batches ``conceptdict train`` held out (rebuilt from SAE_DIR/train_config.json:
+rows training never saw), else the first rows of the store. For a token-level store of
 a causal language model, the dictionary is also spliced into the model at its hookpoint
 (``activations.spliced_losses``) and CE loss recovered / KL score are computed (``saes.with_splice_scores``).
 """
@@ -8,6 +10,7 @@ a causal language model, the dictionary is also spliced into the model at its ho
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 from dataclasses import dataclass
@@ -32,7 +35,10 @@ class EvalConfig:
     model: str | None = None
     """Language model for CE loss recovered / KL score; default: the store's model when it is a causal LM."""
     rows: int = 65536
-    """Evaluate on at most this many store rows (from the start of the store)."""
+    """Evaluate on at most this many store rows."""
+    rows_from: str = "heldout"
+    """``heldout``: training's held-out batches when SAE_DIR records them for this store and hookpoint (else
+    the first rows, with a warning); ``start``: the first rows of the store (training may have seen them)."""
     batch_size: int = 4096
     """Rows per evaluation batch."""
     contexts: int = 32
@@ -73,6 +79,29 @@ def _open(sae_dir: Path, cfg: EvalConfig):
         raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
                          f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
     return model, store, hookpoint
+
+
+def _heldout_batches(sae_dir: Path, store, hookpoint: str, rows: int):
+    """The batches ``conceptdict train`` held out for its own evaluation (never trained on: the stream leaves
+    their rows out of later epochs), rebuilt without reading anything else; None when SAE_DIR was not trained
+    by ``conceptdict train`` on this store and hookpoint."""
+    from conceptdict.activations.distributed import rank_batches
+    from conceptdict.saes import load_dictionary_config
+
+    path = sae_dir / "train_config.json"
+    if not path.exists():
+        return None
+    recorded = load_dictionary_config(sae_dir)
+    run = json.loads(path.read_text())
+    cmd, train = run.get("command", {}), run.get("train", {})
+    same = ([str(Path(s).resolve()) for s in recorded.get("stores") or []] == [str(store.path.resolve())]
+            and recorded.get("hookpoints") == [hookpoint])
+    if not same or not train.get("eval_batches"):
+        return None
+    n = min(int(train["eval_batches"]), max(1, rows // int(train["batch_size"])))
+    stream = rank_batches(store, hookpoint, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
+                          buffer_rows=int(cmd.get("buffer_rows", 65536)), rank=0, world_size=1)
+    return itertools.islice(stream, n)
 
 
 def _batches(store, hookpoint: str, rows: int, batch_size: int):
@@ -149,15 +178,25 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.saes import evaluate, format_table
 
     cfg = build_config(EvalConfig, args, args.config)
+    if cfg.rows_from not in ("heldout", "start"):
+        raise ValueError(f"--rows-from {cfg.rows_from!r}: choose heldout or start")
     sae, store, hookpoint = _open(args.sae_dir, cfg)
-    result = evaluate(sae, _batches(store, hookpoint, cfg.rows, cfg.batch_size))
+    batches = _heldout_batches(args.sae_dir, store, hookpoint, cfg.rows) if cfg.rows_from == "heldout" else None
+    rows_from = "training's held-out batches"
+    if batches is None:
+        if cfg.rows_from == "heldout":
+            log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
+                        "which training may have seen", args.sae_dir, store.path, hookpoint, cfg.rows)
+        batches, rows_from = _batches(store, hookpoint, cfg.rows, cfg.batch_size), "the first rows of the store"
+    result = evaluate(sae, batches)
     result = _splice(result, sae, store, hookpoint, cfg)
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint,
+    record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,
               "config": to_jsonable(cfg), "metrics": result.to_dict(with_density=True)}
     out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"{sae.kind} dictionary {args.sae_dir} on {store.path} [{hookpoint}], {result.n_tokens} rows:")
+    print(f"{sae.kind} dictionary {args.sae_dir} on {store.path} [{hookpoint}], {result.n_tokens} rows "
+          f"({rows_from}):")
     print(format_table(result))
     print(f"eval: {out}")
     return 0

@@ -39,13 +39,20 @@ def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
     assert json.loads((out / "train_config.json").read_text())["train"]["k"] == 4
     assert (out / "metrics.jsonl").read_text().count("\n") == 2
 
+    # by default eval rebuilds training's held-out batches: the same rows, so the same numbers
     assert main(["eval", str(out)]) == 0
     text = capsys.readouterr().out
     assert "explained variance (SAEBench formula)" in text and "CE loss recovered" not in text
+    assert "held-out batches" in text
     record = json.loads((out / "eval.json").read_text())
-    assert record["hookpoint"] == "acts" and record["metrics"]["n_tokens"] == 3072
+    assert record["hookpoint"] == "acts" and record["metrics"]["n_tokens"] == 2 * 256
+    held = cfg["training"]["heldout_eval"]
+    assert abs(record["metrics"]["fvu"] - held["fvu"]) < 1e-5 and abs(record["metrics"]["l0"] - held["l0"]) < 1e-4
     assert len(record["metrics"]["density"]) == 64
     assert record["metrics"]["fvu"] < 0.9
+    assert main(["eval", str(out), "--rows-from", "start"]) == 0
+    assert "first rows of the store" in capsys.readouterr().out
+    assert json.loads((out / "eval.json").read_text())["metrics"]["n_tokens"] == 3072
 
     # a finished run resumes to the same weights; an existing dictionary is not overwritten silently
     before = load_dictionary(out).W_dec.clone()
