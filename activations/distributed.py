@@ -103,20 +103,8 @@ def rank_batches(
     w = world()
     rank = w.rank if rank is None else rank
     world_size = w.size if world_size is None else world_size
-    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
-    hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
-    if not stores or not hookpoints:
-        raise ValueError("rank_batches needs at least one store and one hookpoint")
+    pairs, num_rows = stream_mod.open_sources(stores, hookpoints, batch_size, epochs, "rank_batches")
     lo, hi = rank_rows(batch_size, rank, world_size)
-    if len(stores) > 1:
-        stream_mod.check_aligned(stores)
-    pairs = stream_mod._sources(stores, hookpoints)
-    num_rows = stores[0].num_rows
-    if num_rows == 0:
-        raise ValueError(f"store {stores[0].path} is empty")
-    if epochs is not None and num_rows * epochs < batch_size:
-        raise ValueError(f"store {stores[0].path} has {num_rows} rows x {epochs} epochs, fewer than one batch of "
-                         f"{batch_size}; lower batch_size or raise epochs")
     squeeze = len(pairs) == 1
     index = 0  # global batch index
     plan = stream_mod._index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches)

@@ -108,6 +108,28 @@ def _gather(pairs: list[tuple[ActivationStore, str]], ids: np.ndarray) -> torch.
     return out
 
 
+def open_sources(stores: Sequence[ActivationStore] | ActivationStore, hookpoints: Sequence[str] | str,
+                 batch_size: int, epochs: int | None, caller: str) -> tuple[list[tuple[ActivationStore, str]], int]:
+    """(every (store, hookpoint) pair, rows per store) for a stream of ``batch_size`` batches over ``epochs``,
+    after the checks every stream needs (``caller`` names the function in the errors)."""
+    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
+    hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
+    if not stores or not hookpoints:
+        raise ValueError(f"{caller} needs at least one store and one hookpoint")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(stores) > 1:
+        check_aligned(stores)
+    pairs = _sources(stores, hookpoints)
+    num_rows = stores[0].num_rows
+    if num_rows == 0:
+        raise ValueError(f"store {stores[0].path} is empty")
+    if epochs is not None and num_rows * epochs < batch_size:
+        raise ValueError(f"store {stores[0].path} has {num_rows} rows x {epochs} epochs, fewer than one batch of "
+                         f"{batch_size}; lower batch_size or raise epochs")
+    return pairs, num_rows
+
+
 def stream_batches(
     stores: Sequence[ActivationStore] | ActivationStore,
     hookpoints: Sequence[str] | str,
@@ -130,23 +152,9 @@ def stream_batches(
     (global) batches never come again in later epochs (``saes.train`` evaluates on its first
     ``eval_batches`` batches, so training passes ``eval_batches`` here).
     """
-    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
-    hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
-    if not stores or not hookpoints:
-        raise ValueError("stream_batches needs at least one store and one hookpoint")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    if len(stores) > 1:
-        check_aligned(stores)
-    pairs = _sources(stores, hookpoints)
-    num_rows = stores[0].num_rows
-    if epochs is not None and num_rows * epochs < batch_size:
-        raise ValueError(f"store {stores[0].path} has {num_rows} rows x {epochs} epochs, fewer than one batch of "
-                         f"{batch_size}; lower batch_size or raise epochs")
-    if num_rows == 0:
-        raise ValueError(f"store {stores[0].path} is empty")
+    pairs, num_rows = open_sources(stores, hookpoints, batch_size, epochs, "stream_batches")
     buffer_rows = max(buffer_rows, batch_size)
     squeeze = len(pairs) == 1
     mine = 0  # batches of this rank seen so far
