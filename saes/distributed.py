@@ -395,22 +395,8 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = tr.load_checkpoint(out / tr.CHECKPOINT_FILE) if resume else None
     stream, held_out, head, whole = _start(cfg, batches, ck, source)
-    model, gen = tr._build(cfg, (whole or held_out)[0], device, source)
-    rows_per_batch = (whole or held_out)[0].shape[0]
-    total = math.ceil(cfg.tokens / rows_per_batch) if cfg.tokens else (
-        len(batches) - len(held_out) if hasattr(batches, "__len__") else None)
-    r = tr._resolved(cfg, model, total)
-    opt = tr.make_optimizer(model, r["lr"])
-    if ck is not None:
-        st = tr._restore(ck, model, opt, cfg, source)
-        gen.set_state(ck["rng"])
-        if ck.get("resolved", r) != r:
-            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
-                             f"the data's length changed: pass the same tokens= as the first run")
-    else:
-        flat = torch.cat([model.flatten_input(x) for x in whole])[: cfg.init_rows]
-        st = tr._State(position=len(held_out), scale=tr._init_from_sample(model, flat.to(device), cfg).cpu(),
-                       since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+    model, gen, total, r, opt, st = tr._setup(cfg, (whole or held_out)[0], whole, len(held_out), batches, ck,
+                                              device, source)
     if w.main:
         log.info("training %s on %s x %d ranks: resolved %s", model.extra_repr(), device, w.size, r)
         if out is not None:

@@ -347,6 +347,29 @@ def record_step(model: SparseCoder, st: _State, fired: Tensor, rows: int, smalle
     st.rows += rows
 
 
+def _setup(cfg: TrainConfig, first: Tensor, sample: list[Tensor], n_held: int, batches: Batches,
+           ck: dict[str, Any] | None, device: torch.device, source: str):
+    """(model, generator, total steps, resolved settings, optimizer, state) of a run, fresh or resumed from
+    the checkpoint ``ck``: ``first`` (a batch) shapes the model, a fresh run initialises b_dec and the scale
+    from the batches ``sample`` and starts after the ``n_held`` held-out batches."""
+    model, gen = _build(cfg, first, device, source)
+    total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
+        len(batches) - n_held if hasattr(batches, "__len__") else None)
+    r = _resolved(cfg, model, total)
+    opt = make_optimizer(model, r["lr"])
+    if ck is not None:
+        st = _restore(ck, model, opt, cfg, source)
+        gen.set_state(ck["rng"])
+        if ck.get("resolved", r) != r:
+            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
+                             f"the data's length changed: pass the same tokens= as the first run")
+    else:
+        flat = torch.cat([model.flatten_input(x) for x in sample])[: cfg.init_rows]
+        st = _State(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
+                    since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+    return model, gen, total, r, opt, st
+
+
 def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State, cfg: TrainConfig,
           lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
     """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
@@ -453,22 +476,8 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     if not head and ck is None:
         raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
                          f"lower eval_batches or add data")
-    model, gen = _build(cfg, (head or held_out)[0], device, source)
-    rows_per_batch = (head or held_out)[0].shape[0]
-    total = math.ceil(cfg.tokens / rows_per_batch) if cfg.tokens else (
-        len(batches) - len(held_out) if hasattr(batches, "__len__") else None)
-    r = _resolved(cfg, model, total)
-    opt = make_optimizer(model, r["lr"])
-    if ck is not None:
-        st = _restore(ck, model, opt, cfg, source)
-        gen.set_state(ck["rng"])
-        if ck.get("resolved", r) != r:
-            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
-                             f"the data's length changed: pass the same tokens= as the first run")
-    else:
-        flat = torch.cat([model.flatten_input(x) for x in head])[: cfg.init_rows]
-        st = _State(position=len(held_out), scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
-                    since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+    model, gen, total, r, opt, st = _setup(cfg, (head or held_out)[0], head, len(held_out), batches, ck, device,
+                                           source)
     log.info("training %s on %s: resolved %s", model.extra_repr(), device, r)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
