@@ -9,16 +9,18 @@ code, sparse backward), ``encode_topk``, ``batch_topk``, ``encode_aux`` and ``sp
 Implementations (``sparse.py`` holds the shared sparse autograd, ``select.py`` the selection):
 
 - ``torch``     embedding_bag / index_add / bmm in chunks; any device and dtype (``torch_impl.py``).
-- ``numba``     CPU kernels (``numba_kernels.py``): one-pass quickselect row top-k, race-free bucketed
-                decode backward, tiled encoder backward; float32 inside. Chosen by "auto" on CPU: at
-                D=768, L=16384, k=32, B=4096 its step is several times faster than ``torch``'s
-                (bench/train_step.py).
+- ``numba``     CPU kernels (``numba_kernels.py``): one-pass row top-k with a block-count scan and the
+                bias fused in, race-free bucketed scatters (decode backward, and the encoder backward
+                for latent-major W_enc; a tiled kernel otherwise); float32 inside. Chosen by "auto" on
+                CPU: at D=768, L=16384, k=32, B=4096 its step is about 2x ``torch``'s
+                (bench/train_step.py, docs/kernels.md).
 - ``triton``    GPU kernels for the decode, its backward and the encoder backward (``triton_impl.py``);
                 chosen by "auto" on CUDA when triton is installed, else ``torch``.
 
 After the one matmul nothing touches B*L values except the selection: on CPU the pre-activations are
 computed and selected 512 rows at a time (no [B, L] buffer), and the exact batch top-k works from 4k
-candidates per row, recomputing only the rows those cannot prove.
+candidates per row of the first chunk and every score above a cutoff guessed from them in the others,
+recomputing only the rows those cannot prove.
 
 Shapes: x [B, D] (a crosscoder passes its S sources flattened to [B, S*D]), W_enc [D, L], b_enc [L],
 W_dec [L, D], b_dec [D]; codes are (values [B, K], indices [B, K] int64), zero-padded where rows differ.
