@@ -303,6 +303,9 @@ def _measure(name: str, p: dict) -> dict:
     import torch
 
     torch.manual_seed(0)
+    numba_impl = sys.modules.get("conceptdict.saes.kernels.numba_impl")
+    if numba_impl is not None:  # buffers an earlier variant left for reuse would hide from this one's peak
+        numba_impl.release_buffers()
     batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], p["D"], p["device"])
     floor = _floor(p) if name != "matmul" else None
     meter = _Meter(p["device"], floor)

@@ -385,6 +385,8 @@ def test_recycled_gradient_buffers_are_never_shared_while_held():
     ptrs = {second.data_ptr(), third.data_ptr(), kept[1].data_ptr()}
     del second, third, kept
     assert numba_impl.scatter_rows(idx, val, A, 41).data_ptr() in ptrs, "a free buffer is reused"
+    numba_impl.release_buffers()
+    assert not numba_impl._RECYCLED
 
     # in training: the parameter's gradient of one step survives the next backward when it is kept
     W_dec = torch.randn(41, 13, generator=g).requires_grad_()

@@ -38,6 +38,11 @@ def _recycled(shape: tuple[int, ...]) -> np.ndarray:
     return a
 
 
+def release_buffers() -> None:
+    """Drop the recycled arrays (those still in use stay alive with their tensors)."""
+    _RECYCLED.clear()
+
+
 def _f32(t: Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).contiguous().numpy()
 
