@@ -220,7 +220,7 @@ def _matmul(p: dict, meter: _Meter, batches) -> dict:
 
 
 def _train(p: dict, meter: _Meter, batches) -> dict:
-    from conceptdict.saes.train import TrainConfig, train
+    from conceptdict.saes.training import TrainConfig, train
 
     stamps: list[float] = []
 

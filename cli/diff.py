@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
     from conceptdict.saes.diffing import diff_crosscoder
-    from conceptdict.saes.train import resolve_device
+    from conceptdict.saes.training import resolve_device
 
     cfg = _diff_config(args)
     if (cfg.out / "diff.json").exists() and not cfg.overwrite:

@@ -7,7 +7,7 @@ from .artifact import export_saelens, import_saelens, load_dictionary, load_dict
 from .evaluate import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
-from .train import TrainConfig, train
+from .training import TrainConfig, train
 
 from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
 

@@ -27,7 +27,6 @@ Shapes: B global batch rows, B_r this rank's rows, D width per source, S sources
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import math
@@ -47,8 +46,8 @@ from .crosscoder import source_norm_sum, training_decoder
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import SparseCoder, TrainOutput
 
-# the training module (the package re-exports its ``train`` function under the same name)
-tr = importlib.import_module(".train", __package__)
+# the training loop module
+from . import training as tr
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch
 
 from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
 from conceptdict.saes.kernels import SparseCode
-from conceptdict.saes.train import _State, _update_threshold, aux_loss, default_dead_tokens, lr_at
+from conceptdict.saes.training import _State, _update_threshold, aux_loss, default_dead_tokens, lr_at
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 
 pytestmark = pytest.mark.unit
@@ -111,7 +111,7 @@ def test_auxk_revives_dead_latents():
         def batches(start):
             yield from synthetic_batches(spec, start)
 
-        tr = importlib.import_module("conceptdict.saes.train")
+        tr = importlib.import_module("conceptdict.saes.training")
         original = tr._build
 
         def build(*a, **kw):
