@@ -307,7 +307,7 @@ def _aux_part(out: TrainOutput, model: SparseCoder, err: Tensor) -> Tensor:
     return part * (local / total.clamp_min(1e-12))
 
 
-def dp_step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: "tr._State", cfg: tr.TrainConfig,
+def dp_step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: "tr.TrainState", cfg: tr.TrainConfig,
             lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
     """``saes.train._step`` on this rank's rows x [B_r, S*D] (normalised) of a global batch: the same update
     on every rank, equal (up to float summation order) to one process stepping on the whole batch."""
@@ -406,7 +406,7 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
     if st.step == 0:
         raise ValueError(f"{source} yielded no training batches (after {len(held_out)} held-out ones)")
     if out is not None and w.main:
-        tr.save_checkpoint(out / tr.CHECKPOINT_FILE, tr._checkpoint_state(model, opt, st, cfg, gen, r))
+        tr.save_checkpoint(out / tr.CHECKPOINT_FILE, tr.checkpoint_state(model, opt, st, cfg, gen, r))
     if model.spec.uses_threshold and st.threshold_updates == 0 and last_x is not None:
         if w.main:
             log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
@@ -419,7 +419,7 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
     return model
 
 
-def _loop(cfg: tr.TrainConfig, model: SparseCoder, opt: torch.optim.Optimizer, st: "tr._State", r: dict,
+def _loop(cfg: tr.TrainConfig, model: SparseCoder, opt: torch.optim.Optimizer, st: "tr.TrainState", r: dict,
           data: Iterator[Tensor], total: int | None, out: Path | None, sink: MetricsSink, gen: torch.Generator,
           device: torch.device) -> tuple[Tensor | None, dict | None]:
     """The steps; returns (the last normalised local batch, the last step's metrics)."""
@@ -442,7 +442,7 @@ def _loop(cfg: tr.TrainConfig, model: SparseCoder, opt: torch.optim.Optimizer, s
             log.info(tr._log_line(st, m, tok_s))
             sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
         if out is not None and main and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            tr.save_checkpoint(out / tr.CHECKPOINT_FILE, tr._checkpoint_state(model, opt, st, cfg, gen, r))
+            tr.save_checkpoint(out / tr.CHECKPOINT_FILE, tr.checkpoint_state(model, opt, st, cfg, gen, r))
     bar.close()
     sink.close()
     return last_x, m

@@ -16,11 +16,10 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -28,8 +27,10 @@ from tqdm.auto import tqdm
 
 from . import kernels
 from .evaluate import evaluate
+from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
+from .config import TrainConfig, default_dead_tokens, default_lr, resolve, resolve_device
 from .metrics import JsonlSink, MetricsSink, NullSink
-from .model import KINDS, SparseCoder, geometric_median, kind_spec, normalisation_scale
+from .model import SparseCoder, geometric_median, normalisation_scale
 
 log = logging.getLogger(__name__)
 
@@ -40,123 +41,7 @@ Batches = Iterable[Tensor] | Callable[[int], Iterable[Tensor]]
 """Training data: an iterable of [B, D] / [B, S, D] tensors, or a function start_batch -> such an iterable
 that starts at that batch (lets ``resume`` skip without reading, e.g. ``stream_batches(start_batch=...)``)."""
 
-
-@dataclass
-class TrainConfig:
-    """Settings of ``conceptdict train``; defaults measured on the synthetic benchmark (bench/synthetic_recovery.py)."""
-
-    latents: int
-    """Number of latents L in the dictionary."""
-    k: int
-    """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
-    kind: str = "topk"
-    """Dictionary kind: topk, batchtopk, relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or
-    crosscoder-l1 (the classical L1 crosscoder; needs several sources)."""
-    tokens: int | None = None
-    """Stop after this many training rows; None: one pass over the data."""
-    batch_size: int = 4096
-    """Rows per step (used by the command line when it builds the data stream)."""
-    lr: float | None = None
-    """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096), the literature's 1/sqrt(L) scaling (2e-4 / sqrt(L / 2^14),
-    dictionary_learning / sparsify) with a 4x larger constant for short runs. bench/synthetic_recovery.py,
-    2048 planted atoms in D=128, L=2048, k=8, 100 steps of 1024 rows, held-out FVU by lr: 5.7e-4 (literature)
-    0.205, 1.13e-3 0.170, 2.26e-3 (this default) 0.170, 4.5e-3 0.179; all recover all the atoms."""
-    warmup_steps: int | None = None
-    """Linear learning-rate warm-up steps; None: min(1000, 5 percent of the run) (dictionary_learning's 1000 steps,
-    capped so short runs reach the full rate), or 100 when the run's length is unknown (no ``tokens`` and
-    data without a length)."""
-    decay_fraction: float = 0.2
-    """Final fraction of the run over which the learning rate decays linearly to 0 (dictionary_learning)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0 disables)."""
-    normalize: bool = True
-    """Scale each source to mean norm sqrt(D) during training (Kissane et al.); folded back into the saved weights."""
-    b_dec_init: Literal["geometric_median", "mean", "zero"] = "geometric_median"
-    """Initial decoder bias: geometric median (OpenAI, dictionary_learning) or mean of the first rows, or zero."""
-    init_rows: int = 8192
-    """Rows from the start of the training data used for the normalisation scale and b_dec."""
-    aux_k: int | None = None
-    """Dead latents used by the AuxK loss per row; None: min(S*D/2, L/2) (dictionary_learning's d_in/2;
-    OpenAI used 512)."""
-    aux_alpha: float = 1 / 32
-    """Weight of the AuxK loss (OpenAI)."""
-    dead_tokens: int | None = None
-    """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
-    None: min(10M, max(100k, 5000 * L / k)) -- a latent used uniformly fires every L/k rows; OpenAI's 10M
-    on long runs, a shorter window so that AuxK engages on short ones (SAELens counts steps and never does).
-    With AuxK every bench/synthetic_recovery.py run ends with 0 dead latents; tests/test_train_sae.py
-    revives 14 of 16 latents killed at init (1 of 16 without AuxK)."""
-    l1_coeff: float = 0.4
-    """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
-    weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
-    x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
-    0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
-    threshold_start_step: int | None = None
-    """BatchTopK: step from which the inference threshold is estimated; None: min(1000, 3/4 of the run)
-    (dictionary_learning's 1000 on long runs; on the 76-step recovery test, inference L0 5.70 for k=6 when
-    starting at 3/4 of the run, 5.05 when starting at half, as the cut falls while the dictionary learns)."""
-    threshold_momentum: float = 0.999
-    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
-    eval_batches: int = 4
-    """Batches from the start of the data held out of training and evaluated at the end (0: none); the
-    command line's stream leaves their rows out of every later epoch."""
-    seed: int = 0
-    """Seed of the initialisation (the data order is the stream's own seed)."""
-    checkpoint_every: int = 500
-    """Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."""
-    log_every: int = 100
-    """Log a metrics line every this many steps."""
-    kernel_impl: str = "auto"
-    """Kernel implementation (saes.kernels): auto, reference or a registered fast one."""
-    device: str = "auto"
-    """cpu, cuda or auto (cuda when available)."""
-    d_in: int | None = None
-    """Expected input width D per source; None: taken from the data."""
-
-    def __post_init__(self) -> None:
-        kind_spec(self.kind)
-        if self.latents < 1:
-            raise ValueError(f"latents={self.latents} must be at least 1")
-        if not 1 <= self.k < self.latents:
-            raise ValueError(f"k={self.k} must be at least 1 and below latents={self.latents}; "
-                             f"lower --k or raise --latents")
-        for name in ("batch_size", "init_rows", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("eval_batches", "checkpoint_every", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must not be negative")
-        if self.tokens is not None and self.tokens < 1:
-            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for one pass)")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be positive")
-        if not 0 <= self.decay_fraction <= 1:
-            raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
-        if not 0 <= self.threshold_momentum < 1:
-            raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
-
-
-# -- resolved defaults ----------------------------------------------------------------------------
-
-def default_lr(latents: int) -> float:
-    """1.6e-3 / sqrt(L / 4096): the literature's 1/sqrt(L) scaling, 4x its constant (short-run tuning)."""
-    return 1.6e-3 / math.sqrt(latents / 4096)
-
-
-def default_dead_tokens(latents: int, k: int) -> int:
-    """Dead window in rows: a latent used uniformly fires every L/k rows; 5000 such periods, in [100k, 10M]."""
-    return int(min(10_000_000, max(100_000, 5 * latents / k * 1000)))
-
-
-def resolve_device(name: str) -> torch.device:
-    """Turn ``auto`` into cuda when available, else cpu, and log why."""
-    if name == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        log.info("device %s (auto: CUDA %s)", dev, "available" if dev.type == "cuda" else "not available")
-        return dev
-    return torch.device(name)
+__all__ = ["Batches", "TrainConfig", "default_dead_tokens", "default_lr", "make_optimizer", "train"]
 
 
 def make_optimizer(model: SparseCoder, lr: float) -> torch.optim.Adam:
@@ -229,65 +114,6 @@ def _shape_of(x: Tensor) -> tuple[int, int]:
     return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
 
 
-# -- checkpoints -------------------------------------------------------------------------------
-
-def _config_key(cfg: TrainConfig) -> dict[str, Any]:
-    """The settings a resumed run must share with the checkpoint (everything except logging/IO cadence)."""
-    skip = {"checkpoint_every", "log_every", "device", "kernel_impl"}
-    return {k: v for k, v in asdict(cfg).items() if k not in skip}
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Atomic write (temporary name, fsync, rename) of a training state of tensors and plain values."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start training there")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-@dataclass
-class _State:
-    """Mutable training state besides the model and optimizer (all of it goes into checkpoints)."""
-
-    step: int = 0
-    position: int = 0  # batches read from the start of the data, held-out ones included
-    rows: int = 0  # training rows seen
-    threshold_updates: int = 0
-    scale: Tensor | None = None  # [S] normalisation factor
-    since_fired: Tensor | None = None  # [L] int64 rows since each latent last fired
-
-
-def _checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: _State, cfg: TrainConfig,
-                      gen: torch.Generator, resolved: dict[str, Any]) -> dict:
-    return {
-        "model": model.state_dict(), "optimizer": opt.state_dict(),
-        "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
-        "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(),
-        "config": _config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved,
-    }
-
-
-def _restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> _State:
-    if ck["config"] != _config_key(cfg):
-        diff = {k: (ck["config"].get(k), v) for k, v in _config_key(cfg).items() if ck["config"].get(k) != v}
-        raise ValueError(f"--resume with settings that differ from the checkpoint (checkpoint, now): {diff}; "
-                         f"use the original settings or start a new run without --resume")
-    if list(ck["shape"]) != [model.n_sources, model.d_in]:
-        raise ValueError(f"checkpoint has (sources, d_in)={tuple(ck['shape'])} but {source} has "
-                         f"{(model.n_sources, model.d_in)}; resume on the same store and hookpoint(s)")
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["optimizer"])
-    return _State(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"])
-
-
 # -- the steps ---------------------------------------------------------------------------------
 
 def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto") -> Tensor:
@@ -335,7 +161,7 @@ def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, l
     model.normalize_decoder()
 
 
-def record_step(model: SparseCoder, st: _State, fired: Tensor, rows: int, smallest: Tensor | None,
+def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
                 threshold_start: int, momentum: float) -> None:
     """After a step over ``rows`` rows: dead-latent counters (``fired`` bool [L]), the BatchTopK threshold
     estimate, and the step / row counts."""
@@ -355,22 +181,22 @@ def _setup(cfg: TrainConfig, first: Tensor, sample: list[Tensor], n_held: int, b
     model, gen = _build(cfg, first, device, source)
     total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
         len(batches) - n_held if hasattr(batches, "__len__") else None)
-    r = _resolved(cfg, model, total)
+    r = resolve(cfg, model, total)
     opt = make_optimizer(model, r["lr"])
     if ck is not None:
-        st = _restore(ck, model, opt, cfg, source)
+        st = restore(ck, model, opt, cfg, source)
         gen.set_state(ck["rng"])
         if ck.get("resolved", r) != r:
             raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
                              f"the data's length changed: pass the same tokens= as the first run")
     else:
         flat = torch.cat([model.flatten_input(x) for x in sample])[: cfg.init_rows]
-        st = _State(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
+        st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
                     since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
     return model, gen, total, r, opt, st
 
 
-def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State, cfg: TrainConfig,
+def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: TrainState, cfg: TrainConfig,
           lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
     """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
     spec = model.spec
@@ -395,7 +221,7 @@ def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: _State,
 
 
 @torch.no_grad()
-def _update_threshold(model: SparseCoder, smallest: float, momentum: float, st: _State) -> None:
+def _update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
     """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
     the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
     n = st.threshold_updates
@@ -431,21 +257,7 @@ def _build(cfg: TrainConfig, first: Tensor, device: torch.device, source: str) -
     return model.to(device), gen
 
 
-def _resolved(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[str, Any]:
-    width = model.n_sources * model.d_in
-    return {
-        "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
-        "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
-        (min(1000, max(1, total // 20)) if total else 100),
-        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
-        "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
-        "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
-        (min(1000, 3 * total // 4) if total else 1000),
-        "total_steps": total,
-    }
-
-
-def _log_line(st: _State, m: dict[str, float], tok_s: float) -> str:
+def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
     return (f"step {st.step} | fvu {m['fvu']:.4f} | l0 {m['l0']:.1f} | dead {100 * m['dead']:.2f}% | "
             f"tok/s {tok_s:,.0f}")
 
@@ -500,13 +312,13 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
             log.info(_log_line(st, m, tok_s))
             sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
         if out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg, gen, r))
+            save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, opt, st, cfg, gen, r))
     bar.close()
     sink.close()
     if st.step == 0:
         raise ValueError(f"{source} yielded no training batches (after {len(held_out)} held-out ones)")
     if out is not None:
-        save_checkpoint(out / CHECKPOINT_FILE, _checkpoint_state(model, opt, st, cfg, gen, r))
+        save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, opt, st, cfg, gen, r))
     if model.spec.uses_threshold and st.threshold_updates == 0 and last_x is not None:
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
                     "last batch only", r["threshold_start_step"])
@@ -516,7 +328,7 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     return _finish(model, cfg, st, r, held_out, out, meta, m)
 
 
-def _finish(model: SparseCoder, cfg: TrainConfig, st: _State, r: dict[str, Any], held_out: list[Tensor],
+def _finish(model: SparseCoder, cfg: TrainConfig, st: TrainState, r: dict[str, Any], held_out: list[Tensor],
             out: Path | None, meta: dict[str, Any] | None, last: dict[str, float] | None) -> SparseCoder:
     """Fold the normalisation into the weights, evaluate on the held-out rows, save the artifact."""
     from .artifact import save_dictionary

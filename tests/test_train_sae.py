@@ -11,7 +11,7 @@ import torch
 
 from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
 from conceptdict.saes.kernels import SparseCode
-from conceptdict.saes.training import _State, _update_threshold, aux_loss, default_dead_tokens, lr_at
+from conceptdict.saes.training import TrainState, _update_threshold, aux_loss, default_dead_tokens, lr_at
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 
 pytestmark = pytest.mark.unit
@@ -83,7 +83,7 @@ def test_aux_loss_is_normalised_and_ignores_b_dec():
 
 def test_threshold_running_estimate():
     m = SparseCoder(4, 8, 2, "batchtopk")
-    st = _State()
+    st = TrainState()
     _update_threshold(m, 2.0, 0.5, st)
     assert torch.all(m.threshold == 2.0)
     _update_threshold(m, 4.0, 0.5, st)  # n=1: mean of the first two (m' = min(0.5, 1/2))

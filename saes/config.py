@@ -1,0 +1,146 @@
+"""Settings of a training run: :class:`TrainConfig` (what the user chooses) and :class:`Resolved` (what the
+run uses after the defaults that depend on the dictionary and the data's length are filled in)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from .model import SparseCoder, kind_spec
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class TrainConfig:
+    """Settings of ``conceptdict train``; defaults measured on the synthetic benchmark (bench/synthetic_recovery.py)."""
+
+    latents: int
+    """Number of latents L in the dictionary."""
+    k: int
+    """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
+    kind: str = "topk"
+    """Dictionary kind: topk, batchtopk, relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or
+    crosscoder-l1 (the classical L1 crosscoder; needs several sources)."""
+    tokens: int | None = None
+    """Stop after this many training rows; None: one pass over the data."""
+    batch_size: int = 4096
+    """Rows per step (used by the command line when it builds the data stream)."""
+    lr: float | None = None
+    """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096), the literature's 1/sqrt(L) scaling (2e-4 / sqrt(L / 2^14),
+    dictionary_learning / sparsify) with a 4x larger constant for short runs. bench/synthetic_recovery.py,
+    2048 planted atoms in D=128, L=2048, k=8, 100 steps of 1024 rows, held-out FVU by lr: 5.7e-4 (literature)
+    0.205, 1.13e-3 0.170, 2.26e-3 (this default) 0.170, 4.5e-3 0.179; all recover all the atoms."""
+    warmup_steps: int | None = None
+    """Linear learning-rate warm-up steps; None: min(1000, 5 percent of the run) (dictionary_learning's 1000 steps,
+    capped so short runs reach the full rate), or 100 when the run's length is unknown (no ``tokens`` and
+    data without a length)."""
+    decay_fraction: float = 0.2
+    """Final fraction of the run over which the learning rate decays linearly to 0 (dictionary_learning)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    normalize: bool = True
+    """Scale each source to mean norm sqrt(D) during training (Kissane et al.); folded back into the saved weights."""
+    b_dec_init: Literal["geometric_median", "mean", "zero"] = "geometric_median"
+    """Initial decoder bias: geometric median (OpenAI, dictionary_learning) or mean of the first rows, or zero."""
+    init_rows: int = 8192
+    """Rows from the start of the training data used for the normalisation scale and b_dec."""
+    aux_k: int | None = None
+    """Dead latents used by the AuxK loss per row; None: min(S*D/2, L/2) (dictionary_learning's d_in/2;
+    OpenAI used 512)."""
+    aux_alpha: float = 1 / 32
+    """Weight of the AuxK loss (OpenAI)."""
+    dead_tokens: int | None = None
+    """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
+    None: min(10M, max(100k, 5000 * L / k)) -- a latent used uniformly fires every L/k rows; OpenAI's 10M
+    on long runs, a shorter window so that AuxK engages on short ones (SAELens counts steps and never does).
+    With AuxK every bench/synthetic_recovery.py run ends with 0 dead latents; tests/test_train_sae.py
+    revives 14 of 16 latents killed at init (1 of 16 without AuxK)."""
+    l1_coeff: float = 0.4
+    """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
+    weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
+    x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
+    0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
+    threshold_start_step: int | None = None
+    """BatchTopK: step from which the inference threshold is estimated; None: min(1000, 3/4 of the run)
+    (dictionary_learning's 1000 on long runs; on the 76-step recovery test, inference L0 5.70 for k=6 when
+    starting at 3/4 of the run, 5.05 when starting at half, as the cut falls while the dictionary learns)."""
+    threshold_momentum: float = 0.999
+    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
+    eval_batches: int = 4
+    """Batches from the start of the data held out of training and evaluated at the end (0: none); the
+    command line's stream leaves their rows out of every later epoch."""
+    seed: int = 0
+    """Seed of the initialisation (the data order is the stream's own seed)."""
+    checkpoint_every: int = 500
+    """Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."""
+    log_every: int = 100
+    """Log a metrics line every this many steps."""
+    kernel_impl: str = "auto"
+    """Kernel implementation (saes.kernels): auto, reference or a registered fast one."""
+    device: str = "auto"
+    """cpu, cuda or auto (cuda when available)."""
+    d_in: int | None = None
+    """Expected input width D per source; None: taken from the data."""
+
+    def __post_init__(self) -> None:
+        kind_spec(self.kind)
+        if self.latents < 1:
+            raise ValueError(f"latents={self.latents} must be at least 1")
+        if not 1 <= self.k < self.latents:
+            raise ValueError(f"k={self.k} must be at least 1 and below latents={self.latents}; "
+                             f"lower --k or raise --latents")
+        for name in ("batch_size", "init_rows", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("eval_batches", "checkpoint_every", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must not be negative")
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for one pass)")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be positive")
+        if not 0 <= self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
+        if not 0 <= self.threshold_momentum < 1:
+            raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
+
+
+# -- resolved defaults ----------------------------------------------------------------------------
+
+def default_lr(latents: int) -> float:
+    """1.6e-3 / sqrt(L / 4096): the literature's 1/sqrt(L) scaling, 4x its constant (short-run tuning)."""
+    return 1.6e-3 / math.sqrt(latents / 4096)
+
+
+def default_dead_tokens(latents: int, k: int) -> int:
+    """Dead window in rows: a latent used uniformly fires every L/k rows; 5000 such periods, in [100k, 10M]."""
+    return int(min(10_000_000, max(100_000, 5 * latents / k * 1000)))
+
+
+def resolve_device(name: str) -> torch.device:
+    """Turn ``auto`` into cuda when available, else cpu, and log why."""
+    if name == "auto":
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        log.info("device %s (auto: CUDA %s)", dev, "available" if dev.type == "cuda" else "not available")
+        return dev
+    return torch.device(name)
+
+def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[str, Any]:
+    width = model.n_sources * model.d_in
+    return {
+        "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
+        "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
+        (min(1000, max(1, total // 20)) if total else 100),
+        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
+        "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
+        "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
+        (min(1000, 3 * total // 4) if total else 1000),
+        "total_steps": total,
+    }
+
