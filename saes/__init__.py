@@ -7,13 +7,14 @@ from .artifact import export_saelens, import_saelens, load_dictionary, load_dict
 from .evaluate import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
+from .comm import LOCAL, Comm, LocalComm
 from .training import TrainConfig, train
 
 from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
 
 __all__ = [
-    "KINDS", "EvalResult", "JsonlSink", "KindSpec", "MetricsSink", "NullSink", "SparseCoder", "TrainConfig",
-    "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table", "import_saelens",
+    "KINDS", "LOCAL", "Comm", "EvalResult", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink", "NullSink",
+    "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table", "import_saelens",
     "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config", "save_dictionary", "train",
     "with_splice_scores",
 ]

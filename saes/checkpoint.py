@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .config import TrainConfig
+from .config import Resolved, TrainConfig
 from .model import SparseCoder
 
 def config_key(cfg: TrainConfig) -> dict[str, Any]:
@@ -48,12 +48,12 @@ class TrainState:
 
 
 def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainState, cfg: TrainConfig,
-                      gen: torch.Generator, resolved: dict[str, Any]) -> dict:
+                      gen: torch.Generator, resolved: Resolved) -> dict:
     return {
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
         "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(),
-        "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved,
+        "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
@@ -131,16 +131,39 @@ def resolve_device(name: str) -> torch.device:
         return dev
     return torch.device(name)
 
-def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[str, Any]:
-    width = model.n_sources * model.d_in
-    return {
-        "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
-        "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
-        (min(1000, max(1, total // 20)) if total else 100),
-        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
-        "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
-        "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
-        (min(1000, 3 * total // 4) if total else 1000),
-        "total_steps": total,
-    }
 
+@dataclass(frozen=True)
+class Resolved:
+    """The settings a run actually uses: TrainConfig's ``None`` defaults filled in from the dictionary's shape
+    and the run's length. Checkpoints keep it (``asdict``) so a resumed run must resolve identically."""
+
+    lr: float
+    """Adam learning rate (``TrainConfig.lr`` or :func:`default_lr`)."""
+    warmup_steps: int
+    """Warm-up steps (``TrainConfig.warmup_steps`` or min(1000, 5 percent of the run), 100 without a length)."""
+    dead_tokens: int
+    """Rows without firing after which a latent is dead (``TrainConfig.dead_tokens`` or :func:`default_dead_tokens`)."""
+    aux_k: int
+    """Dead latents per row in the AuxK code (``TrainConfig.aux_k`` or min(S*D/2, L/2))."""
+    threshold_start_step: int
+    """First step of the BatchTopK threshold estimate (``TrainConfig.threshold_start_step`` or min(1000, 3/4 run))."""
+    total_steps: int | None
+    """Steps of the run; None when neither ``tokens`` nor the data's length says."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None) -> Resolved:
+    """Fill in the defaults of ``cfg`` for ``model`` and a run of ``total`` steps."""
+    width = model.n_sources * model.d_in
+    return Resolved(
+        lr=cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
+        warmup_steps=cfg.warmup_steps if cfg.warmup_steps is not None else
+        (min(1000, max(1, total // 20)) if total else 100),
+        dead_tokens=cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
+        aux_k=cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
+        threshold_start_step=cfg.threshold_start_step if cfg.threshold_start_step is not None else
+        (min(1000, 3 * total // 4) if total else 1000),
+        total_steps=total,
+    )

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput
+from .comm import StepInputs
+from .model import KINDS, KindSpec, SparseCoder, TrainOutput, scaled_smallest, sparse_train_forward
 
 CROSSCODER_KINDS = ("crosscoder", "crosscoder-l1")
 
@@ -54,9 +55,12 @@ class CrosscoderLoss(NamedTuple):
     penalty: Tensor  # lambda * mean_b sum_j f_j sum_s |d_j^s|
 
 
-def crosscoder_l1_penalty(acts: Tensor, W_dec: Tensor, n_sources: int, l1_coeff: float) -> Tensor:
-    """lambda * mean_b sum_j f_bj sum_s |d_j^s| for acts [B, L] >= 0 and W_dec [L, S*D] (differentiable in both)."""
-    return l1_coeff * (acts * source_norm_sum(W_dec, n_sources)).sum(dim=1).mean()
+def crosscoder_l1_penalty(acts: Tensor, W_dec: Tensor, n_sources: int, l1_coeff: float,
+                          rows: int | None = None) -> Tensor:
+    """lambda * mean_b sum_j f_bj sum_s |d_j^s| for acts [B, L] >= 0 and W_dec [L, S*D] (differentiable in both).
+
+    ``rows``: the mean's denominator when ``acts`` holds only part of the batch (default: B)."""
+    return l1_coeff * (acts * source_norm_sum(W_dec, n_sources)).sum() / (rows or acts.shape[0])
 
 
 def crosscoder_l1_loss(x: Tensor, x_hat: Tensor, acts: Tensor, W_dec: Tensor, n_sources: int,
@@ -67,20 +71,20 @@ def crosscoder_l1_loss(x: Tensor, x_hat: Tensor, acts: Tensor, W_dec: Tensor, n_
     return CrosscoderLoss(mse + penalty, mse, penalty)
 
 
-def _l1_train(model: SparseCoder, x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
-              k_aux: int = 0) -> TrainOutput:
+def _l1_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     """Kind ``crosscoder-l1``: dense ReLU code, penalty lambda mean_b sum_j f_j sum_s |d_j^s| (no AuxK).
 
     The training loop's reconstruction term is the batch FVU = sum |x - x_hat|^2 / (B V) with V the mean
     squared distance of a row to the batch mean; dividing the penalty by the same V makes the total exactly
     (the reference loss sum_s |x_s - x_hat_s|^2 + lambda sum_j f_j sum_s |d_j^s|) / V, so ``l1_coeff`` is the
-    reference's lambda (on inputs normalised to mean norm sqrt(D) per source)."""
+    reference's lambda (on inputs normalised to mean norm sqrt(D) per source). B and V are the whole
+    batch's (``inputs.stats``)."""
     acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
     x_hat = acts @ model.W_dec + model.b_dec
-    row_var = (x - x.mean(dim=0)).square().sum(dim=1).mean().clamp_min(1e-12).detach()
-    penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, l1_coeff) / row_var
+    penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, inputs.l1_coeff, rows=inputs.stats.rows)
     active = acts > 0
-    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(), penalty, None, None)
+    return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(),
+                       penalty / inputs.stats.row_var.detach(), None, None)
 
 
 def _l1_encode(model: SparseCoder, x: Tensor) -> Tensor:
@@ -95,13 +99,6 @@ class CrosscoderSelection(NamedTuple):
 
     code: kernels.SparseCode  # unscaled f_j of the kept entries, [B, K] values and indices
     smallest: Tensor  # 0-dim: smallest kept SCALED activation f_j sum_s |d_j^s| (threshold estimate)
-
-
-def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
-    """Smallest kept f_j * weight_j of a zero-padded code values/indices [B, K] (0 when nothing is kept)."""
-    kept = values > 0
-    scaled = values.detach() * weight[indices]
-    return scaled[kept].min().detach() if kept.any() else values.new_zeros(())
 
 
 def batchtopk_crosscoder_select(acts: Tensor, W_dec: Tensor, n_sources: int, k: int,
@@ -145,21 +142,11 @@ def training_decoder(model: SparseCoder) -> Tensor:
     return model.W_dec * input_scale(model).to(model.W_dec).repeat_interleave(model.d_in)
 
 
-def _batchtopk_train(model: SparseCoder, x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
-                     k_aux: int = 0) -> TrainOutput:
-    """Kind ``crosscoder``: the fused BatchTopK encode ranked by sum_s |d_j^s| (``l1_coeff`` is unused), the
-    AuxK code over ``dead`` latents from the same pre-activations, and the scaled threshold estimate."""
+def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    """Kind ``crosscoder``: BatchTopK ranked by sum_s |d_j^s| (in training units), the AuxK code over the dead
+    latents from the same pre-activations, and the scaled threshold estimate (``l1_coeff`` is unused)."""
     weight = source_norm_sum(training_decoder(model).detach(), model.n_sources)
-    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=True, scale=weight, dead=dead,
-                         k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
-                                  skip_zero_grads=True)
-    active = enc.values > 0
-    fired = torch.zeros(model.n_latents, dtype=torch.bool, device=x.device)
-    fired[enc.indices[active]] = True
-    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
-    return TrainOutput(x_hat, fired, active.sum(dim=1).float().mean().detach(), None,
-                       scaled_smallest(enc.values, enc.indices, weight), aux)
+    return sparse_train_forward(model, x, inputs, batch=True, scale=weight)
 
 
 def _batchtopk_encode(model: SparseCoder, x: Tensor) -> Tensor:

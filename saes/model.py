@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
+from .comm import StepInputs
 
 
 class TrainOutput(NamedTuple):
@@ -36,8 +37,11 @@ class TrainOutput(NamedTuple):
 class KindSpec:
     """One row of the kind table."""
 
-    train_forward: Callable[..., TrainOutput]
-    """(model, x_flat [B, S*D] already normalised, *, l1_coeff, dead bool [L] | None, k_aux) -> TrainOutput."""
+    train_forward: Callable[["SparseCoder", Tensor, StepInputs], TrainOutput]
+    """(model, x_flat [B_r, S*D] already normalised, inputs) -> TrainOutput. ``x_flat`` is this process's
+    part of the batch; whatever the kind normalises by the batch (a penalty, a BatchTopK cut) comes from
+    ``inputs.stats`` / ``inputs.comm`` (saes.comm), so the one training loop serves one or many processes.
+    The loop adds the kind's ``sparsity_loss`` and, when ``uses_aux``, the AuxK loss of ``aux``."""
     encode: Callable[["SparseCoder", Tensor], Tensor]
     """(model, x_flat [B, S*D]) -> dense codes [B, L] under the inference rule."""
     uses_aux: bool
@@ -60,23 +64,68 @@ def _fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[T
     return fired, active.sum(dim=1).float().mean().detach()
 
 
-def sparse_train_forward(model: "SparseCoder", x: Tensor, *, batch: bool, scale: Tensor | None = None,
-                         dead: Tensor | None = None, k_aux: int = 0) -> TrainOutput:
+def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
+    """Smallest kept f_j * weight_j of a zero-padded code values/indices [B, K] (0 when nothing is kept)."""
+    kept = values > 0
+    scaled = values.detach() * weight[indices]
+    return scaled[kept].min().detach() if kept.any() else values.new_zeros(())
+
+
+def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
+                         scale: Tensor | None = None) -> TrainOutput:
     """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
-    (``batch=False``) or BatchTopK ranked by ``acts * scale`` (``batch=True``), the AuxK code from the same
-    pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking ``scale`` [L]."""
+    (``batch=False``) or BatchTopK over the whole batch ranked by ``acts * scale`` (``batch=True``), the AuxK
+    code from the same pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking
+    ``scale`` [L]. When other processes hold part of the batch, BatchTopK takes its cut from the seam
+    (:func:`_global_batch_forward`)."""
+    dead, k_aux = inputs.dead, inputs.k_aux if inputs.dead is not None else 0
+    if batch and inputs.comm.size > 1:
+        return _global_batch_forward(model, x, inputs, scale)
     enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
-                         dead=dead, k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
+                         dead=dead, k_aux=k_aux, impl=model.kernel_impl)
     x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
     fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
     aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
-    return TrainOutput(x_hat, fired, l0, None, enc.smallest.detach() if batch else None, aux)
+    smallest = None
+    if batch:
+        smallest = enc.smallest.detach() if scale is None else scaled_smallest(enc.values, enc.indices, scale)
+    return TrainOutput(x_hat, fired, l0, None, smallest, aux)
 
 
-def _topk_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
-                k_aux: int = 0) -> TrainOutput:
-    return sparse_train_forward(model, x, batch=False, dead=dead, k_aux=k_aux)
+def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
+                          scale: Tensor | None) -> TrainOutput:
+    """BatchTopK over a batch spread over processes: each keeps its local top ``k * B`` candidates (a
+    superset of its share of the global selection), the seam gathers their scores, and the ``k * B``-th
+    largest is the cut every process applies; ``smallest`` is the global smallest kept score."""
+    comm, rows, B_r = inputs.comm, inputs.stats.rows, x.shape[0]
+    k_local = min(-(-model.k * rows // B_r), model.n_latents)  # k_local * B_r >= k * B
+    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
+                         dead=inputs.dead, k_aux=inputs.k_aux if inputs.dead is not None else 0,
+                         impl=model.kernel_impl)
+    values = enc.values.detach()
+    scores = values if scale is None else values * scale[enc.indices]
+    alive = values > 0
+    everything = comm.gather_rows(scores[alive].float().reshape(-1))
+    n_keep = model.k * rows
+    cut = (everything.topk(n_keep, sorted=False).values.min().to(scores.dtype) if everything.numel() > n_keep
+           else scores.new_tensor(-math.inf))
+    keep = alive & (scores >= cut)
+    width = max(1, int(keep.sum(dim=1).max()) if keep.numel() else 1)
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
+    vals = (enc.values * keep).gather(1, order)
+    idx = enc.indices.gather(1, order)
+    x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
+    fired, l0 = _fired_from_code(vals.detach(), idx, model.n_latents)
+    kept_scores = scores.masked_fill(~keep, math.inf)
+    smallest = comm.all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
+    smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if inputs.dead is not None else None
+    return TrainOutput(x_hat, fired, l0, None, smallest, aux)
+
+
+def _topk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
+    return sparse_train_forward(model, x, inputs, batch=False)
 
 
 def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -86,9 +135,8 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     )
 
 
-def _batchtopk_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
-                     k_aux: int = 0) -> TrainOutput:
-    return sparse_train_forward(model, x, batch=True, dead=dead, k_aux=k_aux)
+def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
+    return sparse_train_forward(model, x, inputs, batch=True)
 
 
 def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -96,16 +144,16 @@ def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     return acts * (acts > model.threshold)
 
 
-def _relu_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
-                k_aux: int = 0) -> TrainOutput:
+def _relu_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
     acts = torch.relu(_pre(model, x))
     x_hat = acts @ model.W_dec + model.b_dec
-    # L1 on f_j * sum_s |d_j^s|, divided by the batch's RMS norm so the coefficient does not depend on the scale of x
-    penalty = (acts * model.decoder_norms().sum(dim=0)).sum(dim=1).mean()
-    scale = (x - x.mean(dim=0)).pow(2).sum(dim=1).mean().sqrt().clamp_min(1e-12).detach()
+    # L1 on f_j * sum_s |d_j^s| per row, averaged over the WHOLE batch's rows and divided by its RMS norm of
+    # x - mean, so the coefficient does not depend on the scale of x (nor on how the batch is split)
+    penalty = (acts * model.decoder_norms().sum(dim=0)).sum() / inputs.stats.rows
+    scale = inputs.stats.row_var.sqrt().detach()
     active = acts > 0
     return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(),
-                       l1_coeff * penalty / scale, None, None)
+                       inputs.l1_coeff * penalty / scale, None, None)
 
 
 def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:

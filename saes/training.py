@@ -1,14 +1,22 @@
-"""Training a `SparseCoder` on any iterable of activation batches.
+"""Training a `SparseCoder` on any iterable of activation batches: ONE loop and ONE step for every kind, in
+one process or many.
 
 Data flow of :func:`train`: hold out the first ``eval_batches`` batches -> (resume: load the checkpoint and
 skip to its data position | fresh: estimate the normalisation scale and b_dec from the first rows) -> steps
-(kind forward, FVU loss + sparsity / AuxK terms, decoder-gradient projection, clipping, Adam with warm-up and
-linear decay, decoder renormalisation, dead-latent and threshold bookkeeping, logging, checkpoints) -> fold
-the normalisation into the weights -> evaluate on the held-out batches -> save the artifact.
+(batch statistics, kind forward, FVU loss + the kind's sparsity term + AuxK, decoder-gradient projection,
+clipping, Adam with warm-up and linear decay, decoder renormalisation, dead-latent and threshold
+bookkeeping, logging, checkpoints) -> fold the normalisation into the weights -> evaluate on the held-out
+batches -> save the artifact.
+
+Other processes enter only through ``comm`` (saes.comm): the identity by default, ``saes.distributed.
+TorchComm`` under torchrun, where every process reads its part of every batch and the step makes the
+loss of one process out of the parts. Only the main process (rank 0) logs, checkpoints and saves.
 
 The held-out batches are only held out if the data never repeats their rows: a stream over several
 epochs must leave them out of later epochs (``activations.stream_batches(..., holdout_batches=
 eval_batches)``, as ``conceptdict train`` and ``conceptdict diff`` do).
+
+Shapes: B batch rows (B_r this process's), F = S*D flattened width, L latents.
 """
 
 from __future__ import annotations
@@ -19,16 +27,18 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import kernels
-from .evaluate import evaluate
+from .batches import Batches, TrainingData, open_training_data, shape_of
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
-from .config import TrainConfig, default_dead_tokens, default_lr, resolve, resolve_device
+from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
+from .config import Resolved, TrainConfig, default_dead_tokens, default_lr, resolve, resolve_device
+from .evaluate import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import SparseCoder, geometric_median, normalisation_scale
 
@@ -37,11 +47,18 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.jsonl"
 
-Batches = Iterable[Tensor] | Callable[[int], Iterable[Tensor]]
-"""Training data: an iterable of [B, D] / [B, S, D] tensors, or a function start_batch -> such an iterable
-that starts at that batch (lets ``resume`` skip without reading, e.g. ``stream_batches(start_batch=...)``)."""
-
 __all__ = ["Batches", "TrainConfig", "default_dead_tokens", "default_lr", "make_optimizer", "train"]
+
+
+class Run(NamedTuple):
+    """What :func:`setup` builds for a run, fresh or resumed."""
+
+    model: SparseCoder
+    gen: torch.Generator
+    """The initialisation generator (its state goes into checkpoints)."""
+    opt: torch.optim.Optimizer
+    state: TrainState
+    resolved: Resolved
 
 
 def make_optimizer(model: SparseCoder, lr: float) -> torch.optim.Adam:
@@ -81,50 +98,102 @@ def lr_at(step: int, base: float, warmup: int, total: int | None, decay_fraction
     return base * factor
 
 
-# -- data --------------------------------------------------------------------------------------
+# -- one step ---------------------------------------------------------------------------------------
 
-def _check_batch(x: Tensor, index: int, source: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"batch {index} from {source} is a {type(x).__name__}, not a torch.Tensor")
-    if x.dim() not in (2, 3) or x.shape[0] == 0:
-        raise ValueError(f"batch {index} from {source} has shape {list(x.shape)}; expected [B, D] or [B, S, D] "
-                         f"with B > 0")
-    # a finite float64 sum proves every entry finite (0.7 ms against 14 ms for the count at 4096 x 768)
-    bad = 0 if bool(torch.isfinite(x.sum(dtype=torch.float64))) else int((~torch.isfinite(x)).sum())
-    if bad:
-        raise ValueError(f"batch {index} from {source} holds {bad} NaN/inf values of {x.numel()}; "
-                         f"fix or re-cache the activations (e.g. cache in float32)")
-    return x.float()
-
-
-def _seekable(batches: Batches) -> bool:
-    """True for a function start_batch -> iterable (it can start anywhere without reading what it skips)."""
-    return callable(batches) and not hasattr(batches, "__iter__")
-
-
-def _open(batches: Batches, start: int) -> Iterator[Tensor]:
-    """Iterator over the batches from batch ``start`` on (skipping by reading when the source cannot seek)."""
-    if _seekable(batches):
-        return iter(batches(start))
-    return itertools.islice(iter(batches), start, None)
-
-
-def _shape_of(x: Tensor) -> tuple[int, int]:
-    """(S, D) of a batch [B, D] or [B, S, D]."""
-    return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
-
-
-# -- the steps ---------------------------------------------------------------------------------
-
-def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto") -> Tensor:
-    """AuxK (OpenAI): the dead latents' code ``aux`` [B, K'] reconstructs the detached residual e [B, F]
-    through the decoder WITHOUT b_dec; returns ||e - e_hat||^2 / ||e - mean(e)||^2 (0 when K' = 0)."""
+def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto",
+             comm: Comm = LOCAL) -> Tensor:
+    """AuxK (OpenAI): the dead latents' code ``aux`` [B_r, K'] reconstructs the detached residual e [B_r, F]
+    through the decoder WITHOUT b_dec; returns this process's part of ||e - e_hat||^2 / ||e - mean(e)||^2
+    (the denominator over the whole batch; 0 when K' = 0)."""
     if aux.values.shape[1] == 0:
         return residual.new_zeros(())
     zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
     e_hat = kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
-    denom = (residual - residual.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
-    return (residual - e_hat).pow(2).sum() / denom
+    _, denom = centred_sum_sq(residual, comm)
+    return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
+
+
+def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
+                 comm: Comm = LOCAL) -> None:
+    """Backpropagate ``loss``, sum the gradients over processes, remove the decoder-gradient component
+    parallel to each row, clip, take the Adam step at ``lr`` and renormalise the decoder rows."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    comm.reduce_grads(model)
+    model.remove_parallel_decoder_grad()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    _link_grads(model, opt)
+    opt.step()
+    model.normalize_decoder()
+
+
+@torch.no_grad()
+def update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
+    """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
+    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
+    n = st.threshold_updates
+    m = min(momentum, n / (n + 1))
+    model.threshold.mul_(m).add_((1 - m) * smallest)
+    st.threshold_updates += 1
+
+
+def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
+                threshold_start: int, momentum: float) -> None:
+    """After a step over ``rows`` rows: dead-latent counters (``fired`` bool [L]), the BatchTopK threshold
+    estimate, and the step / row counts."""
+    st.since_fired += rows
+    st.since_fired[fired.cpu()] = 0
+    if smallest is not None and st.step >= threshold_start:
+        update_threshold(model, float(smallest), momentum, st)
+    st.step += 1
+    st.rows += rows
+
+
+def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -> dict[str, float]:
+    """One optimisation step on this process's rows x [B_r, F] (normalised, flattened) of a batch; every
+    process takes the same update, equal (up to float summation order) to one process stepping on the
+    whole batch. Returns the whole batch's metrics."""
+    model, st, r = run.model, run.state, run.resolved
+    stats = batch_stats(x, comm)
+    dead = st.since_fired >= r.dead_tokens
+    use_aux = model.spec.uses_aux and bool(dead.any())
+    inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k)
+    out = model.spec.train_forward(model, x, inputs)
+    err = x - out.x_hat
+    fvu = err.pow(2).sum() / stats.total_var
+    loss = fvu
+    aux = x.new_zeros(())
+    if out.aux is not None:
+        aux = aux_loss(out.aux, model.W_dec, err.detach(), model.kernel_impl, comm)
+        loss = loss + cfg.aux_alpha * aux
+    if out.sparsity_loss is not None:
+        loss = loss + out.sparsity_loss
+    apply_update(model, run.opt, loss, lr, cfg.grad_clip, comm)
+    record_step(model, st, comm.any(out.fired), stats.rows, out.smallest, r.threshold_start_step,
+                cfg.threshold_momentum)
+    parts = comm.all_sum(torch.stack([loss.detach(), fvu.detach(), aux.detach().reshape(()),
+                                      out.l0.float() * x.shape[0] / stats.rows]).cpu().double())
+    return {"loss": float(parts[0]), "fvu": float(parts[1]), "l0": float(parts[3]), "aux": float(parts[2]),
+            "dead": float(dead.float().mean()), "lr": lr}
+
+
+# -- a run ------------------------------------------------------------------------------------------
+
+def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
+                source: str) -> tuple[SparseCoder, torch.Generator]:
+    """A freshly initialised dictionary shaped by the batch ``first`` and the generator that initialised it."""
+    S, D = shape_of(first)
+    if cfg.d_in is not None and cfg.d_in != D:
+        raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
+                         f"or drop --d-in")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
+    model.reset_parameters(generator=gen)
+    return model.to(device), gen
 
 
 def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> Tensor:
@@ -142,119 +211,29 @@ def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> T
     return scale
 
 
-def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
-                 reduce_grads: Callable[[SparseCoder], None] | None = None) -> None:
-    """Backpropagate ``loss``, (sum the gradients over ranks), remove the decoder-gradient component parallel
-    to each row, clip, take the Adam step at ``lr`` and renormalise the decoder rows."""
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    model.zero_grad(set_to_none=True)
-    loss.backward()
-    if reduce_grads is not None:
-        reduce_grads(model)
-    model.remove_parallel_decoder_grad()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    _link_grads(model, opt)
-    opt.step()
-    model.normalize_decoder()
-
-
-def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
-                threshold_start: int, momentum: float) -> None:
-    """After a step over ``rows`` rows: dead-latent counters (``fired`` bool [L]), the BatchTopK threshold
-    estimate, and the step / row counts."""
-    st.since_fired += rows
-    st.since_fired[fired.cpu()] = 0
-    if smallest is not None and st.step >= threshold_start:
-        _update_threshold(model, float(smallest), momentum, st)
-    st.step += 1
-    st.rows += rows
-
-
-def _setup(cfg: TrainConfig, first: Tensor, sample: list[Tensor], n_held: int, batches: Batches,
-           ck: dict[str, Any] | None, device: torch.device, source: str):
-    """(model, generator, total steps, resolved settings, optimizer, state) of a run, fresh or resumed from
-    the checkpoint ``ck``: ``first`` (a batch) shapes the model, a fresh run initialises b_dec and the scale
-    from the batches ``sample`` and starts after the ``n_held`` held-out batches."""
-    model, gen = _build(cfg, first, device, source)
+def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, Any] | None, device: torch.device,
+          source: str) -> Run:
+    """The model, optimizer and state of a run, fresh or resumed from the checkpoint ``ck``: the first whole
+    batch shapes the model; a fresh run initialises b_dec and the scale from the head's rows and starts
+    after the held-out batches."""
+    first = (data.whole_head or data.held_out)[0]
+    model, gen = build_model(cfg, first, device, source)
+    n_held = len(data.held_out)
     total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
         len(batches) - n_held if hasattr(batches, "__len__") else None)
     r = resolve(cfg, model, total)
-    opt = make_optimizer(model, r["lr"])
+    opt = make_optimizer(model, r.lr)
     if ck is not None:
         st = restore(ck, model, opt, cfg, source)
         gen.set_state(ck["rng"])
-        if ck.get("resolved", r) != r:
-            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs {r}); "
-                             f"the data's length changed: pass the same tokens= as the first run")
+        if ck.get("resolved", r.to_dict()) != r.to_dict():
+            raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs "
+                             f"{r.to_dict()}); the data's length changed: pass the same tokens= as the first run")
     else:
-        flat = torch.cat([model.flatten_input(x) for x in sample])[: cfg.init_rows]
+        flat = torch.cat([model.flatten_input(x) for x in data.whole_head])[: cfg.init_rows]
         st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
-                    since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
-    return model, gen, total, r, opt, st
-
-
-def _step(model: SparseCoder, opt: torch.optim.Optimizer, x: Tensor, st: TrainState, cfg: TrainConfig,
-          lr: float, dead_tokens: int, k_aux: int, threshold_start: int) -> dict[str, float]:
-    """One optimisation step on a normalised flattened batch x [B, S*D]; returns its metrics."""
-    spec = model.spec
-    dead = st.since_fired >= dead_tokens
-    use_aux = spec.uses_aux and bool(dead.any())
-    out = spec.train_forward(model, x, l1_coeff=cfg.l1_coeff, dead=dead.to(x.device) if use_aux else None,
-                             k_aux=k_aux)
-    err = x - out.x_hat
-    total_var = (x - x.mean(dim=0)).pow(2).sum().clamp_min(1e-12)
-    fvu = err.pow(2).sum() / total_var
-    loss = fvu
-    aux = torch.zeros(())
-    if out.aux is not None:
-        aux = aux_loss(out.aux, model.W_dec, err.detach(), model.kernel_impl)
-        loss = loss + cfg.aux_alpha * aux
-    if out.sparsity_loss is not None:
-        loss = loss + out.sparsity_loss
-    apply_update(model, opt, loss, lr, cfg.grad_clip)
-    record_step(model, st, out.fired, x.shape[0], out.smallest, threshold_start, cfg.threshold_momentum)
-    return {"loss": float(loss.detach()), "fvu": float(fvu.detach()), "l0": float(out.l0), "aux": float(aux.detach()),
-            "dead": float(dead.float().mean()), "lr": lr}
-
-
-@torch.no_grad()
-def _update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
-    """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
-    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
-    n = st.threshold_updates
-    m = min(momentum, n / (n + 1))
-    model.threshold.mul_(m).add_((1 - m) * smallest)
-    st.threshold_updates += 1
-
-
-def _checked(it: Iterator[Tensor], start: int, source: str) -> Iterator[Tensor]:
-    for i, x in enumerate(it, start):
-        yield _check_batch(x, i, source)
-
-
-def _take_rows(stream: Iterator[Tensor], rows: int) -> list[Tensor]:
-    """Read batches until they hold at least ``rows`` rows (or the data ends)."""
-    head, n = [], 0
-    for x in stream:
-        head.append(x)
-        n += x.shape[0]
-        if n >= rows:
-            break
-    return head
-
-
-def _build(cfg: TrainConfig, first: Tensor, device: torch.device, source: str) -> tuple[SparseCoder, torch.Generator]:
-    S, D = _shape_of(first)
-    if cfg.d_in is not None and cfg.d_in != D:
-        raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
-                         f"or drop --d-in")
-    gen = torch.Generator().manual_seed(cfg.seed)
-    model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
-    model.reset_parameters(generator=gen)
-    return model.to(device), gen
+                        since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+    return Run(model, gen, opt, st, r)
 
 
 def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
@@ -264,79 +243,101 @@ def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
 
 def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, resume: bool = False,
           meta: dict[str, Any] | None = None, sink: MetricsSink | None = None,
-          source: str = "the training batches") -> SparseCoder:
+          source: str = "the training batches", comm: Comm = LOCAL) -> SparseCoder:
     """Train a dictionary on ``batches`` ([B, D] or [B, S, D] tensors); returns it in raw activation units.
 
     With ``out``: checkpoints (``checkpoint.pt``) and metrics (``metrics.jsonl``) go there and the final
     artifact is saved there (``meta`` is recorded in its config.json, e.g. store paths and hookpoints).
     ``resume=True`` continues from ``out/checkpoint.pt`` and ends with the same weights as an uninterrupted run.
-    ``source`` names the data in error messages (e.g. "store runs/x, hookpoint blocks.0.hook_resid_post")."""
+    ``source`` names the data in error messages (e.g. "store runs/x, hookpoint blocks.0.hook_resid_post").
+
+    ``comm``: the seam to the other processes of a data-parallel job (``saes.distributed.TorchComm``); then
+    ``batches`` yields THIS process's part of every batch (``activations.distributed.rank_batches``), every
+    process returns the same dictionary (equal to one process's), only rank 0 writes ``out``, which must be on
+    a filesystem every process reads when resuming. A checkpoint resumes under any number of processes."""
     device = resolve_device(cfg.device)
     out = Path(out) if out is not None else None
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
-    stream = _checked(_open(batches, 0), 0, source)
-    held_out = list(itertools.islice(stream, cfg.eval_batches))
-    if ck is not None:  # continue at the checkpoint's data position
-        start = ck["position"]
-        skipped = _open(batches, start) if _seekable(batches) else itertools.islice(stream, start - len(held_out), None)
-        stream = _checked(skipped, start, source)
-    head = _take_rows(stream, cfg.init_rows if ck is None else 1)
-    if not head and not held_out:
-        raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
-    if not head and ck is None:
-        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
-                         f"lower eval_batches or add data")
-    model, gen, total, r, opt, st = _setup(cfg, (head or held_out)[0], head, len(held_out), batches, ck, device,
-                                           source)
-    log.info("training %s on %s: resolved %s", model.extra_repr(), device, r)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=st.step if ck else None) if out else NullSink())
+    data = open_training_data(batches, cfg.eval_batches, cfg.init_rows, None if ck is None else ck["position"],
+                              source, comm)
+    run = setup(cfg, data, batches, ck, device, source)
+    main = is_main(comm)
+    writes = out if main else None
+    if main:
+        log.info("training %s on %s%s: resolved %s", run.model.extra_repr(), device,
+                 f" x {comm.size} processes" if comm.size > 1 else "", run.resolved.to_dict())
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+    sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)
+                    if writes is not None else NullSink())
+    last_x, m = _loop(cfg, run, itertools.chain(data.head, data.rest), writes, sink, device, comm)
+    if run.state.step == 0:
+        raise ValueError(f"{source} yielded no training batches (after {len(data.held_out)} held-out ones)")
+    if writes is not None:
+        save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, cfg, run.gen,
+                                                                run.resolved))
+    _settle_threshold(cfg, run, last_x, comm)
+    model = _finish(run, cfg, data.held_out, writes, meta, m)
+    comm.barrier()
+    return model
+
+
+def _loop(cfg: TrainConfig, run: Run, data: Iterator[Tensor], out: Path | None, sink: MetricsSink,
+          device: torch.device, comm: Comm) -> tuple[Tensor | None, dict[str, float] | None]:
+    """The steps; returns (the last normalised batch part, the last step's metrics). ``out``: where the main
+    process checkpoints (None elsewhere)."""
+    model, st, r = run.model, run.state, run.resolved
+    main = is_main(comm)
     scale_vec = st.scale.repeat_interleave(model.d_in).to(device)
-    bar = tqdm(total=total, initial=st.step, unit="step", desc=f"train {cfg.kind}", disable=None)
+    bar = tqdm(total=r.total_steps, initial=st.step, unit="step", desc=f"train {cfg.kind}",
+               disable=None if main else True)
     t_last, rows_last, last_x, m = time.perf_counter(), st.rows, None, None
-    for x in itertools.chain(head, stream):
+    for x in data:
         if cfg.tokens is not None and st.rows >= cfg.tokens:
             break
         last_x = model.flatten_input(x.to(device)) * scale_vec
-        lr = lr_at(st.step, r["lr"], r["warmup_steps"], total, cfg.decay_fraction)
-        m = _step(model, opt, last_x, st, cfg, lr, r["dead_tokens"], r["aux_k"], r["threshold_start_step"])
+        lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
+        m = step(run, last_x, cfg, lr, comm)
         st.position += 1
         bar.update()
-        if st.step % cfg.log_every == 0:
+        if st.step % cfg.log_every == 0 and main:
             now = time.perf_counter()
             tok_s = (st.rows - rows_last) / max(now - t_last, 1e-9)
             t_last, rows_last = now, st.rows
             log.info(_log_line(st, m, tok_s))
             sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
         if out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, opt, st, cfg, gen, r))
+            save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, run.opt, st, cfg, run.gen, r))
     bar.close()
     sink.close()
-    if st.step == 0:
-        raise ValueError(f"{source} yielded no training batches (after {len(held_out)} held-out ones)")
-    if out is not None:
-        save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, opt, st, cfg, gen, r))
-    if model.spec.uses_threshold and st.threshold_updates == 0 and last_x is not None:
+    return last_x, m
+
+
+def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: Comm) -> None:
+    """A threshold kind whose run ended before ``threshold_start_step`` estimates it from the last batch."""
+    model, st = run.model, run.state
+    if not model.spec.uses_threshold or st.threshold_updates or last_x is None:
+        return
+    if is_main(comm):
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
-                    "last batch only", r["threshold_start_step"])
-        with torch.no_grad():
-            _update_threshold(model, float(model.spec.train_forward(model, last_x, l1_coeff=cfg.l1_coeff).smallest),
-                              0.0, st)
-    return _finish(model, cfg, st, r, held_out, out, meta, m)
+                    "last batch only", run.resolved.threshold_start_step)
+    with torch.no_grad():
+        out = model.spec.train_forward(model, last_x, StepInputs(batch_stats(last_x, comm), comm, cfg.l1_coeff))
+        update_threshold(model, float(out.smallest), 0.0, st)
 
 
-def _finish(model: SparseCoder, cfg: TrainConfig, st: TrainState, r: dict[str, Any], held_out: list[Tensor],
-            out: Path | None, meta: dict[str, Any] | None, last: dict[str, float] | None) -> SparseCoder:
+def _finish(run: Run, cfg: TrainConfig, held_out: list[Tensor], out: Path | None, meta: dict[str, Any] | None,
+            last: dict[str, float] | None) -> SparseCoder:
     """Fold the normalisation into the weights, evaluate on the held-out rows, save the artifact."""
     from .artifact import save_dictionary
 
+    model, st = run.model, run.state
     model.fold_input_scale(st.scale)
     model.eval()
     summary: dict[str, Any] = {
-        "config": asdict(cfg), "resolved": r, "steps": st.step, "rows": st.rows,
+        "config": asdict(cfg), "resolved": run.resolved.to_dict(), "steps": st.step, "rows": st.rows,
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }

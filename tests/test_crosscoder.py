@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conceptdict.saes import crosscoder as cc
+from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.model import KINDS, SparseCoder
 
 pytestmark = pytest.mark.unit
@@ -75,7 +76,8 @@ def test_kinds_are_registered_and_differentiable(kind):
     torch.manual_seed(0)
     model = SparseCoder(d_in=6, n_latents=20, k=3, kind=kind, n_sources=2, kernel_impl="reference")
     x = torch.randn(16, 2, 6)
-    out = model.spec.train_forward(model, model.flatten_input(x), l1_coeff=0.5)
+    flat = model.flatten_input(x)
+    out = model.spec.train_forward(model, flat, local_inputs(flat, l1_coeff=0.5))
     assert out.x_hat.shape == (16, 12) and out.fired.shape == (20,)
     loss = (out.x_hat - x.flatten(1)).square().sum()
     if out.sparsity_loss is not None:
@@ -94,7 +96,7 @@ def test_l1_kind_penalty_is_the_reference_lambda_over_the_batch_variance():
     torch.manual_seed(1)
     model = SparseCoder(d_in=4, n_latents=10, k=2, kind="crosscoder-l1", n_sources=2, kernel_impl="reference")
     x = torch.randn(8, 8)
-    out = model.spec.train_forward(model, x, l1_coeff=0.3)
+    out = model.spec.train_forward(model, x, local_inputs(x, l1_coeff=0.3))
     acts = model.encode(x.view(8, 2, 4))
     var = (x - x.mean(0)).square().sum(1).mean()
     assert out.sparsity_loss.item() == pytest.approx(cc.crosscoder_l1_penalty(acts, model.W_dec, 2, 0.3).item()
@@ -128,7 +130,7 @@ def test_batchtopk_kind_training_pass_matches_the_standalone_selection(impl):
     x = torch.randn(16, 12)
     dead = torch.zeros(20, dtype=torch.bool)
     dead[:5] = True
-    out = model.spec.train_forward(model, x, l1_coeff=0.0, dead=dead, k_aux=2)
+    out = model.spec.train_forward(model, x, local_inputs(x, dead=dead, k_aux=2))
     acts = torch.relu(cc.crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
     sel = cc.batchtopk_crosscoder_select(acts, model.W_dec, 2, 3, impl="reference")
     dense = torch.zeros(16, 20).scatter_add(1, sel.code.indices, sel.code.values)
@@ -148,8 +150,8 @@ def test_crosscoder_training_pass_on_cuda_matches_the_cpu_reference():
     gpu = copy.deepcopy(cpu).cuda()
     gpu.kernel_impl = "auto"
     x = torch.randn(256, 80)
-    out_c = cpu.spec.train_forward(cpu, x)
-    out_g = gpu.spec.train_forward(gpu, x.cuda())
+    out_c = cpu.spec.train_forward(cpu, x, local_inputs(x))
+    out_g = gpu.spec.train_forward(gpu, x.cuda(), local_inputs(x.cuda()))
     assert torch.allclose(out_g.x_hat.cpu(), out_c.x_hat, atol=1e-4)
     assert out_g.smallest.item() == pytest.approx(out_c.smallest.item(), rel=1e-4)
     with torch.no_grad():

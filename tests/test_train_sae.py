@@ -11,7 +11,7 @@ import torch
 
 from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
 from conceptdict.saes.kernels import SparseCode
-from conceptdict.saes.training import TrainState, _update_threshold, aux_loss, default_dead_tokens, lr_at
+from conceptdict.saes.training import TrainState, update_threshold, aux_loss, default_dead_tokens, lr_at
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 
 pytestmark = pytest.mark.unit
@@ -84,11 +84,11 @@ def test_aux_loss_is_normalised_and_ignores_b_dec():
 def test_threshold_running_estimate():
     m = SparseCoder(4, 8, 2, "batchtopk")
     st = TrainState()
-    _update_threshold(m, 2.0, 0.5, st)
+    update_threshold(m, 2.0, 0.5, st)
     assert torch.all(m.threshold == 2.0)
-    _update_threshold(m, 4.0, 0.5, st)  # n=1: mean of the first two (m' = min(0.5, 1/2))
+    update_threshold(m, 4.0, 0.5, st)  # n=1: mean of the first two (m' = min(0.5, 1/2))
     assert torch.all(m.threshold == 3.0)
-    _update_threshold(m, 5.0, 0.5, st)  # n=2: m' = min(0.5, 2/3) = 0.5
+    update_threshold(m, 5.0, 0.5, st)  # n=2: m' = min(0.5, 2/3) = 0.5
     assert torch.all(m.threshold == 4.0)
 
 
@@ -112,7 +112,7 @@ def test_auxk_revives_dead_latents():
             yield from synthetic_batches(spec, start)
 
         tr = importlib.import_module("conceptdict.saes.training")
-        original = tr._build
+        original = tr.build_model
 
         def build(*a, **kw):
             model, g = original(*a, **kw)
@@ -120,11 +120,11 @@ def test_auxk_revives_dead_latents():
                 model.W_enc[:, killed] *= 0.02
             return model, g
 
-        tr._build = build
+        tr.build_model = build
         try:
             model = train(cfg, batches)
         finally:
-            tr._build = original
+            tr.build_model = original
         x = torch.cat(list(synthetic_batches(spec, 30)))
         return float((model.encode(x)[:, killed] > 0).any(dim=0).float().mean())
 

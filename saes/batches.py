@@ -1,0 +1,107 @@
+"""The training data as the loop reads it: checked batches, the held-out batches, the first rows.
+
+``train`` takes any iterable of ``[B, D]`` / ``[B, S, D]`` tensors, or a function ``start_batch ->`` such an
+iterable (so that ``resume`` skips without reading). Under several processes each yields this process's
+part of every batch (``activations.distributed.rank_batches``); the batches the loop needs whole (the
+held-out ones, the rows that initialise b_dec and the scale) are gathered through the seam.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable, Iterator, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .comm import Comm
+
+Batches = Iterable[Tensor] | Callable[[int], Iterable[Tensor]]
+"""Training data: an iterable of [B, D] / [B, S, D] tensors, or a function start_batch -> such an iterable
+that starts at that batch (lets ``resume`` skip without reading, e.g. ``stream_batches(start_batch=...)``)."""
+
+
+class TrainingData(NamedTuple):
+    """The data of a run as :func:`open_training_data` splits it."""
+
+    held_out: list[Tensor]
+    """The first ``eval_batches`` batches, whole, for the final evaluation."""
+    head: list[Tensor]
+    """This process's parts of the first training batches (read to initialise a fresh run)."""
+    whole_head: list[Tensor]
+    """The same batches whole (b_dec and the normalisation scale come from them; the model's shape too)."""
+    rest: Iterator[Tensor]
+    """This process's parts of the following batches."""
+
+
+def check_batch(x: Tensor, index: int, source: str) -> Tensor:
+    """``x`` as float32 after checking it is a finite [B, D] / [B, S, D] tensor; the error names batch and source."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"batch {index} from {source} is a {type(x).__name__}, not a torch.Tensor")
+    if x.dim() not in (2, 3) or x.shape[0] == 0:
+        raise ValueError(f"batch {index} from {source} has shape {list(x.shape)}; expected [B, D] or [B, S, D] "
+                         f"with B > 0")
+    # a finite float64 sum proves every entry finite (0.7 ms against 14 ms for the count at 4096 x 768)
+    bad = 0 if bool(torch.isfinite(x.sum(dtype=torch.float64))) else int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"batch {index} from {source} holds {bad} NaN/inf values of {x.numel()}; "
+                         f"fix or re-cache the activations (e.g. cache in float32)")
+    return x.float()
+
+
+def seekable(batches: Batches) -> bool:
+    """True for a function start_batch -> iterable (it can start anywhere without reading what it skips)."""
+    return callable(batches) and not hasattr(batches, "__iter__")
+
+
+def open_at(batches: Batches, start: int) -> Iterator[Tensor]:
+    """Iterator over the batches from batch ``start`` on (skipping by reading when the source cannot seek)."""
+    if seekable(batches):
+        return iter(batches(start))
+    return itertools.islice(iter(batches), start, None)
+
+
+def shape_of(x: Tensor) -> tuple[int, int]:
+    """(S, D) of a batch [B, D] or [B, S, D]."""
+    return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
+
+
+def _checked(it: Iterator[Tensor], start: int, source: str) -> Iterator[Tensor]:
+    for i, x in enumerate(it, start):
+        yield check_batch(x, i, source)
+
+
+def _take_rows(stream: Iterator[Tensor], rows: int, comm: Comm) -> tuple[list[Tensor], list[Tensor]]:
+    """Read batches until they hold at least ``rows`` rows of the whole batch (or the data ends);
+    returns (this process's parts, the whole batches). Every process must see the data end together."""
+    local, whole, n = [], [], 0
+    while n < rows:
+        x = next(stream, None)
+        if int(comm.all_sum(torch.tensor([x is None], dtype=torch.int64))[0]):
+            if x is not None:
+                raise RuntimeError("ranks disagree on the end of the data; stream slices of the same global "
+                                   "batches on every rank (activations.distributed.rank_batches)")
+            break
+        local.append(x)
+        whole.append(comm.gather_rows(x))
+        n += whole[-1].shape[0]
+    return local, whole
+
+
+def open_training_data(batches: Batches, eval_batches: int, init_rows: int, position: int | None, source: str,
+                       comm: Comm) -> TrainingData:
+    """Split ``batches`` into the held-out batches, the head and the rest. ``position``: a resumed run's data
+    position (batches read, held-out ones included), None for a fresh run (which reads ``init_rows`` rows)."""
+    stream = _checked(open_at(batches, 0), 0, source)
+    held_out = [comm.gather_rows(x) for x in itertools.islice(stream, eval_batches)]
+    if position is not None:  # continue at the checkpoint's data position
+        skipped = (open_at(batches, position) if seekable(batches)
+                   else itertools.islice(stream, position - len(held_out), None))
+        stream = _checked(skipped, position, source)
+    head, whole = _take_rows(stream, init_rows if position is None else 1, comm)
+    if not head and not held_out:
+        raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
+    if not head and position is None:
+        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
+                         f"lower eval_batches or add data")
+    return TrainingData(held_out, head, whole, stream)

@@ -1,0 +1,128 @@
+"""The communication seam of the training loop: everything a step needs to know about other processes.
+
+:func:`conceptdict.saes.train` runs ONE loop and ONE step for every kind. Where the step needs a number
+of the whole batch (its row count, the FVU denominator, the BatchTopK cut, the latents that fired, the
+gradients) it asks a :class:`Comm`. In one process that is :data:`LOCAL`, whose operations are the
+identity; under torch.distributed it is ``saes.distributed.TorchComm``, which all-reduces and gathers.
+A data-parallel run is therefore the same code as a single-process run, and a new kind written against
+this seam trains data-parallel without further work.
+
+Shapes: B global batch rows, B_r this process's rows, F = S*D the flattened width, L latents.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class Comm(Protocol):
+    """How this process's part of a batch meets the other processes' parts."""
+
+    rank: int
+    """This process's index in the job (0 in one process)."""
+    size: int
+    """Processes in the job (1 in one process)."""
+
+    def all_sum(self, t: Tensor) -> Tensor:
+        """Sum of ``t`` over processes (a tensor on t's device)."""
+
+    def all_min(self, t: Tensor) -> Tensor:
+        """Elementwise minimum of ``t`` over processes."""
+
+    def any(self, mask: Tensor) -> Tensor:
+        """Elementwise OR of a bool tensor over processes."""
+
+    def gather_rows(self, x: Tensor) -> Tensor:
+        """Every process's rows of x [B_r, ...] concatenated in rank order -> [B, ...]."""
+
+    def reduce_grads(self, model: torch.nn.Module) -> None:
+        """Sum every parameter's gradient over processes, in place."""
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+
+
+class LocalComm:
+    """The seam of one process: this process holds the whole batch, every operation is the identity."""
+
+    rank = 0
+    size = 1
+
+    def all_sum(self, t: Tensor) -> Tensor:
+        return t
+
+    def all_min(self, t: Tensor) -> Tensor:
+        return t
+
+    def any(self, mask: Tensor) -> Tensor:
+        return mask
+
+    def gather_rows(self, x: Tensor) -> Tensor:
+        return x
+
+    def reduce_grads(self, model: torch.nn.Module) -> None:
+        return None
+
+    def barrier(self) -> None:
+        return None
+
+
+LOCAL = LocalComm()
+"""The one-process seam (the default of ``saes.train``)."""
+
+
+def is_main(comm: Comm) -> bool:
+    """True on the process that logs and writes files (rank 0)."""
+    return comm.rank == 0
+
+
+class BatchStats(NamedTuple):
+    """Statistics of one step's WHOLE batch, identical on every process; computed once per step by the loop
+    and handed to the kind's forward (penalties normalised by the batch use them, never local ones)."""
+
+    rows: int
+    """B, the rows of the whole batch."""
+    total_var: Tensor
+    """0-dim: sum over the whole batch of |x - mean(x)|^2, clamped at 1e-12 (the FVU denominator)."""
+
+    @property
+    def row_var(self) -> Tensor:
+        """Mean squared distance of a row to the batch mean, total_var / B."""
+        return (self.total_var / self.rows).clamp_min(1e-12)
+
+
+def centred_sum_sq(x: Tensor, comm: Comm) -> tuple[int, Tensor]:
+    """(rows B, sum over the whole batch of |x - mean|^2) for this process's rows x [B_r, F]."""
+    rows = int(comm.all_sum(torch.tensor(x.shape[0])))  # a CPU count: no device sync in one process
+    mean = comm.all_sum(x.sum(dim=0)) / rows
+    return rows, comm.all_sum((x - mean).pow(2).sum())
+
+
+def batch_stats(x: Tensor, comm: Comm) -> BatchStats:
+    """Row count and FVU denominator of the batch whose rows x [B_r, F] this process holds."""
+    rows, total = centred_sum_sq(x, comm)
+    return BatchStats(rows, total.clamp_min(1e-12))
+
+
+class StepInputs(NamedTuple):
+    """What the loop hands a kind's training forward besides the model and this process's rows."""
+
+    stats: BatchStats
+    """The whole batch's statistics."""
+    comm: Comm
+    """The seam, for kinds whose selection spans the batch (BatchTopK's global cut)."""
+    l1_coeff: float = 0.0
+    """Weight of the kind's sparsity penalty, for kinds that have one."""
+    dead: Tensor | None = None
+    """bool [L]: the dead latents the AuxK code must cover; None: no AuxK code this step."""
+    k_aux: int = 0
+    """Dead latents per row in the AuxK code."""
+
+
+def local_inputs(x: Tensor, **kw) -> StepInputs:
+    """StepInputs of a batch x [B, F] held whole by this process (tests, evaluation, one-off calls)."""
+    return StepInputs(batch_stats(x, LOCAL), LOCAL, **kw)
