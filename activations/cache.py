@@ -149,13 +149,12 @@ def iter_batches(contexts: Iterable[data_mod.Context], batch_size: int, pad_id: 
                  sort_window: int = 1, part: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
     """Right-padded batches of ``batch_size`` contexts. With ``sort_window`` > 1, each window of
     ``sort_window`` batches is ordered by context length first (less padding); deterministic.
-    ``part`` = (rank, world_size) keeps every world_size-th context from rank on (global indices kept)."""
-    rank, world_size = part
+    ``part`` = (rank, world_size) keeps that rank's contexts (``distributed.rank_contexts``; global indices kept)."""
+    from conceptdict.activations.distributed import rank_contexts
+
     window: list[tuple[int, data_mod.Context]] = []
     index = 0
-    for i, ctx in enumerate(contexts):
-        if i % world_size != rank:
-            continue
+    for i, ctx in rank_contexts(contexts, *part):
         window.append((i, ctx))
         if len(window) == batch_size * sort_window:
             yield from _window_batches(window, index, batch_size, pad_id, sort_window > 1)

@@ -12,120 +12,30 @@ merged store holds exactly the rows of a one-process store of the same config (a
 tokens, context indices and positions), in rank-major rather than dataset order; its ``config_hash`` is
 the one-process store's, so either can be resumed or reused by the other.
 
-Training data (``rank_batches``): rank r reads rows ``[r*B//W, (r+1)*B//W)`` of every global batch of
-``stream_batches``' order, so the ranks together see exactly the batches one process sees.
+Training data is split by ``stream_batches(..., part=(rank, world_size))``: rank r reads rows
+``[r*B//W, (r+1)*B//W)`` of every global batch, so the ranks together see exactly the batches one process sees.
+
+Who this process is (rank, world size) is decided once, by the command line (``conceptdict.cli.ranks``),
+which joins the job and passes ``rank`` / ``world_size`` / ``barrier`` here explicitly.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
-
-import numpy as np
-import torch
+from typing import Any, Callable, Iterable, NamedTuple
 
 from conceptdict.activations import store as st
-from conceptdict.activations import stream as stream_mod
-from conceptdict.activations.store import ActivationStore, StoreError
+from conceptdict.activations.store import StoreError
 
 log = logging.getLogger(__name__)
 
 PARTS_DIR = "parts"
-
-
-class World(NamedTuple):
-    """This process's place in the job."""
-
-    rank: int
-    size: int
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def world() -> World:
-    """(rank, world size) of the initialised default process group, else from torchrun's environment
-    (RANK / WORLD_SIZE), else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
-    return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
-
-
-def barrier() -> None:
-    """Wait for every rank (no-op without a process group)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-# -- training batches -----------------------------------------------------------------------------
-
-def rank_rows(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
-    """The [start, stop) rows of a global batch that ``rank`` of ``world_size`` reads (contiguous, sizes
-    differing by at most one)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    if batch_size < world_size:
-        raise ValueError(f"batch_size={batch_size} is below the number of ranks {world_size}: every rank needs "
-                         "at least one row; raise --batch-size (it is the GLOBAL batch)")
-    return rank * batch_size // world_size, (rank + 1) * batch_size // world_size
-
-
-def rank_batches(
-    stores: Sequence[ActivationStore] | ActivationStore,
-    hookpoints: Sequence[str] | str,
-    batch_size: int,
-    *,
-    seed: int = 0,
-    epochs: int | None = 1,
-    buffer_rows: int = 65536,
-    start_batch: int = 0,
-    rank: int | None = None,
-    world_size: int | None = None,
-    holdout_batches: int = 0,
-) -> Iterator[torch.Tensor]:
-    """This rank's rows of every GLOBAL batch of ``stream_batches(stores, hookpoints, batch_size, seed=...)``:
-    [B_r, D] or [B_r, S, D] float32, B_r = rows of :func:`rank_rows`. ``start_batch`` counts GLOBAL batches
-    (the training checkpoint's data position), so a run resumes under any number of ranks. ``rank`` /
-    ``world_size`` default to the process group's; ``holdout_batches`` as in ``stream_batches``. With one
-    rank this yields exactly ``stream_batches``."""
-    w = world()
-    rank = w.rank if rank is None else rank
-    world_size = w.size if world_size is None else world_size
-    pairs, num_rows = stream_mod.open_sources(stores, hookpoints, batch_size, epochs, "rank_batches")
-    lo, hi = rank_rows(batch_size, rank, world_size)
-    squeeze = len(pairs) == 1
-    index = 0  # global batch index
-    plan = stream_mod._index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches)
-    for _, batches in plan:
-        wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
-        index += len(batches)
-        if not wanted:
-            continue
-        data = stream_mod._gather(pairs, np.concatenate(wanted))
-        for j in range(len(wanted)):
-            batch = data[j * (hi - lo):(j + 1) * (hi - lo)]
-            yield batch[:, 0] if squeeze else batch
-
-
-# -- caching ----------------------------------------------------------------------------------------
-
-def use_rank_device(name: str) -> None:
-    """Make ``cuda`` mean this rank's GPU (``cuda:LOCAL_RANK``) in a multi-process job (the device stays out
-    of the config, whose hash must match the one-process store's)."""
-    if name == "cuda" and world().size > 1 and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def part_dir(out: Path, rank: int, world_size: int) -> Path:
@@ -140,22 +50,22 @@ def rank_contexts(contexts: Iterable[Any], rank: int, world_size: int) -> Iterat
             yield i, ctx
 
 
-def cache_distributed(cfg, records: Iterable[Any] | None = None) -> Path:
-    """``cache_activations`` under torch.distributed: this rank caches its contexts into its part store, then
-    rank 0 merges every part into ``cfg.out`` (all ranks wait for it). With one rank: ``cache_activations``.
+def cache_distributed(cfg, records: Iterable[Any] | None = None, *, rank: int = 0, world_size: int = 1,
+                      barrier: Callable[[], None] | None = None) -> Path:
+    """``cache_activations`` for ``rank`` of ``world_size`` processes: this rank caches its contexts into its
+    part store, then rank 0 merges every part into ``cfg.out`` (all ranks wait for it through ``barrier``,
+    which several ranks must pass). With one rank: ``cache_activations``.
 
     ``cfg`` is the ``CacheConfig`` of the whole job (``--tokens`` unsupported with several ranks)."""
     from conceptdict.activations import cache as cache_mod
 
-    w = world()
     out = Path(cfg.out)
-    if w.size == 1:
+    if world_size == 1:
         return cache_mod.cache_activations(cfg, records)
-    if "part" not in inspect.signature(cache_mod.cache_activations).parameters:
-        raise RuntimeError("this conceptdict's cache_activations has no part=(rank, world_size) argument; "
-                           "apply the hook of docs/distributed.md to activations/cache.py")
+    if barrier is None:
+        raise ValueError(f"cache_distributed with world_size={world_size} needs barrier= (the process group's)")
     if cfg.tokens is not None:
-        raise ValueError(f"--tokens={cfg.tokens} with {w.size} ranks: the first N rows of the dataset cannot be "
+        raise ValueError(f"--tokens={cfg.tokens} with {world_size} ranks: the first N rows of the dataset cannot be "
                          "split without caching past them; cache the whole dataset (a smaller --dataset) or "
                          "run one process")
     digest = _digest(cfg, records)
@@ -166,12 +76,11 @@ def cache_distributed(cfg, records: Iterable[Any] | None = None) -> Path:
     if done is None or done.get("config_hash") != digest:
         if done is not None:
             raise FileExistsError(f"{out} holds a store made with a different configuration; choose a new --out")
-        use_rank_device(cfg.device)
-        part = replace(cfg, out=part_dir(out, w.rank, w.size), progress=cfg.progress and w.main)
-        cache_mod.cache_activations(part, records, part=(w.rank, w.size))
+        part = replace(cfg, out=part_dir(out, rank, world_size), progress=cfg.progress and rank == 0)
+        cache_mod.cache_activations(part, records, part=(rank, world_size))
         barrier()
-        if w.main:
-            merge_parts(out, w.size, digest, cfg)
+        if rank == 0:
+            merge_parts(out, world_size, digest, cfg)
     barrier()
     return out
 

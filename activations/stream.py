@@ -130,6 +130,17 @@ def open_sources(stores: Sequence[ActivationStore] | ActivationStore, hookpoints
     return pairs, num_rows
 
 
+def rank_rows(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The [start, stop) rows of a global batch that ``rank`` of ``world_size`` reads (contiguous, sizes
+    differing by at most one)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch_size < world_size:
+        raise ValueError(f"batch_size={batch_size} is below the number of ranks {world_size}: every rank needs "
+                         "at least one row; raise --batch-size (it is the GLOBAL batch)")
+    return rank * batch_size // world_size, (rank + 1) * batch_size // world_size
+
+
 def stream_batches(
     stores: Sequence[ActivationStore] | ActivationStore,
     hookpoints: Sequence[str] | str,
@@ -139,37 +150,30 @@ def stream_batches(
     epochs: int | None = 1,
     buffer_rows: int = 65536,
     start_batch: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
+    part: tuple[int, int] = (0, 1),
     holdout_batches: int = 0,
 ) -> Iterator[torch.Tensor]:
     """Shuffled float32 batches: [B, D] for one source, [B, S, D] for several.
 
     Sources are every (store, hookpoint) pair, stores outermost; several stores must hold the same tokens.
     Deterministic given ``seed``; ``epochs=None`` repeats forever; a last incomplete batch is dropped.
-    ``start_batch`` skips exactly that many of this rank's batches without reading them; batch i of the
-    global order goes to rank ``i % world_size``. ``holdout_batches``: the rows of the first that many
-    (global) batches never come again in later epochs (``saes.train`` evaluates on its first
-    ``eval_batches`` batches, so training passes ``eval_batches`` here).
+    ``start_batch`` skips exactly that many batches without reading them. ``part`` = (rank, world_size):
+    yield only that rank's contiguous rows of every batch (:func:`rank_rows`), [B_r, ...]; the ranks together
+    see exactly the batches of one process, and ``start_batch`` counts whole batches, so a run resumes under
+    any number of ranks. ``holdout_batches``: the rows of the first that many batches never come again in
+    later epochs (``saes.train`` evaluates on its first ``eval_batches`` batches, so training passes
+    ``eval_batches`` here).
     """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    lo, hi = rank_rows(batch_size, *part)
     pairs, num_rows = open_sources(stores, hookpoints, batch_size, epochs, "stream_batches")
-    buffer_rows = max(buffer_rows, batch_size)
     squeeze = len(pairs) == 1
-    mine = 0  # batches of this rank seen so far
-    global_index = 0
-    for fill_ids, batches in _index_plan(num_rows, batch_size, seed, epochs, buffer_rows, holdout_batches):
-        wanted = []
-        for j in range(len(batches)):
-            if global_index % world_size == rank:
-                if mine >= start_batch:
-                    wanted.append(j)
-                mine += 1
-            global_index += 1
+    index = 0  # batch index
+    for _, batches in _index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches):
+        wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
+        index += len(batches)
         if not wanted:
             continue
-        data = _gather(pairs, fill_ids)
-        for j in wanted:
-            batch = data[j * batch_size:(j + 1) * batch_size]
+        data = _gather(pairs, np.concatenate(wanted))
+        for j in range(len(wanted)):
+            batch = data[j * (hi - lo):(j + 1) * (hi - lo)]
             yield batch[:, 0] if squeeze else batch

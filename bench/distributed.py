@@ -1,7 +1,8 @@
 """Issue 7: training throughput (tokens/s) in 1 process and under ``torchrun --nproc_per_node=2`` (gloo).
 
 Both runs train the same dictionary (same store, flags and seed; ``--batch-size`` is the global batch) through
-``conceptdict.saes.distributed.train`` (one process: exactly ``saes.train.train``). Each run reports the
+``conceptdict.saes.train`` over the process group's seam (``saes.distributed.process_group_comm``; one
+process: the identity seam). Each run reports the
 rows trained per second of its ``train()`` call (model init, held-out evaluation included; process start-up
 and imports excluded), and the 2-process run the share of its wall time spent in the gradient all-reduce
 (an upper bound on what DDP's overlap of communication with the backward could save). The CPU budget is
@@ -57,36 +58,37 @@ def worker(spec: dict) -> dict:
     """Train once in this process (a torchrun rank or the whole job); rank 0 returns the figures."""
     import torch
 
-    from conceptdict.activations import ActivationStore
-    from conceptdict.activations.distributed import rank_batches
-    from conceptdict.saes import TrainConfig
-    from conceptdict.saes import distributed as sdist
+    from conceptdict.activations import ActivationStore, stream_batches
+    from conceptdict.cli import ranks
+    from conceptdict.saes import TrainConfig, train
+    from conceptdict.saes.distributed import process_group_comm
 
-    w = sdist.init_from_env(spec["backend"])
+    w = ranks.join(spec["backend"])
     torch.set_num_threads(max(1, spec["threads"] // w.size))
     comm = {"s": 0.0}
-    reduce_grads = sdist.all_reduce_grads
+    seam = process_group_comm()
+    reduce_grads = seam.reduce_grads
 
     def timed(model):
         t = time.perf_counter()
         reduce_grads(model)
         comm["s"] += time.perf_counter() - t
 
-    sdist.all_reduce_grads = timed
+    seam.reduce_grads = timed
     store = ActivationStore(spec["store"])
     cfg = TrainConfig(kind=spec["kind"], latents=spec["L"], k=spec["k"], batch_size=spec["B"],
                       tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=10 ** 9,
                       checkpoint_every=0, device=spec["device"], seed=0)
-    batches = lambda start: rank_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
-                                         start_batch=start)
+    batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
+                                           start_batch=start, part=w.part)
     warm = TrainConfig(**{**vars(cfg), "tokens": 2 * cfg.batch_size})
-    sdist.train(warm, batches)  # compiles the kernels (numba JIT) and touches the store: not timed
+    train(warm, batches, comm=seam)  # compiles the kernels (numba JIT) and touches the store: not timed
     torch.set_num_threads(max(1, spec["threads"] // w.size))  # numba's OpenMP start-up may have reset it
-    sdist.barrier()
+    ranks.barrier()
     threads = torch.get_num_threads()
     t = time.perf_counter()
     comm["s"] = 0.0
-    model = sdist.train(cfg, batches)
+    model = train(cfg, batches, comm=seam)
     wall = time.perf_counter() - t
     result = {"processes": w.size, "threads_per_process": threads, "wall_s": wall,
               "tokens_per_s": cfg.tokens / wall, "allreduce_s": comm["s"], "allreduce_share": comm["s"] / wall,

@@ -20,15 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, CacheConfig, store_summary
     from conceptdict.activations.distributed import cache_distributed
+    from conceptdict.cli import ranks
     from conceptdict.cli.store import format_summary
-    from conceptdict.saes.distributed import init_from_env
 
-    w = init_from_env()  # a no-op unless torchrun started several ranks
+    w = ranks.join()  # a no-op unless torchrun started several ranks
     try:
         cfg = build_config(CacheConfig, args, args.config)
     except TypeError as e:  # a required field given neither as a flag nor in --config
         raise ConfigError(f"{e}; `conceptdict cache` needs --model, --hookpoint, --dataset and --out") from None
-    out = cache_distributed(cfg)  # cache_activations(cfg) with one rank
+    # cache_activations(cfg) with one rank
+    out = cache_distributed(cfg, rank=w.rank, world_size=w.size, barrier=ranks.barrier)
     if w.main:
         write_resolved_config(cfg, out, "cache_config.json")
         print(format_summary(store_summary(ActivationStore(out))))

@@ -85,7 +85,7 @@ def _heldout_batches(sae_dir: Path, store, hookpoint: str, rows: int):
     """The batches ``conceptdict train`` held out for its own evaluation (never trained on: the stream leaves
     their rows out of later epochs), rebuilt without reading anything else; None when SAE_DIR was not trained
     by ``conceptdict train`` on this store and hookpoint."""
-    from conceptdict.activations.distributed import rank_batches
+    from conceptdict.activations import stream_batches
     from conceptdict.saes import load_dictionary_config
 
     path = sae_dir / "train_config.json"
@@ -99,8 +99,8 @@ def _heldout_batches(sae_dir: Path, store, hookpoint: str, rows: int):
     if not same or not train.get("eval_batches"):
         return None
     n = min(int(train["eval_batches"]), max(1, rows // int(train["batch_size"])))
-    stream = rank_batches(store, hookpoint, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
-                          buffer_rows=int(cmd.get("buffer_rows", 65536)), rank=0, world_size=1)
+    stream = stream_batches(store, hookpoint, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
+                            buffer_rows=int(cmd.get("buffer_rows", 65536)))
     return itertools.islice(stream, n)
 
 

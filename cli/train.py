@@ -94,9 +94,12 @@ def _sized(cfg, rows: int):
 
 
 def train_on_stores(cmd: TrainCommand, cfg):
-    """Open the stores, size the run, stream the batches into ``saes.train``; returns the trained dictionary."""
-    from conceptdict.activations.distributed import rank_batches
-    from conceptdict.saes import distributed as dp
+    """Open the stores, size the run, stream this rank's part of every batch into ``saes.train`` (over the
+    process group's seam under torchrun); returns the trained dictionary."""
+    from conceptdict.activations import stream_batches
+    from conceptdict.cli import ranks
+    from conceptdict.saes import train
+    from conceptdict.saes.distributed import process_group_comm
 
     if cmd.out is None:
         raise ConfigError("conceptdict train needs --out SAE_DIR")
@@ -106,16 +109,19 @@ def train_on_stores(cmd: TrainCommand, cfg):
     per_epoch = rows // cfg.batch_size
     epochs = None if cfg.tokens > (per_epoch - cfg.eval_batches) * cfg.batch_size else 1
 
+    w = ranks.current()
+
     def batches(start: int):
-        # this rank's rows of every global batch (one process: exactly stream_batches)
-        return rank_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
-                            buffer_rows=cmd.buffer_rows, start_batch=start, holdout_batches=cfg.eval_batches)
+        # this rank's rows of every global batch (one process: every row)
+        return stream_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
+                              buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                              holdout_batches=cfg.eval_batches)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
-    if dp.world().main:
+    if w.main:
         write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
-    return dp.train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc)
+    return train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc, comm=process_group_comm())
 
 
 def describe(model) -> list[str]:
@@ -134,9 +140,9 @@ def describe(model) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     cmd = build_config(TrainCommand, args)
     cfg = _train_config(args)
-    from conceptdict.saes.distributed import init_from_env
+    from conceptdict.cli import ranks
 
-    world = init_from_env()  # under torchrun: join the job; ranks > 0 stay quiet
+    world = ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     model = train_on_stores(cmd, cfg)
     if world.main:
         print("\n".join(describe(model)))

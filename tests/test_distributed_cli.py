@@ -1,11 +1,9 @@
 """``torchrun --nproc_per_node=2 -m conceptdict.cli.main cache|train``: the commands themselves give the
-one-process store and dictionary. Runs once the hooks of docs/distributed.md are in activations/cache.py,
-cli/cache.py and cli/train.py (skipped before: the library paths are tested in test_distributed_cache.py
-and test_distributed_train.py through tests/distributed_entry.py)."""
+one-process store and dictionary (the library paths are tested in test_distributed_cache.py and
+test_distributed_train.py through tests/distributed_entry.py)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
@@ -19,18 +17,7 @@ from conceptdict.activations import ActivationStore
 from fixtures_models import tiny_corpus
 from test_distributed_train import TORCHRUN, failure
 
-
-def _hooks_applied() -> bool:
-    import conceptdict.activations.cache as cache_mod
-    import conceptdict.cli.train as train_cmd
-
-    return "part" in inspect.signature(cache_mod.cache_activations).parameters and \
-        "rank_batches" in inspect.getsource(train_cmd)
-
-
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not _hooks_applied(), reason="the torchrun hooks of docs/distributed.md are not "
-                                                                "applied to activations/cache.py and cli/ yet")]
+pytestmark = pytest.mark.integration
 
 
 def _cli(args: list[str], nproc: int, cwd: Path, capsys) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from conceptdict.activations import ActivationStore, ImportConfig, import_array, stream_batches
-from conceptdict.activations.distributed import rank_batches, rank_rows
+from conceptdict.activations.stream import rank_rows
 from conceptdict.saes import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +85,12 @@ def test_rank_rows_split_every_global_batch():
 
 
 @pytest.mark.unit
-def test_rank_batches_concatenate_to_stream_batches(tmp_path):
+def test_rank_parts_concatenate_to_stream_batches(tmp_path):
     store = ActivationStore(synthetic_store(tmp_path, n=1000))
     ref = list(stream_batches(store, ["a", "b"], 96, seed=5, buffer_rows=300, start_batch=2))
     for world_size in (1, 2, 3):
-        parts = [list(rank_batches(store, ["a", "b"], 96, seed=5, buffer_rows=300, start_batch=2, rank=r,
-                                   world_size=world_size)) for r in range(world_size)]
+        parts = [list(stream_batches(store, ["a", "b"], 96, seed=5, buffer_rows=300, start_batch=2,
+                                     part=(r, world_size))) for r in range(world_size)]
         assert all(len(p) == len(ref) for p in parts)
         for i, batch in enumerate(ref):
             assert torch.equal(torch.cat([p[i] for p in parts]), batch)

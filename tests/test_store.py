@@ -140,10 +140,8 @@ def test_stream_holdout_rows_never_come_again(tmp_path):
     resumed = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 8, epochs=4, holdout_batches=3,
                                                                 start_batch=40, **kw)]
     assert resumed == full[40:]
-    from conceptdict.activations.distributed import rank_batches
-
-    halves = [[b[:, 0].long().tolist() for b in rank_batches(store, "h", 8, epochs=4, holdout_batches=3, rank=r,
-                                                               world_size=2, **kw)] for r in (0, 1)]
+    halves = [[b[:, 0].long().tolist() for b in stream_batches(store, "h", 8, epochs=4, holdout_batches=3,
+                                                                 part=(r, 2), **kw)] for r in (0, 1)]
     assert [a + b for a, b in zip(*halves)] == full
     with pytest.raises(ValueError, match="leaves none"):
         next(stream_batches(store, "h", 8, epochs=None, holdout_batches=26, **kw))
@@ -168,10 +166,11 @@ def test_stream_start_batch_and_ranks(tmp_path):
                for b in stream_batches(store, "h", 16, seed=1, epochs=2, buffer_rows=64, start_batch=13)]
     assert resumed == full[13:]
     r0 = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 16, seed=1, epochs=2, buffer_rows=64,
-                                                           rank=0, world_size=2)]
+                                                           start_batch=13, part=(0, 2))]
     r1 = [b[:, 0].long().tolist() for b in stream_batches(store, "h", 16, seed=1, epochs=2, buffer_rows=64,
-                                                           rank=1, world_size=2)]
-    assert r0 == full[0::2] and r1 == full[1::2]
+                                                           start_batch=13, part=(1, 2))]
+    assert [a + b for a, b in zip(r0, r1)] == full[13:]  # each rank: its half of every batch
+    assert all(len(a) == 8 for a in r0 + r1)
 
 
 def test_stream_multi_hookpoint_aligned(tmp_path):
