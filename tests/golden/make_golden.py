@@ -1,0 +1,119 @@
+"""Golden training numbers: a seeded few-step run of every trainable kind, per-step FVU / L0 / AuxK pinned.
+
+    .venv/bin/python tests/golden/make_golden.py          # rewrites tests/golden/training.json
+    .venv/bin/python tests/golden/make_golden.py --check  # compares only (what tests/test_golden.py does)
+
+Every kind of ``saes.KINDS`` that trains runs ``STEPS`` steps of ``saes.train`` on planted-atom data from
+``saes.synthetic`` (two sources for crosscoder kinds), with the dense reference kernels on CPU, one torch
+thread, and settings chosen so that every term is active in a few steps: warm-up and the final decay of the
+learning rate, AuxK over latents dead after two batches, the BatchTopK threshold estimate, the L1 penalty.
+The numbers are what ``tests/test_golden.py`` holds the training loop to (relative tolerance ``RTOL``).
+
+When regenerating is legitimate: ONLY when a change is MEANT to change training numerics (the learning-rate
+schedule, a loss term or its weight, the dead-latent rule, the threshold update, a kind's selection, the
+initialisation, the synthetic data), and the commit that regenerates says which change and why the new
+numbers are right (e.g. the recovery benchmark bench/synthetic_recovery.py is no worse). A refactor, a
+faster kernel or a new kind must leave the existing numbers alone: if they move, the change is a bug. A new
+kind adds its entry by running this script; check the diff touches only that entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+GOLDEN = Path(__file__).with_name("training.json")
+STEPS = 8
+RTOL = 1e-4
+ATOL = 1e-6
+METRICS = ("fvu", "l0", "aux", "loss", "lr")
+SETTINGS = dict(latents=128, k=4, batch_size=64, tokens=64 * STEPS, eval_batches=1, init_rows=128, seed=0,
+                lr=1e-2, warmup_steps=2, decay_fraction=0.25, threshold_start_step=3, dead_tokens=64, aux_k=8,
+                l1_coeff=0.05, checkpoint_every=0, log_every=1, kernel_impl="reference", device="cpu")
+
+
+def trainable_kinds() -> list[str]:
+    from conceptdict.saes import KINDS
+
+    return sorted(k for k, spec in KINDS.items() if spec.trainable)
+
+
+def _batches(kind: str, start: int):
+    """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16]."""
+    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+
+    spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
+    for x in synthetic_batches(spec, start):
+        yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if kind in CROSSCODER_KINDS else x
+
+
+class _Record:
+    """A metrics sink that keeps every step's record."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def write(self, record: dict) -> None:
+        self.rows.append(record)
+
+    def close(self) -> None:
+        pass
+
+
+def golden_run(kind: str) -> dict:
+    """The per-step metrics and the final threshold of one seeded run of ``kind``."""
+    from conceptdict.saes import TrainConfig, train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sink = _Record()
+        model = train(TrainConfig(kind=kind, **SETTINGS), functools.partial(_batches, kind), sink=sink)
+    finally:
+        torch.set_num_threads(threads)
+    out = {m: [float(r[m]) for r in sink.rows] for m in METRICS}
+    out["threshold_mean"] = float(model.threshold.mean()) if model.spec.uses_threshold else None
+    out["heldout_fvu"] = float(model.training_summary["heldout_eval"]["fvu"])
+    return out
+
+
+def compare(got: dict, want: dict) -> list[str]:
+    """One line per number of ``got`` that is not ``want`` within RTOL / ATOL."""
+    bad = []
+    for key, ref in want.items():
+        values, refs = (got.get(key), ref) if isinstance(ref, list) else ([got.get(key)], [ref])
+        if values is None or len(values) != len(refs):
+            bad.append(f"{key}: {values} against {refs}")
+            continue
+        for i, (v, r) in enumerate(zip(values, refs)):
+            if (v is None) != (r is None) or (r is not None and abs(v - r) > ATOL + RTOL * abs(r)):
+                bad.append(f"{key}[{i}]: {v!r} against golden {r!r}")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with training.json instead of rewriting it")
+    args = ap.parse_args(argv)
+    got = {kind: golden_run(kind) for kind in trainable_kinds()}
+    if args.check:
+        want = json.loads(GOLDEN.read_text())["kinds"]
+        bad = [f"{kind} {line}" for kind in want for line in compare(got.get(kind, {}), want[kind])]
+        print("\n".join(bad) or f"{len(want)} kinds match {GOLDEN.name}")
+        return 1 if bad else 0
+    doc = {"about": "per-step training metrics pinned by tests/test_golden.py; regenerate with "
+                    "tests/golden/make_golden.py (its docstring says when that is legitimate)",
+           "torch": torch.__version__, "steps": STEPS, "settings": SETTINGS, "kinds": got}
+    GOLDEN.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {GOLDEN} ({len(got)} kinds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

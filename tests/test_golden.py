@@ -1,0 +1,30 @@
+"""Golden training numbers: every trainable kind, a seeded few-step run with the reference kernels, per-step
+FVU / L0 / AuxK (and loss, learning rate, the final threshold, the held-out FVU) against the numbers checked
+in at tests/golden/training.json. The other numeric tests are relative (resumed against uninterrupted, two
+ranks against one, kernel against reference); this one catches a change to the schedule, a loss weight, the
+dead-latent rule or the threshold update. Regenerate ONLY as tests/golden/make_golden.py's docstring says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from golden.make_golden import GOLDEN, compare, golden_run, trainable_kinds
+
+pytestmark = pytest.mark.unit
+
+WANT = json.loads(GOLDEN.read_text())
+
+
+def test_every_trainable_kind_has_golden_numbers():
+    assert sorted(WANT["kinds"]) == trainable_kinds(), (
+        "a kind was added or removed: run tests/golden/make_golden.py and check that only its entry changed")
+
+
+@pytest.mark.parametrize("kind", sorted(WANT["kinds"]))
+def test_training_matches_golden_numbers(kind):
+    want = WANT["kinds"][kind]
+    assert len(want["fvu"]) == WANT["steps"] and any(want["aux"]) == (kind in ("topk", "batchtopk", "crosscoder"))
+    bad = compare(golden_run(kind), want)
+    assert not bad, f"{kind} trains differently from tests/golden/training.json:\n" + "\n".join(bad[:12])
