@@ -29,7 +29,7 @@ import torch
 
 GOLDEN = Path(__file__).with_name("training.json")
 STEPS = 8
-RTOL = 1e-4
+RTOL = 1e-5
 ATOL = 1e-6
 METRICS = ("fvu", "l0", "aux", "loss", "lr")
 SETTINGS = dict(latents=128, k=4, batch_size=64, tokens=64 * STEPS, eval_batches=1, init_rows=128, seed=0,
