@@ -2,7 +2,7 @@
 
 The demo is a list of steps, each a function ``step(ctx: DemoContext) -> StepResult``. A step lives
 in the module named in :data:`STEPS` (``conceptdict.cli.demo_<stage>``), so each stage adds its own
-step in its own file; a step whose module is not there yet is skipped with a note. A finished step
+step in its own file. A finished step
 leaves ``<out>/.demo/<name>.json`` and is reused on the next run (``--fresh`` redoes everything).
 """
 
@@ -86,14 +86,10 @@ def cache_step(ctx: DemoContext) -> StepResult:
 # ---------------------------------------------------------------- the runner
 
 
-def _resolve(target: str) -> Callable[[DemoContext], StepResult] | None:
+def resolve_step(target: str) -> Callable[[DemoContext], StepResult]:
+    """The step function named ``"module:function"``."""
     module, _, func = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module), func)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        return None
+    return getattr(importlib.import_module(module), func)
 
 
 def run_steps(ctx: DemoContext, fresh: bool = False) -> list[str]:
@@ -103,10 +99,7 @@ def run_steps(ctx: DemoContext, fresh: bool = False) -> list[str]:
     status = []
     for name, target in STEPS:
         marker = done_dir / f"{name}.json"
-        step = _resolve(target)
-        if step is None:
-            status.append(f"{name:7s} not built yet ({target.partition(':')[0]} is missing)")
-            continue
+        step = resolve_step(target)
         saved = json.loads(marker.read_text()) if marker.exists() else None
         if saved is not None and not fresh and saved.get("fast") == ctx.fast:
             result = StepResult(saved["artifacts"], saved["summary"])

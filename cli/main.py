@@ -48,12 +48,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command is not None and name != command:
             sub.add_parser(name, add_help=False)
             continue
-        try:
-            module = _load(name)
-        except ModuleNotFoundError as e:
-            if not e.name or not e.name.startswith("conceptdict.cli."):
-                raise
-            continue  # command not built yet in this checkout
+        module = _load(name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
     return parser
