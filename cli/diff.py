@@ -103,51 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
-def _tokenizer_of(name: str):
-    from conceptdict.activations import load_model
-    from conceptdict.activations.models import load_tokenizer_dir
-
-    tok = load_tokenizer_dir(name) if Path(name).expanduser().is_dir() else None
-    return tok if tok is not None else load_model(name).tokenizer
-
-
-PROBE = "The quick brown fox jumps over the lazy dog. 1234 print('hello, world') \u00e9t\u00e9 \u4e2d\u6587"
-
-
-def tokenizer_difference(tok_a, tok_b) -> str | None:
-    """Why two tokenizers would not give the same tokens (None when they agree): vocabulary, special
-    tokens, or the ids of a probe text."""
-    if tok_a is None or tok_b is None:
-        missing = "A" if tok_a is None else "B"
-        return f"model {missing} has no tokenizer, so the two cannot be checked to read the same tokens"
-    vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
-    if len(vocab_a) != len(vocab_b):
-        return f"vocabulary sizes differ (A: {len(vocab_a)}, B: {len(vocab_b)})"
-    for token, idx in sorted(vocab_a.items(), key=lambda kv: kv[1]):
-        if vocab_b.get(token) != idx:
-            return f"token {token!r} has id {idx} in A but {vocab_b.get(token)} in B"
-    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
-        a, b = getattr(tok_a, attr, None), getattr(tok_b, attr, None)
-        if a != b:
-            return f"{attr} differs (A: {a}, B: {b})"
-    ids_a, ids_b = tok_a(PROBE)["input_ids"], tok_b(PROBE)["input_ids"]
-    if list(ids_a) != list(ids_b):
-        return f"they tokenise the probe text differently (A: {list(ids_a)[:12]}..., B: {list(ids_b)[:12]}...)"
-    return None
-
-
-def check_same_tokenizer(models: list[str]) -> None:
-    """Refuse two models whose tokenizers differ: a crosscoder needs both models' activations on the same tokens."""
-    reason = tokenizer_difference(_tokenizer_of(models[0]), _tokenizer_of(models[1]))
-    if reason is not None:
-        raise ValueError(f"models {models[0]!r} and {models[1]!r} have different tokenizers: {reason}. A crosscoder "
-                         f"pairs the two models' activations token by token, so both must read the same tokens; "
-                         f"diff two models that share a tokenizer (e.g. a base model and its fine-tune)")
-
-
 def cache_both(cfg: DiffConfig, device: str) -> list[Path]:
     """Cache both models at the hookpoint over the same dataset and context length; returns the two stores."""
     from conceptdict.activations import CacheConfig, cache_activations
+    from conceptdict.activations.tokens import check_same_tokenizer
 
     check_same_tokenizer(cfg.models)
     paths = []

@@ -110,37 +110,6 @@ def _batches(store, hookpoint: str, rows: int, batch_size: int):
         yield store.rows(hookpoint, start, min(start + batch_size, stop)).float()
 
 
-def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token contexts [N, T] (right-padded) and attention mask from the first store rows.
-
-    Rows carry (context index, position, token); a context whose first stored position is 1 gets ``bos_id``
-    prepended (the store excludes BOS rows); contexts with other gaps are skipped."""
-    stop = min(store.num_rows, 200_000)
-    ctx, pos, tok = store.context_index(0, stop), store.position(0, stop), store.tokens(0, stop)
-    seqs: list[list[int]] = []
-    for c in torch.unique_consecutive(ctx).tolist():
-        sel = ctx == c
-        p, t = pos[sel], tok[sel]
-        order = torch.argsort(p)
-        p, t = p[order].tolist(), t[order].tolist()
-        if p and p[0] == 1 and bos_id is not None:
-            p, t = [0] + p, [bos_id] + t
-        if not p or p[0] != 0 or p != list(range(len(p))) or len(p) < 2:
-            continue
-        seqs.append(t)
-        if len(seqs) == n_contexts:
-            break
-    if not seqs:
-        raise ValueError(f"no complete token contexts could be rebuilt from {store.path}")
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.int64)
-    mask = torch.zeros(len(seqs), T, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    return ids, mask
-
-
 def _model_name(cfg: EvalConfig, store) -> str | None:
     if cfg.model:
         return cfg.model
@@ -155,6 +124,7 @@ def _model_name(cfg: EvalConfig, store) -> str | None:
 def _splice(result, sae, store, hookpoint: str, cfg: EvalConfig):
     """result with CE loss recovered / KL score, when a causal LM is at hand."""
     from conceptdict.activations import load_model, spliced_losses
+    from conceptdict.activations.tokens import rebuild_contexts
     from conceptdict.saes import with_splice_scores
 
     name = _model_name(cfg, store)

@@ -114,7 +114,7 @@ def test_tokenizer_difference_names_the_reason():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from conceptdict.cli.diff import tokenizer_difference
+    from conceptdict.activations.tokens import tokenizer_difference
 
     def tok(words):
         t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
