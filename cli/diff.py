@@ -13,12 +13,9 @@ analyse the A-only ones the same way.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import html
 import itertools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,7 +25,6 @@ from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, 
 HELP = "diff two models: crosscoder over both models' activations, per-latent Delta tags and Latent Scaling flags"
 DIFF_FORMAT = "conceptdict-diff"
 DIFF_VERSION = 1
-SOURCE_NAMES = ("A", "B")
 TRAIN_SKIP = ("d_in",)
 
 
@@ -107,6 +103,7 @@ def cache_both(cfg: DiffConfig, device: str) -> list[Path]:
     """Cache both models at the hookpoint over the same dataset and context length; returns the two stores."""
     from conceptdict.activations import CacheConfig, cache_activations
     from conceptdict.activations.tokens import check_same_tokenizer
+    from conceptdict.saes.diffing import SOURCE_NAMES
 
     check_same_tokenizer(cfg.models)
     paths = []
@@ -135,106 +132,15 @@ def pick_hookpoint(stores, wanted: str | None) -> str:
 # --------------------------------------------------------------------------- outputs
 
 
-def _num(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else ""
-    if isinstance(v, float):
-        return f"{v:.3f}" if math.isfinite(v) else "–"
-    return str(v)
-
-
-def write_csv(records: list[dict], path: Path) -> Path:
-    """One row per latent; empty cells for missing values."""
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["latent"])
-        writer.writeheader()
-        for rec in records:
-            writer.writerow({k: "" if v is None else v for k, v in rec.items()})
-    return path
-
-
-def histogram_svg(counts: list[int], lo: float, hi: float, label: str, width: int = 420, height: int = 120) -> str:
-    """Inline SVG bar chart of ``counts`` over equal bins of [lo, hi], with the axis ends labelled."""
-    top = max(counts) if counts and max(counts) > 0 else 1
-    bar_w = width / max(len(counts), 1)
-    plot_h = height - 20
-    bars = []
-    for i, c in enumerate(counts):
-        h = plot_h * c / top
-        left, right = lo + (hi - lo) * i / len(counts), lo + (hi - lo) * (i + 1) / len(counts)
-        bars.append(f'<rect x="{i * bar_w:.1f}" y="{plot_h - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
-                    f'height="{h:.1f}" fill="#4a7bb7"><title>{html.escape(label)} {left:.2f} to {right:.2f}: '
-                    f'{c}</title></rect>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-            f'aria-label="{html.escape(label, quote=True)} histogram">{"".join(bars)}'
-            f'<text x="0" y="{height - 4}" font-size="11">{lo:g}</text>'
-            f'<text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">{hi:g}</text>'
-            f'<text x="{width / 2}" y="{height - 4}" font-size="11" text-anchor="middle">'
-            f'{html.escape(label)}</text></svg>')
-
-
-REPORT_COLUMNS = ("latent", "tag", "delta", "cosine", "norm_a", "norm_b", "nu_eps", "nu_r", "beta_eps_a",
-                  "beta_eps_b", "fires", "model_specific", "complete_shrinkage", "latent_decoupling")
-
-
-def _table(records: list[dict], limit: int = 200) -> str:
-    cols = [c for c in REPORT_COLUMNS if records and c in records[0]]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(_num(r[c]))}</td>" for c in cols) + "</tr>"
-                   for r in records[:limit])
-    more = f"<p>{len(records) - limit} more in latents.csv</p>" if len(records) > limit else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{more}"
-
-
-def render_report(summary: dict, records: list[dict]) -> str:
-    """The HTML report: counts per tag and flag, histograms of Delta and cosine, the B-only latents with their
-    Latent Scaling flags (model-specific first) and the A-only latents. Every data string is escaped."""
-    from conceptdict.saes.diffing import histogram
-
-    import torch
-
-    e = html.escape
-    models = summary["sources"]
-    delta = torch.tensor([r["delta"] for r in records], dtype=torch.float64)
-    cosine = torch.tensor([r["cosine"] for r in records], dtype=torch.float64)
-    counts = "".join(f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in summary["counts"].items())
-    b_only = sorted((r for r in records if r["tag"] == "B-only"),
-                    key=lambda r: (not r.get("model_specific", False), -(r["delta"] or 0)))
-    a_only = [r for r in records if r["tag"] == "A-only"]
-    ev = summary.get("eval") or {}
-    fvu = ", ".join(f"{e(n)} {v:.4f}" for n, v in zip(SOURCE_NAMES, ev.get("per_source_fvu", [])))
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>conceptdict diff: {e(models['A'])} vs {e(models['B'])}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:right}}th{{background:#eee}}
-.figs{{display:flex;gap:2em;flex-wrap:wrap}}</style></head><body>
-<h1>Model diff</h1>
-<p>A = <code>{e(models['A'])}</code>, B = <code>{e(models['B'])}</code>, hookpoint <code>{e(summary['hookpoint'])}</code>;
-crosscoder <code>{e(summary['kind'])}</code> with {summary['n_latents']} latents (k = {summary['k']}).
-FVU per source on the analysed rows: {fvu or 'n/a'}; L0 {e(_num(ev.get('l0')))}.</p>
-<p>Delta = &frac12;((|d<sup>B</sup>| &minus; |d<sup>A</sup>|) / max(|d<sup>A</sup>|, |d<sup>B</sup>|) + 1): 1 = only in B.
-Latent Scaling fits d<sup>B</sup> to each model's reconstruction (&beta;<sup>r</sup>) and error (&beta;<sup>&epsilon;</sup>);
-a B-only latent is model-specific when &nu;<sup>&epsilon;</sup> &lt; {summary['thresholds']['nu_eps_max']:g} and
-&nu;<sup>r</sup> &lt; {summary['thresholds']['nu_r_max']:g}. The flags concern B-only latents; to analyse A-only
-latents the same way, run the diff with the two models swapped.</p>
-<h2>Counts</h2><table><tbody>{counts}</tbody></table>
-<div class="figs"><div><h3>Delta</h3>{histogram_svg(histogram(delta, 20, 0.0, 1.0), 0.0, 1.0, "Delta")}</div>
-<div><h3>Decoder cosine(A, B)</h3>{histogram_svg(histogram(cosine, 20, -1.0, 1.0), -1.0, 1.0, "cosine")}</div></div>
-<h2>B-only latents ({len(b_only)})</h2>{_table(b_only)}
-<h2>A-only latents ({len(a_only)})</h2>{_table(a_only)}
-</body></html>
-"""
-
-
 def write_outputs(out: Path, summary: dict, records: list[dict]) -> dict[str, Path]:
     """diff.json (summary + per-latent records), latents.csv, report.html."""
+    from conceptdict.naming.diff_report import render_diff_report, write_csv
+
     paths = {"json": out / "diff.json", "csv": out / "latents.csv", "html": out / "report.html"}
     doc = {"format": DIFF_FORMAT, "format_version": DIFF_VERSION, **summary, "latents": records}
     paths["json"].write_text(json.dumps(to_jsonable(doc), indent=1, allow_nan=False) + "\n")
     write_csv(records, paths["csv"])
-    paths["html"].write_text(render_report(summary, records))
+    paths["html"].write_text(render_diff_report(summary, records))
     return paths
 
 
@@ -270,7 +176,7 @@ def _train_config(args: argparse.Namespace, d_in: int):
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
-    from conceptdict.saes.diffing import diff_crosscoder
+    from conceptdict.saes.diffing import SOURCE_NAMES, diff_crosscoder
     from conceptdict.saes.training import resolve_device
 
     cfg = _diff_config(args)
@@ -313,13 +219,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict, table, written: dict[str, Path]) -> None:
+    from conceptdict.saes.diffing import TAGS
+
     c = summary["counts"]
     print(f"diffed A={summary['sources']['A']} vs B={summary['sources']['B']} at {summary['hookpoint']}: "
           f"{summary['n_latents']} latents ({summary['kind']}, k={summary['k']})")
     ev = summary["eval"]
     print(f"  fvu per source {', '.join(f'{v:.4f}' for v in ev['per_source_fvu'])} | l0 {ev['l0']:.2f} | "
           f"dead {100 * ev['dead_fraction']:.1f}% on {ev['n_tokens']} rows")
-    print("  " + ", ".join(f"{tag} {c[tag]}" for tag in ("B-only", "A-only", "shared", "other")))
+    print("  " + ", ".join(f"{tag} {c[tag]}" for tag in TAGS))
     if table.flags:
         print(f"  B-only latents: {c['model_specific']} model-specific, {c['complete_shrinkage']} complete shrinkage, "
               f"{c['latent_decoupling']} latent decoupling")

@@ -45,10 +45,15 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def histogram_svg(edges: Sequence[float], counts: Sequence[float], width: int = 200, height: int = 54) -> str:
-    """An inline SVG bar chart of a histogram (bar heights on a sqrt scale so rare bins stay visible)."""
+def histogram_svg(edges: Sequence[float], counts: Sequence[float], *, label: str | None = None, width: int = 200,
+                  height: int = 54) -> str:
+    """THE inline SVG bar chart of a histogram (every report uses it): bins between ``edges`` [n + 1], bar
+    heights on a sqrt scale so rare bins stay visible, the axis ends labelled, and ``label`` (escaped) under
+    the middle when given."""
+    name = label or "activation"
     if not counts or max(counts) <= 0:
-        return f'<svg width="{width}" height="{height}" role="img"><title>never fires</title></svg>'
+        empty = "never fires" if label is None else f"no {label} values"
+        return f'<svg width="{width}" height="{height}" role="img"><title>{esc(empty)}</title></svg>'
     top = math.sqrt(max(counts))
     bw = width / len(counts)
     bars = []
@@ -59,12 +64,14 @@ def histogram_svg(edges: Sequence[float], counts: Sequence[float], width: int = 
             f'<rect x="{i * bw:.1f}" y="{height - 12 - h:.1f}" width="{max(bw - 1, 1):.1f}" height="{h:.1f}" '
             f'fill="#4a7bd0"><title>{esc(title)}</title></rect>'
         )
+    text = 'font-size="9" fill="#5b6475"'
     axis = (
-        f'<text x="0" y="{height - 1}" font-size="9" fill="#5b6475">0</text>'
-        f'<text x="{width}" y="{height - 1}" font-size="9" fill="#5b6475" text-anchor="end">{esc(f"{edges[-1]:.3g}")}'
-        "</text>"
+        f'<text x="0" y="{height - 1}" {text}>{esc(f"{edges[0]:.3g}")}</text>'
+        f'<text x="{width}" y="{height - 1}" {text} text-anchor="end">{esc(f"{edges[-1]:.3g}")}</text>'
+        + (f'<text x="{width / 2}" y="{height - 1}" {text} text-anchor="middle">{esc(label)}</text>' if label else "")
     )
-    return f'<svg width="{width}" height="{height}" role="img" aria-label="activation histogram">{"".join(bars)}{axis}</svg>'
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="{esc(name)} histogram">'
+            f'{"".join(bars)}{axis}</svg>')
 
 
 def example_html(e: Example) -> str:
@@ -110,11 +117,13 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
     )
 
 
-def _page(title: str, header: str, body: str) -> str:
+def page(title: str, header: str, body: str, css: str = "") -> str:
+    """THE page skeleton of every report: the escaped ``title``, the shared CSS (plus ``css``), a header bar
+    and the main part (``header`` and ``body`` are HTML the caller built with :func:`esc`)."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
-        f"<style>{CSS}</style></head><body><header>{header}</header><main>{body}</main></body></html>\n"
+        f"<style>{CSS}{css}</style></head><body><header>{header}</header><main>{body}</main></body></html>\n"
     )
 
 
@@ -153,7 +162,7 @@ def write_report(
         )
         body = f"<nav>pages: {nav}</nav>" if len(pages) > 1 else ""
         body += '<div class="grid">' + "".join(concept_card(c) for c in chunk) + "</div>"
-        (directory / page_name(p)).write_text(_page("Concept dictionary", header, body), encoding="utf-8")
+        (directory / page_name(p)).write_text(page("Concept dictionary", header, body), encoding="utf-8")
     if cbm is not None:
         _write_cbm_pages(cbm, directory, header, where)
     log.info("report: %s (%d pages)", directory / "index.html", len(pages))
@@ -185,7 +194,7 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
         for i, c in enumerate(cbm.classes)
     )
     body = f"<h2>Concept bottleneck model</h2>{table}<h2>Classes</h2><ul>{classes}</ul>"
-    (directory / "cbm.html").write_text(_page("Concept bottleneck model", header, body), encoding="utf-8")
+    (directory / "cbm.html").write_text(page("Concept bottleneck model", header, body), encoding="utf-8")
     for i, c in enumerate(cbm.classes):
         top = class_concepts(cbm, i, top=25)
         wmax = max((x.value for x in top), default=1.0) or 1.0
@@ -199,4 +208,4 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
             f"<p>Concepts with the largest positive weights (applied to standardised concept activations).</p>"
             f"<table><tr><th>concept</th><th>weight</th><th></th></tr>{trs}</table>"
         )
-        (directory / f"cbm-class-{i}.html").write_text(_page(f"CBM class {c}", header, body), encoding="utf-8")
+        (directory / f"cbm-class-{i}.html").write_text(page(f"CBM class {c}", header, body), encoding="utf-8")

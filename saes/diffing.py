@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SOURCE_NAMES = ("A", "B")
+"""The two models of a diff, in source order (A the reference, B e.g. the fine-tune)."""
 TAGS = ("B-only", "A-only", "shared", "other")
+"""The one set of per-latent tags (``tag_latents``); ``conceptdict diff`` and naming both report these."""
 FLAGS = ("complete_shrinkage", "latent_decoupling", "model_specific")
 
 
@@ -455,6 +458,7 @@ __all__ = [
     "planted_codes",
     "planted_pair",
     "FLAGS",
+    "SOURCE_NAMES",
     "TAGS",
     "DiffAnalysisConfig",
     "LatentDiff",
