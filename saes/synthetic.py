@@ -4,15 +4,22 @@ Each row is ``x = sum_i c_i a_i + offset + noise`` over a random sparse set of a
 independently with probability ``active / n_atoms``), coefficients c_i ~ U[0.5, 1.5], a fixed random offset
 (so b_dec matters) and Gaussian noise. A trained dictionary "recovers" an atom when some decoder direction
 has cosine above a threshold with it. Used by the recovery tests and bench/synthetic_recovery.py.
+
+For model diffing, :func:`planted_pair` plants atoms in two "models" (shared, only in B, only in A, scaled,
+rotated) and :func:`score_b_only` scores a diffing table against them (tests/test_crosscoder_recovery.py,
+bench/crosscoder_diff.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 import torch
 from torch import Tensor
+
+from .diffing import LatentDiff
 
 
 @dataclass(frozen=True)
@@ -81,3 +88,114 @@ def atom_recovery(directions: Tensor, atoms: Tensor, threshold: float = 0.9) -> 
     for chunk in range(0, d.shape[0], 4096):
         best = torch.maximum(best, (atoms @ d[chunk:chunk + 4096].T).max(dim=1).values)
     return Recovery(float((best > threshold).float().mean()), float(best.mean()), best)
+
+
+# --------------------------------------------------------------------------- planted two-model data
+
+
+ATOM_KINDS = ("shared", "b_only", "scaled", "rotated", "a_only")
+
+
+class PlantedPair(NamedTuple):
+    """Ground truth of a synthetic two-"model" pair: atom n appears as atoms_a[n] in model A and atoms_b[n]
+    in model B (both [N, D]; a zero row means the model lacks it). ``kinds[n]`` is one of ATOM_KINDS."""
+
+    atoms_a: Tensor
+    atoms_b: Tensor
+    kinds: list[str]
+
+
+def planted_pair(d_in: int, n_shared: int, n_b_only: int, n_scaled: int, n_rotated: int, *, n_a_only: int = 0,
+                 scale: float = 0.4, angle_deg: float = 60.0, seed: int = 0) -> PlantedPair:
+    """Random unit atoms in R^D shared by both models, with ``n_b_only`` atoms only in B (zero in A),
+    ``n_scaled`` in both but scaled by ``scale`` in A, ``n_rotated`` in both with A's direction rotated by
+    ``angle_deg`` inside a random plane, and ``n_a_only`` only in A."""
+    if not 0.0 < scale < 1.0:
+        raise ValueError(f"scale={scale} must lie in (0, 1): the scaled atoms are scaled DOWN in model A")
+    gen = torch.Generator().manual_seed(seed)
+    counts = {"shared": n_shared, "b_only": n_b_only, "scaled": n_scaled, "rotated": n_rotated, "a_only": n_a_only}
+    kinds = [kind for kind in ATOM_KINDS for _ in range(counts[kind])]
+    n = len(kinds)
+    if n == 0:
+        raise ValueError("planted_pair needs at least one atom")
+    atoms_b = torch.randn(n, d_in, generator=gen)
+    atoms_b = atoms_b / atoms_b.norm(dim=-1, keepdim=True)
+    atoms_a = atoms_b.clone()
+    other = torch.randn(n, d_in, generator=gen)
+    other = other - (other * atoms_b).sum(-1, keepdim=True) * atoms_b  # orthogonal to each atom
+    other = other / other.norm(dim=-1, keepdim=True)
+    theta = math.radians(angle_deg)
+    for i, kind in enumerate(kinds):
+        if kind == "b_only":
+            atoms_a[i] = 0.0
+        elif kind == "scaled":
+            atoms_a[i] = scale * atoms_b[i]
+        elif kind == "rotated":
+            atoms_a[i] = math.cos(theta) * atoms_b[i] + math.sin(theta) * other[i]
+        elif kind == "a_only":
+            atoms_b[i] = 0.0
+    return PlantedPair(atoms_a, atoms_b, kinds)
+
+
+def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator) -> Tensor:
+    """Sparse non-negative codes [n_rows, N]: each atom fires independently with probability ``p_fire``
+    with magnitude uniform in [0.5, 1.5]."""
+    on = torch.rand(n_rows, n_atoms, generator=gen) < p_fire
+    return on * (0.5 + torch.rand(n_rows, n_atoms, generator=gen))
+
+
+def planted_batches(pair: PlantedPair, batch_size: int, n_batches: int, *, p_fire: float = 0.05,
+                    noise: float = 0.01, seed: int = 0):
+    """Yield ``n_batches`` batches x [B, 2, D] (source 0 = model A, 1 = model B) of the same sparse codes
+    through each model's atoms, plus Gaussian noise of std ``noise``. Deterministic given ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    n, d = pair.atoms_b.shape
+    atoms = torch.stack([pair.atoms_a, pair.atoms_b], dim=1)  # [N, 2, D]
+    for _ in range(n_batches):
+        codes = planted_codes(batch_size, n, p_fire, gen)
+        x = torch.einsum("bn,nsd->bsd", codes, atoms)
+        yield x + noise * torch.randn(batch_size, 2, d, generator=gen)
+
+
+class PlantedScore(NamedTuple):
+    """How a diffing table recovers the planted truth of :func:`planted_pair`.
+
+    A latent is matched to the atom whose B direction is closest in cosine to its B decoder (at least
+    ``min_cos``; else unmatched). "Predicted B-only" is the latent set being scored (Delta tags alone, or
+    the model_specific flag of Latent Scaling)."""
+
+    precision: float  # predicted B-only latents matched to a b_only atom / predicted (nan if none predicted)
+    recall: float  # b_only atoms with at least one predicted latent matched to them / b_only atoms
+    n_predicted: int
+    misattributed: dict[str, int]  # predicted B-only latents by the kind of their matched atom ("unmatched")
+    shared_tagged_shared: float  # fraction of shared atoms whose best latent is tagged shared
+
+
+def score_b_only(table: LatentDiff, directions: Tensor, pair: PlantedPair, predicted: Tensor,
+                 min_cos: float = 0.9, source_b: int = 1) -> PlantedScore:
+    """Score the predicted B-only latents (bool [L]) of ``table`` (decoder ``directions [L, S, D]``) against
+    the planted atoms of ``pair``."""
+    d_b = directions[:, source_b].double()
+    atoms_b = pair.atoms_b.double()
+    cos = (d_b / d_b.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ (
+        atoms_b / atoms_b.norm(dim=-1, keepdim=True).clamp_min(1e-12)).T  # [L, N]
+    best_cos, best_atom = cos.max(dim=1)
+    kinds = pair.kinds
+    b_only_atoms = {n for n, kind in enumerate(kinds) if kind == "b_only"}
+    mis: dict[str, int] = {}
+    hit_atoms: set[int] = set()
+    n_pred = 0
+    for j in predicted.nonzero().flatten().tolist():
+        n_pred += 1
+        atom = int(best_atom[j]) if best_cos[j] >= min_cos else None
+        if atom in b_only_atoms:
+            hit_atoms.add(atom)
+        else:
+            key = "unmatched" if atom is None else kinds[atom]
+            mis[key] = mis.get(key, 0) + 1
+    tp = n_pred - sum(mis.values())
+    precision = tp / n_pred if n_pred else math.nan
+    recall = len(hit_atoms) / len(b_only_atoms) if b_only_atoms else math.nan
+    shared = [n for n, kind in enumerate(kinds) if kind == "shared"]
+    ok = [table.tags[int(cos[:, n].argmax())] == "shared" for n in shared]
+    return PlantedScore(precision, recall, n_pred, mis, sum(ok) / len(ok) if ok else math.nan)

@@ -10,7 +10,8 @@ import torch
 
 from conceptdict.saes import TrainConfig, evaluate, load_dictionary, save_dictionary, train
 from conceptdict.saes.crosscoder import input_scale
-from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder, planted_batches, planted_pair, score_b_only
+from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder
+from conceptdict.saes.synthetic import planted_batches, planted_pair, score_b_only
 
 pytestmark = pytest.mark.integration
 

@@ -14,14 +14,13 @@ from conceptdict.saes.diffing import (
     decoder_cosine,
     histogram,
     latent_scaling,
-    planted_batches,
-    planted_pair,
     relative_norm_difference,
     scaling_flags,
     scaling_from_sums,
     scaling_sums,
     tag_latents,
 )
+from conceptdict.saes.synthetic import planted_batches, planted_pair
 
 pytestmark = pytest.mark.unit
 
