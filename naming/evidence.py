@@ -12,16 +12,14 @@ Shapes: N store rows, n rows in a chunk, D d_in, L latents, K top examples, Q qu
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Protocol, Sequence
+from typing import Iterator, NamedTuple, Protocol, Sequence
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from .concepts import Example
-
-if TYPE_CHECKING:  # pragma: no cover
-    from conceptdict.activations import ActivationStore
+from .protocols import Store
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class LatentEvidence(NamedTuple):
     negative_rows: Tensor  # [L, M] int64, random rows where the latent is 0; -1 if too few
 
 
-def iter_inputs(store: "ActivationStore", hookpoints: Sequence[str], chunk: int) -> Iterator[tuple[int, Tensor]]:
+def iter_inputs(store: Store, hookpoints: Sequence[str], chunk: int) -> Iterator[tuple[int, Tensor]]:
     """(start row, [n, D]) for one hookpoint, (start row, [n, S, D]) for several, float32, in row order."""
     if len(hookpoints) == 1:
         for start, x in store.iter_rows(hookpoints[0], chunk):
@@ -173,7 +171,7 @@ def _negatives(encoder, store, hookpoints, n_neg, L, device, gen) -> Tensor:
 
 def collect_evidence(
     encoder: Encoder,
-    store: "ActivationStore",
+    store: Store,
     hookpoints: Sequence[str] | str,
     *,
     top_k: int = 20,
@@ -223,7 +221,7 @@ def collect_evidence(
 class ContextCache:
     """Memoises ``store.row_context`` so that rows shared between latents are rebuilt once."""
 
-    def __init__(self, store: "ActivationStore", before: int = 8, after: int = 4) -> None:
+    def __init__(self, store: Store, before: int = 8, after: int = 4) -> None:
         self.store, self.before, self.after = store, before, after
         self._cache: dict[int, object] = {}
 

@@ -7,7 +7,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -16,10 +16,8 @@ from .concepts import Concept, ConceptDictionary
 from .evidence import ContextCache, LatentEvidence, collect_evidence, logit_lens
 from .llm import LlmConfig, LlmNamer
 from .namers import ContextNamer, LogitLensNamer, Namer, NameResult, NamingInputs, VocabNamer, check_results
+from .protocols import Dictionary, Store
 from .vocab import DEFAULT_VOCAB, default_cache_dir, embed_vocabulary, load_vocabulary
-
-if TYPE_CHECKING:  # pragma: no cover
-    from conceptdict.activations import ActivationStore
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +80,7 @@ class NameConfig:
             raise ValueError(f"quantiles {bad} must lie strictly between 0 and 1")
 
 
-def model_id_of(store: "ActivationStore") -> str | None:
+def model_id_of(store: Store) -> str | None:
     """The model name recorded in a store's manifest, if any."""
     m = store.manifest.get("model")
     if isinstance(m, dict):
@@ -90,7 +88,7 @@ def model_id_of(store: "ActivationStore") -> str | None:
     return str(m) if m else None
 
 
-def resolve_hookpoint(store: "ActivationStore", hookpoint: str | None) -> str:
+def resolve_hookpoint(store: Store, hookpoint: str | None) -> str:
     if hookpoint is None:
         if len(store.hookpoints) != 1:
             raise ValueError(f"store {store.path} has hookpoints {store.hookpoints}; pick one with --hookpoint")
@@ -137,18 +135,16 @@ def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_mod
     raise ValueError(f"unknown namer {cfg.namer!r}; choose vocab, context, logit-lens or llm")
 
 
-def _crosscoder_flags(directions: Tensor) -> list[dict[str, Any]]:
-    """Relative decoder-norm difference, tag and cosine per latent for a 2-source crosscoder [L, 2, D]."""
-    if directions.ndim != 3 or directions.shape[1] != 2:
-        return [{} for _ in range(directions.shape[0])]
-    na, nb = directions[:, 0].norm(dim=1), directions[:, 1].norm(dim=1)
-    delta = 0.5 * ((nb - na) / torch.maximum(na, nb).clamp_min(1e-12) + 1)
-    cos = torch.nn.functional.cosine_similarity(directions[:, 0], directions[:, 1], dim=1)
-    out = []
-    for d, c in zip(delta.tolist(), cos.tolist()):
-        tag = "B-only" if d > 0.9 else "A-only" if d < 0.1 else "shared" if abs(d - 0.5) < 0.1 else "mixed"
-        out.append({"relative_norm": d, "tag": tag, "cos_AB": c})
-    return out
+def _crosscoder_flags(model: Dictionary, n_latents: int) -> list[dict[str, Any]]:
+    """Per latent of a 2-source crosscoder: its Delta (``relative_norm``), tag and decoder cosine (``cos_AB``)
+    as ``conceptdict diff`` computes them (saes.diffing.decoder_table); empty records otherwise."""
+    from conceptdict.saes.diffing import decoder_table
+
+    if getattr(model, "n_sources", 1) != 2:
+        return [{} for _ in range(n_latents)]
+    table = decoder_table(model)
+    return [{"relative_norm": d, "tag": tag, "cos_AB": c}
+            for d, tag, c in zip(table.delta.tolist(), table.tags, table.cosine.tolist())]
 
 
 def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
@@ -164,7 +160,7 @@ def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
     return s
 
 
-def name_dictionary(model, store: "ActivationStore", cfg: NameConfig) -> ConceptDictionary:
+def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> ConceptDictionary:
     """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``."""
     hookpoint = resolve_hookpoint(store, cfg.hookpoint)
     model_name = cfg.model or model_id_of(store)
@@ -191,7 +187,7 @@ def name_dictionary(model, store: "ActivationStore", cfg: NameConfig) -> Concept
     inputs = NamingInputs(named, top, quant, neg, base)
     results = check_results(namer(inputs), L, namer.kind)
     logit_top, logit_bottom = _logit_tokens(named, level, cfg, get_model)
-    flags = _crosscoder_flags(directions)
+    flags = _crosscoder_flags(model, L)
     concepts = tuple(
         _concept(j, results[j], namer.kind, ev, top[j], quant[j], logit_top[j], logit_bottom[j], flags[j])
         for j in range(L)
@@ -273,8 +269,8 @@ class TruncatingContextCache(ContextCache):
 class Sources(NamedTuple):
     """A loaded dictionary with the store and hookpoint it is named over."""
 
-    model: Any  # conceptdict.saes.SparseCoder
-    store: Any  # conceptdict.activations.ActivationStore
+    model: Dictionary
+    store: Store
     hookpoint: str
     sae_config: dict
 

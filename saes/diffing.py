@@ -302,6 +302,23 @@ def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: Latent
     return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags)
 
 
+def training_directions(model: SparseCoder) -> Tensor:
+    """The decoder directions [L, S, D] of a crosscoder (S >= 2) in its training units (the raw directions times
+    the per-source normalisation factor, ``saes.crosscoder.input_scale``), where the models' norms compare."""
+    from .crosscoder import input_scale
+
+    if model.n_sources < 2:
+        raise ValueError(f"diffing needs a crosscoder with at least 2 sources, got n_sources={model.n_sources}; "
+                         f"train with several stores (kind crosscoder)")
+    return model.decoder_directions().detach().float() * input_scale(model)[None, :, None]
+
+
+def decoder_table(model: SparseCoder, cfg: DiffAnalysisConfig | None = None) -> LatentDiff:
+    """Delta, tag and cosine per latent of a crosscoder from its decoder alone (no Latent Scaling): the tags
+    ``conceptdict diff`` reports, for anyone else who shows them (naming's concept records)."""
+    return analyse_latents(training_directions(model), cfg or DiffAnalysisConfig())
+
+
 def diff_crosscoder(model: SparseCoder, batches: Iterable[Tensor], cfg: DiffAnalysisConfig, *,
                     max_batches: int | None = None) -> LatentDiff:
     """The per-latent table of a trained crosscoder (a SparseCoder with S >= 2 working on raw activations).
@@ -312,11 +329,8 @@ def diff_crosscoder(model: SparseCoder, batches: Iterable[Tensor], cfg: DiffAnal
     comparable; without batches (``max_batches=0``) the table has no Latent Scaling columns."""
     from .crosscoder import input_scale
 
-    if model.n_sources < 2:
-        raise ValueError(f"diffing needs a crosscoder with at least 2 sources, got n_sources={model.n_sources}; "
-                         f"train with several stores (kind crosscoder)")
+    directions = training_directions(model)
     c = input_scale(model)[:, None]  # [S, 1]
-    directions = model.decoder_directions().float() * c[None]  # [L, S, D] in training units
     if max_batches == 0:
         return analyse_latents(directions, cfg)
     scaling = latent_scaling(
@@ -347,6 +361,7 @@ __all__ = [
     "LatentScaling",
     "ScalingSums",
     "analyse_latents",
+    "decoder_table",
     "decoder_cosine",
     "decoder_norms",
     "histogram",
@@ -356,4 +371,5 @@ __all__ = [
     "scaling_from_sums",
     "scaling_sums",
     "tag_latents",
+    "training_directions",
 ]

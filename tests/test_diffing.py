@@ -199,3 +199,19 @@ def test_float32_inputs_accumulate_in_float64():
     assert single.beta_eps_a.dtype == torch.float64
     assert torch.allclose(single.beta_eps_a, exact.beta_eps_a, rtol=1e-5, atol=1e-6)
     assert torch.allclose(single.nu_r, exact.nu_r, rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_table_is_the_diff_without_latent_scaling():
+    """decoder_table (what naming shows per latent) tags exactly as diff_crosscoder does, in training units."""
+    from conceptdict.saes import SparseCoder
+    from conceptdict.saes.diffing import TAGS, decoder_table, diff_crosscoder
+
+    torch.manual_seed(0)
+    model = SparseCoder(d_in=4, n_latents=6, k=2, kind="crosscoder", n_sources=2)
+    with torch.no_grad():
+        model.W_dec.view(6, 2, 4)[0, 0] = 0.0  # latent 0 only in B
+        model.W_dec.view(6, 2, 4)[1, 1] = 0.0  # latent 1 only in A
+    model.training_summary = {"normalisation": {"scale_per_source": [1.0, 2.0], "folded_into_weights": True}}
+    table = decoder_table(model)
+    assert table.tags == diff_crosscoder(model, [], DiffAnalysisConfig(), max_batches=0).tags
+    assert table.tags[:2] == ["B-only", "A-only"] and set(table.tags) <= set(TAGS)

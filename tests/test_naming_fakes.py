@@ -94,3 +94,20 @@ def test_fake_store_contract():
     assert ctx.context_index == 1 and ctx.position == 2
     assert ctx.tokens[ctx.marked] == store._contexts[1][2]
     assert sum(len(x) for _, x in store.iter_rows("hp", 4)) == store.num_rows
+
+
+def test_fakes_and_the_real_stages_implement_the_naming_protocols(tmp_path):
+    """naming.protocols writes down what the fakes implement; the real store and dictionary implement it too."""
+    import numpy as np
+
+    from conceptdict.activations import ActivationStore, ImportConfig, import_array
+    from conceptdict.naming.protocols import Dictionary, Store
+    from conceptdict.saes import SparseCoder
+
+    assert isinstance(random_token_store(n_ctx=3, ctx_len=5), Store)
+    assert isinstance(FakeCoder(torch.randn(6, 4)), Dictionary)
+    np.save(tmp_path / "acts.npy", np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32))
+    assert isinstance(ActivationStore(import_array(ImportConfig(array=tmp_path / "acts.npy", out=tmp_path / "s"))),
+                      Store)
+    assert isinstance(SparseCoder(4, 8, 2), Dictionary)
+    assert not isinstance(object(), Store) and not isinstance(torch.nn.Linear(2, 2), Dictionary)
