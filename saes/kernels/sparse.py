@@ -54,7 +54,7 @@ class Backend(NamedTuple):
 # ---------------------------------------------------------------- the portable (torch) backend
 
 
-def _torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
+def torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
                     scale: Tensor | None = None, floor: float = float("-inf")) -> tuple[Tensor, Tensor]:
     score = pre if cols is None else pre.index_select(1, cols)
     if bias is not None:
@@ -99,7 +99,7 @@ def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) ->
 
 def torch_backend() -> Backend:
     """The portable backend: embedding_bag / index_add / bmm in chunks; any device, any float dtype."""
-    return Backend(_torch_row_topk, _torch_gather_sum, _torch_gather_dot, _torch_scatter_rows, _torch_encoder_backward)
+    return Backend(torch_row_topk, _torch_gather_sum, _torch_gather_dot, _torch_scatter_rows, _torch_encoder_backward)
 
 
 # ---------------------------------------------------------------- autograd

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .sparse import Backend, _torch_row_topk, make_ops
+from .sparse import Backend, torch_row_topk, make_ops
 
 BLOCK_D = 128
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -131,5 +131,5 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     return grad_x, grad_W
 
 
-BACKEND = Backend(_torch_row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)
+BACKEND = Backend(torch_row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux = make_ops(BACKEND)
