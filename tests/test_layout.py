@@ -116,3 +116,42 @@ def test_installed_namespace_maps_to_the_source_folders():
         (conceptdict.cli, "cli"),
     ]:
         assert Path(mod.__file__).resolve().parent == ROOT / folder
+
+
+def _module_aliases(path: Path, tree: ast.AST) -> set[str]:
+    """Names that ``path`` binds to modules of this project (``import a.b as x``, ``from . import mod``)."""
+    import importlib.util
+
+    aliases = set()
+    for node, (name, _) in zip([n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))],
+                               _imports(path)):
+        if not name.startswith("conceptdict."):
+            continue
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname}
+        else:
+            for a in node.names:
+                try:
+                    spec = importlib.util.find_spec(f"{name}.{a.name}")
+                except ModuleNotFoundError:
+                    spec = None
+                if spec is not None:
+                    aliases.add(a.asname or a.name)
+    return aliases
+
+
+@pytest.mark.parametrize("stage", ["activations", "saes", "naming", "cli"])
+def test_no_private_names_across_modules(stage):
+    """A module uses another module's public names only: no ``from .x import _private``, no ``x._private``."""
+    bad = []
+    for path in _files(stage):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = _module_aliases(path, tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                  and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
