@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench clean
+.PHONY: venv demo test test-all golden bench clean
 
 # torch is installed first and pinned: left alone, pip resolves transformer-lens to a multi-GB CUDA torch.
 $(STAMP): pyproject.toml Makefile
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q
+
+# Rewrites tests/golden/training.json; legitimate only as tests/golden/make_golden.py's docstring says.
+golden: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python tests/golden/make_golden.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

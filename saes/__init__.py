@@ -14,7 +14,7 @@ from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the cross
 
 __all__ = [
     "KINDS", "LOCAL", "Comm", "EvalResult", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink", "NullSink",
-    "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table", "import_saelens",
-    "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config", "save_dictionary", "train",
+    "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table",
+    "import_saelens", "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config", "save_dictionary", "train",
     "with_splice_scores",
 ]

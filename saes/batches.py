@@ -2,8 +2,8 @@
 
 ``train`` takes any iterable of ``[B, D]`` / ``[B, S, D]`` tensors, or a function ``start_batch ->`` such an
 iterable (so that ``resume`` skips without reading). Under several processes each yields this process's
-part of every batch (``activations.distributed.rank_batches``); the batches the loop needs whole (the
-held-out ones, the rows that initialise b_dec and the scale) are gathered through the seam.
+part of every batch (``activations.stream_batches(..., part=(rank, world_size))``); the batches the loop
+needs whole (the held-out ones, the rows that initialise b_dec and the scale) are gathered through the seam.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _take_rows(stream: Iterator[Tensor], rows: int, comm: Comm) -> tuple[list[Te
         if int(comm.all_sum(torch.tensor([x is None], dtype=torch.int64))[0]):
             if x is not None:
                 raise RuntimeError("ranks disagree on the end of the data; stream slices of the same global "
-                                   "batches on every rank (activations.distributed.rank_batches)")
+                                   "batches on every rank (activations.stream_batches(..., part=...))")
             break
         local.append(x)
         whole.append(comm.gather_rows(x))

@@ -4,7 +4,7 @@ one process would.
 There is no training loop here: :func:`conceptdict.saes.train` is the one loop, and :class:`TorchComm` is
 the communication seam (saes.comm) it is handed under ``torchrun --nproc_per_node=N``. Every process holds
 a full copy of the dictionary and reads its own contiguous slice of every GLOBAL batch
-(``conceptdict.activations.distributed.rank_batches``), so ``--batch-size`` is the global batch and
+(``conceptdict.activations.stream_batches(..., part=(rank, world_size))``), so ``--batch-size`` is the global batch and
 ``--tokens`` / ``--seed`` mean what they mean in one process. Through the seam each step makes the loss of
 one process out of per-process parts:
 

@@ -252,9 +252,10 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     ``source`` names the data in error messages (e.g. "store runs/x, hookpoint blocks.0.hook_resid_post").
 
     ``comm``: the seam to the other processes of a data-parallel job (``saes.distributed.TorchComm``); then
-    ``batches`` yields THIS process's part of every batch (``activations.distributed.rank_batches``), every
-    process returns the same dictionary (equal to one process's), only rank 0 writes ``out``, which must be on
-    a filesystem every process reads when resuming. A checkpoint resumes under any number of processes."""
+    ``batches`` yields THIS process's part of every batch (``activations.stream_batches(..., part=(rank,
+    world_size))``), every process returns the same dictionary (equal to one process's), only rank 0 writes
+    ``out``, which must be on a filesystem every process reads when resuming. A checkpoint resumes under any
+    number of processes."""
     device = resolve_device(cfg.device)
     out = Path(out) if out is not None else None
     if resume and out is None:

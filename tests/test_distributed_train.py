@@ -1,7 +1,7 @@
 """Data-parallel training: 2 gloo ranks under torchrun train the same dictionary as one process.
 
-Every kind with a data-parallel rule (TopK, BatchTopK, ReLU-L1, BatchTopK crosscoder, L1 crosscoder) trains
-on a tiny synthetic store in one process and under ``torchrun --nproc_per_node=2``; the weights (and the
+Every trainable kind of ``saes.KINDS`` (TopK, BatchTopK, ReLU-L1, BatchTopK crosscoder, L1 crosscoder, and any
+kind added later: there is no per-kind data-parallel code to write) trains on a tiny synthetic store in one process and under ``torchrun --nproc_per_node=2``; the weights (and the
 BatchTopK inference threshold) must agree within 1e-4, every rank must hold the same dictionary, and a
 checkpoint written by one process must resume under two ranks to the uninterrupted result.
 """
@@ -21,7 +21,9 @@ from safetensors.torch import load_file
 
 from conceptdict.activations import ActivationStore, ImportConfig, import_array, stream_batches
 from conceptdict.activations.stream import rank_rows
+from conceptdict.saes import KINDS as ALL_KINDS
 from conceptdict.saes import TrainConfig, train
+from conceptdict.saes.crosscoder import CROSSCODER_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "tests" / "distributed_entry.py"
@@ -47,8 +49,8 @@ def base_config(kind: str, **over) -> dict:
     return cfg
 
 
-KINDS = [("topk", ["a"]), ("batchtopk", ["a"]), ("relu", ["a"]), ("crosscoder", ["a", "b"]),
-         ("crosscoder-l1", ["a", "b"])]
+KINDS = [(kind, ["a", "b"] if kind in CROSSCODER_KINDS else ["a"])
+         for kind, spec in sorted(ALL_KINDS.items()) if spec.trainable]
 
 
 def one_process(store: Path, hps: list[str], cfg: TrainConfig, out: Path | None = None, resume: bool = False,

@@ -1,6 +1,6 @@
 """Golden training numbers: a seeded few-step run of every trainable kind, per-step FVU / L0 / AuxK pinned.
 
-    .venv/bin/python tests/golden/make_golden.py          # rewrites tests/golden/training.json
+    make golden                                           # rewrites tests/golden/training.json (this script)
     .venv/bin/python tests/golden/make_golden.py --check  # compares only (what tests/test_golden.py does)
 
 Every kind of ``saes.KINDS`` that trains runs ``STEPS`` steps of ``saes.train`` on planted-atom data from
