@@ -1,6 +1,6 @@
 """``conceptdict eval SAE_DIR [--store STORE] [--model M]``: metrics table + eval.json.
 
-Reconstruction and sparsity metrics come from ``saes.evaluate`` over store rows: by default, on the store the
+Reconstruction and sparsity metrics come from ``saes.evaluate`` (saes/evaluation.py) over store rows: by default, on the store the
 dictionary was trained on, the batches ``conceptdict train`` held out (rebuilt from SAE_DIR/train_config.json:
 rows training never saw), else the first rows of the store. For a token-level store of
 a causal language model, the dictionary is also spliced into the model at its hookpoint

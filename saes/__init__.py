@@ -4,7 +4,7 @@ Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``)
 """
 
 from .artifact import export_saelens, import_saelens, load_dictionary, load_dictionary_config, save_dictionary
-from .evaluate import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
+from .evaluation import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
 from .comm import LOCAL, Comm, LocalComm

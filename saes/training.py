@@ -38,7 +38,7 @@ from .batches import Batches, TrainingData, open_training_data, shape_of
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
 from .config import Resolved, TrainConfig, default_dead_tokens, default_lr, resolve, resolve_device
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import SparseCoder, geometric_median, normalisation_scale
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conceptdict.saes import SparseCoder, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
-from conceptdict.saes.evaluate import density_histogram
+from conceptdict.saes.evaluation import density_histogram
 
 pytestmark = pytest.mark.unit
 
