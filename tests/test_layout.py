@@ -155,3 +155,17 @@ def test_no_private_names_across_modules(stage):
                   and node.attr.startswith("_") and not node.attr.startswith("__")):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ["activations", "saes", "saes.kernels", "naming", "cli"])
+def test_no_module_is_shadowed_by_a_name_its_package_exports(package):
+    """``package.x`` is the module x or something else, never both (``saes.train`` once was a function
+    hiding the module saes/train.py, so code reached the module through importlib)."""
+    import importlib
+    import pkgutil
+    import types
+
+    pkg = importlib.import_module(f"conceptdict.{package}")
+    shadowed = [info.name for info in pkgutil.iter_modules(pkg.__path__)
+                if not isinstance(getattr(pkg, info.name, types.ModuleType("x")), types.ModuleType)]
+    assert not shadowed, f"conceptdict.{package} exports names that hide its modules: {shadowed}"
