@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
     from conceptdict.saes.diffing import SOURCE_NAMES, diff_crosscoder
+    from conceptdict.saes.config import heldout_batch_count
     from conceptdict.saes.training import resolve_device
 
     cfg = _diff_config(args)
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
     def batches(start: int):
         return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start,
-                              holdout_batches=tcfg.eval_batches)
+                              holdout_batches=heldout_batch_count(tcfg))
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
     meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources}

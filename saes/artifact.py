@@ -25,7 +25,9 @@ from safetensors.torch import save_file
 from .model import SparseCoder, kind_spec
 
 FORMAT = "conceptdict-dictionary"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: kind ``batchtopk`` is the row-relative BatchTopK and saves ``norm_scale [S]``; version 1's ``batchtopk``
+(the classical rule) reads as ``batchtopk-absolute``."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 SAELENS_CONFIG = "cfg.json"
@@ -55,6 +57,8 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
         out["b_dec"] = model.b_dec.view(S, D)
     if model.spec.uses_threshold:
         out["threshold"] = model.threshold
+    if model.spec.relative:
+        out["norm_scale"] = model.norm_scale
     return {k: v.detach() for k, v in out.items()}
 
 
@@ -111,7 +115,8 @@ def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -
     directory = Path(directory)
     cfg = load_dictionary_config(directory)
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
-    model = SparseCoder(D, L, k, cfg["kind"], n_sources=S)
+    kind = "batchtopk-absolute" if cfg["kind"] == "batchtopk" and int(cfg.get("format_version", 1)) < 2 else cfg["kind"]
+    model = SparseCoder(D, L, k, kind, n_sources=S)
     path = directory / WEIGHTS_FILE
     with safe_open(str(path), framework="pt") as fh:
         t = {name: fh.get_tensor(name) for name in fh.keys()}
@@ -121,9 +126,15 @@ def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -
     W_dec = W_dec.permute(1, 0, 2).reshape(L, S * D) if S > 1 else W_dec
     b_dec = _expect("b_dec", t["b_dec"], (*lead, D), path).reshape(S * D)
     state = {"W_enc": W_enc, "b_enc": _expect("b_enc", t["b_enc"], (L,), path), "W_dec": W_dec, "b_dec": b_dec,
-             "threshold": t["threshold"] if "threshold" in t else model.threshold}
+             "threshold": t["threshold"] if "threshold" in t else model.threshold,
+             "norm_scale": t["norm_scale"] if "norm_scale" in t else model.norm_scale}
     if model.spec.uses_threshold:
         _expect("threshold", state["threshold"], (L,), path)
+    if model.spec.relative:
+        if "norm_scale" not in t:
+            raise ValueError(f"{path}: kind {kind!r} needs the tensor norm_scale, which is missing; re-save the "
+                             f"dictionary with this conceptdict")
+        _expect("norm_scale", state["norm_scale"], (S,), path)
     model.load_state_dict(state)
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
@@ -131,8 +142,9 @@ def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -
 
 # -- SAELens ----------------------------------------------------------------------------------
 
-SAELENS_ARCH = {"topk": "topk", "batchtopk": "jumprelu", "relu": "standard"}
-"""our kind -> SAELens architecture (BatchTopK is saved as the JumpReLU it runs as at inference)."""
+SAELENS_ARCH = {"topk": "topk", "batchtopk-absolute": "jumprelu", "relu": "standard"}
+"""our kind -> SAELens architecture (the classical BatchTopK is saved as the JumpReLU it runs as at inference;
+the row-relative ``batchtopk`` has no SAELens equivalent: its bias and threshold scale with each row's norm)."""
 
 
 def export_saelens(model: SparseCoder, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -142,6 +154,10 @@ def export_saelens(model: SparseCoder, directory: str | Path, meta: dict[str, An
     if model.n_sources != 1:
         raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
                          f"artifact with save_dictionary instead")
+    if model.kind == "batchtopk":
+        raise ValueError("kind 'batchtopk' (row-relative: its bias and threshold scale with each row's norm) has no "
+                         "SAELens equivalent; export a topk dictionary, or train with --kind batchtopk-absolute "
+                         "(the classical BatchTopK, which SAELens reads as JumpReLU)")
     if model.kind not in SAELENS_ARCH:
         raise ValueError(f"kind {model.kind!r} has no SAELens equivalent; exportable kinds: {sorted(SAELENS_ARCH)}")
     directory = Path(directory)
@@ -158,7 +174,7 @@ def export_saelens(model: SparseCoder, directory: str | Path, meta: dict[str, An
     if model.kind == "topk":
         cfg.update(k=model.k, rescale_acts_by_decoder_norm=False)
     tensors = {"W_enc": model.W_enc, "b_enc": model.b_enc, "W_dec": model.W_dec, "b_dec": model.b_dec}
-    if model.kind == "batchtopk":
+    if model.kind == "batchtopk-absolute":
         tensors["threshold"] = model.threshold
     _save_tensors(directory / SAELENS_WEIGHTS, {k: v.float() for k, v in tensors.items()}, {})
     _write_json(directory / SAELENS_CONFIG, cfg)
@@ -168,7 +184,7 @@ def export_saelens(model: SparseCoder, directory: str | Path, meta: dict[str, An
 def import_saelens(directory: str | Path) -> SparseCoder:
     """Read a SAELens directory (topk, jumprelu, standard) into a SparseCoder.
 
-    A ``jumprelu`` SAE becomes kind batchtopk (same inference rule; k from our export's metadata, else
+    A ``jumprelu`` SAE becomes kind batchtopk-absolute (same inference rule; k from our export's metadata, else
     the rounded mean L0 is unknown and k = 1 is recorded). ``apply_b_dec_to_input: false`` is folded
     into b_enc exactly. Other normalisations are refused (their constants are not in the files)."""
     directory = Path(directory)
@@ -190,7 +206,7 @@ def import_saelens(directory: str | Path) -> SparseCoder:
     with safe_open(str(directory / SAELENS_WEIGHTS), framework="pt") as fh:
         t = {name: fh.get_tensor(name).float() for name in fh.keys()}
     state = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"],
-             "threshold": t.get("threshold", model.threshold)}
+             "threshold": t.get("threshold", model.threshold), "norm_scale": model.norm_scale}
     if not cfg.get("apply_b_dec_to_input", True):
         state["b_enc"] = state["b_enc"] + state["b_dec"] @ state["W_enc"]
     model.load_state_dict(state)

@@ -26,6 +26,8 @@ class TrainingData(NamedTuple):
 
     held_out: list[Tensor]
     """The first ``eval_batches`` batches, whole, for the final evaluation."""
+    calibration: list[Tensor]
+    """The next ``calibration_batches`` batches, whole, never trained on: the inference threshold is set on them."""
     head: list[Tensor]
     """This process's parts of the first training batches (read to initialise a fresh run)."""
     whole_head: list[Tensor]
@@ -89,19 +91,23 @@ def _take_rows(stream: Iterator[Tensor], rows: int, comm: Comm) -> tuple[list[Te
 
 
 def open_training_data(batches: Batches, eval_batches: int, init_rows: int, position: int | None, source: str,
-                       comm: Comm) -> TrainingData:
-    """Split ``batches`` into the held-out batches, the head and the rest. ``position``: a resumed run's data
-    position (batches read, held-out ones included), None for a fresh run (which reads ``init_rows`` rows)."""
+                       comm: Comm, calibration_batches: int = 0) -> TrainingData:
+    """Split ``batches`` into the held-out batches (evaluation, then calibration), the head and the rest.
+    ``position``: a resumed run's data position (batches read, held-out ones included), None for a fresh run
+    (which reads ``init_rows`` rows)."""
     stream = _checked(open_at(batches, 0), 0, source)
     held_out = [comm.gather_rows(x) for x in itertools.islice(stream, eval_batches)]
+    calibration = [comm.gather_rows(x) for x in itertools.islice(stream, calibration_batches)]
+    n_held = len(held_out) + len(calibration)
     if position is not None:  # continue at the checkpoint's data position
         skipped = (open_at(batches, position) if seekable(batches)
-                   else itertools.islice(stream, position - len(held_out), None))
+                   else itertools.islice(stream, position - n_held, None))
         stream = _checked(skipped, position, source)
     head, whole = _take_rows(stream, init_rows if position is None else 1, comm)
-    if not head and not held_out:
+    if not head and not n_held:
         raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
     if not head and position is None:
-        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
-                         f"lower eval_batches or add data")
-    return TrainingData(held_out, head, whole, stream)
+        raise ValueError(f"{source} holds only {n_held} batches, all held out ({len(held_out)} for evaluation, "
+                         f"{len(calibration)} to calibrate the threshold); lower eval_batches / "
+                         f"calibration_batches or add data")
+    return TrainingData(held_out, calibration, head, whole, stream)

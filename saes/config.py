@@ -23,8 +23,10 @@ class TrainConfig:
     k: int
     """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
     kind: str = "topk"
-    """Dictionary kind: topk, batchtopk, relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or
-    crosscoder-l1 (the classical L1 crosscoder; needs several sources)."""
+    """Dictionary kind: topk, batchtopk (row-relative BatchTopK: the batch's top k*B entries ranked relative to
+    each row's norm, see saes.model.row_scale), batchtopk-absolute (BatchTopK as published, Bussmann et al.
+    2024), relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical
+    L1 crosscoder; needs several sources). Why batchtopk is row-relative: docs/batchtopk.md."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096
@@ -55,10 +57,10 @@ class TrainConfig:
     """Weight of the AuxK loss (OpenAI)."""
     dead_tokens: int | None = None
     """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
-    None: min(10M, max(100k, 5000 * L / k)) -- a latent used uniformly fires every L/k rows; OpenAI's 10M
-    on long runs, a shorter window so that AuxK engages on short ones (SAELens counts steps and never does).
-    With AuxK every bench/synthetic_recovery.py run ends with 0 dead latents; tests/test_train_sae.py
-    revives 14 of 16 latents killed at init (1 of 16 without AuxK)."""
+    None: ``default_dead_tokens``: a tenth of the run, at least 50 and at most 5000 firing periods (a latent
+    used uniformly fires every L/k rows) and at most OpenAI's 10M, so AuxK engages on short and long runs alike
+    (the former window, 5000 L/k rows, was longer than a whole 2M-row run at L/k = 256, and 20% of the
+    latents ended dead). Without a known run length: min(10M, max(100k, 5000 L/k))."""
     l1_coeff: float = 0.4
     """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
@@ -69,7 +71,14 @@ class TrainConfig:
     (dictionary_learning's 1000 on long runs; on the 76-step recovery test, inference L0 5.70 for k=6 when
     starting at 3/4 of the run, 5.05 when starting at half, as the cut falls while the dictionary learns)."""
     threshold_momentum: float = 0.999
-    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
+    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch (the running estimate,
+    replaced at the end by the calibrated one when ``calibration_batches`` > 0)."""
+    calibration_batches: int = 2
+    """Thresholded kinds (batchtopk, crosscoder): batches after the held-out ones, never trained on, on which the
+    inference threshold is set at the end so that their mean L0 is k (the threshold is the (N k)-th largest
+    score over their N rows). The running estimate comes from training rows, which a dictionary fits better
+    than unseen ones: the demo's sentence dictionary ran at L0 35 for k = 16 on unseen rows. 0: keep the
+    running estimate; other kinds hold none out."""
     eval_batches: int = 4
     """Batches from the start of the data held out of training and evaluated at the end (0: none); the
     command line's stream leaves their rows out of every later epoch."""
@@ -96,7 +105,7 @@ class TrainConfig:
         for name in ("batch_size", "init_rows", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("eval_batches", "checkpoint_every", "grad_clip"):
+        for name in ("eval_batches", "calibration_batches", "checkpoint_every", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:
@@ -118,9 +127,26 @@ def default_lr(latents: int) -> float:
     return 1.6e-3 / math.sqrt(latents / 4096)
 
 
-def default_dead_tokens(latents: int, k: int) -> int:
-    """Dead window in rows: a latent used uniformly fires every L/k rows; 5000 such periods, in [100k, 10M]."""
-    return int(min(10_000_000, max(100_000, 5 * latents / k * 1000)))
+def default_dead_tokens(latents: int, k: int, run_rows: int | None = None) -> int:
+    """Dead window in rows. A latent used uniformly fires every L/k rows (its period). With the run's length
+    known: a tenth of the run (AuxK then has the other nine tenths to revive what died), at least 50 periods
+    (a latent merely rarer than average is not dead) and at most 5000 periods and 10M rows (OpenAI's window).
+    Unknown length: 5000 periods in [100k, 10M]."""
+    period = latents / k
+    if run_rows is None:
+        return int(min(10_000_000, max(100_000, 5000 * period)))
+    return int(min(10_000_000, 5000 * period, max(50 * period, run_rows // 10)))
+
+
+def calibration_batch_count(cfg: TrainConfig) -> int:
+    """How many batches after the ``eval_batches`` held-out ones a run sets aside to calibrate its threshold."""
+    return cfg.calibration_batches if kind_spec(cfg.kind).scores is not None else 0
+
+
+def heldout_batch_count(cfg: TrainConfig) -> int:
+    """Batches at the start of the data that training never uses (evaluation + calibration); a multi-epoch
+    stream must leave their rows out of later epochs (``stream_batches(holdout_batches=)``)."""
+    return cfg.eval_batches + calibration_batch_count(cfg)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -154,14 +180,16 @@ class Resolved:
         return asdict(self)
 
 
-def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None) -> Resolved:
-    """Fill in the defaults of ``cfg`` for ``model`` and a run of ``total`` steps."""
+def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None, batch_rows: int) -> Resolved:
+    """Fill in the defaults of ``cfg`` for ``model`` and a run of ``total`` steps of ``batch_rows`` rows."""
     width = model.n_sources * model.d_in
+    run_rows = cfg.tokens if cfg.tokens else (total * batch_rows if total else None)
     return Resolved(
         lr=cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
         warmup_steps=cfg.warmup_steps if cfg.warmup_steps is not None else
         (min(1000, max(1, total // 20)) if total else 100),
-        dead_tokens=cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
+        dead_tokens=cfg.dead_tokens if cfg.dead_tokens is not None else
+        default_dead_tokens(cfg.latents, cfg.k, run_rows),
         aux_k=cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
         threshold_start_step=cfg.threshold_start_step if cfg.threshold_start_step is not None else
         (min(1000, 3 * total // 4) if total else 1000),

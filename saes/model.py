@@ -50,6 +50,12 @@ class KindSpec:
     """Whether inference is JumpReLU with the ``threshold`` buffer (saved with the weights)."""
     trainable: bool = True
     """False for kinds that can only be imported and evaluated."""
+    scores: Callable[["SparseCoder", Tensor], Tensor] | None = None
+    """Thresholded kinds: (model, x_flat [B, S*D]) -> [B, L], the quantity inference compares with ``threshold``
+    (used to calibrate the threshold so that L0 on unseen rows matches k)."""
+    relative: bool = False
+    """Whether codes and the threshold are relative to each row's centred norm (:func:`row_scale`); such a
+    model keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""
 
 
 def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -71,22 +77,39 @@ def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
     return scaled[kept].min().detach() if kept.any() else values.new_zeros(())
 
 
+def row_scale(model: "SparseCoder", x: Tensor) -> Tensor:
+    """s(x) [B, 1] = |(x - b_dec) * norm_scale| / sqrt(S*D): each row's centred norm in training units, relative
+    to the norm sqrt(S*D) that training normalises rows to on average (``norm_scale`` is 1 while training and
+    the folded normalisation factor afterwards, so s(x) is the same number before and after folding)."""
+    c = math.sqrt(model.n_sources * model.d_in)
+    w = model.norm_scale.repeat_interleave(model.d_in)
+    return ((x - model.b_dec) * w).norm(dim=1, keepdim=True).clamp_min(1e-6 * c) / c
+
+
 def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
-                         scale: Tensor | None = None) -> TrainOutput:
+                         scale: Tensor | None = None, relative: bool = False) -> TrainOutput:
     """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
     (``batch=False``) or BatchTopK over the whole batch ranked by ``acts * scale`` (``batch=True``), the AuxK
     code from the same pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking
     ``scale`` [L]. When other processes hold part of the batch, BatchTopK takes its cut from the seam
-    (:func:`_global_batch_forward`)."""
+    (:func:`_global_batch_forward`).
+
+    ``relative=True`` is the row-relative rule (:func:`row_scale`): the kernel encodes (x - b_dec) / s(x), so it
+    ranks pre / s, and the kept values are multiplied back by s: codes relu((x - b_dec) W_enc + s(x) b_enc),
+    compared across the batch relative to their row's norm."""
     dead, k_aux = inputs.dead, inputs.k_aux if inputs.dead is not None else 0
+    s = row_scale(model, x) if relative else x.new_ones(x.shape[0], 1)
     if batch and inputs.comm.size > 1:
-        return _global_batch_forward(model, x, inputs, scale)
-    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
-                         dead=dead, k_aux=k_aux, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+        return _global_batch_forward(model, x, inputs, scale, s)
+    enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
+                         batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl)
+    values = enc.values * s if relative else enc.values
+    x_hat = kernels.sparse_decode(values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
     fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
-    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
+    aux = None
+    if dead is not None:
+        aux = kernels.SparseCode(enc.aux_values * s if relative else enc.aux_values, enc.aux_indices)
     smallest = None
     if batch:
         smallest = enc.smallest.detach() if scale is None else scaled_smallest(enc.values, enc.indices, scale)
@@ -94,13 +117,14 @@ def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *,
 
 
 def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
-                          scale: Tensor | None) -> TrainOutput:
+                          scale: Tensor | None, s: Tensor) -> TrainOutput:
     """BatchTopK over a batch spread over processes: each keeps its local top ``k * B`` candidates (a
     superset of its share of the global selection), the seam gathers their scores, and the ``k * B``-th
-    largest is the cut every process applies; ``smallest`` is the global smallest kept score."""
+    largest is the cut every process applies; ``smallest`` is the global smallest kept score. ``s`` [B_r, 1]:
+    the row scale of the relative rule (ones otherwise), as in :func:`sparse_train_forward`."""
     comm, rows, B_r = inputs.comm, inputs.stats.rows, x.shape[0]
     k_local = min(-(-model.k * rows // B_r), model.n_latents)  # k_local * B_r >= k * B
-    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
+    enc = kernels.encode((x - model.b_dec) / s, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
                          dead=inputs.dead, k_aux=inputs.k_aux if inputs.dead is not None else 0,
                          impl=model.kernel_impl)
     values = enc.values.detach()
@@ -113,14 +137,14 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     keep = alive & (scores >= cut)
     width = max(1, int(keep.sum(dim=1).max()) if keep.numel() else 1)
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
-    vals = (enc.values * keep).gather(1, order)
+    vals = (enc.values * s * keep).gather(1, order)
     idx = enc.indices.gather(1, order)
     x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     fired, l0 = _fired_from_code(vals.detach(), idx, model.n_latents)
     kept_scores = scores.masked_fill(~keep, math.inf)
     smallest = comm.all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
     smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
-    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if inputs.dead is not None else None
+    aux = kernels.SparseCode(enc.aux_values * s, enc.aux_indices) if inputs.dead is not None else None
     return TrainOutput(x_hat, fired, l0, None, smallest, aux)
 
 
@@ -136,11 +160,30 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
+    return sparse_train_forward(model, x, inputs, batch=True, relative=True)
+
+
+def _relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L] (see :func:`row_scale`)."""
+    return torch.relu((x - model.b_dec) @ model.W_enc / row_scale(model, x) + model.b_enc)
+
+
+def _relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """Inference of ``batchtopk``: s(x) relu(pre / s) where pre / s exceeds the threshold."""
+    acts = _relative_scores(model, x)
+    return acts * (acts > model.threshold) * row_scale(model, x)
+
+
+def _absolute_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
     return sparse_train_forward(model, x, inputs, batch=True)
 
 
+def _jumprelu_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    return torch.relu(_pre(model, x))
+
+
 def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
-    acts = torch.relu(_pre(model, x))
+    acts = _jumprelu_scores(model, x)
     return acts * (acts > model.threshold)
 
 
@@ -162,7 +205,10 @@ def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 KINDS: dict[str, KindSpec] = {
     "topk": KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False),
-    "batchtopk": KindSpec(_batchtopk_train, _jumprelu_encode, uses_aux=True, uses_threshold=True),
+    "batchtopk": KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True,
+                          scores=_relative_scores, relative=True),
+    "batchtopk-absolute": KindSpec(_absolute_train, _jumprelu_encode, uses_aux=True, uses_threshold=True,
+                                   scores=_jumprelu_scores),
     "relu": KindSpec(_relu_train, _relu_encode, uses_aux=False, uses_threshold=False),
 }
 """kind name -> KindSpec. Other stages may register kinds here (e.g. a crosscoder ranking)."""
@@ -204,6 +250,7 @@ class SparseCoder(nn.Module):
         self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
         self.register_buffer("threshold", torch.full((n_latents,), -1.0, **kw))
+        self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         self.reset_parameters()
 
     @property
@@ -285,6 +332,7 @@ class SparseCoder(nn.Module):
         self.W_enc.mul_(c[:, None])
         self.W_dec.div_(c[None, :])
         self.b_dec.div_(c)
+        self.norm_scale.mul_(scale.to(self.norm_scale))
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "

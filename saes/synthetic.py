@@ -12,6 +12,8 @@ bench/crosscoder_diff.py).
 
 from __future__ import annotations
 
+import functools
+import math
 import math
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
@@ -42,13 +44,63 @@ class SyntheticSpec:
     """Batches in one pass."""
     seed: int = 0
     """Seed of the atoms and of every batch (batch i uses seed + 1 + i)."""
+    coef_sigma: float = 0.0
+    """0: coefficients U[0.5, 1.5]; > 0: log-normal exp(N(0, coef_sigma^2))."""
+    row_sigma: float = 0.0
+    """> 0: every row is multiplied by exp(N(0, row_sigma^2)) (heavy-tailed row norms)."""
+    freq_exponent: float = 0.0
+    """> 0: Zipf-like atom frequencies, p_i proportional to (i + 1)^-freq_exponent."""
+    max_prob: float = 0.5
+    """Cap on any atom's probability of being active in a row (with skewed frequencies)."""
+    correlated: float = 0.0
+    """Fraction of the atoms built as a near neighbour of another atom."""
+    correlation: float = 0.7
+    """Cosine between a correlated atom and the atom it was built from."""
+
+    @property
+    def plain(self) -> bool:
+        """True for the easy problem (the original generator, whose batches every older test pins)."""
+        return self.coef_sigma == 0 and self.row_sigma == 0 and self.freq_exponent == 0
 
 
 def planted_atoms(spec: SyntheticSpec) -> Tensor:
     """The ground-truth atoms [n_atoms, D], unit norm."""
     g = torch.Generator().manual_seed(spec.seed)
     atoms = torch.randn(spec.n_atoms, spec.d, generator=g)
-    return atoms / atoms.norm(dim=1, keepdim=True)
+    atoms = atoms / atoms.norm(dim=1, keepdim=True)
+    n_corr = int(round(spec.correlated * spec.n_atoms))
+    if n_corr:
+        # the last n_corr atoms become near neighbours of random earlier ones: cos = correlation exactly
+        parents = torch.randint(0, spec.n_atoms - n_corr, (n_corr,), generator=g)
+        base = atoms[parents]
+        other = atoms[spec.n_atoms - n_corr:]
+        other = other - (other * base).sum(dim=1, keepdim=True) * base
+        other = other / other.norm(dim=1, keepdim=True)
+        c = spec.correlation
+        atoms[spec.n_atoms - n_corr:] = c * base + math.sqrt(1 - c * c) * other
+    return atoms
+
+
+@functools.lru_cache(maxsize=8)
+def atom_probabilities(spec: SyntheticSpec) -> Tensor:
+    """Probability [n_atoms] that each atom is active in a row; sums to ``active`` (up to the ``max_prob`` cap)."""
+    if spec.freq_exponent == 0:
+        return torch.full((spec.n_atoms,), spec.active / spec.n_atoms)
+    w = torch.arange(1, spec.n_atoms + 1, dtype=torch.float64).pow(-spec.freq_exponent)
+    p = torch.zeros_like(w)
+    free = torch.ones_like(w, dtype=torch.bool)
+    budget = float(spec.active)
+    for _ in range(spec.n_atoms):  # water-filling: cap the largest, spread what they leave over the rest
+        p[free] = budget * w[free] / w[free].sum()
+        over = free & (p > spec.max_prob)
+        if not over.any():
+            break
+        p[over] = spec.max_prob
+        free &= ~over
+        budget = spec.active - float(p[~free].sum())
+    # a random order, so frequency is not tied to the atom index (and so to which atoms are correlated)
+    perm = torch.randperm(spec.n_atoms, generator=torch.Generator().manual_seed(spec.seed + 20_000_003))
+    return p[perm].float()
 
 
 def _offset(spec: SyntheticSpec) -> Tensor:
@@ -62,9 +114,18 @@ def synthetic_batch(spec: SyntheticSpec, index: int, atoms: Tensor | None = None
     atoms = planted_atoms(spec) if atoms is None else atoms
     g = torch.Generator().manual_seed(spec.seed + 1 + index)
     B, A = spec.batch_size, spec.n_atoms
-    mask = torch.rand(B, A, generator=g) < spec.active / A
-    coef = torch.rand(B, A, generator=g) + 0.5
-    x = (coef * mask) @ atoms + _offset(spec)
+    if spec.plain:
+        mask = torch.rand(B, A, generator=g) < spec.active / A
+        coef = torch.rand(B, A, generator=g) + 0.5
+        x = (coef * mask) @ atoms + _offset(spec)
+        return x + spec.noise * torch.randn(B, spec.d, generator=g)
+    mask = torch.rand(B, A, generator=g) < atom_probabilities(spec)
+    if spec.coef_sigma > 0:
+        coef = torch.exp(spec.coef_sigma * torch.randn(B, A, generator=g))
+    else:
+        coef = torch.rand(B, A, generator=g) + 0.5
+    rows = torch.exp(spec.row_sigma * torch.randn(B, 1, generator=g)) if spec.row_sigma > 0 else 1.0
+    x = rows * ((coef * mask) @ atoms) + _offset(spec)
     return x + spec.noise * torch.randn(B, spec.d, generator=g)
 
 
@@ -137,22 +198,26 @@ def planted_pair(d_in: int, n_shared: int, n_b_only: int, n_scaled: int, n_rotat
     return PlantedPair(atoms_a, atoms_b, kinds)
 
 
-def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator) -> Tensor:
+def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator, coef_sigma: float = 0.0) -> Tensor:
     """Sparse non-negative codes [n_rows, N]: each atom fires independently with probability ``p_fire``
-    with magnitude uniform in [0.5, 1.5]."""
+    with magnitude uniform in [0.5, 1.5], or log-normal exp(N(0, coef_sigma^2)) when ``coef_sigma > 0``
+    (heavy-tailed, so row norms vary by an order of magnitude as in real activations)."""
     on = torch.rand(n_rows, n_atoms, generator=gen) < p_fire
+    if coef_sigma > 0:
+        return on * torch.exp(coef_sigma * torch.randn(n_rows, n_atoms, generator=gen))
     return on * (0.5 + torch.rand(n_rows, n_atoms, generator=gen))
 
 
 def planted_batches(pair: PlantedPair, batch_size: int, n_batches: int, *, p_fire: float = 0.05,
-                    noise: float = 0.01, seed: int = 0):
+                    noise: float = 0.01, seed: int = 0, coef_sigma: float = 0.0):
     """Yield ``n_batches`` batches x [B, 2, D] (source 0 = model A, 1 = model B) of the same sparse codes
-    through each model's atoms, plus Gaussian noise of std ``noise``. Deterministic given ``seed``."""
+    (:func:`planted_codes`) through each model's atoms, plus Gaussian noise of std ``noise``.
+    Deterministic given ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     n, d = pair.atoms_b.shape
     atoms = torch.stack([pair.atoms_a, pair.atoms_b], dim=1)  # [N, 2, D]
     for _ in range(n_batches):
-        codes = planted_codes(batch_size, n, p_fire, gen)
+        codes = planted_codes(batch_size, n, p_fire, gen, coef_sigma)
         x = torch.einsum("bn,nsd->bsd", codes, atoms)
         yield x + noise * torch.randn(batch_size, 2, d, generator=gen)
 
@@ -199,3 +264,19 @@ def score_b_only(table: LatentDiff, directions: Tensor, pair: PlantedPair, predi
     shared = [n for n, kind in enumerate(kinds) if kind == "shared"]
     ok = [table.tags[int(cos[:, n].argmax())] == "shared" for n in shared]
     return PlantedScore(precision, recall, n_pred, mis, sum(ok) / len(ok) if ok else math.nan)
+
+
+def learned_by_kind(directions: Tensor, pair: PlantedPair, min_cos: float = 0.9) -> dict[str, float]:
+    """Share of the planted atoms of each kind that some latent learned: a decoder ``directions [L, S, D]``
+    at cosine >= ``min_cos`` with the atom in the model that has it (B; A for ``a_only`` atoms), whatever
+    the latent's tag. Says whether one-model atoms are learned as often as shared ones."""
+    out: dict[str, list[bool]] = {}
+    for source, atoms in ((0, pair.atoms_a), (1, pair.atoms_b)):
+        d = directions[:, source].double()
+        a = atoms.double()
+        cos = (d / d.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ (a / a.norm(dim=-1, keepdim=True).clamp_min(1e-12)).T
+        best = cos.max(dim=0).values
+        for n, kind in enumerate(pair.kinds):
+            if (kind == "a_only") == (source == 0):
+                out.setdefault(kind, []).append(bool(best[n] >= min_cos))
+    return {kind: sum(hits) / len(hits) for kind, hits in out.items()}

@@ -1,12 +1,13 @@
 """Training a `SparseCoder` on any iterable of activation batches: ONE loop and ONE step for every kind, in
 one process or many.
 
-Data flow of :func:`train`: hold out the first ``eval_batches`` batches -> (resume: load the checkpoint and
+Data flow of :func:`train`: hold out the first ``eval_batches`` batches and the ``calibration_batches`` after
+them (thresholded kinds) -> (resume: load the checkpoint and
 skip to its data position | fresh: estimate the normalisation scale and b_dec from the first rows) -> steps
 (batch statistics, kind forward, FVU loss + the kind's sparsity term + AuxK, decoder-gradient projection,
 clipping, Adam with warm-up and linear decay, decoder renormalisation, dead-latent and threshold
-bookkeeping, logging, checkpoints) -> fold the normalisation into the weights -> evaluate on the held-out
-batches -> save the artifact.
+bookkeeping, logging, checkpoints) -> fold the normalisation into the weights -> calibrate the inference
+threshold on the calibration batches -> evaluate on the held-out batches -> save the artifact.
 
 Other processes enter only through ``comm`` (saes.comm): the identity by default, ``saes.distributed.
 TorchComm`` under torchrun, where every process reads its part of every batch and the step makes the
@@ -14,7 +15,7 @@ loss of one process out of the parts. Only the main process (rank 0) logs, check
 
 The held-out batches are only held out if the data never repeats their rows: a stream over several
 epochs must leave them out of later epochs (``activations.stream_batches(..., holdout_batches=
-eval_batches)``, as ``conceptdict train`` and ``conceptdict diff`` do).
+heldout_batch_count(cfg))``, as ``conceptdict train`` and ``conceptdict diff`` do).
 
 Shapes: B batch rows (B_r this process's), F = S*D flattened width, L latents.
 """
@@ -37,7 +38,8 @@ from . import kernels
 from .batches import Batches, TrainingData, open_training_data, shape_of
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
-from .config import Resolved, TrainConfig, default_dead_tokens, default_lr, resolve, resolve_device
+from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
+                     heldout_batch_count, resolve, resolve_device)
 from .evaluation import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import SparseCoder, geometric_median, normalisation_scale
@@ -47,7 +49,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.jsonl"
 
-__all__ = ["Batches", "TrainConfig", "default_dead_tokens", "default_lr", "make_optimizer", "train"]
+__all__ = ["Batches", "TrainConfig", "calibrate_threshold", "default_dead_tokens", "default_lr", "heldout_batch_count",
+           "make_optimizer", "train"]
 
 
 class Run(NamedTuple):
@@ -216,12 +219,12 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
     """The model, optimizer and state of a run, fresh or resumed from the checkpoint ``ck``: the first whole
     batch shapes the model; a fresh run initialises b_dec and the scale from the head's rows and starts
     after the held-out batches."""
-    first = (data.whole_head or data.held_out)[0]
+    first = (data.whole_head or data.held_out or data.calibration)[0]
     model, gen = build_model(cfg, first, device, source)
-    n_held = len(data.held_out)
+    n_held = len(data.held_out) + len(data.calibration)
     total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
         len(batches) - n_held if hasattr(batches, "__len__") else None)
-    r = resolve(cfg, model, total)
+    r = resolve(cfg, model, total, first.shape[0])
     opt = make_optimizer(model, r.lr)
     if ck is not None:
         st = restore(ck, model, opt, cfg, source)
@@ -262,7 +265,7 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
     data = open_training_data(batches, cfg.eval_batches, cfg.init_rows, None if ck is None else ck["position"],
-                              source, comm)
+                              source, comm, calibration_batch_count(cfg))
     run = setup(cfg, data, batches, ck, device, source)
     main = is_main(comm)
     writes = out if main else None
@@ -280,7 +283,7 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
         save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, cfg, run.gen,
                                                                 run.resolved))
     _settle_threshold(cfg, run, last_x, comm)
-    model = _finish(run, cfg, data.held_out, writes, meta, m)
+    model = _finish(run, cfg, data, writes, meta, m)
     comm.barrier()
     return model
 
@@ -329,12 +332,50 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
         update_threshold(model, float(out.smallest), 0.0, st)
 
 
-def _finish(run: Run, cfg: TrainConfig, held_out: list[Tensor], out: Path | None, meta: dict[str, Any] | None,
+@torch.no_grad()
+def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
+    """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
+    ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
+    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N)."""
+    spec = model.spec
+    if spec.scores is None:
+        raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
+    rows = [model.flatten_input(x.to(model.W_dec.device).float()) for x in batches]
+    n = sum(x.shape[0] for x in rows)
+    keep = max(1, int(round(n * model.k)))
+    top = model.W_dec.new_empty(0)
+    for x in rows:
+        for part in x.split(chunk):
+            scores = spec.scores(model, part).flatten()
+            top = torch.cat([top, scores[scores > 0]])
+            if top.numel() > keep:
+                top = top.topk(keep, sorted=False).values
+    theta = float(top.min()) if top.numel() >= keep else 0.0
+    # inference keeps scores strictly above theta: step just below the (N k)-th score so that it is kept too
+    theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
+    model.threshold.fill_(theta)
+    return theta, n
+
+
+def _threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
+    """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps."""
+    running = float(model.threshold[0])
+    if not calibration:
+        return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
+                "rule": "running estimate from training batches"}
+    theta, n = calibrate_threshold(model, calibration)
+    log.info("inference threshold %.6g calibrated on %d unseen rows (running estimate %.6g)", theta, n, running)
+    return {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
+            "rule": "mean L0 = k on rows never trained on"}
+
+
+def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,
             last: dict[str, float] | None) -> SparseCoder:
-    """Fold the normalisation into the weights, evaluate on the held-out rows, save the artifact."""
+    """Fold the normalisation into the weights, calibrate the threshold on the calibration rows, evaluate on
+    the held-out rows, save the artifact."""
     from .artifact import save_dictionary
 
-    model, st = run.model, run.state
+    model, st, held_out = run.model, run.state, data.held_out
     model.fold_input_scale(st.scale)
     model.eval()
     summary: dict[str, Any] = {
@@ -342,6 +383,8 @@ def _finish(run: Run, cfg: TrainConfig, held_out: list[Tensor], out: Path | None
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }
+    if model.spec.uses_threshold:
+        summary["threshold"] = _threshold_summary(model, data.calibration)
     model.training_summary = summary  # before evaluating: kinds may read the folded scale from it (crosscoders)
     if held_out:
         result = evaluate(model, held_out)
