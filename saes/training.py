@@ -383,9 +383,9 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }
+    model.training_summary = summary  # before calibrating and evaluating: crosscoders read the folded scale from it
     if model.spec.uses_threshold:
         summary["threshold"] = _threshold_summary(model, data.calibration)
-    model.training_summary = summary  # before evaluating: kinds may read the folded scale from it (crosscoders)
     if held_out:
         result = evaluate(model, held_out)
         summary["heldout_eval"] = result.to_dict()
