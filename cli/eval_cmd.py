@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _open(sae_dir: Path, cfg: EvalConfig):
     """(model, store, hookpoint, dictionary config) with the widths checked."""
     from conceptdict.activations import ActivationStore
-    from conceptdict.saes import load_dictionary, load_dictionary_config
+    from conceptdict.saes import load_dictionary, load_dictionary_config, match_hookpoint
 
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
@@ -71,7 +71,11 @@ def _open(sae_dir: Path, cfg: EvalConfig):
     if store_path is None:
         raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
     store = ActivationStore(store_path)
+    if config.get("transcoder"):
+        raise ValueError(f"{sae_dir} is a transcoder: its decoder predicts another hookpoint's output, so "
+                         f"reconstruction metrics against its input would be wrong; name it or use it in a cbm")
     hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
+    hookpoint = match_hookpoint(hookpoint, store.hookpoints) or hookpoint if hookpoint else None
     if hookpoint is None or hookpoint not in store.hookpoints:
         raise ValueError(f"hookpoint {hookpoint!r} is not in store {store_path} (it holds {store.hookpoints}); "
                          f"pass --hookpoint")
