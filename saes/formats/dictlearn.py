@@ -118,7 +118,7 @@ def read(directory: Path) -> Loaded:
             raise FormatError(f"{path}: no W_enc or encoder.weight to read the shapes from")
         D, L = (int(w.shape[0]), int(w.shape[1])) if "W_enc" in state else (int(w.shape[1]), int(w.shape[0]))
     kind, k, tensors = _convert(cls, state, D, L, path, cfg_path)
-    model = build(kind, D, L, k, tensors)
+    model = build(kind, D, L, k if k is not None else trainer.get("k"), tensors)  # k is a record only there
     sub, layer = trainer.get("submodule_name"), trainer.get("layer")
     mapped = from_dictionary_learning(sub, int(layer) if layer is not None else None)
     return Loaded(model, foreign_config("dictionary-learning", directory, model, hookpoint=sub or f"layer {layer}",

@@ -81,3 +81,12 @@ def equivalents(name: str) -> list[str]:
 def match_hookpoint(name: str, available: list[str]) -> str | None:
     """The hookpoint of ``available`` that holds the same tensor as ``name`` (``name`` itself first), else None."""
     return next((n for n in equivalents(name) if n in available), None)
+
+
+def to_transformer_lens(name: str) -> str:
+    """``blocks.3.hook_out`` -> ``blocks.3.hook_resid_post`` (the spelling SAELens and Neuronpedia use)."""
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+    back = {br: tl for tl, br in _TL_TO_BRIDGE.items()}
+    if m and m.group(2) in back:
+        return f"blocks.{m.group(1)}.{back[m.group(2)]}"
+    return name

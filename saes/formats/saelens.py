@@ -129,8 +129,8 @@ def read(directory: Path) -> Loaded:
                          "apply_b_dec_to_input": cfg.get("apply_b_dec_to_input", True),
                          "normalisation_folded": folded}}
     name = meta.get("model_name") or cfg.get("model_name")
-    return Loaded(model, foreign_config("saelens", directory, model, hookpoint=hook,
-                                        mapped=from_transformer_lens(hook) if hook else None,
+    mapped = meta.get("conceptdict_hookpoint") or (from_transformer_lens(hook) if hook else None)
+    return Loaded(model, foreign_config("saelens", directory, model, hookpoint=hook, mapped=mapped,
                                         model_name=name if isinstance(name, str) else None, extra=extra))
 
 
