@@ -194,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         batches, rows_from = _batches(store, hookpoint, cfg.rows, cfg.batch_size), "the first rows of the store"
     result = evaluate(sae, batches)
     result = _splice(result, sae, store, hookpoint, cfg)
+    if cfg.out is None and str(args.sae_dir).startswith("hf:"):
+        raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,

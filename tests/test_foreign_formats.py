@@ -73,16 +73,18 @@ def test_load_encode_decode_match_the_library(name):
 
 
 @pytest.mark.unit
-def test_formats_are_recognised_by_their_files_and_hookpoints_mapped(caplog):
+def test_formats_are_recognised_by_their_files_and_hookpoints_mapped(caplog, tmp_path):
     assert detect_format(FIXTURES / "saelens-topk") == "saelens"
     assert detect_format(FIXTURES / "sparsify") is None  # the run folder: one subfolder per hookpoint
     assert detect_format(FIXTURES / "sparsify" / "h.0") == "sparsify"
     assert detect_format(FIXTURES / "dl-gated") == "dictionary-learning"
     assert detect_format(FIXTURES / GEMMA) == "gemma-scope"
+    fresh = shutil.copytree(FIXTURES / "saelens-jumprelu", tmp_path / "jumprelu")  # the mapping is shown once
     with caplog.at_level("INFO", logger="conceptdict.saes.formats"):
-        config = load_dictionary_config(FIXTURES / "saelens-jumprelu")
+        config = load_dictionary_config(fresh)
+        load_dictionary(fresh)
     assert config["hookpoint_mapping"] == {"blocks.0.hook_resid_post": "blocks.0.hook_out"}
-    assert "'blocks.0.hook_resid_post' -> conceptdict hookpoint 'blocks.0.hook_out'" in caplog.text
+    assert caplog.text.count("'blocks.0.hook_resid_post' -> conceptdict hookpoint 'blocks.0.hook_out'") == 1
     assert load_dictionary_config(FIXTURES / "sparsify")["hookpoint_mapping"] == {"h.0": "blocks.0.hook_out"}
     assert load_dictionary_config(FIXTURES / "dl-topk")["hookpoint_mapping"] == {
         "resid_post_layer_0": "blocks.0.hook_out"}

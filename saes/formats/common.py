@@ -12,6 +12,7 @@ from ..model import SparseCoder
 from .files import FormatError
 
 log = logging.getLogger("conceptdict.saes.formats")
+_SHOWN: set[tuple[str, str]] = set()
 
 
 class Loaded(NamedTuple):
@@ -45,7 +46,8 @@ def foreign_config(fmt: str, path: Path, model: SparseCoder, *, hookpoint: str |
     if mapped:
         config["hookpoints"] = [mapped]
         config["hookpoint_mapping"] = {hookpoint: mapped}
-        if hookpoint != mapped:
+        if hookpoint != mapped and (str(path), hookpoint) not in _SHOWN:
+            _SHOWN.add((str(path), hookpoint))  # once per dictionary, though commands read the config and weights
             log.info("%s hookpoint %r -> conceptdict hookpoint %r", fmt, hookpoint, mapped)
     if model_name:
         config["model"] = model_name
