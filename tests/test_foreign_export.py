@@ -90,3 +90,70 @@ def test_cli_exports_every_layout_and_reads_them_back(tmp_path, capsys):
         # and back again from the foreign layout to ours
         assert main(["export", str(tmp_path / fmt), "--format", "saelens", "--out", str(tmp_path / f"{fmt}-2")]) == 0
         assert torch.equal(load_dictionary(tmp_path / f"{fmt}-2").W_dec, load_dictionary(sae).W_dec)
+
+
+def test_native_gated_and_jumprelu_round_trip(tmp_path):
+    for kind in ("gated", "jumprelu"):
+        m = _model(kind)
+        back = load_dictionary(save_dictionary(m, tmp_path / kind))
+        mine, theirs = m.state_dict(), back.state_dict()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine) and back.kind == kind
+
+
+LIBRARY_CHECK = r"""
+import json, os, sys, torch
+os.environ.setdefault("SPARSIFY_DISABLE_TRITON", "1")
+from safetensors.torch import load_file
+torch.set_grad_enabled(False)
+out = {}
+for fmt, d in json.loads(sys.argv[2]).items():
+    t = load_file(d + "/../probe.safetensors")
+    if fmt == "sparsify":
+        from sparsify import SparseCoder
+        sae = SparseCoder.load_from_disk(d)
+        enc = sae.encode(t["x"])
+        f = torch.zeros_like(t["f"]).scatter_(1, enc.top_indices, enc.top_acts)
+        x_hat = sae.decode(enc.top_acts, enc.top_indices)
+    else:
+        from dictionary_learning.dictionary import AutoEncoder, GatedAutoEncoder
+        from dictionary_learning.trainers.batch_top_k import BatchTopKSAE
+        from dictionary_learning.trainers.top_k import AutoEncoderTopK
+        cfg = json.load(open(d + "/config.json"))["trainer"]
+        cls = {c.__name__: c for c in (AutoEncoder, GatedAutoEncoder, BatchTopKSAE, AutoEncoderTopK)}[cfg["dict_class"]]
+        args = (cfg["activation_dim"], cfg["dict_size"]) + ((cfg["k"],) if "TopK" in cls.__name__ else ())
+        ae = cls(*args)
+        ae.load_state_dict(torch.load(d + "/ae.pt", weights_only=True))
+        f = ae.encode(t["x"])
+        x_hat = ae.decode(f)
+    out[fmt] = [float((f - t["f"]).abs().max()), float((x_hat - t["x_hat"]).abs().max())]
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_exports_load_in_the_real_libraries(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    side = Path(__file__).resolve().parents[1] / ".venv-interop" / "bin" / "python"
+    if not side.exists():
+        pytest.skip("no .venv-interop (see tests/fixtures/foreign/make_fixtures.py for how to make it)")
+    dirs = {}
+    for fmt, kind in [("sparsify", "topk"), ("dl-topk", "topk"), ("dl-batchtopk", "batchtopk"), ("dl-relu", "relu"),
+                      ("dl-gated", "gated")]:
+        m, root = _model(kind), tmp_path / fmt
+        where = export_dictionary(m, CONFIG, "sparsify" if fmt == "sparsify" else "dictionary-learning", root / "d")
+        x = torch.randn(32, 12, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            f = m.encode(x)
+            save_file({"x": x, "f": f, "x_hat": m.decode(f)}, str(where.parent / "probe.safetensors"))
+        dirs[fmt] = str(where)
+    result = tmp_path / "result.json"
+    proc = subprocess.run([str(side), "-c", LIBRARY_CHECK, str(result), json.dumps(dirs)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(result.read_text())
+    print(got)
+    assert all(codes < 1e-5 and recon < 1e-5 for codes, recon in got.values()), got

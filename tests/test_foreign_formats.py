@@ -251,3 +251,16 @@ def test_fixtures_regenerate_with_the_real_libraries(tmp_path):
 def test_fixture_names_cover_every_reference():
     assert {k.split("/")[0] for k in REF if "/" in k} == set(CASES)
     assert SparseCoder  # the loaders return the project's one module
+
+
+@pytest.mark.unit
+def test_saelens_gated_without_b_dec_on_the_input_folds_both_paths(tmp_path):
+    d = _copy("saelens-gated", tmp_path)
+    cfg = json.loads((d / "cfg.json").read_text())
+    (d / "cfg.json").write_text(json.dumps(cfg | {"apply_b_dec_to_input": False}))
+    t = load_file(str(d / "sae_weights.safetensors"))
+    x = REF["x"]
+    # sae-lens GatedSAE.encode with apply_b_dec_to_input false: sae_in = x
+    gate = x @ t["W_enc"] + t["b_gate"] > 0
+    want = gate * torch.relu(x @ (t["W_enc"] * t["r_mag"].exp()) + t["b_mag"])
+    assert torch.allclose(load_dictionary(d).encode(x), want, atol=1e-5)

@@ -22,7 +22,8 @@ class FormatError(ValueError):
 
 
 def _sniff(path: Path) -> str:
-    head = path.read_bytes()[:4] if path.stat().st_size < 4096 else path.open("rb").read(4)
+    with path.open("rb") as fh:
+        head = fh.read(4)
     if head[:2] == b"PK":
         return "a zip archive (a torch.save or numpy .npz file)"
     if head[:1] == b"\x80":

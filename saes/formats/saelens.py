@@ -116,8 +116,11 @@ def read(directory: Path) -> Loaded:
         n = tensors["W_dec"].norm(dim=1)
         tensors.update(W_enc=tensors["W_enc"] * n, b_enc=tensors["b_enc"] * n, W_dec=tensors["W_dec"] / n[:, None])
     folded = _fold_normalisation(cfg, tensors, directory)
-    if not cfg.get("apply_b_dec_to_input", True):
-        tensors["b_enc"] = tensors["b_enc"] + tensors["b_dec"] @ tensors["W_enc"]
+    if not cfg.get("apply_b_dec_to_input", True):  # x W + e = (x - b_dec) W + (e + b_dec W), on both gated paths
+        shift = tensors["b_dec"] @ tensors["W_enc"]
+        tensors["b_enc"] = tensors["b_enc"] + shift
+        if gated:
+            tensors["b_mag"] = tensors["b_mag"] + shift * torch.exp(tensors["r_mag"])
     kind = ARCH_TO_KIND[arch]
     ours = meta.get("conceptdict_kind")
     if meta.get("conceptdict_k") and (ours == kind or (arch == "jumprelu" and ours == "batchtopk")):
