@@ -50,7 +50,8 @@ class EvalConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sae_dir", type=Path, help="dictionary directory written by `conceptdict train`")
+    parser.add_argument("sae_dir", type=Path, help="dictionary: a directory in any format saes.formats reads "
+                        "(conceptdict, SAELens, sparsify, dictionary_learning, Gemma Scope) or hf:REPO[/SUBDIR][@REV]")
     parser.add_argument("--config", type=Path, default=None, help="JSON config file (flags override it)")
     from conceptdict.cli.args import add_dataclass_args
 
@@ -195,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate(sae, batches)
     result = _splice(result, sae, store, hookpoint, cfg)
     if cfg.out is None and str(args.sae_dir).startswith("hf:"):
-        raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
+        raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into "
+                         f"the cache)")
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,

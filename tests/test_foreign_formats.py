@@ -264,3 +264,23 @@ def test_saelens_gated_without_b_dec_on_the_input_folds_both_paths(tmp_path):
     gate = x @ t["W_enc"] + t["b_gate"] > 0
     want = gate * torch.relu(x @ (t["W_enc"] * t["r_mag"].exp()) + t["b_mag"])
     assert torch.allclose(load_dictionary(d).encode(x), want, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_cli_eval_on_a_hub_name_from_the_cache(tiny_lm_store, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    store, _ = tiny_lm_store
+    cache = tmp_path / "hub"
+    _fake_hub_cache(cache, "someone/tiny-saes", "b" * 40,
+                    {f"h.0/{f.name}": f for f in (FIXTURES / "sparsify" / "h.0").iterdir()})  # fmt: skip
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["eval", "hf:someone/tiny-saes/h.0", "--store", str(store), "--contexts", "0"]) == 1
+    assert "pass --out" in capsys.readouterr().err
+    rc = main(["eval", "hf:someone/tiny-saes/h.0", "--store", str(store), "--contexts", "0",
+               "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    assert rc == 0, capsys.readouterr()
+    assert json.loads((tmp_path / "eval.json").read_text())["hookpoint"] == "blocks.0.hook_out"
+    assert main(["eval", "hf:someone/other", "--store", str(store), "--out", str(tmp_path / "e.json")]) == 1
+    assert "needs the network" in capsys.readouterr().err

@@ -76,7 +76,8 @@ def model_card(model: SparseCoder, config: dict[str, Any], fmt: str, model_name:
     lines = [
         "---", f"library_name: {LIBRARY[fmt]}", "tags:", "- sparse-autoencoder", "- conceptdict",
         *([f"base_model: {model_name}"] if model_name and "/" in model_name else []), "---", "",
-        f"# {model.kind} sparse autoencoder on {model_name or 'an unrecorded model'} at {hookpoint or 'an unrecorded hookpoint'}",
+        f"# {model.kind} sparse autoencoder on {model_name or 'an unrecorded model'} at "
+        f"{hookpoint or 'an unrecorded hookpoint'}",
         "", "## What was trained", "",
         f"- kind: {model.kind} ({rule}); d_in = {model.d_in}, latents = {model.n_latents}",
         f"- model: {model_name or 'not recorded'}; hookpoint: {hookpoint or 'not recorded'}",

@@ -77,7 +77,8 @@ def _fold_normalisation(cfg: dict[str, Any], t: dict[str, torch.Tensor], directo
         if factor is None:
             raise FormatError(f"{path}: normalize_activations='expected_average_only_in' but the directory stores no "
                               f"scaling factor ({SCALER} 'scaling_factor' or cfg.json 'norm_scaling_factor', where "
-                              f"sae-lens keeps it); fold it with sae.fold_activation_norm_scaling_factor and save again")
+                              f"sae-lens keeps it); fold it with sae.fold_activation_norm_scaling_factor and save "
+                              f"again")
         t["W_enc"], t["W_dec"], t["b_dec"] = t["W_enc"] * factor, t["W_dec"] / factor, t["b_dec"] / factor
         return f"scaling factor {factor} from {SCALER if 'scaling_factor' in stored else CONFIG}"
     if mode == "covariance_whitening":
