@@ -24,7 +24,8 @@ import torch
 
 from conceptdict.saes import TrainConfig, evaluate, train
 from conceptdict.saes.crosscoder import input_scale
-from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder, planted_batches, planted_pair, score_b_only
+from conceptdict.saes.diffing import (DiffAnalysisConfig, diff_crosscoder, learned_by_kind, planted_batches, planted_pair,
+                                      score_b_only)
 
 
 def parse_args(argv=None):
@@ -44,24 +45,29 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=600, help="training steps per crosscoder")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches for eval and Latent Scaling")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coef-sigma", type=float, default=1.0,
+                   help="log-normal sigma of the code magnitudes (0: uniform in [0.5, 1.5], the easy problem)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--kinds", nargs="+", default=["crosscoder-l1", "crosscoder"],
+                   help="the first one is the baseline")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     return p.parse_args(argv)
 
 
-def run_one(kind: str, args, pair, train_batches, held_out) -> dict:
+def run_one(kind: str, args, seed: int, pair, train_batches, held_out) -> dict:
     t0 = time.perf_counter()
     cfg = TrainConfig(latents=args.latents, k=args.k, kind=kind, batch_size=args.batch_size, eval_batches=0,
-                      l1_coeff=args.l1_coeff, seed=args.seed, log_every=10**9, checkpoint_every=0, device="cpu")
+                      l1_coeff=args.l1_coeff, seed=seed, log_every=10**9, checkpoint_every=0, device="cpu")
     model = train(cfg, train_batches)
     train_s = time.perf_counter() - t0
     ev = evaluate(model, held_out)
     table = diff_crosscoder(model, held_out, DiffAnalysisConfig())
     directions = model.decoder_directions() * input_scale(model)[None, :, None]
     by_delta = torch.tensor([t == "B-only" for t in table.tags])
-    out = {"kind": kind, "train_s": train_s, "fvu": ev.fvu, "per_source_fvu": list(ev.per_source_fvu),
-           "l0": ev.l0, "dead_fraction": ev.dead_fraction, "counts": table.counts()}
+    out = {"kind": kind, "seed": seed, "train_s": train_s, "fvu": ev.fvu, "per_source_fvu": list(ev.per_source_fvu),
+           "l0": ev.l0, "dead_fraction": ev.dead_fraction, "counts": table.counts(),
+           "learned": learned_by_kind(directions, pair)}
     for name, predicted in (("delta", by_delta), ("latent_scaling", table.flags["model_specific"])):
         score = score_b_only(table, directions, pair, predicted)
         out[name] = score._asdict()
@@ -72,35 +78,54 @@ def _fmt(x: float) -> str:
     return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:5.2f}"
 
 
+def run_seed(args, seed: int) -> list[dict]:
+    pair = planted_pair(args.d_in, args.shared, args.b_only, args.scaled, args.rotated, n_a_only=args.a_only,
+                        scale=args.scale, angle_deg=args.angle, seed=seed)
+    p_fire = args.active / len(pair.kinds)
+    train_batches = list(planted_batches(pair, args.batch_size, args.steps, p_fire=p_fire, seed=seed + 1,
+                                         coef_sigma=args.coef_sigma))
+    held_out = list(planted_batches(pair, args.batch_size, args.eval_batches, p_fire=p_fire, seed=seed + 2,
+                                    coef_sigma=args.coef_sigma))
+    return [run_one(kind, args, seed, pair, train_batches, held_out) for kind in args.kinds]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = planted_pair(args.d_in, args.shared, args.b_only, args.scaled, args.rotated, n_a_only=args.a_only,
-                        scale=args.scale, angle_deg=args.angle, seed=args.seed)
-    p_fire = args.active / len(pair.kinds)
-    train_batches = list(planted_batches(pair, args.batch_size, args.steps, p_fire=p_fire, seed=args.seed + 1))
-    held_out = list(planted_batches(pair, args.batch_size, args.eval_batches, p_fire=p_fire, seed=args.seed + 2))
-    results = [run_one(kind, args, pair, train_batches, held_out) for kind in ("crosscoder-l1", "crosscoder")]
-    base = results[0]["delta"]
-    print(f"planted: D={args.d_in}, atoms {len(pair.kinds)} ({args.shared} shared, {args.b_only} B-only, "
-          f"{args.a_only} A-only, {args.scaled} scaled x{args.scale} in A, {args.rotated} rotated "
-          f"{args.angle:g} deg); L={args.latents}, {args.steps} steps x {args.batch_size}")
-    print(f"{'crosscoder':<14}{'read by':<16}{'prec':>6}{'recall':>7}{'pred':>6}  misattributed (by atom kind)"
-          f"{'':>4}shared ok  prec/base  fvu    l0   train s")
-    figures = {"args": vars(args) | {"json": str(args.json) if args.json else None}, "runs": results}
-    for res in results:
-        for name in ("delta", "latent_scaling"):
-            sc = res[name]
-            ratio = sc["precision"] / base["precision"] if base["precision"] else math.nan
-            res[name]["precision_over_baseline"] = ratio
-            print(f"{res['kind']:<14}{name:<16}{_fmt(sc['precision']):>6}{_fmt(sc['recall']):>7}"
-                  f"{sc['n_predicted']:>6}  {json.dumps(sc['misattributed']):<32}{_fmt(sc['shared_tagged_shared']):>9}"
-                  f"  {_fmt(ratio):>9}  {res['fvu']:.3f} {res['l0']:5.2f} {res['train_s']:7.1f}")
-    l1_mis = sum(base["misattributed"].values())
-    bt_mis = sum(results[1]["latent_scaling"]["misattributed"].values())
-    print(f"misattributed B-only latents: L1 + Delta {l1_mis}, BatchTopK + Latent Scaling {bt_mis}")
+    print(f"planted: D={args.d_in}, atoms {args.shared} shared, {args.b_only} B-only, {args.a_only} A-only, "
+          f"{args.scaled} scaled x{args.scale} in A, {args.rotated} rotated {args.angle:g} deg; code magnitudes "
+          f"{'log-normal sigma ' + str(args.coef_sigma) if args.coef_sigma > 0 else 'U[0.5, 1.5]'}; "
+          f"L={args.latents}, k={args.k}, {args.steps} steps x {args.batch_size}; seeds {args.seeds}")
+    print(f"{'seed':<5}{'crosscoder':<14}{'read by':<16}{'prec':>6}{'recall':>7}{'pred':>6}  "
+          f"{'misattributed (by atom kind)':<34}{'shared ok':>9}  prec/base  fvu    l0   train s")
+    results = []
+    for seed in args.seeds:
+        runs = run_seed(args, seed)
+        base = runs[0]["delta"]
+        for res in runs:
+            for name in ("delta", "latent_scaling"):
+                sc = res[name]
+                ratio = sc["precision"] / base["precision"] if base["precision"] else math.nan
+                res[name]["precision_over_baseline"] = ratio
+                print(f"{seed:<5}{res['kind']:<14}{name:<16}{_fmt(sc['precision']):>6}{_fmt(sc['recall']):>7}"
+                      f"{sc['n_predicted']:>6}  {json.dumps(sc['misattributed']):<34}"
+                      f"{_fmt(sc['shared_tagged_shared']):>9}  {_fmt(ratio):>9}  {res['fvu']:.3f} {res['l0']:5.2f} "
+                      f"{res['train_s']:7.1f}", flush=True)
+        results += runs
+    print("\nmean over seeds: B-only precision / recall as read by Latent Scaling (Delta alone), and the share of "
+          "each atom kind that some latent learned (cos >= 0.9)")
+    kinds = sorted({k for r in results for k in r["learned"]})
+    print(f"{'crosscoder':<14}{'LS prec':>8}{'LS rec':>8}{'D prec':>8}{'D rec':>8}  " + "".join(f"{k:>9}" for k in kinds))
+    for kind in args.kinds:
+        rs = [r for r in results if r["kind"] == kind]
+        mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
+        vals = [mean([r[n][m] for r in rs if not math.isnan(r[n][m])]) for n in ("latent_scaling", "delta")
+                for m in ("precision", "recall")]
+        learned = [mean([r["learned"][k] for r in rs]) for k in kinds]
+        print(f"{kind:<14}" + "".join(f"{_fmt(v):>8}" for v in vals) + "  " + "".join(f"{v:>9.2f}" for v in learned))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        figures = {"args": vars(args) | {"json": str(args.json)}, "runs": results}
         args.json.write_text(json.dumps(figures, indent=2, default=float) + "\n")
     return 0
 

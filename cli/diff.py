@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
     from conceptdict.saes.diffing import diff_crosscoder
-    from conceptdict.saes.train import resolve_device
+    from conceptdict.saes.train import heldout_batch_count, resolve_device
 
     cfg = _diff_config(args)
     if (cfg.out / "diff.json").exists() and not cfg.overwrite:
@@ -354,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
 
     def batches(start: int):
         return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start,
-                              holdout_batches=tcfg.eval_batches)
+                              holdout_batches=heldout_batch_count(tcfg))
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
     meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources,

@@ -82,14 +82,17 @@ def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
 
 def _sized(cfg, rows: int):
     """Clamp the batch size to what the store holds and default tokens to one pass over the training rows."""
-    need = (cfg.eval_batches + 1) * cfg.batch_size
+    from conceptdict.saes.train import heldout_batch_count
+
+    held = heldout_batch_count(cfg)
+    need = (held + 1) * cfg.batch_size
     if rows < need:
-        batch = max(1, rows // (cfg.eval_batches + 4))
-        log.warning("store has %d rows, fewer than (eval_batches + 1) * batch_size = %d; using batch_size %d",
-                    rows, need, batch)
+        batch = max(1, rows // (held + 4))
+        log.warning("store has %d rows, fewer than (held-out batches %d + 1) * batch_size = %d; using batch_size %d",
+                    rows, held, need, batch)
         cfg = dataclasses.replace(cfg, batch_size=batch)
     if cfg.tokens is None:
-        cfg = dataclasses.replace(cfg, tokens=(rows // cfg.batch_size - cfg.eval_batches) * cfg.batch_size)
+        cfg = dataclasses.replace(cfg, tokens=(rows // cfg.batch_size - held) * cfg.batch_size)
     return cfg
 
 
@@ -97,19 +100,21 @@ def train_on_stores(cmd: TrainCommand, cfg):
     """Open the stores, size the run, stream the batches into ``saes.train``; returns the trained dictionary."""
     from conceptdict.activations.distributed import rank_batches
     from conceptdict.saes import distributed as dp
+    from conceptdict.saes.train import heldout_batch_count
 
     if cmd.out is None:
         raise ConfigError("conceptdict train needs --out SAE_DIR")
     stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
     _check_out(cmd.out, cmd.resume, cmd.overwrite)
     cfg = _sized(cfg, rows)
+    held = heldout_batch_count(cfg)
     per_epoch = rows // cfg.batch_size
-    epochs = None if cfg.tokens > (per_epoch - cfg.eval_batches) * cfg.batch_size else 1
+    epochs = None if cfg.tokens > (per_epoch - held) * cfg.batch_size else 1
 
     def batches(start: int):
         # this rank's rows of every global batch (one process: exactly stream_batches)
         return rank_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
-                            buffer_rows=cmd.buffer_rows, start_batch=start, holdout_batches=cfg.eval_batches)
+                            buffer_rows=cmd.buffer_rows, start_batch=start, holdout_batches=held)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}

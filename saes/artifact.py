@@ -23,7 +23,9 @@ from safetensors.torch import save_file
 from .model import SparseCoder
 
 FORMAT = "conceptdict-dictionary"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: kind ``batchtopk`` is the row-relative BatchTopK and saves ``norm_scale [S]``; version 1's ``batchtopk``
+(the classical rule) reads as ``batchtopk-absolute``."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 CORE_KEYS = ("format", "format_version", "kind", "d_in", "n_latents", "k", "n_sources")
@@ -51,6 +53,8 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
         out["b_dec"] = model.b_dec.view(S, D)
     if model.spec.uses_threshold:
         out["threshold"] = model.threshold
+    if model.spec.relative:
+        out["norm_scale"] = model.norm_scale
     out.update({name: getattr(model, name) for name in model.spec.buffers})
     return {k: v.detach() for k, v in out.items()}
 
@@ -110,7 +114,8 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     directory = Path(directory)
     cfg = load_native_config(directory)
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
-    model = SparseCoder(D, L, k, cfg["kind"], n_sources=S)
+    kind = "batchtopk-absolute" if cfg["kind"] == "batchtopk" and int(cfg.get("format_version", 1)) < 2 else cfg["kind"]
+    model = SparseCoder(D, L, k, kind, n_sources=S)
     path = directory / WEIGHTS_FILE
     t = read_safetensors(path)
     missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers} - set(t))
@@ -122,10 +127,17 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     W_dec = W_dec.permute(1, 0, 2).reshape(L, S * D) if S > 1 else W_dec
     b_dec = _expect("b_dec", t["b_dec"], (*lead, D), path).reshape(S * D)
     state = {"W_enc": W_enc, "b_enc": _expect("b_enc", t["b_enc"], (L,), path), "W_dec": W_dec, "b_dec": b_dec,
-             "threshold": t["threshold"] if "threshold" in t else model.threshold}
+             "threshold": t["threshold"] if "threshold" in t else model.threshold,
+             "norm_scale": t["norm_scale"] if "norm_scale" in t else model.norm_scale}
     if model.spec.uses_threshold:
         _expect("threshold", state["threshold"], (L,), path)
+    if model.spec.relative:
+        if "norm_scale" not in t:
+            raise ValueError(f"{path}: kind {kind!r} needs the tensor norm_scale, which is missing; re-save the "
+                             f"dictionary with this conceptdict")
+        _expect("norm_scale", state["norm_scale"], (S,), path)
     state.update({name: _expect(name, t[name], (L,), path) for name in model.spec.buffers})
     model.load_state_dict(state)
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
+

@@ -167,7 +167,14 @@ def _batchtopk_encode(model: SparseCoder, x: Tensor) -> Tensor:
     return crosscoder_threshold_codes(acts, training_decoder(model), model.n_sources, model.threshold)
 
 
-KINDS["crosscoder"] = KindSpec(_batchtopk_train, _batchtopk_encode, uses_aux=True, uses_threshold=True)
+def _batchtopk_scores(model: SparseCoder, x: Tensor) -> Tensor:
+    """f_j * sum_s |d_j^s| [B, L]: what the inference threshold is compared with."""
+    acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    return acts * source_norm_sum(training_decoder(model), model.n_sources)
+
+
+KINDS["crosscoder"] = KindSpec(_batchtopk_train, _batchtopk_encode, uses_aux=True, uses_threshold=True,
+                               scores=_batchtopk_scores)
 KINDS["crosscoder-l1"] = KindSpec(_l1_train, _l1_encode, uses_aux=False, uses_threshold=False)
 
 __all__ = [

@@ -381,22 +381,26 @@ def planted_pair(d_in: int, n_shared: int, n_b_only: int, n_scaled: int, n_rotat
     return PlantedPair(atoms_a, atoms_b, kinds)
 
 
-def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator) -> Tensor:
+def planted_codes(n_rows: int, n_atoms: int, p_fire: float, gen: torch.Generator, coef_sigma: float = 0.0) -> Tensor:
     """Sparse non-negative codes [n_rows, N]: each atom fires independently with probability ``p_fire``
-    with magnitude uniform in [0.5, 1.5]."""
+    with magnitude uniform in [0.5, 1.5], or log-normal exp(N(0, coef_sigma^2)) when ``coef_sigma > 0``
+    (heavy-tailed, so row norms vary by an order of magnitude as in real activations)."""
     on = torch.rand(n_rows, n_atoms, generator=gen) < p_fire
+    if coef_sigma > 0:
+        return on * torch.exp(coef_sigma * torch.randn(n_rows, n_atoms, generator=gen))
     return on * (0.5 + torch.rand(n_rows, n_atoms, generator=gen))
 
 
 def planted_batches(pair: PlantedPair, batch_size: int, n_batches: int, *, p_fire: float = 0.05,
-                    noise: float = 0.01, seed: int = 0):
+                    noise: float = 0.01, seed: int = 0, coef_sigma: float = 0.0):
     """Yield ``n_batches`` batches x [B, 2, D] (source 0 = model A, 1 = model B) of the same sparse codes
-    through each model's atoms, plus Gaussian noise of std ``noise``. Deterministic given ``seed``."""
+    (:func:`planted_codes`) through each model's atoms, plus Gaussian noise of std ``noise``.
+    Deterministic given ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     n, d = pair.atoms_b.shape
     atoms = torch.stack([pair.atoms_a, pair.atoms_b], dim=1)  # [N, 2, D]
     for _ in range(n_batches):
-        codes = planted_codes(batch_size, n, p_fire, gen)
+        codes = planted_codes(batch_size, n, p_fire, gen, coef_sigma)
         x = torch.einsum("bn,nsd->bsd", codes, atoms)
         yield x + noise * torch.randn(batch_size, 2, d, generator=gen)
 
@@ -445,8 +449,25 @@ def score_b_only(table: LatentDiff, directions: Tensor, pair: PlantedPair, predi
     return PlantedScore(precision, recall, n_pred, mis, sum(ok) / len(ok) if ok else math.nan)
 
 
+def learned_by_kind(directions: Tensor, pair: PlantedPair, min_cos: float = 0.9) -> dict[str, float]:
+    """Share of the planted atoms of each kind that some latent learned: a decoder ``directions [L, S, D]``
+    at cosine >= ``min_cos`` with the atom in the model that has it (B; A for ``a_only`` atoms), whatever
+    the latent's tag. Says whether one-model atoms are learned as often as shared ones."""
+    out: dict[str, list[bool]] = {}
+    for source, atoms in ((0, pair.atoms_a), (1, pair.atoms_b)):
+        d = directions[:, source].double()
+        a = atoms.double()
+        cos = (d / d.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ (a / a.norm(dim=-1, keepdim=True).clamp_min(1e-12)).T
+        best = cos.max(dim=0).values
+        for n, kind in enumerate(pair.kinds):
+            if (kind == "a_only") == (source == 0):
+                out.setdefault(kind, []).append(bool(best[n] >= min_cos))
+    return {kind: sum(hits) / len(hits) for kind, hits in out.items()}
+
+
 __all__ = [
     "PlantedScore",
+    "learned_by_kind",
     "diff_crosscoder",
     "score_b_only",
     "ATOM_KINDS",

@@ -209,6 +209,7 @@ def _crosscoder_weight(model: SparseCoder) -> Tensor:
 DP_RULES: dict[str, DPRule] = {
     "topk": DPRule("rows"),
     "batchtopk": DPRule("batch"),
+    "batchtopk-absolute": DPRule("batch"),
     "relu": DPRule("penalty", power=0.5),  # penalty / RMS row norm (saes.model._relu_train)
     "crosscoder": DPRule("batch", weight=_crosscoder_weight),
     "crosscoder-l1": DPRule("penalty", power=1.0),  # penalty / mean squared row norm (saes.crosscoder._l1_train)
@@ -243,7 +244,8 @@ def _global_batch_forward(model: SparseCoder, x: Tensor, rows: int, weight: Tens
     """BatchTopK over the global batch: local top ``k * B`` candidates, gathered scores, the global cut."""
     B_r = x.shape[0]
     k_local = -(-model.k * rows // B_r)  # k_local * B_r >= k * B: a superset of this rank's share
-    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, min(k_local, model.n_latents), batch=True,
+    s = row_scale(model, x) if model.spec.relative else x.new_ones(B_r, 1)  # saes.model.sparse_train_forward
+    enc = kernels.encode((x - model.b_dec) / s, model.W_enc, model.b_enc, min(k_local, model.n_latents), batch=True,
                          scale=weight, dead=dead, k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
     values = enc.values.detach()
     scores = values if weight is None else values * weight[enc.indices]
@@ -252,7 +254,7 @@ def _global_batch_forward(model: SparseCoder, x: Tensor, rows: int, weight: Tens
     keep = alive & (scores >= cut)
     width = max(1, int(keep.sum(dim=1).max()) if keep.numel() else 1)
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
-    vals = (enc.values * keep).gather(1, order)
+    vals = (enc.values * s * keep).gather(1, order)
     idx = enc.indices.gather(1, order)
     x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     kept = vals.detach() > 0
@@ -261,7 +263,7 @@ def _global_batch_forward(model: SparseCoder, x: Tensor, rows: int, weight: Tens
     kept_scores = scores.masked_fill(~keep, math.inf)
     smallest = all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
     smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
-    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
+    aux = kernels.SparseCode(enc.aux_values * s, enc.aux_indices) if dead is not None else None
     return TrainOutput(x_hat, fired, kept.sum(dim=1).float().mean(), None, smallest, aux)
 
 
@@ -362,19 +364,21 @@ def _start(cfg: tr.TrainConfig, batches: tr.Batches, ck: dict | None, source: st
     """Held-out batches (global), the training head (local slices), the model and its resolved settings."""
     stream = tr._checked(tr._open(batches, 0), 0, source)
     _, held_out = _global_batches(stream, cfg.eval_batches)
+    _, calibration = _global_batches(stream, tr.calibration_batch_count(cfg))
+    n_held = len(held_out) + len(calibration)
     if ck is not None:
         start = ck["position"]
         if callable(batches) and not hasattr(batches, "__iter__"):
             stream = tr._checked(tr._open(batches, start), start, source)
         else:
-            stream = tr._checked(itertools.islice(stream, start - len(held_out), None), start, source)
+            stream = tr._checked(itertools.islice(stream, start - n_held, None), start, source)
     head, whole = _head(stream, cfg.init_rows if ck is None else 1)
-    if not head and not held_out:
+    if not head and not n_held:
         raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
     if not head and ck is None:
-        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
-                         f"lower eval_batches or add data")
-    return stream, held_out, head, whole
+        raise ValueError(f"{source} holds only {n_held} batches, all held out for evaluation and calibration; "
+                         f"lower eval_batches / calibration_batches or add data")
+    return stream, held_out, calibration, head, whole
 
 
 def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = None, resume: bool = False,
@@ -394,9 +398,9 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = tr.load_checkpoint(out / tr.CHECKPOINT_FILE) if resume else None
-    stream, held_out, head, whole = _start(cfg, batches, ck, source)
-    model, gen, total, r, opt, st = tr._setup(cfg, (whole or held_out)[0], whole, len(held_out), batches, ck,
-                                              device, source)
+    stream, held_out, calibration, head, whole = _start(cfg, batches, ck, source)
+    model, gen, total, r, opt, st = tr._setup(cfg, (whole or held_out or calibration)[0], whole,
+                                              len(held_out) + len(calibration), batches, ck, device, source)
     if w.main:
         log.info("training %s on %s x %d ranks: resolved %s", model.extra_repr(), device, w.size, r)
         if out is not None:
@@ -415,7 +419,7 @@ def train(cfg: tr.TrainConfig, batches: tr.Batches, *, out: str | Path | None = 
         with torch.no_grad():
             smallest = dp_forward(model, last_x, batch_stats(last_x), cfg.l1_coeff, None, 0).smallest
             tr._update_threshold(model, float(smallest), 0.0, st)
-    model = tr._finish(model, cfg, st, r, held_out, out if w.main else None, meta, m)
+    model = tr._finish(model, cfg, st, r, held_out, out if w.main else None, meta, m, calibration)
     barrier()
     return model
 

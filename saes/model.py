@@ -46,6 +46,12 @@ class KindSpec:
     """Whether inference is JumpReLU with the ``threshold`` buffer (saved with the weights)."""
     trainable: bool = True
     """False for kinds that can only be imported and evaluated."""
+    scores: Callable[["SparseCoder", Tensor], Tensor] | None = None
+    """Thresholded kinds: (model, x_flat [B, S*D]) -> [B, L], the quantity inference compares with ``threshold``
+    (used to calibrate the threshold so that held-out L0 matches k)."""
+    relative: bool = False
+    """Whether codes and the threshold are relative to each row's centred norm (``row_scale``); such a model
+    keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""
     buffers: tuple[str, ...] = ()
     """Extra per-latent buffers [L] the inference rule reads (saved with the weights), e.g. gated's r_mag, b_mag."""
 
@@ -62,17 +68,35 @@ def _fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[T
     return fired, active.sum(dim=1).float().mean().detach()
 
 
+def row_scale(model: "SparseCoder", x: Tensor) -> Tensor:
+    """s(x) [B, 1] = |(x - b_dec) * norm_scale| / sqrt(S*D): each row's centred norm in training units, relative
+    to the norm sqrt(S*D) that training normalises rows to on average (``norm_scale`` is 1 while training and
+    the folded normalisation factor afterwards, so s(x) is the same number before and after folding)."""
+    c = math.sqrt(model.n_sources * model.d_in)
+    w = model.norm_scale.repeat_interleave(model.d_in)
+    return ((x - model.b_dec) * w).norm(dim=1, keepdim=True).clamp_min(1e-6 * c) / c
+
+
 def sparse_train_forward(model: "SparseCoder", x: Tensor, *, batch: bool, scale: Tensor | None = None,
-                         dead: Tensor | None = None, k_aux: int = 0) -> TrainOutput:
+                         dead: Tensor | None = None, k_aux: int = 0, relative: bool = False) -> TrainOutput:
     """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
     (``batch=False``) or BatchTopK ranked by ``acts * scale`` (``batch=True``), the AuxK code from the same
-    pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking ``scale`` [L]."""
-    enc = kernels.encode(x - model.b_dec, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
+    pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking ``scale`` [L].
+
+    ``relative=True`` is the row-relative rule (:func:`row_scale`): the kernel encodes (x - b_dec) / s(x), so it
+    ranks pre / s, and the kept values are multiplied back by s: codes relu((x - b_dec) W_enc + s(x) b_enc),
+    compared across the batch relative to their row's norm."""
+    s = row_scale(model, x) if relative else None
+    xc = x - model.b_dec
+    enc = kernels.encode(xc / s if relative else xc, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale,
                          dead=dead, k_aux=k_aux if dead is not None else 0, impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+    values = enc.values * s if relative else enc.values
+    x_hat = kernels.sparse_decode(values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
     fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
-    aux = kernels.SparseCode(enc.aux_values, enc.aux_indices) if dead is not None else None
+    aux = None
+    if dead is not None:
+        aux = kernels.SparseCode(enc.aux_values * s if relative else enc.aux_values, enc.aux_indices)
     return TrainOutput(x_hat, fired, l0, None, enc.smallest.detach() if batch else None, aux)
 
 
@@ -90,11 +114,32 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 def _batchtopk_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
                      k_aux: int = 0) -> TrainOutput:
+    return sparse_train_forward(model, x, batch=True, dead=dead, k_aux=k_aux, relative=True)
+
+
+def _relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L] (see ``row_scale``)."""
+    s = row_scale(model, x)
+    return torch.relu((x - model.b_dec) @ model.W_enc / s + model.b_enc)
+
+
+def _relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """Inference of ``batchtopk``: s(x) * relu(pre / s) where that exceeds the threshold (pre / s > theta)."""
+    acts = _relative_scores(model, x)
+    return acts * (acts > model.threshold) * row_scale(model, x)
+
+
+def _absolute_train(model: "SparseCoder", x: Tensor, *, l1_coeff: float = 0.0, dead: Tensor | None = None,
+                    k_aux: int = 0) -> TrainOutput:
     return sparse_train_forward(model, x, batch=True, dead=dead, k_aux=k_aux)
 
 
+def _jumprelu_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    return torch.relu(_pre(model, x))
+
+
 def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
-    acts = torch.relu(_pre(model, x))
+    acts = _jumprelu_scores(model, x)
     return acts * (acts > model.threshold)
 
 
@@ -127,10 +172,14 @@ def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 KINDS: dict[str, KindSpec] = {
     "topk": KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False),
-    "batchtopk": KindSpec(_batchtopk_train, _jumprelu_encode, uses_aux=True, uses_threshold=True),
+    "batchtopk": KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True,
+                          scores=_relative_scores, relative=True),
+    "batchtopk-absolute": KindSpec(_absolute_train, _jumprelu_encode, uses_aux=True, uses_threshold=True,
+                                   scores=_jumprelu_scores),
     "relu": KindSpec(_relu_train, _relu_encode, uses_aux=False, uses_threshold=False),
     # imported from other libraries (saes/formats): JumpReLU with a learned per-latent threshold, and gated SAEs
-    "jumprelu": KindSpec(_not_trainable, _jumprelu_encode, uses_aux=False, uses_threshold=True, trainable=False),
+    "jumprelu": KindSpec(_not_trainable, _jumprelu_encode, uses_aux=False, uses_threshold=True, trainable=False,
+                         scores=_jumprelu_scores),
     "gated": KindSpec(_not_trainable, _gated_encode, uses_aux=False, uses_threshold=False, trainable=False,
                       buffers=("r_mag", "b_mag")),
 }
@@ -173,6 +222,7 @@ class SparseCoder(nn.Module):
         self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
         self.register_buffer("threshold", torch.full((n_latents,), -1.0, **kw))
+        self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
             self.register_buffer(name, torch.zeros(n_latents, **kw))
         self.reset_parameters()
@@ -256,6 +306,7 @@ class SparseCoder(nn.Module):
         self.W_enc.mul_(c[:, None])
         self.W_dec.div_(c[None, :])
         self.b_dec.div_(c)
+        self.norm_scale.mul_(scale.to(self.norm_scale))
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "

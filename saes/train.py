@@ -50,8 +50,11 @@ class TrainConfig:
     k: int
     """Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."""
     kind: str = "topk"
-    """Dictionary kind: topk, batchtopk, relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or
-    crosscoder-l1 (the classical L1 crosscoder; needs several sources)."""
+    """Dictionary kind: topk, batchtopk (row-relative BatchTopK: the batch's top k*B entries ranked relative to
+    each row's norm, see saes.model.row_scale), batchtopk-absolute (BatchTopK as published, Bussmann et al.
+    2024), relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical
+    L1 crosscoder; needs several sources). bench/synthetic_recovery.py: on heavy-tailed data batchtopk-absolute
+    ends at held-out FVU 1.34 where topk reaches 0.14 and batchtopk 0.13 (docs/batchtopk.md)."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096
@@ -82,10 +85,10 @@ class TrainConfig:
     """Weight of the AuxK loss (OpenAI)."""
     dead_tokens: int | None = None
     """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
-    None: min(10M, max(100k, 5000 * L / k)) -- a latent used uniformly fires every L/k rows; OpenAI's 10M
-    on long runs, a shorter window so that AuxK engages on short ones (SAELens counts steps and never does).
-    With AuxK every bench/synthetic_recovery.py run ends with 0 dead latents; tests/test_train_sae.py
-    revives 14 of 16 latents killed at init (1 of 16 without AuxK)."""
+    None: ``default_dead_tokens``: a tenth of the run, at least 50 and at most 5000 firing periods (a latent
+    used uniformly fires every L/k rows) and at most OpenAI's 10M, so AuxK engages on short and long runs alike
+    (the former window, 5000 L/k rows, was longer than a whole 2M-row run at L/k = 256, and 20% of the
+    latents ended dead). Without a known run length: min(10M, max(100k, 5000 L/k))."""
     l1_coeff: float = 0.4
     """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
@@ -96,7 +99,14 @@ class TrainConfig:
     (dictionary_learning's 1000 on long runs; on the 76-step recovery test, inference L0 5.70 for k=6 when
     starting at 3/4 of the run, 5.05 when starting at half, as the cut falls while the dictionary learns)."""
     threshold_momentum: float = 0.999
-    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch."""
+    """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch (the running estimate,
+    replaced at the end by the calibrated one when ``calibration_batches`` > 0)."""
+    calibration_batches: int = 2
+    """Thresholded kinds (batchtopk, crosscoder): batches after the held-out ones, never trained on, on which the
+    inference threshold is set at the end so that their mean L0 is k (the threshold is the (N k)-th largest
+    score over their N rows). The running estimate comes from training rows, which a dictionary fits better
+    than unseen ones: the demo's sentence dictionary ran at L0 35 for k = 16 on unseen rows. 0: keep the
+    running estimate; other kinds hold none out."""
     eval_batches: int = 4
     """Batches from the start of the data held out of training and evaluated at the end (0: none); the
     command line's stream leaves their rows out of every later epoch."""
@@ -124,7 +134,7 @@ class TrainConfig:
         for name in ("batch_size", "init_rows", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("eval_batches", "checkpoint_every", "grad_clip"):
+        for name in ("eval_batches", "calibration_batches", "checkpoint_every", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:
@@ -146,9 +156,51 @@ def default_lr(latents: int) -> float:
     return 1.6e-3 / math.sqrt(latents / 4096)
 
 
-def default_dead_tokens(latents: int, k: int) -> int:
-    """Dead window in rows: a latent used uniformly fires every L/k rows; 5000 such periods, in [100k, 10M]."""
-    return int(min(10_000_000, max(100_000, 5 * latents / k * 1000)))
+def default_dead_tokens(latents: int, k: int, run_rows: int | None = None) -> int:
+    """Dead window in rows. A latent used uniformly fires every L/k rows (its period). With the run's length
+    known: a tenth of the run (AuxK then has the other nine tenths to revive what died), at least 50 periods
+    (a latent merely rarer than average is not dead) and at most 5000 periods and 10M rows (OpenAI's window).
+    Unknown length: 5000 periods in [100k, 10M]."""
+    period = latents / k
+    if run_rows is None:
+        return int(min(10_000_000, max(100_000, 5000 * period)))
+    return int(min(10_000_000, 5000 * period, max(50 * period, run_rows // 10)))
+
+
+def calibration_batch_count(cfg: "TrainConfig") -> int:
+    """How many batches after the ``eval_batches`` held-out ones a run sets aside to calibrate its threshold."""
+    return cfg.calibration_batches if kind_spec(cfg.kind).scores is not None else 0
+
+
+def heldout_batch_count(cfg: "TrainConfig") -> int:
+    """Batches at the start of the data that training never uses (evaluation + calibration); a multi-epoch
+    stream must leave their rows out of later epochs (``holdout_batches=``)."""
+    return cfg.eval_batches + calibration_batch_count(cfg)
+
+
+@torch.no_grad()
+def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
+    """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
+    ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
+    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N)."""
+    spec = model.spec
+    if spec.scores is None:
+        raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
+    rows = [model.flatten_input(x.to(model.W_dec.device).float()) for x in batches]
+    n = sum(x.shape[0] for x in rows)
+    keep = max(1, int(round(n * model.k)))
+    top = model.W_dec.new_empty(0)
+    for x in rows:
+        for part in x.split(chunk):
+            scores = spec.scores(model, part).flatten()
+            top = torch.cat([top, scores[scores > 0]])
+            if top.numel() > keep:
+                top = top.topk(keep, sorted=False).values
+    theta = float(top.min()) if top.numel() >= keep else 0.0
+    # strictly above theta is kept: step just below the (N k)-th score so that it is kept too
+    theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
+    model.threshold.fill_(theta)
+    return theta, n
 
 
 def resolve_device(name: str) -> torch.device:
@@ -356,7 +408,7 @@ def _setup(cfg: TrainConfig, first: Tensor, sample: list[Tensor], n_held: int, b
     model, gen = _build(cfg, first, device, source)
     total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
         len(batches) - n_held if hasattr(batches, "__len__") else None)
-    r = _resolved(cfg, model, total)
+    r = _resolved(cfg, model, total, first.shape[0])
     opt = make_optimizer(model, r["lr"])
     if ck is not None:
         st = _restore(ck, model, opt, cfg, source)
@@ -432,13 +484,15 @@ def _build(cfg: TrainConfig, first: Tensor, device: torch.device, source: str) -
     return model.to(device), gen
 
 
-def _resolved(cfg: TrainConfig, model: SparseCoder, total: int | None) -> dict[str, Any]:
+def _resolved(cfg: TrainConfig, model: SparseCoder, total: int | None, batch_rows: int) -> dict[str, Any]:
     width = model.n_sources * model.d_in
+    run_rows = cfg.tokens if cfg.tokens else (total * batch_rows if total else None)
     return {
         "lr": cfg.lr if cfg.lr is not None else default_lr(cfg.latents),
         "warmup_steps": cfg.warmup_steps if cfg.warmup_steps is not None else
         (min(1000, max(1, total // 20)) if total else 100),
-        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else default_dead_tokens(cfg.latents, cfg.k),
+        "dead_tokens": cfg.dead_tokens if cfg.dead_tokens is not None else
+        default_dead_tokens(cfg.latents, cfg.k, run_rows),
         "aux_k": cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
         "threshold_start_step": cfg.threshold_start_step if cfg.threshold_start_step is not None else
         (min(1000, 3 * total // 4) if total else 1000),
@@ -467,18 +521,21 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
     stream = _checked(_open(batches, 0), 0, source)
     held_out = list(itertools.islice(stream, cfg.eval_batches))
+    calibration = list(itertools.islice(stream, calibration_batch_count(cfg)))
+    n_held = len(held_out) + len(calibration)
     if ck is not None:  # continue at the checkpoint's data position
         start = ck["position"]
-        skipped = _open(batches, start) if _seekable(batches) else itertools.islice(stream, start - len(held_out), None)
+        skipped = _open(batches, start) if _seekable(batches) else itertools.islice(stream, start - n_held, None)
         stream = _checked(skipped, start, source)
     head = _take_rows(stream, cfg.init_rows if ck is None else 1)
-    if not head and not held_out:
+    if not head and not n_held:
         raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")
     if not head and ck is None:
-        raise ValueError(f"{source} holds only {len(held_out)} batches, all held out for evaluation; "
-                         f"lower eval_batches or add data")
-    model, gen, total, r, opt, st = _setup(cfg, (head or held_out)[0], head, len(held_out), batches, ck, device,
-                                           source)
+        raise ValueError(f"{source} holds only {n_held} batches, all held out ({len(held_out)} for evaluation, "
+                         f"{len(calibration)} to calibrate the threshold); lower eval_batches / "
+                         f"calibration_batches or add data")
+    model, gen, total, r, opt, st = _setup(cfg, (head or held_out or calibration)[0], head, n_held, batches, ck,
+                                           device, source)
     log.info("training %s on %s: resolved %s", model.extra_repr(), device, r)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -514,12 +571,14 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
         with torch.no_grad():
             _update_threshold(model, float(model.spec.train_forward(model, last_x, l1_coeff=cfg.l1_coeff).smallest),
                               0.0, st)
-    return _finish(model, cfg, st, r, held_out, out, meta, m)
+    return _finish(model, cfg, st, r, held_out, out, meta, m, calibration)
 
 
 def _finish(model: SparseCoder, cfg: TrainConfig, st: _State, r: dict[str, Any], held_out: list[Tensor],
-            out: Path | None, meta: dict[str, Any] | None, last: dict[str, float] | None) -> SparseCoder:
-    """Fold the normalisation into the weights, evaluate on the held-out rows, save the artifact."""
+            out: Path | None, meta: dict[str, Any] | None, last: dict[str, float] | None,
+            calibration: list[Tensor] | None = None) -> SparseCoder:
+    """Fold the normalisation into the weights, calibrate the threshold on the calibration rows, evaluate on
+    the held-out rows, save the artifact."""
     from .artifact import save_dictionary
 
     model.fold_input_scale(st.scale)
@@ -529,6 +588,17 @@ def _finish(model: SparseCoder, cfg: TrainConfig, st: _State, r: dict[str, Any],
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }
+    if model.spec.uses_threshold:
+        running = float(model.threshold[0])
+        if calibration:
+            theta, n = calibrate_threshold(model, calibration)
+            summary["threshold"] = {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
+                                    "rule": "mean L0 = k on rows never trained on"}
+            log.info("inference threshold %.6g calibrated on %d unseen rows (running estimate %.6g)", theta, n,
+                     running)
+        else:
+            summary["threshold"] = {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
+                                    "rule": "running estimate from training batches"}
     model.training_summary = summary  # before evaluating: kinds may read the folded scale from it (crosscoders)
     if held_out:
         result = evaluate(model, held_out)

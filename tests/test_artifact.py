@@ -31,14 +31,14 @@ def _x(S=1, D=5, n=12):
     return torch.randn(n, D, generator=g) if S == 1 else torch.randn(n, S, D, generator=g)
 
 
-@pytest.mark.parametrize("kind", ["topk", "batchtopk", "relu", "crosscoder"])
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "batchtopk-absolute", "relu", "crosscoder"])
 def test_save_load_round_trip(tmp_path, kind):
     S = 2 if kind == "crosscoder" else 1
     m = _model(kind, S=S)
     save_dictionary(m, tmp_path, extra={"hookpoints": ["h"], "stores": ["runs/s"]})
     back = load_dictionary(tmp_path)
     for name, t in m.state_dict().items():
-        if name != "threshold" or m.spec.uses_threshold:  # the threshold is only part of JumpReLU-style kinds
+        if (name != "threshold" or m.spec.uses_threshold) and (name != "norm_scale" or m.spec.relative):
             assert torch.equal(back.state_dict()[name], t), name
     x = _x(S)
     assert torch.equal(back(x), m(x).detach())
@@ -48,7 +48,7 @@ def test_save_load_round_trip(tmp_path, kind):
 
 def test_schema_and_golden_bytes(tmp_path):
     """The on-disk layout is a contract (DESIGN.md "Dictionary artifact"); a change here must be deliberate."""
-    m = SparseCoder(3, 4, 1, "batchtopk", n_sources=2)
+    m = SparseCoder(3, 4, 1, "batchtopk-absolute", n_sources=2)
     with torch.no_grad():
         for i, p in enumerate([m.W_enc, m.b_enc, m.W_dec, m.b_dec, m.threshold]):
             p.copy_(torch.arange(p.numel(), dtype=torch.float32).view_as(p) / 8 + i)
@@ -60,11 +60,11 @@ def test_schema_and_golden_bytes(tmp_path):
         W_dec = fh.get_tensor("W_dec")
     assert shapes == {"W_enc": [2, 3, 4], "b_enc": [4], "W_dec": [2, 4, 3], "b_dec": [2, 3], "threshold": [4]}
     assert dtypes == {"torch.float32"}
-    assert meta == {"format": "conceptdict-dictionary", "format_version": "1", "kind": "batchtopk"}
+    assert meta == {"format": "conceptdict-dictionary", "format_version": "2", "kind": "batchtopk-absolute"}
     # W_dec[s, j] is latent j's direction in source s
     assert torch.equal(W_dec[1, 2], m.W_dec[2, 3:6].detach())
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg == {"format": "conceptdict-dictionary", "format_version": 1, "kind": "batchtopk", "d_in": 3,
+    assert cfg == {"format": "conceptdict-dictionary", "format_version": 2, "kind": "batchtopk-absolute", "d_in": 3,
                    "n_latents": 4, "k": 1, "n_sources": 2,
                    "normalisation": {"scale_per_source": [1.0, 1.0], "folded_into_weights": True}}
     # safetensors writes its JSON header in hash-map order, so compare the header as JSON and the data bytes exactly
@@ -102,7 +102,7 @@ def test_refusals(tmp_path):
         load_dictionary(tmp_path)
 
 
-@pytest.mark.parametrize("kind,arch", [("topk", "topk"), ("batchtopk", "jumprelu"), ("relu", "standard")])
+@pytest.mark.parametrize("kind,arch", [("topk", "topk"), ("batchtopk-absolute", "jumprelu"), ("relu", "standard")])
 def test_saelens_export_import_round_trip(tmp_path, kind, arch):
     m = _model(kind)
     export_saelens(m, tmp_path, {"model_name": "tiny", "hook_name": "blocks.0.hook_resid_post", "context_size": 16})
@@ -114,12 +114,40 @@ def test_saelens_export_import_round_trip(tmp_path, kind, arch):
     with safe_open(str(tmp_path / "sae_weights.safetensors"), framework="pt") as fh:
         keys = set(fh.keys())
         assert list(fh.get_tensor("W_enc").shape) == [5, 7] and list(fh.get_tensor("W_dec").shape) == [7, 5]
-    assert keys == {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if kind == "batchtopk" else set())
+    assert keys == {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if kind == "batchtopk-absolute" else set())
     back = import_saelens(tmp_path)
     assert back.kind == kind and back.k == m.k
     x = _x()
     assert torch.equal(back.encode(x), m.encode(x).detach())
     assert torch.equal(back(x), m(x).detach())
+
+
+def test_relative_batchtopk_saves_norm_scale_and_refuses_saelens(tmp_path):
+    m = _model("batchtopk")
+    with torch.no_grad():
+        m.threshold.fill_(0.1)
+    m.fold_input_scale(torch.tensor([2.5]))
+    save_dictionary(m, tmp_path / "native")
+    back = load_dictionary(tmp_path / "native")
+    assert back.kind == "batchtopk" and float(back.norm_scale[0]) == 2.5
+    x = _x()
+    assert torch.equal(back.encode(x), m.encode(x).detach())
+    with pytest.raises(ValueError, match="no SAELens equivalent.*--kind batchtopk-absolute"):
+        export_saelens(m, tmp_path / "saelens")
+
+
+def test_version_1_batchtopk_reads_as_the_classical_rule(tmp_path):
+    """Dictionaries saved before format 2 ran BatchTopK's absolute threshold: they must keep doing so."""
+    m = _model("batchtopk-absolute")
+    with torch.no_grad():
+        m.threshold.fill_(0.05)
+    save_dictionary(m, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"format_version": 1, "kind": "batchtopk"}))
+    back = load_dictionary(tmp_path)
+    assert back.kind == "batchtopk-absolute"
+    x = _x()
+    assert torch.equal(back.encode(x), m.encode(x).detach())
 
 
 def test_saelens_import_folds_b_dec_when_not_applied_to_input(tmp_path):

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.unit
 
 CONFIG = {"hookpoints": ["blocks.0.hook_out"], "model": {"id": "tiny-gpt2", "source": "/models/tiny"},
           "stores": ["/stores/tiny"], "training": {"steps": 10, "rows": 640}}
-CASES = [("saelens", "topk"), ("saelens", "batchtopk"), ("saelens", "relu"), ("saelens", "gated"),
-         ("sparsify", "topk"), ("dictionary-learning", "topk"), ("dictionary-learning", "batchtopk"),
+CASES = [("saelens", "topk"), ("saelens", "batchtopk-absolute"), ("saelens", "relu"), ("saelens", "gated"),
+         ("sparsify", "topk"), ("dictionary-learning", "topk"), ("dictionary-learning", "batchtopk-absolute"),
          ("dictionary-learning", "relu"), ("dictionary-learning", "gated")]
 
 
@@ -69,10 +69,12 @@ def test_model_card_lists_the_evals(tmp_path):
 
 def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="sparsify SAEs are single-source TopK"):
-        export_dictionary(_model("batchtopk"), CONFIG, "sparsify", tmp_path / "a")
+        export_dictionary(_model("batchtopk-absolute"), CONFIG, "sparsify", tmp_path / "a")
+    with pytest.raises(ValueError, match="row-relative.*no SAELens equivalent"):
+        export_dictionary(_model("batchtopk"), CONFIG, "saelens", tmp_path / "r")
     with pytest.raises(ValueError, match="no exact dictionary_learning class"):
         export_dictionary(_model("jumprelu"), CONFIG, "dictionary-learning", tmp_path / "b")
-    m = _model("batchtopk")
+    m = _model("batchtopk-absolute")
     with torch.no_grad():
         m.threshold[0] = 0.5
     with pytest.raises(ValueError, match="one scalar threshold"):
@@ -141,8 +143,8 @@ def test_exports_load_in_the_real_libraries(tmp_path):
     if not side.exists():
         pytest.skip("no .venv-interop (see tests/fixtures/foreign/make_fixtures.py for how to make it)")
     dirs = {}
-    for fmt, kind in [("sparsify", "topk"), ("dl-topk", "topk"), ("dl-batchtopk", "batchtopk"), ("dl-relu", "relu"),
-                      ("dl-gated", "gated")]:
+    for fmt, kind in [("sparsify", "topk"), ("dl-topk", "topk"), ("dl-batchtopk", "batchtopk-absolute"),
+                      ("dl-relu", "relu"), ("dl-gated", "gated")]:
         m, root = _model(kind), tmp_path / fmt
         where = export_dictionary(m, CONFIG, "sparsify" if fmt == "sparsify" else "dictionary-learning", root / "d")
         x = torch.randn(32, 12, generator=torch.Generator().manual_seed(3))

@@ -40,7 +40,7 @@ CASES = {
     "sparsify-multi-topk": ("sparsify", "topk", 4, "sparsify-multi-topk/h.0"),
     "dl-autoencoder": ("dictionary-learning", "relu", 1, "dl-autoencoder"),
     "dl-topk": ("dictionary-learning", "topk", 4, "dl-topk"),
-    "dl-batchtopk": ("dictionary-learning", "batchtopk", 4, "dl-batchtopk"),
+    "dl-batchtopk": ("dictionary-learning", "batchtopk-absolute", 4, "dl-batchtopk"),
     "dl-jumprelu": ("dictionary-learning", "jumprelu", 1, "dl-jumprelu"),
     "dl-gated": ("dictionary-learning", "gated", 1, "dl-gated"),
     "gemma-scope": ("gemma-scope", "jumprelu", 1, GEMMA),

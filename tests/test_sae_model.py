@@ -20,7 +20,7 @@ def _model(kind="topk", S=1, D=6, L=10, k=3, seed=0):
     return m
 
 
-@pytest.mark.parametrize("kind", ["topk", "batchtopk", "relu"])
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "batchtopk-absolute", "relu"])
 @pytest.mark.parametrize("S", [1, 2])
 def test_shapes_and_reconstruction(kind, S):
     m = _model(kind, S=S)
@@ -42,8 +42,8 @@ def test_topk_keeps_k_largest_relu_preactivations():
     assert torch.allclose(f.gather(1, top.indices), top.values)
 
 
-def test_batchtopk_inference_is_jumprelu_on_threshold():
-    m = _model("batchtopk")
+def test_batchtopk_absolute_inference_is_jumprelu_on_threshold():
+    m = _model("batchtopk-absolute")
     x = torch.randn(9, 6)
     pre = torch.relu((x - m.b_dec) @ m.W_enc + m.b_enc)
     m.threshold.fill_(float(pre.detach().median()))
@@ -55,8 +55,24 @@ def test_batchtopk_inference_is_jumprelu_on_threshold():
     torch.testing.assert_close(one, f[:1], rtol=1e-6, atol=1e-6)
 
 
+def test_batchtopk_inference_is_relative_to_the_row_norm():
+    """batchtopk: f = s relu(pre / s) where pre / s > theta, with s = |x - b_dec| / sqrt(D); so the code of
+    b_dec + c v is c times the code of b_dec + v (a threshold that scales with the row, bias included)."""
+    m = _model("batchtopk")
+    x = torch.randn(9, 6)
+    s = (x - m.b_dec).norm(dim=1, keepdim=True) / 6 ** 0.5
+    rel = torch.relu(((x - m.b_dec) @ m.W_enc) / s + m.b_enc)
+    m.threshold.fill_(float(rel.detach().median()))
+    f = m.encode(x)
+    torch.testing.assert_close(f, s * rel * (rel > m.threshold))
+    assert 0 < int((f > 0).sum()) < f.numel()
+    v = x - m.b_dec
+    for c in (0.1, 7.0):
+        torch.testing.assert_close(m.encode(m.b_dec + c * v), c * f, rtol=1e-5, atol=1e-6)
+
+
 def test_kind_table_and_refusals():
-    assert {"topk", "batchtopk", "relu"} <= set(KINDS)
+    assert {"topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "gated"} <= set(KINDS)
     with pytest.raises(ValueError, match="unknown dictionary kind 'matryoshka'"):
         SparseCoder(4, 8, 2, "matryoshka")
     with pytest.raises(ValueError, match="k=8 must be at least 1 and below n_latents=8"):
@@ -82,7 +98,7 @@ def test_parallel_gradient_removed_and_rows_renormalised():
     assert torch.allclose(m.W_dec.norm(dim=1), torch.ones(10))
 
 
-@pytest.mark.parametrize("kind", ["topk", "batchtopk", "relu"])
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "batchtopk-absolute", "relu"])
 def test_folding_the_input_scale_gives_the_same_codes_on_raw_inputs(kind):
     S, D = 2, 6
     m = _model(kind, S=S)

@@ -60,7 +60,7 @@ def test_export_loads_in_sae_lens(tmp_path):
     if not in_process and not SIDE_PYTHON.exists():
         pytest.skip("sae_lens is not installed (neither here nor in .venv-saelens)")
     dirs = []
-    for kind in ("topk", "batchtopk", "relu"):
+    for kind in ("topk", "batchtopk-absolute", "relu"):
         m = _model(kind)
         d = tmp_path / kind
         export_dictionary(m, {"model": {"id": "tiny"}, "hookpoints": ["blocks.0.hook_out"]}, "saelens", d)

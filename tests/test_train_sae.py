@@ -11,8 +11,9 @@ import torch
 
 from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
 from conceptdict.saes.kernels import SparseCode
-from conceptdict.saes.train import _State, _update_threshold, aux_loss, default_dead_tokens, lr_at
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+from conceptdict.saes.train import (_State, _update_threshold, aux_loss, calibrate_threshold, default_dead_tokens,
+                                    lr_at)
+from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch, synthetic_batches
 
 pytestmark = pytest.mark.unit
 
@@ -94,10 +95,37 @@ def test_threshold_running_estimate():
     assert torch.all(m.threshold == 4.0)
 
 
-def test_default_dead_window_is_in_tokens():
+def test_default_dead_window_is_in_tokens_and_follows_the_run():
+    # unknown run length: 5000 firing periods (L / k rows) in [100k, 10M]
     assert default_dead_tokens(4096, 32) == 640_000
     assert default_dead_tokens(2**20, 8) == 10_000_000
     assert default_dead_tokens(64, 8) == 100_000
+    # a known run: a tenth of it, at least 50 and at most 5000 periods, at most 10M
+    assert default_dead_tokens(4096, 16, 2_000_000) == 200_000  # the former window (1.28M) never engaged here
+    assert default_dead_tokens(4096, 16, 100_000) == 50 * 256
+    assert default_dead_tokens(4096, 32, 10**9) == 640_000
+    assert default_dead_tokens(2**20, 8, 10**10) == 10_000_000
+
+
+def test_calibrated_threshold_gives_mean_l0_k_on_its_rows():
+    m = SparseCoder(6, 20, 3, "batchtopk")
+    m.reset_parameters(torch.Generator().manual_seed(0))
+    rows = [torch.randn(50, 6, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    theta, n = calibrate_threshold(m, rows, chunk=16)
+    assert n == 150 and theta > 0 and torch.all(m.threshold == theta)
+    l0 = torch.cat([(m.encode(x) > 0).sum(dim=1) for x in rows]).float().mean()
+    assert float(l0) == pytest.approx(3.0)
+
+
+def test_training_calibrates_the_threshold_on_rows_it_never_trained_on():
+    cfg = _cfg(kind="batchtopk", checkpoint_every=0)
+    model = train(cfg, functools.partial(synthetic_batches, SPEC))
+    info = model.training_summary["threshold"]
+    assert info["calibrated_on_rows"] == 2 * SPEC.batch_size
+    calib = [synthetic_batch(SPEC, i) for i in (2, 3)]  # after the 2 eval batches
+    l0 = torch.cat([(model.encode(x) > 0).sum(dim=1) for x in calib]).float().mean()
+    assert float(l0) == pytest.approx(cfg.k)
+    assert model.training_summary["rows"] == (SPEC.n_batches - 4) * SPEC.batch_size
 
 
 def test_auxk_revives_dead_latents():
@@ -156,14 +184,15 @@ def test_resume_gives_bit_identical_weights(tmp_path, kind):
     with pytest.raises(_Crash):
         train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")  # checkpoints at steps 3 and 6 (batches 5, 8)
     ck = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
-    assert ck["step"] == 6 and ck["position"] == 8
+    held = 2 + (2 if kind == "batchtopk" else 0)  # eval_batches, + calibration_batches for a thresholded kind
+    assert ck["step"] == 6 and ck["position"] == held + 6
     resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
     for name, t in full.state_dict().items():
         assert torch.equal(resumed.state_dict()[name], t), name
     strip = lambda p: [{k: v for k, v in json.loads(ln).items() if k != "tok_s"} for ln in p.read_text().splitlines()]
     assert strip(tmp_path / "cut" / "metrics.jsonl") == strip(tmp_path / "full" / "metrics.jsonl")
-    assert [json.loads(ln)["step"] for ln in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()] == [
-        2, 4, 6, 8, 10, 12]
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()] == list(
+        range(2, SPEC.n_batches - held + 1, 2))
 
 
 def test_resume_from_a_plain_iterable(tmp_path):

@@ -33,6 +33,7 @@ def build(kind: str, d_in: int, n_latents: int, k: int | None, tensors: dict[str
     model = SparseCoder(d_in, n_latents, k_, kind)
     state = {name: t.float() for name, t in tensors.items()}
     state.setdefault("threshold", model.threshold)
+    state.setdefault("norm_scale", model.norm_scale)
     with torch.no_grad():
         model.load_state_dict(state)
     return model.eval()

@@ -7,7 +7,7 @@ from ``trainer.dict_class`` (checked against dictionary-learning 0.1.0's ``encod
 - ``AutoEncoderNew``: ``relu(encoder(x))``, ``decoder(f)`` (with bias) -> relu, ``b_dec`` folded into ``b_enc``;
 - ``AutoEncoderTopK``: TopK of ``relu(encoder(x - b_dec))`` -> topk with the stored ``k``;
 - ``BatchTopKSAE`` / ``MatryoshkaBatchTopKSAE``: inference ``relu(pre) * (relu(pre) > threshold)`` with one scalar
-  threshold -> batchtopk (threshold per latent, all equal) with the stored ``k``;
+  threshold -> batchtopk-absolute (threshold per latent, all equal) with the stored ``k``;
 - ``JumpReluAutoEncoder``: ``x @ W_enc + b_enc`` (``b_dec`` not subtracted) -> jumprelu, ``b_dec`` folded;
 - ``GatedAutoEncoder`` -> gated.
 
@@ -80,14 +80,14 @@ def _convert(cls: str, state: dict[str, torch.Tensor], D: int, L: int, path: Pat
         t = {**_linear(state), "b_enc": state["encoder.bias"].float(), "b_dec": state["b_dec"].float()}
         if cls == "BatchTopKSAE":
             t["threshold"] = _scalar_threshold(state, L, path)
-            return "batchtopk", int(state["k"]), t
+            return "batchtopk-absolute", int(state["k"]), t
         return "topk", int(state["k"]), t
     if cls in ("JumpReluAutoEncoder", "MatryoshkaBatchTopKSAE"):
         expect_shapes(path, state, {"W_enc": (D, L), "b_enc": (L,), "W_dec": (L, D), "b_dec": (D,)}, cfg_path)
         t = {n: state[n].float() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
         if cls == "MatryoshkaBatchTopKSAE":
             t["threshold"] = _scalar_threshold(state, L, path)
-            return "batchtopk", int(state["k"]), t
+            return "batchtopk-absolute", int(state["k"]), t
         expect_shapes(path, state, {"threshold": (L,)}, cfg_path)
         t["threshold"] = state["threshold"].float()
         t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]  # apply_b_dec_to_input is False
@@ -128,8 +128,8 @@ def read(directory: Path) -> Loaded:
 
 def write(model: SparseCoder, directory: Path, hookpoint: str | None = None, model_name: str | None = None) -> Path:
     """``ae.pt`` + ``config.json`` that dictionary_learning's classes load with ``load_state_dict``: topk ->
-    AutoEncoderTopK, batchtopk -> BatchTopKSAE (its threshold is one scalar), relu -> AutoEncoder, gated ->
-    GatedAutoEncoder."""
+    AutoEncoderTopK, batchtopk-absolute -> BatchTopKSAE (its threshold is one scalar), relu -> AutoEncoder,
+    gated -> GatedAutoEncoder."""
     from ..artifact import write_json
 
     if model.n_sources != 1:
@@ -137,14 +137,15 @@ def write(model: SparseCoder, directory: Path, hookpoint: str | None = None, mod
     W_enc, W_dec = model.W_enc.detach().float(), model.W_dec.detach().float()
     lin = {"encoder.weight": W_enc.T.contiguous(), "decoder.weight": W_dec.T.contiguous()}
     b_enc, b_dec = model.b_enc.detach().float(), model.b_dec.detach().float()
-    if model.kind in ("topk", "batchtopk"):
-        cls = "AutoEncoderTopK" if model.kind == "topk" else "BatchTopKSAE"
+    if model.kind in ("topk", "batchtopk-absolute"):
+        absolute = model.kind == "batchtopk-absolute"
+        cls = "BatchTopKSAE" if absolute else "AutoEncoderTopK"
         thr = model.threshold.detach().float()
-        if model.kind == "batchtopk" and not torch.all(thr == thr[0]):
+        if absolute and not torch.all(thr == thr[0]):
             raise ValueError("dictionary_learning's BatchTopKSAE has one scalar threshold but this dictionary has "
                              "one per latent; export it as saelens (jumprelu) instead")
         state = {**lin, "encoder.bias": b_enc, "b_dec": b_dec, "k": torch.tensor(model.k, dtype=torch.int),
-                 "threshold": thr[0].clone() if model.kind == "batchtopk" else torch.tensor(-1.0)}
+                 "threshold": thr[0].clone() if absolute else torch.tensor(-1.0)}
     elif model.kind == "relu":
         cls, state = "AutoEncoder", {**lin, "encoder.bias": b_enc, "bias": b_dec}
     elif model.kind == "gated":

@@ -72,7 +72,7 @@ def model_card(model: SparseCoder, config: dict[str, Any], fmt: str, model_name:
     """A Hugging Face style README: what was trained, on what, with which evals, and how to load it."""
     training = config.get("training") or {}
     stores = config.get("stores") or []
-    rule = f"k = {model.k}" if model.kind in ("topk", "batchtopk") else "no fixed k"
+    rule = f"k = {model.k}" if model.kind in ("topk", "batchtopk", "batchtopk-absolute") else "no fixed k"
     lines = [
         "---", f"library_name: {LIBRARY[fmt]}", "tags:", "- sparse-autoencoder", "- conceptdict",
         *([f"base_model: {model_name}"] if model_name and "/" in model_name else []), "---", "",

@@ -10,8 +10,8 @@ folded into ``b_enc`` (``x W + e = (x - b) W + (e + b W)``). ``normalize_activat
 refused when those files are absent; the per-input normalisers (``constant_norm_rescale``, ``layer_norm``)
 make the dictionary non-affine and are refused. Everything is converted to float32.
 
-Written (checked against sae-lens 6.54): TopK -> ``topk`` with ``k``; BatchTopK -> ``jumprelu`` with its
-inference threshold (and ``conceptdict_k`` in the metadata); ReLU -> ``standard``; jumprelu and gated as
+Written (checked against sae-lens 6.54): TopK -> ``topk`` with ``k``; batchtopk-absolute -> ``jumprelu`` with its
+inference threshold (and ``conceptdict_k`` in the metadata; the row-relative ``batchtopk`` is refused); ReLU -> ``standard``; jumprelu and gated as
 themselves. ``metadata.sae_lens_version`` is written so that sae-lens >= 6 keeps our metadata.
 """
 
@@ -36,8 +36,10 @@ SAELENS_VERSION = "6.54.12"
 """Written as ``metadata.sae_lens_version``: the sae-lens release tests/foreign checks the export against."""
 
 ARCH_TO_KIND = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "gated": "gated"}
-KIND_TO_ARCH = {"topk": "topk", "batchtopk": "jumprelu", "relu": "standard", "jumprelu": "jumprelu",
+KIND_TO_ARCH = {"topk": "topk", "batchtopk-absolute": "jumprelu", "relu": "standard", "jumprelu": "jumprelu",
                 "gated": "gated"}
+"""our kind -> SAELens architecture (the classical BatchTopK is saved as the JumpReLU it runs as at inference;
+the row-relative ``batchtopk`` has no SAELens equivalent: its bias and threshold scale with each row's norm)."""
 EXTRA_TENSORS = {"jumprelu": ("threshold",), "gated": ("r_mag", "b_mag")}
 
 
@@ -124,7 +126,8 @@ def read(directory: Path) -> Loaded:
             tensors["b_mag"] = tensors["b_mag"] + shift * torch.exp(tensors["r_mag"])
     kind = ARCH_TO_KIND[arch]
     ours = meta.get("conceptdict_kind")
-    if meta.get("conceptdict_k") and (ours == kind or (arch == "jumprelu" and ours == "batchtopk")):
+    ours = "batchtopk-absolute" if ours == "batchtopk" else ours  # exports before the row-relative rule
+    if meta.get("conceptdict_k") and (ours == kind or (arch == "jumprelu" and ours == "batchtopk-absolute")):
         kind, k = ours, int(meta["conceptdict_k"])  # our own export: the same kind and k come back
     model = build(kind, D, L, k, tensors)
     hook = meta.get("hook_name") or cfg.get("hook_name")
@@ -147,6 +150,10 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     if model.n_sources != 1:
         raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
                          f"artifact with save_dictionary instead")
+    if model.kind == "batchtopk":
+        raise ValueError("kind 'batchtopk' (row-relative: its bias and threshold scale with each row's norm) has no "
+                         "SAELens equivalent; export a topk dictionary, or train with --kind batchtopk-absolute "
+                         "(the classical BatchTopK, which SAELens reads as JumpReLU)")
     if model.kind not in KIND_TO_ARCH:
         raise ValueError(f"kind {model.kind!r} has no SAELens equivalent; exportable kinds: {sorted(KIND_TO_ARCH)}")
     directory.mkdir(parents=True, exist_ok=True)
