@@ -37,6 +37,9 @@ class ImportConfig:
     """The store directory to create."""
     keys: list[str] = field(default_factory=list, metadata={"flag": "key"})
     """Arrays to import as hookpoints (repeatable); default: every floating array in the file."""
+    hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint"})
+    """Hookpoint names for the imported arrays, one per array in the order of --key (or of the file); default:
+    the array names (for a .npy file: the file's stem)."""
     dtype: str | None = None
     """Stored dtype: float32, float16 or bfloat16 (default: the array's own float dtype, else float32)."""
     level: str = "token"
@@ -139,6 +142,18 @@ def _pick(arrays: dict[str, _Array], keys: list[str], path: Path) -> tuple[list[
     return chosen, labels, n
 
 
+def _hookpoint_names(chosen: list[str], names: list[str], path: Path) -> dict[str, str]:
+    """array name -> hookpoint name (the array's own name unless --hookpoint gives one per array)."""
+    if not names:
+        return {k: k for k in chosen}
+    if len(names) != len(chosen):
+        raise ValueError(f"{len(names)} --hookpoint names {names} for {len(chosen)} arrays {chosen} of {path}; give "
+                         f"one name per imported array (select arrays with --key)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--hookpoint names {names} repeat a name; each array needs its own hookpoint")
+    return dict(zip(chosen, names))
+
+
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(n, start + size)
@@ -153,7 +168,8 @@ def import_array(cfg: ImportConfig) -> Path:
     with ExitStack() as stack:
         arrays = _open_arrays(path, stack)
         chosen, label_keys, n = _pick(arrays, cfg.keys, path)
-        dims = {k: math.prod(arrays[k].shape[1:]) for k in chosen}
+        names = _hookpoint_names(chosen, cfg.hookpoints, path)
+        dims = {names[k]: math.prod(arrays[k].shape[1:]) for k in chosen}
         dtype = cfg.dtype or _default_dtype(arrays[chosen[0]].dtype)
         labels = {k: _as_torch(arrays[k].read(0, n)).tolist() for k in label_keys}
         manifest = st.new_manifest(level=cfg.level, hookpoints=dims, dtype=dtype,
@@ -162,7 +178,7 @@ def import_array(cfg: ImportConfig) -> Path:
                                    config={"array": str(path), "keys": chosen, "dtype": dtype})
         writer = ShardWriter(out, manifest, cfg.shard_rows)
         for a, b in _chunks(n, cfg.chunk_rows):
-            rows = {k: _as_torch(arrays[k].read(a, b)).reshape(b - a, dims[k]) for k in chosen}
+            rows = {names[k]: _as_torch(arrays[k].read(a, b)).reshape(b - a, dims[names[k]]) for k in chosen}
             rows["tokens"] = torch.full((b - a,), -1, dtype=torch.int32)
             rows["context_index"] = torch.arange(a, b, dtype=torch.int64)
             rows["position"] = torch.full((b - a,), -1, dtype=torch.int32)

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,6 +27,8 @@ HELP = "diff two models: crosscoder over both models' activations, per-latent De
 DIFF_FORMAT = "conceptdict-diff"
 DIFF_VERSION = 1
 TRAIN_SKIP = ("d_in",)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,7 +42,10 @@ class DiffConfig:
     stores: list[Path] = field(default_factory=list, metadata={"flag": "store"})
     """Instead of --model: two activation stores of A and B cached over the same tokens."""
     hookpoint: str | None = None
-    """Hookpoint to diff (required with --model; with --store, default: the one hookpoint both stores hold)."""
+    """Hookpoint to diff (required with --model; with --store, default: the one hookpoint both stores hold, or
+    each store's only hookpoint when their names differ)."""
+    hookpoint_b: str | None = None
+    """With --store: store B's name for the hookpoint when it differs from A's (--hookpoint names A's)."""
     dataset: str = "stdlib-docstrings"
     """With --model: dataset to cache (stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, a hub name)."""
     text_column: str = "text"
@@ -122,11 +128,30 @@ def pick_hookpoint(stores, wanted: str | None) -> str:
     if wanted is not None:
         if wanted not in common:
             raise ValueError(f"hookpoint {wanted!r} is not in both stores (common hookpoints: {common}); "
-                             f"pick one of those with --hookpoint")
+                             f"pick one of those with --hookpoint, or name store B's with --hookpoint-b "
+                             f"(B has {stores[1].hookpoints})")
         return wanted
     if len(common) != 1:
         raise ValueError(f"the stores share hookpoints {common}; choose one with --hookpoint")
     return common[0]
+
+
+def pair_hookpoints(stores, wanted: str | None, wanted_b: str | None):
+    """(stores, A's hookpoint, B's hookpoint): store B read under A's hookpoint name when the two name it
+    differently (given with --hookpoint-b, or each store's only hookpoint), else :func:`pick_hookpoint`."""
+    from conceptdict.activations.views import RenamedHookpoint
+
+    a, b = stores
+    if wanted_b is None and wanted is None and len(a.hookpoints) == len(b.hookpoints) == 1 \
+            and a.hookpoints != b.hookpoints:
+        wanted, wanted_b = a.hookpoints[0], b.hookpoints[0]
+        log.info("pairing hookpoint %r of %s with %r of %s", wanted, a.path, wanted_b, b.path)
+    if wanted_b is None or wanted_b == wanted:
+        hookpoint = pick_hookpoint(stores, wanted)
+        return stores, hookpoint, hookpoint
+    if wanted is None or wanted not in a.hookpoints:
+        raise ValueError(f"--hookpoint-b needs --hookpoint naming store A's hookpoint; {a.path} has {a.hookpoints}")
+    return [a, RenamedHookpoint(b, wanted_b, wanted)], wanted, wanted_b
 
 
 # --------------------------------------------------------------------------- outputs
@@ -187,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device or "auto"))
     paths = cache_both(cfg, device) if cfg.models else list(cfg.stores)
     stores = [ActivationStore(p) for p in paths]
-    hookpoint = pick_hookpoint(stores, cfg.hookpoint)
+    stores, hookpoint, hookpoint_b = pair_hookpoints(stores, cfg.hookpoint, cfg.hookpoint_b)
     tcfg = _train_config(args, stores[0].d_in(hookpoint))
     write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
                           "diff_config.json")
@@ -198,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
                               holdout_batches=heldout_batch_count(tcfg))
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
-    meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources}
+    meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources,
+            "store_hookpoints": [hookpoint, hookpoint_b]}
     model = train(tcfg, batches, out=cfg.out / "crosscoder",
                   meta=meta, source=f"stores {', '.join(str(p) for p in paths)}, hookpoint {hookpoint}")
     rows = min(cfg.scaling_tokens, stores[0].num_rows)

@@ -50,7 +50,8 @@ class EvalConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sae_dir", type=Path, help="dictionary directory written by `conceptdict train`")
+    parser.add_argument("sae_dir", type=Path, help="dictionary: a directory in any format saes.formats reads "
+                        "(conceptdict, SAELens, sparsify, dictionary_learning, Gemma Scope) or hf:REPO[/SUBDIR][@REV]")
     parser.add_argument("--config", type=Path, default=None, help="JSON config file (flags override it)")
     from conceptdict.cli.args import add_dataclass_args
 
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _open(sae_dir: Path, cfg: EvalConfig):
     """(model, store, hookpoint, dictionary config) with the widths checked."""
     from conceptdict.activations import ActivationStore
-    from conceptdict.saes import load_dictionary, load_dictionary_config
+    from conceptdict.saes import load_dictionary, load_dictionary_config, match_hookpoint
 
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
@@ -71,7 +72,11 @@ def _open(sae_dir: Path, cfg: EvalConfig):
     if store_path is None:
         raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
     store = ActivationStore(store_path)
+    if config.get("transcoder"):
+        raise ValueError(f"{sae_dir} is a transcoder: its decoder predicts another hookpoint's output, so "
+                         f"reconstruction metrics against its input would be wrong; name it or use it in a cbm")
     hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
+    hookpoint = match_hookpoint(hookpoint, store.hookpoints) or hookpoint if hookpoint else None
     if hookpoint is None or hookpoint not in store.hookpoints:
         raise ValueError(f"hookpoint {hookpoint!r} is not in store {store_path} (it holds {store.hookpoints}); "
                          f"pass --hookpoint")
@@ -160,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
         batches, rows_from = _batches(store, hookpoint, cfg.rows, cfg.batch_size), "the first rows of the store"
     result = evaluate(sae, batches)
     result = _splice(result, sae, store, hookpoint, cfg)
+    if cfg.out is None and str(args.sae_dir).startswith("hf:"):
+        raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into "
+                         f"the cache)")
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,

@@ -1,9 +1,11 @@
-"""``conceptdict export DICT_DIR|SAE_DIR --format json|saelens|html --out DIR``.
+"""``conceptdict export DICT_DIR|SAE_DIR --format FORMAT --out DIR``.
 
 - ``json``: the concept dictionary (concepts.json + concepts.safetensors) of a DICT_DIR;
 - ``html``: the static report of a DICT_DIR (with ``--cbm CBM_DIR``: plus the CBM pages);
-- ``saelens``: SAELens ``cfg.json`` + ``sae_weights.safetensors`` of an SAE_DIR (or of the dictionary a
-  DICT_DIR was named from).
+- ``neuronpedia``: the files Neuronpedia imports for one source (``naming.neuronpedia``) of a DICT_DIR;
+- ``saelens`` / ``sparsify`` / ``dictionary-learning``: the dictionary of an SAE_DIR (any format
+  ``saes.formats`` reads, or the one a DICT_DIR was named from) in that library's layout, with a model-card
+  README.md (``saes.formats.export``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Literal
 
 from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config
 
-HELP = "export a concept dictionary (json, html report) or a dictionary (SAELens layout)"
+HELP = ("export a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify, "
+        "dictionary_learning layouts)")
+DICTIONARY_FORMATS = ("saelens", "sparsify", "dictionary-learning")
 
 
 @dataclass
@@ -24,12 +28,21 @@ class ExportConfig:
 
     out: Path | None = None
     """Output directory."""
-    format: Literal["json", "saelens", "html"] = "html"
-    """json (concepts.json + concepts.safetensors), saelens (cfg.json + sae_weights.safetensors) or html."""
+    format: Literal["json", "html", "neuronpedia", "saelens", "sparsify", "dictionary-learning"] = "html"
+    """json (concepts.json + concepts.safetensors), html, neuronpedia (Neuronpedia's import files), or a
+    dictionary layout: saelens, sparsify, dictionary-learning (each with a README.md model card)."""
     cbm: Path | None = None
     """html only: a CBM directory whose pages are added to the report."""
     per_page: int = 200
     """html only: concept cards per page."""
+    neuronpedia_model: str | None = None
+    """neuronpedia only: the Neuronpedia model id; default: the last part of the recorded model name."""
+    source_set: str = "conceptdict"
+    """neuronpedia only: the source set name (the source id is LAYER-SOURCE_SET)."""
+    creator: str = "conceptdict"
+    """neuronpedia only: creator name and id the records are filed under."""
+    device: str = "cpu"
+    """neuronpedia only: device for re-encoding the top examples."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,22 +50,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, ExportConfig)
 
 
-def _saelens(source: Path, out: Path) -> Path:
-    from conceptdict.naming import is_concept_dir, load_concepts
-    from conceptdict.saes import export_saelens, load_dictionary, load_dictionary_config
+def _dictionary(source: Path, fmt: str, out: Path) -> Path:
+    import json
 
-    meta: dict = {}
+    from conceptdict.naming import is_concept_dir, load_concepts
+    from conceptdict.saes import open_dictionary
+    from conceptdict.saes.formats.export import export_dictionary
+
+    names: dict = {}
     if is_concept_dir(source):
         cd = load_concepts(source)
         if not cd.meta.get("sae_dir"):
-            raise ConfigError(f"{source} records no sae_dir; pass the SAE_DIR itself to --format saelens")
-        meta = {"model_name": cd.meta.get("model"), "hook_name": cd.meta.get("hookpoint")}
+            raise ConfigError(f"{source} records no sae_dir; pass the SAE_DIR itself to --format {fmt}")
+        names = {"model_name": cd.meta.get("model"), "hookpoint": cd.meta.get("hookpoint")}
         source = Path(cd.meta["sae_dir"])
-    config = load_dictionary_config(source)
-    meta.setdefault("model_name", config.get("model"))
-    hook = config.get("hookpoints") or config.get("hookpoint")
-    meta.setdefault("hook_name", hook[0] if isinstance(hook, list) and hook else hook)
-    return export_saelens(load_dictionary(source), out, {k: v for k, v in meta.items() if v is not None})
+    model, config = open_dictionary(source)
+    eval_json = source / "eval.json"
+    evals = json.loads(eval_json.read_text()) if eval_json.exists() else None
+    return export_dictionary(model, config, fmt, out, evals=evals, **names)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,13 +77,20 @@ def run(args: argparse.Namespace) -> int:
     if cfg.out is None:
         raise ConfigError("conceptdict export needs --out DIR")
     source = Path(args.source)
-    if cfg.format == "saelens":
-        out = _saelens(source, cfg.out)
-        print(f"SAELens dictionary: {out}/cfg.json, {out}/sae_weights.safetensors")
+    if cfg.format in DICTIONARY_FORMATS:
+        out = _dictionary(source, cfg.format, cfg.out)
+        print(f"{cfg.format} dictionary: {out} (model card: {cfg.out}/README.md)")
         return 0
     if not is_concept_dir(source):
         raise ConfigError(f"{source} is not a concept dictionary (no concepts.json); run `conceptdict name` first, "
-                          "or use --format saelens for an SAE_DIR")  # fmt: skip
+                          f"or use --format {'|'.join(DICTIONARY_FORMATS)} for an SAE_DIR")  # fmt: skip
+    if cfg.format == "neuronpedia":
+        from conceptdict.naming.neuronpedia import NeuronpediaConfig, export_neuronpedia
+
+        np_cfg = NeuronpediaConfig(model_id=cfg.neuronpedia_model, source_set=cfg.source_set, creator=cfg.creator)
+        where = export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device)
+        print(f"Neuronpedia export: {where} (features/, activations/, explanations/ + source records)")
+        return 0
     cd = load_concepts(source)
     if cfg.format == "json":
         save_concepts(cd, cfg.out)

@@ -14,7 +14,8 @@ HELP = "name every latent of a dictionary and write the concept dictionary (conc
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conceptdict.naming import NameConfig
 
-    parser.add_argument("sae_dir", type=Path, help="dictionary directory written by `conceptdict train`")
+    parser.add_argument("sae_dir", type=Path, help="dictionary: a directory in any format saes.formats reads "
+                        "(conceptdict, SAELens, sparsify, dictionary_learning, Gemma Scope) or hf:REPO[/SUBDIR][@REV]")
     parser.add_argument("--config", type=Path, default=None, help="JSON config file (flags override it)")
     add_dataclass_args(parser, NameConfig)
 

@@ -93,9 +93,12 @@ def resolve_hookpoint(store: Store, hookpoint: str | None) -> str:
         if len(store.hookpoints) != 1:
             raise ValueError(f"store {store.path} has hookpoints {store.hookpoints}; pick one with --hookpoint")
         return store.hookpoints[0]
-    if hookpoint not in store.hookpoints:
+    from conceptdict.saes import match_hookpoint  # the same tensor under another spelling (saes.formats)
+
+    found = match_hookpoint(hookpoint, store.hookpoints)
+    if found is None:
         raise ValueError(f"hookpoint {hookpoint!r} is not in store {store.path}; it has {store.hookpoints}")
-    return hookpoint
+    return found
 
 
 def _model_loader(name: str | None, device: str) -> Callable[[], Any]:

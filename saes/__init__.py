@@ -3,18 +3,21 @@
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
 
-from .artifact import export_saelens, import_saelens, load_dictionary, load_dictionary_config, save_dictionary
+from .artifact import save_dictionary
 from .evaluation import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
 from .comm import LOCAL, Comm, LocalComm
 from .training import TrainConfig, train
+from .formats import (FormatError, export_saelens, import_saelens, load_dictionary, load_dictionary_config,
+                      match_hookpoint, open_dictionary)
 
 from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
 
 __all__ = [
-    "KINDS", "LOCAL", "Comm", "EvalResult", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink", "NullSink",
-    "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens", "format_table",
-    "import_saelens", "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config", "save_dictionary", "train",
+    "KINDS", "LOCAL", "Comm", "EvalResult", "FormatError", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink",
+    "NullSink", "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens",
+    "format_table", "import_saelens", "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config",
+    "match_hookpoint", "open_dictionary", "save_dictionary", "train",
     "with_splice_scores",
 ]

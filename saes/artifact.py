@@ -1,4 +1,4 @@
-"""Dictionary artifacts on disk: the native layout (DESIGN.md "Dictionary artifact") and the SAELens layout.
+"""Dictionary artifacts on disk: the native layout (DESIGN.md "Dictionary artifact").
 
 Native: ``config.json`` + ``weights.safetensors`` with ``W_enc [D, L]``, ``b_enc [L]``, ``W_dec [L, D]``,
 ``b_dec [D]`` (+ ``threshold [L]`` for kinds with a JumpReLU inference rule); with S > 1 sources the encoder
@@ -6,9 +6,8 @@ and decoder carry a leading sources axis: ``W_enc [S, D, L]``, ``W_dec [S, L, D]
 Weights are always in raw activation units (any training normalisation is folded in; its constants are
 recorded in config.json). Configuration is read from config.json, never inferred from tensor names.
 
-SAELens: ``cfg.json`` + ``sae_weights.safetensors`` as SAELens 6.x reads them (checked against sae-lens
-6.54's ``SAEConfig`` / ``TopKSAEConfig`` / ``JumpReLUSAE``): TopK -> ``architecture: topk`` with ``k``;
-BatchTopK -> ``jumprelu`` with its inference ``threshold`` per latent; ReLU -> ``standard``.
+Other libraries' layouts (SAELens, sparsify, dictionary_learning, Gemma Scope) are read and written by
+``saes.formats``, whose ``load_dictionary`` is the loader every command uses.
 """
 
 from __future__ import annotations
@@ -19,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .model import SparseCoder, kind_spec
+from .model import SparseCoder
 
 FORMAT = "conceptdict-dictionary"
 FORMAT_VERSION = 2
@@ -30,18 +28,16 @@ FORMAT_VERSION = 2
 (the classical rule) reads as ``batchtopk-absolute``."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
-SAELENS_CONFIG = "cfg.json"
-SAELENS_WEIGHTS = "sae_weights.safetensors"
 CORE_KEYS = ("format", "format_version", "kind", "d_in", "n_latents", "k", "n_sources")
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
     os.replace(tmp, path)
@@ -59,6 +55,7 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
         out["threshold"] = model.threshold
     if model.spec.relative:
         out["norm_scale"] = model.norm_scale
+    out.update({name: getattr(model, name) for name in model.spec.buffers})
     return {k: v.detach() for k, v in out.items()}
 
 
@@ -82,12 +79,12 @@ def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, 
         config["training"] = summary
     config.update(extra)
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
-    _save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
-    _write_json(directory / CONFIG_FILE, config)
+    save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
+    write_json(directory / CONFIG_FILE, config)
     return directory
 
 
-def load_dictionary_config(directory: str | Path) -> dict[str, Any]:
+def load_native_config(directory: str | Path) -> dict[str, Any]:
     """The config.json of a saved dictionary (kind, shapes, hookpoints, stores, training summary, ...)."""
     path = Path(directory) / CONFIG_FILE
     if not path.exists():
@@ -95,8 +92,8 @@ def load_dictionary_config(directory: str | Path) -> dict[str, Any]:
                                 f"(train one with `conceptdict train --out DIR`)")
     config = json.loads(path.read_text())
     if config.get("format") != FORMAT:
-        raise ValueError(f"{path} has format {config.get('format')!r}, expected {FORMAT!r}; "
-                         f"for a SAELens directory use import_saelens")
+        raise ValueError(f"{path} has format {config.get('format')!r}, expected {FORMAT!r}; other libraries' "
+                         f"dictionaries are read by conceptdict.saes.load_dictionary")
     if int(config.get("format_version", 0)) > FORMAT_VERSION:
         raise ValueError(f"{path} has format_version {config['format_version']} but this conceptdict reads up "
                          f"to {FORMAT_VERSION}; upgrade conceptdict")
@@ -110,16 +107,20 @@ def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], where: Path) -> 
     return t
 
 
-def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -> SparseCoder:
+def load_native(directory: str | Path, device: str | torch.device = "cpu") -> SparseCoder:
     """A dictionary saved by :func:`save_dictionary` (config.json decides kind and shapes)."""
+    from .formats.files import read_safetensors
+
     directory = Path(directory)
-    cfg = load_dictionary_config(directory)
+    cfg = load_native_config(directory)
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
     kind = "batchtopk-absolute" if cfg["kind"] == "batchtopk" and int(cfg.get("format_version", 1)) < 2 else cfg["kind"]
     model = SparseCoder(D, L, k, kind, n_sources=S)
     path = directory / WEIGHTS_FILE
-    with safe_open(str(path), framework="pt") as fh:
-        t = {name: fh.get_tensor(name) for name in fh.keys()}
+    t = read_safetensors(path)
+    missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers} - set(t))
+    if missing:
+        raise ValueError(f"{path} lacks tensors {missing} that a {cfg['kind']} dictionary needs; re-save it")
     lead = (S,) if S > 1 else ()
     W_enc = _expect("W_enc", t["W_enc"], (*lead, D, L), path).reshape(S * D, L)
     W_dec = _expect("W_dec", t["W_dec"], (*lead, L, D), path)
@@ -135,81 +136,8 @@ def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -
             raise ValueError(f"{path}: kind {kind!r} needs the tensor norm_scale, which is missing; re-save the "
                              f"dictionary with this conceptdict")
         _expect("norm_scale", state["norm_scale"], (S,), path)
+    state.update({name: _expect(name, t[name], (L,), path) for name in model.spec.buffers})
     model.load_state_dict(state)
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
 
-
-# -- SAELens ----------------------------------------------------------------------------------
-
-SAELENS_ARCH = {"topk": "topk", "batchtopk-absolute": "jumprelu", "relu": "standard"}
-"""our kind -> SAELens architecture (the classical BatchTopK is saved as the JumpReLU it runs as at inference;
-the row-relative ``batchtopk`` has no SAELens equivalent: its bias and threshold scale with each row's norm)."""
-
-
-def export_saelens(model: SparseCoder, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
-    """Write ``cfg.json`` + ``sae_weights.safetensors`` that ``sae_lens.SAE.load_from_disk`` reads.
-
-    ``meta`` fills SAELens ``metadata`` (model_name, hook_name, context_size, prepend_bos, dataset_path, ...)."""
-    if model.n_sources != 1:
-        raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
-                         f"artifact with save_dictionary instead")
-    if model.kind == "batchtopk":
-        raise ValueError("kind 'batchtopk' (row-relative: its bias and threshold scale with each row's norm) has no "
-                         "SAELens equivalent; export a topk dictionary, or train with --kind batchtopk-absolute "
-                         "(the classical BatchTopK, which SAELens reads as JumpReLU)")
-    if model.kind not in SAELENS_ARCH:
-        raise ValueError(f"kind {model.kind!r} has no SAELens equivalent; exportable kinds: {sorted(SAELENS_ARCH)}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"model_name": None, "hook_name": None, "hook_head_index": None, "context_size": None,
-                "prepend_bos": True, "dataset_path": None, "exported_by": "conceptdict",
-                "conceptdict_kind": model.kind, "conceptdict_k": model.k}
-    metadata.update(meta or {})
-    cfg: dict[str, Any] = {
-        "architecture": SAELENS_ARCH[model.kind], "d_in": model.d_in, "d_sae": model.n_latents,
-        "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
-        "reshape_activations": "none", "metadata": metadata,
-    }
-    if model.kind == "topk":
-        cfg.update(k=model.k, rescale_acts_by_decoder_norm=False)
-    tensors = {"W_enc": model.W_enc, "b_enc": model.b_enc, "W_dec": model.W_dec, "b_dec": model.b_dec}
-    if model.kind == "batchtopk-absolute":
-        tensors["threshold"] = model.threshold
-    _save_tensors(directory / SAELENS_WEIGHTS, {k: v.float() for k, v in tensors.items()}, {})
-    _write_json(directory / SAELENS_CONFIG, cfg)
-    return directory
-
-
-def import_saelens(directory: str | Path) -> SparseCoder:
-    """Read a SAELens directory (topk, jumprelu, standard) into a SparseCoder.
-
-    A ``jumprelu`` SAE becomes kind batchtopk-absolute (same inference rule; k from our export's metadata, else
-    the rounded mean L0 is unknown and k = 1 is recorded). ``apply_b_dec_to_input: false`` is folded
-    into b_enc exactly. Other normalisations are refused (their constants are not in the files)."""
-    directory = Path(directory)
-    path = directory / SAELENS_CONFIG
-    if not path.exists():
-        raise FileNotFoundError(f"{directory} holds no {SAELENS_CONFIG}: not a SAELens directory")
-    cfg = json.loads(path.read_text())
-    arch = cfg.get("architecture", "standard")
-    kinds = {v: k for k, v in SAELENS_ARCH.items()}
-    if arch not in kinds:
-        raise ValueError(f"{path}: SAELens architecture {arch!r} is not supported; supported: {sorted(kinds)}")
-    if cfg.get("normalize_activations", "none") != "none":
-        raise ValueError(f"{path}: normalize_activations={cfg['normalize_activations']!r} needs run-time "
-                         f"constants SAELens does not save; only 'none' can be imported")
-    D, L = int(cfg["d_in"]), int(cfg["d_sae"])
-    meta = cfg.get("metadata") or {}
-    k = int(cfg["k"]) if arch == "topk" else int(meta.get("conceptdict_k") or 1)
-    model = SparseCoder(D, L, k, kinds[arch])
-    with safe_open(str(directory / SAELENS_WEIGHTS), framework="pt") as fh:
-        t = {name: fh.get_tensor(name).float() for name in fh.keys()}
-    state = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"],
-             "threshold": t.get("threshold", model.threshold), "norm_scale": model.norm_scale}
-    if not cfg.get("apply_b_dec_to_input", True):
-        state["b_enc"] = state["b_enc"] + state["b_dec"] @ state["W_enc"]
-    model.load_state_dict(state)
-    model.saelens_metadata = meta
-    kind_spec(model.kind)
-    return model.eval()

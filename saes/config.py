@@ -96,7 +96,8 @@ class TrainConfig:
     """Expected input width D per source; None: taken from the data."""
 
     def __post_init__(self) -> None:
-        kind_spec(self.kind)
+        if not kind_spec(self.kind).trainable:
+            raise ValueError(f"kind {self.kind!r} is imported for inference only; train topk, batchtopk or relu")
         if self.latents < 1:
             raise ValueError(f"latents={self.latents} must be at least 1")
         if not 1 <= self.k < self.latents:

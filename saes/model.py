@@ -56,6 +56,8 @@ class KindSpec:
     relative: bool = False
     """Whether codes and the threshold are relative to each row's centred norm (:func:`row_scale`); such a
     model keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""
+    buffers: tuple[str, ...] = ()
+    """Extra per-latent buffers [L] the inference rule reads (saved with the weights), e.g. gated's r_mag, b_mag."""
 
 
 def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -187,6 +189,17 @@ def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     return acts * (acts > model.threshold)
 
 
+def _gated_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """Gated SAE (Rajamanoharan et al. 2024): the gate ``(x - b_dec) W_enc + b_enc > 0`` picks the latents, the
+    magnitude path ``(x - b_dec) W_enc * exp(r_mag) + b_mag`` (shared encoder directions) gives their values."""
+    z = (x - model.b_dec) @ model.W_enc
+    return (z + model.b_enc > 0) * torch.relu(z * torch.exp(model.r_mag) + model.b_mag)
+
+
+def _not_trainable(model: "SparseCoder", x: Tensor, *_: object, **__: object) -> TrainOutput:
+    raise ValueError(f"kind {model.kind!r} is imported for inference only; train topk, batchtopk or relu instead")
+
+
 def _relu_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
     acts = torch.relu(_pre(model, x))
     x_hat = acts @ model.W_dec + model.b_dec
@@ -210,6 +223,11 @@ KINDS: dict[str, KindSpec] = {
     "batchtopk-absolute": KindSpec(_absolute_train, _jumprelu_encode, uses_aux=True, uses_threshold=True,
                                    scores=_jumprelu_scores),
     "relu": KindSpec(_relu_train, _relu_encode, uses_aux=False, uses_threshold=False),
+    # imported from other libraries (saes/formats): JumpReLU with a learned per-latent threshold, and gated SAEs
+    "jumprelu": KindSpec(_not_trainable, _jumprelu_encode, uses_aux=False, uses_threshold=True, trainable=False,
+                         scores=_jumprelu_scores),
+    "gated": KindSpec(_not_trainable, _gated_encode, uses_aux=False, uses_threshold=False, trainable=False,
+                      buffers=("r_mag", "b_mag")),
 }
 """kind name -> KindSpec. Other stages may register kinds here (e.g. a crosscoder ranking)."""
 
@@ -251,6 +269,8 @@ class SparseCoder(nn.Module):
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
         self.register_buffer("threshold", torch.full((n_latents,), -1.0, **kw))
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
+        for name in self.spec.buffers:
+            self.register_buffer(name, torch.zeros(n_latents, **kw))
         self.reset_parameters()
 
     @property

@@ -1,8 +1,9 @@
 """The SAELens export loads in the real sae-lens and gives the same codes and reconstructions.
 
-Runs in-process when ``sae_lens`` is importable, else through ``.venv-saelens/bin/python`` when that
-git-ignored side environment exists (``python -m venv .venv-saelens && .venv-saelens/bin/pip install
-torch==2.13.0 sae-lens``); skipped otherwise.
+Runs in-process when ``sae_lens`` is importable, else through ``.venv-interop/bin/python`` (or
+``.venv-saelens``) when that git-ignored side environment exists (tests/fixtures/foreign/make_fixtures.py says
+how to make it); skipped otherwise. Also checks that sae-lens keeps our metadata (``hook_name``,
+``model_name``, ``get_name()``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conceptdict.saes import SparseCoder, export_saelens
+from conceptdict.saes import SparseCoder
+from conceptdict.saes.formats.export import export_dictionary
 
 pytestmark = pytest.mark.slow  # importing sae-lens alone takes tens of seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDE_PYTHON = ROOT / ".venv-saelens" / "bin" / "python"
+SIDE_PYTHON = next((p for p in (ROOT / ".venv-interop" / "bin" / "python", ROOT / ".venv-saelens" / "bin" / "python")
+                    if p.exists()), ROOT / ".venv-interop" / "bin" / "python")
 
 CHECK = r"""
 import json, sys, torch
@@ -36,7 +39,8 @@ for d in sys.argv[2:]:
         f = sae.encode(t["x"])
         x_hat = sae.decode(f)
     out[d] = {"arch": sae.cfg.architecture(), "codes": float((f - t["f"]).abs().max()),
-              "recon": float((x_hat - t["x_hat"]).abs().max())}
+              "recon": float((x_hat - t["x_hat"]).abs().max()), "hook_name": sae.cfg.metadata.hook_name,
+              "model_name": sae.cfg.metadata.model_name, "name": sae.get_name()}
 json.dump(out, open(sys.argv[1], "w"))
 """
 
@@ -59,7 +63,7 @@ def test_export_loads_in_sae_lens(tmp_path):
     for kind in ("topk", "batchtopk-absolute", "relu"):
         m = _model(kind)
         d = tmp_path / kind
-        export_saelens(m, d, {"model_name": "tiny", "hook_name": "blocks.0.hook_resid_post"})
+        export_dictionary(m, {"model": {"id": "tiny"}, "hookpoints": ["blocks.0.hook_out"]}, "saelens", d)
         x = torch.randn(64, 12, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             f = m.encode(x)
@@ -73,3 +77,5 @@ def test_export_loads_in_sae_lens(tmp_path):
     assert [got[d]["arch"] for d in dirs] == ["topk", "jumprelu", "standard"]
     for d in dirs:
         assert got[d]["codes"] < 1e-5 and got[d]["recon"] < 1e-5, (d, got[d])
+        assert (got[d]["hook_name"], got[d]["model_name"]) == ("blocks.0.hook_resid_post", "tiny")
+        assert got[d]["name"] == "sae_tiny_blocks.0.hook_resid_post_40"

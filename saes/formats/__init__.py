@@ -1,0 +1,96 @@
+"""One loader for every dictionary a command is given: this project's own and other libraries'.
+
+:func:`open_dictionary` recognises, by the files present and their headers, in this order:
+
+- ``conceptdict``: ``config.json`` with ``format: conceptdict-dictionary`` + ``weights.safetensors``;
+- ``saelens``: ``cfg.json`` with ``d_sae`` + ``sae_weights.safetensors`` (``saes.formats.saelens``);
+- ``sparsify``: ``cfg.json`` + ``sae.safetensors`` (``saes.formats.sparsify``);
+- ``dictionary-learning``: ``ae.pt`` + ``config.json`` (``saes.formats.dictlearn``);
+- ``gemma-scope``: ``params.npz`` (``saes.formats.gemmascope``);
+
+and ``hf:REPO[/SUBDIR][@REVISION]`` names (``saes.formats.hub``). A directory whose only recognisable content
+is one subfolder per hookpoint (sparsify's and SAELens releases' layout) is read when there is exactly one such
+subfolder, and otherwise the error lists them. Foreign dictionaries come back with a config shaped like the
+native ``config.json`` whose ``hookpoints`` holds this project's name for the foreign hookpoint
+(``saes.formats.hookpoints``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from . import dictlearn, gemmascope, hub, native, saelens, sparsify
+from .common import Loaded
+from .files import FormatError
+from .hookpoints import match_hookpoint
+
+FORMATS: dict[str, ModuleType] = {"conceptdict": native, "saelens": saelens, "sparsify": sparsify,
+                                  "dictionary-learning": dictlearn, "gemma-scope": gemmascope}
+"""format name -> module with ``NEEDS`` (what it reads), ``matches(dir) -> bool`` and ``read(dir) -> Loaded``."""
+
+
+def detect_format(directory: Path) -> str | None:
+    """The name of the first format whose files are in ``directory``, else None."""
+    return next((name for name, fmt in FORMATS.items() if fmt.matches(directory)), None)
+
+
+def _unknown(directory: Path) -> FormatError:
+    tried = "; ".join(f"{name} needs {fmt.NEEDS}" for name, fmt in FORMATS.items())
+    present = sorted(p.name for p in directory.iterdir())[:12] if directory.is_dir() else []
+    return FormatError(f"{directory} is not a dictionary in any format conceptdict reads (it holds {present}). "
+                       f"Tried: {tried}")
+
+
+def locate(source: str | Path) -> tuple[Path, str]:
+    """(directory, format) of ``source``: a hub name is resolved first; one recognisable subfolder is entered."""
+    directory = hub.resolve(str(source)) if hub.is_hub_name(source) else Path(source)
+    if not directory.exists():
+        raise FileNotFoundError(f"{directory} does not exist: pass a dictionary directory (or hf:REPO[/SUBDIR])")
+    fmt = detect_format(directory)
+    if fmt is not None:
+        return directory, fmt
+    subs = sorted(p for p in directory.iterdir() if p.is_dir() and detect_format(p)) if directory.is_dir() else []
+    if len(subs) == 1:
+        return subs[0], detect_format(subs[0])  # type: ignore[return-value]
+    if subs:
+        raise FormatError(f"{directory} holds {len(subs)} dictionaries, one per hookpoint: "
+                          f"{', '.join(str(p) for p in subs[:8])}{' ...' if len(subs) > 8 else ''}; pass one of them")
+    raise _unknown(directory)
+
+
+def open_dictionary(source: str | Path, device: str | torch.device = "cpu") -> Loaded:
+    """The dictionary at ``source`` (a directory in any format of :data:`FORMATS`, or ``hf:...``) and its config."""
+    directory, fmt = locate(source)
+    loaded = FORMATS[fmt].read(directory)
+    return Loaded(loaded.model.to(device).eval(), loaded.config)
+
+
+def load_dictionary(source: str | Path, device: str | torch.device = "cpu"):
+    """The SparseCoder at ``source`` (any format; see the module docstring)."""
+    return open_dictionary(source, device).model
+
+
+def load_dictionary_config(source: str | Path) -> dict[str, Any]:
+    """The config of the dictionary at ``source``: its config.json for our format, an equivalent dict otherwise."""
+    directory, fmt = locate(source)
+    if fmt == "conceptdict":
+        return native.read_config(directory)
+    return FORMATS[fmt].read(directory).config
+
+
+def export_saelens(model, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """SAELens ``cfg.json`` + ``sae_weights.safetensors`` (``saes.formats.saelens.write``)."""
+    return saelens.write(model, Path(directory), meta)
+
+
+def import_saelens(directory: str | Path):
+    """The SparseCoder of a SAELens directory (``saes.formats.saelens.read``)."""
+    return saelens.read(Path(directory)).model
+
+
+__all__ = ["FORMATS", "FormatError", "Loaded", "detect_format", "export_saelens", "import_saelens", "load_dictionary",
+           "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]
