@@ -61,7 +61,9 @@ def parse_args(argv):
     p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"])
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
-    p.add_argument("--batches", type=int, default=300, help="batches of --batch-size rows (4 are held out)")
+    p.add_argument("--batches", type=int, default=300, help="batches of --batch-size rows, held-out ones included")
+    p.add_argument("--eval-batches", type=int, default=16,
+                   help="held-out batches every run is evaluated on (16k rows: a latent rarer than that is dead)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--kernel-impl", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{setting}, seed {seed}] {dataclasses.asdict(spec)}; L={L}, k={a.k}", flush=True)
             base = None
             for kind in a.kinds:
-                cfg = TrainConfig(latents=L, k=a.k, kind=kind, tokens=(a.batches - 4) * a.batch_size, eval_batches=4,
+                cfg = TrainConfig(latents=L, k=a.k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
+                                  eval_batches=a.eval_batches,
                                   log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=seed)
                 r = dict(run_one(spec, cfg), setting=setting)
                 results.append(r)
