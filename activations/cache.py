@@ -26,6 +26,7 @@ from conceptdict.activations import data as data_mod
 from conceptdict.activations import models
 from conceptdict.activations import store as st
 from conceptdict.activations.importer import remove_store_files
+from conceptdict.activations.lock import writer_lock
 from conceptdict.activations.writer import BackgroundWriter, ShardWriter
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class CacheConfig:
     """Store directory to write (or resume)."""
     text_column: str = "text"
     """Column holding the text."""
+    encoding: str = "utf-8"
+    """Text encoding of a local .txt/.jsonl/.json/.csv dataset (e.g. latin-1, cp1252)."""
     tokens_column: str | None = None
     """Column of already tokenised ids, used as-is instead of --text-column."""
     label_columns: list[str] | None = field(default=None, metadata={"flag": "label-column"})
@@ -63,6 +66,9 @@ class CacheConfig:
     """Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole dataset."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Stored activation dtype: float32, float16 or bfloat16."""
+    tokenizer: str | None = None
+    """Tokenizer (directory or hub name) for a model saved without one: saved with the store so rows can be
+    decoded; with --tokens-column none is needed (rows then show token ids)."""
     model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Dtype the model runs in."""
     batch_size: int = 32
@@ -107,11 +113,13 @@ class CacheConfig:
 
 
 _NOT_HASHED = ("out", "overwrite", "progress")
+_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None}  # added later: old stores keep their hash
 
 
 def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:
     """Fingerprint of everything that changes the store's bytes (``records_digest``: of in-memory records)."""
-    data = {k: v for k, v in vars(cfg).items() if k not in _NOT_HASHED}
+    data = {k: v for k, v in vars(cfg).items()
+            if k not in _NOT_HASHED and not (k in _HASHED_UNLESS_DEFAULT and v == _HASHED_UNLESS_DEFAULT[k])}
     if records_digest is not None:
         data["records"] = records_digest
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -270,6 +278,12 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     rank, world_size = part
     if not 0 <= rank < world_size:
         raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
+    with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
+        return _cache_locked(cfg, records, part)
+
+
+def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[int, int]) -> Path:
+    rank, world_size = part
     out = Path(cfg.out)
     rec_digest = records_digest(records)
     digest = config_hash(cfg, rec_digest)
@@ -280,7 +294,9 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype)
+    if manifest is not None and cfg.dataset:
+        data_mod.check_same_dataset(manifest.get("dataset") or {}, data_mod.describe_dataset(cfg.dataset), out)
+    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     models.check_hookpoints(model, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)
     _save_tokenizer(model.tokenizer, out)
@@ -313,7 +329,8 @@ def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) ->
 
 
 def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any] | None):
-    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split)
+    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split,
+                                 encoding=cfg.encoding)
     if cfg.shuffle:
         recs = _shuffled(recs, cfg.seed)
     packing = cfg.packing if cfg.packing is not None else cfg.level == "token"
