@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .files import read_safetensors
 from .model import SparseCoder, kind_spec
 
 FORMAT = "conceptdict-dictionary"
@@ -113,8 +114,7 @@ def load_dictionary(directory: str | Path, device: str | torch.device = "cpu") -
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
     model = SparseCoder(D, L, k, cfg["kind"], n_sources=S)
     path = directory / WEIGHTS_FILE
-    with safe_open(str(path), framework="pt") as fh:
-        t = {name: fh.get_tensor(name) for name in fh.keys()}
+    t = read_safetensors(path)  # a truncated or foreign weights file is named, not a traceback
     lead = (S,) if S > 1 else ()
     W_enc = _expect("W_enc", t["W_enc"], (*lead, D, L), path).reshape(S * D, L)
     W_dec = _expect("W_dec", t["W_dec"], (*lead, L, D), path)
