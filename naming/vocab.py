@@ -44,9 +44,14 @@ def load_vocabulary(spec: str) -> list[str]:
             n = int(parts[2]) if len(parts) > 2 else 20000
         except ValueError:
             raise ValueError(f"vocabulary spec {spec!r}: N must be an integer, e.g. wordfreq:en:20000") from None
-        from wordfreq import top_n_list
+        from wordfreq import available_languages, top_n_list
 
-        words = top_n_list(lang, n)
+        try:
+            words = top_n_list(lang, n)
+        except LookupError:
+            langs = ", ".join(sorted(available_languages()))
+            raise ValueError(f"vocabulary spec {spec!r}: wordfreq has no language {lang!r}; use one of {langs} "
+                             "(e.g. wordfreq:en:20000), or a word-list file") from None
     else:
         path = Path(spec)
         if not path.is_file():
