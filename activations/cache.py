@@ -233,6 +233,11 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
     manifest = st.read_manifest(out) if out.exists() else None
     if manifest is None:
         return None
+    if manifest.get("config_hash") != digest and not manifest.get("complete") and not manifest["shards"]:
+        log.info("%s holds an unfinished store with no rows yet; starting it over with this configuration", out)
+        remove_store_files(out)
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        return None
     if cfg.overwrite and manifest.get("config_hash") != digest:
         log.warning("--overwrite: removing the store at %s", out)
         remove_store_files(out)
@@ -242,9 +247,9 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
         old = manifest.get("config") or {}
         new = _config_json(cfg)
         diff = sorted(k for k in set(old) | set(new) if k not in _NOT_HASHED and old.get(k) != new.get(k))
-        state = "finished" if manifest.get("complete") else "unfinished"
+        state = "a finished" if manifest.get("complete") else "an unfinished"
         what = ", ".join(diff) or "the in-memory records"
-        raise FileExistsError(f"{out} holds a {state} store made with a different configuration (differs in: "
+        raise FileExistsError(f"{out} holds {state} store made with a different configuration (differs in: "
                               f"{what}); choose a new --out directory or pass --overwrite")
     return manifest
 
@@ -294,8 +299,10 @@ def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[i
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    if manifest is not None and cfg.dataset:
+    if manifest is not None and cfg.dataset and manifest["shards"]:  # rows stored: they must come from this data
         data_mod.check_same_dataset(manifest.get("dataset") or {}, data_mod.describe_dataset(cfg.dataset), out)
+    elif manifest is not None and cfg.dataset:  # nothing stored yet: record the data this run reads
+        manifest["dataset"] = data_mod.describe_dataset(cfg.dataset)
     model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     models.check_hookpoints(model, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)

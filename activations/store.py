@@ -82,8 +82,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)  # a full disk or a kill leaves no half-written temporary behind
+        if isinstance(e, OSError) and e.filename is None:  # write/fsync errors name no file: name it
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     _fsync_dir(path.parent)
 

@@ -25,7 +25,7 @@ def _oserror(e: OSError) -> str:
         return f"permission denied for {where} ({e.strerror}): choose a path you can write, or fix its permissions"
     if isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)) and not e.filename:
         return str(e)
-    return f"{e.strerror or e} ({where})" if e.filename else str(e)
+    return f"{e.strerror or e}: {where}" if e.filename else str(e)
 
 
 def describe_failure(e: BaseException) -> str | None:

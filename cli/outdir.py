@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ OWN_NAMES = (
     "concepts.safetensors", "cbm.json", "cbm.safetensors", "cfg.json", "sae_weights.safetensors", "diff.json",
     "latents.csv", "stores", "crosscoder", "parts", ".demo", "*.tmp", ".*.tmp-*", ".tokenizer.tmp",
 )
-TEMPORARIES = ("*.tmp", ".*.tmp-*", ".tokenizer.tmp", "*.*.tmp")
+TEMPORARIES = ("*.tmp", f".*.tmp-{os.getpid()}", ".tokenizer.tmp")
 
 
 def _own(name: str) -> bool:
@@ -55,9 +56,11 @@ def claim(out: Path, command: str, overwrite: bool) -> bool:
 def release(out: Path, created: bool, since: float) -> None:
     """After a failed command: remove temporaries modified since ``since`` (top level and one below), and
     the directory itself when the claim created it and nothing else was written."""
+    from conceptdict.activations.lock import being_written
+
     out = Path(out)
-    if not out.is_dir():
-        return
+    if not out.is_dir() or being_written(out) is not None:
+        return  # another process writes there: its temporaries are not ours to remove
     for pattern in TEMPORARIES:
         for path in [*out.glob(pattern), *out.glob(f"*/{pattern}")]:
             with contextlib.suppress(OSError):

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import zipfile
@@ -31,7 +32,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
-        raise CorruptFileError(f"checkpoint {path} is truncated or corrupt ({str(e).splitlines()[0][:120]}); it "
+        raise CorruptFileError(f"checkpoint {path} is truncated or corrupt ({str(e).split('. ')[0][:120]}); it "
                                "cannot be resumed from: delete it and train again without --resume (or with "
                                "--overwrite)") from None
     if not isinstance(state, dict):
@@ -50,8 +51,13 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # write/fsync errors name no file: name it
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        if isinstance(e, RuntimeError) and any(s in str(e) for s in ("write failed", "unexpected pos")):
+            raise OSError(errno.EIO, f"writing failed, most likely a full disk ({str(e).splitlines()[0][:100]})",
+                          str(path)) from e  # torch.save's own wording of a short write
         raise
 
 
