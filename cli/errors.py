@@ -33,6 +33,10 @@ def describe_failure(e: BaseException) -> str | None:
     from safetensors import SafetensorError
 
     text = str(e)
+    if type(e) is RuntimeError and e.__cause__ is not None:  # e.g. the store writer thread's error, wrapped
+        inner = describe_failure(e.__cause__)
+        if inner is not None:
+            return inner
     if isinstance(e, KeyboardInterrupt):
         return "interrupted; temporary files were removed, and re-running the same command resumes where it can"
     if isinstance(e, OSError):

@@ -94,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         command = None
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # the common flags after a nested command (`store info DIR --debug`); anything else is an error
+        common = _common()
+        common.prog = parser.prog
+        for key, value in vars(common.parse_args(rest)).items():
+            setattr(args, key, value)
     if args.command is None:
         parser.print_help()
         return 2

@@ -24,8 +24,9 @@ OWN_NAMES = (
     MARKER, ".conceptdict-writer.lock", "manifest.json", "shard-*.safetensors", "tokenizer", "*_config.json",
     "config.json", "weights.safetensors", "checkpoint.pt", "metrics.jsonl", "eval.json", "concepts.json",
     "concepts.safetensors", "cbm.json", "cbm.safetensors", "cfg.json", "sae_weights.safetensors", "diff.json",
-    "latents.csv", "stores", "crosscoder", "parts", ".demo", "*.tmp", ".*.tmp-*", ".tokenizer.tmp",
+    "latents.csv", "stores", "crosscoder", "parts", "report", ".demo", "*.tmp", ".*.tmp-*", ".tokenizer.tmp",
 )
+MARKERS = (MARKER, ".demo")  # .demo: `conceptdict demo`'s record of finished steps, older than MARKER
 TEMPORARIES = ("*.tmp", f".*.tmp-{os.getpid()}", ".tokenizer.tmp")
 
 
@@ -40,7 +41,7 @@ def claim(out: Path, command: str, overwrite: bool) -> bool:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a directory path")
     created = not out.exists()
-    if not created and not (out / MARKER).exists():
+    if not created and not any((out / m).exists() for m in MARKERS):
         foreign = sorted(p.name for p in out.iterdir() if not _own(p.name))
         if foreign and not overwrite:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")

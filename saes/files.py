@@ -31,7 +31,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start training there")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+    except PermissionError:
+        raise
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         raise CorruptFileError(f"checkpoint {path} is truncated or corrupt ({str(e).split('. ')[0][:120]}); it "
                                "cannot be resumed from: delete it and train again without --resume (or with "
                                "--overwrite)") from None
