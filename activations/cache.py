@@ -323,8 +323,7 @@ def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[i
 
 def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) -> dict:
     tok = model.tokenizer
-    special = sorted(set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)}) \
-        if tok is not None else []  # UNK stands for real text: kept
+    special = model.special_ids()  # UNK stands for real text: kept
     return st.new_manifest(
         level=cfg.level, hookpoints={h: model.d_model(h) for h in cfg.hookpoints}, dtype=cfg.dtype,
         model=model.load_info, dataset=data_mod.describe_dataset(cfg.dataset) if cfg.dataset else {"kind": "memory"},

@@ -89,6 +89,19 @@ class ModelHandle:
             return None
         return weight.detach().float().cpu()
 
+    def special_ids(self) -> list[int]:
+        """Ids of special tokens (rows never stored, positions never scored): the tokenizer's (UNK kept: it
+        stands for real text), else the model config's BOS/EOS/pad."""
+        tok = self.tokenizer
+        if tok is not None:
+            return sorted(set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)})
+        config = getattr(self.bridge.original_model, "config", None)
+        ids = set()
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(config, name, None)
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return sorted(int(i) for i in ids if i is not None)
+
     def bos_pad_ids(self) -> tuple[int | None, int]:
         """(BOS id or None, pad id) from the tokenizer, else from the model's config (pad: pad, eos, or 0)."""
         src = self.tokenizer if self.tokenizer is not None else getattr(self.bridge.original_model, "config", None)
@@ -197,10 +210,17 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
 def _load_tokenizer(source: str, *, quiet: bool = False, required: bool = False):
     from transformers import AutoTokenizer
 
     try:
+        if Path(source).is_dir() and not any((Path(source) / f).exists() for f in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer of the config's model type here: never use one
+            raise OSError(f"{source} holds none of {', '.join(TOKENIZER_FILES[:3])}, ...")
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError) as e:
         if required:
@@ -346,7 +366,7 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
 
 def _loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[N, T-1] bool: predictions from a real input token to a real, non-special target token."""
-    special = set(getattr(model.tokenizer, "all_special_ids", None) or []) if model.tokenizer is not None else set()
+    special = set(model.special_ids()) | set(getattr(model.tokenizer, "all_special_ids", None) or [])
     is_special = torch.zeros_like(tokens, dtype=torch.bool)
     for sid in special:
         is_special |= tokens == sid
