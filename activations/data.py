@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import logging
+import os
 import sys
 import sysconfig
 from collections.abc import Iterable, Iterator
@@ -49,21 +50,34 @@ def describe_dataset(spec: str) -> dict:
                 "sha256": file_sha256(path)}
     if path.exists():
         return {"kind": "local file", "spec": str(path.resolve())}
-    return {"kind": "hub", "spec": spec}
+    return {"kind": "hub", "spec": spec, **_hub_revision(spec)}
+
+
+def _hub_revision(spec: str) -> dict:
+    """{"revision": the commit sha of hub dataset ``spec``} when the hub is reachable, else {}."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return {}
+    try:
+        from huggingface_hub import HfApi
+
+        return {"revision": HfApi().dataset_info(spec.partition(":")[0], timeout=10).sha}
+    except Exception as e:  # noqa: BLE001 - no revision is recorded, and the resume check then skips it
+        log.info("no hub revision for dataset %s (%s)", spec, type(e).__name__)
+        return {}
 
 
 def check_same_dataset(recorded: dict, now: dict, store: Path) -> None:
-    """Refuse to resume ``store`` over a dataset whose contents changed since the store was started."""
-    old, new = recorded.get("sha256"), now.get("sha256")
-    if old is None or new is None:
-        if now.get("kind") == "local file" and old is None:
-            log.warning("store %s records no fingerprint of %s (made by an older conceptdict); resuming without "
-                        "checking that the file is unchanged", store, now.get("spec"))
-        return
-    if old != new:
-        raise ValueError(f"dataset {now.get('spec')} changed since store {store} was started (sha256 then "
-                         f"{old[:16]}..., now {new[:16]}...); resuming would mix rows of both versions: restore the "
-                         "file, or cache the new contents into a new --out (or pass --overwrite)")
+    """Refuse to resume ``store`` over a dataset whose contents (local file: sha256) or hub revision changed
+    since the store was started."""
+    for key in ("sha256", "revision"):
+        old, new = recorded.get(key), now.get(key)
+        if old is not None and new is not None and old != new:
+            raise ValueError(f"dataset {now.get('spec')} changed since store {store} was started ({key} then "
+                             f"{old[:16]}..., now {new[:16]}...); resuming would mix rows of both versions: restore "
+                             "it, or cache the new contents into a new --out (or pass --overwrite)")
+    if now.get("kind") == "local file" and "sha256" in now and "sha256" not in recorded:
+        log.warning("store %s records no fingerprint of %s (made by an older conceptdict); resuming without "
+                    "checking that the file is unchanged", store, now.get("spec"))
 
 
 def first_undecodable_line(path: Path, encoding: str) -> tuple[int, int, int] | None:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,10 +86,15 @@ def test_two_cache_runs_on_one_out_exactly_one_writes(tmp_path, tiny_lm_dir, cap
     assert f"store {out} is being written by pid {proc.pid} on host" in err and "cache" in err
     with pytest.raises(StoreLocked, match=f"pid {proc.pid}"):  # readers refuse it too
         ActivationStore(out)
-    go.touch()
+    threading.Timer(0.5, go.touch).start()
+    integrity.set_read_policy(wait_for_writer=300)  # --wait: the reader waits for the writer to finish
+    try:
+        store = ActivationStore(out)
+    finally:
+        integrity.set_read_policy(wait_for_writer=0)
     _, child_err = proc.communicate(timeout=300)
     assert proc.returncode == 0, child_err.decode()[-2000:]
-    store = ActivationStore(out)
+    assert store.num_rows > 0
     store.verify()
     assert store.manifest["dtype"] == "float32" and not (out / LOCK_NAME).exists()
     assert {str(store.rows(HP, 0, 4).dtype)} == {"torch.float32"}

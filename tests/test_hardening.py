@@ -71,6 +71,19 @@ def test_a_flipped_byte_in_any_shard_stops_train_before_its_first_step(tmp_path,
     assert not out.exists()  # nothing trained, nothing written
 
 
+def test_eval_stops_on_a_damaged_shard_with_the_verify_message(tmp_path, capsys):
+    _store(tmp_path, n=120, shard_rows=40)
+    assert main(["train", "--store", str(tmp_path / "s"), "--latents", "16", "--k", "2", "--batch-size", "8",
+                 "--eval-batches", "1", "--out", str(tmp_path / "sae")]) == 0
+    _flip(tmp_path / "s" / "shard-00002.safetensors")
+    integrity.forget_hashes()
+    want = _verify_message(tmp_path / "s")
+    integrity.forget_hashes()
+    capsys.readouterr()
+    code, err = _run(capsys, "eval", str(tmp_path / "sae"))
+    assert code == 1 and err == f"conceptdict eval: error: {want}"
+
+
 def test_the_stream_refuses_a_damaged_store_before_yielding_a_batch(tmp_path):
     store = _store(tmp_path)
     _flip(tmp_path / "s" / store.manifest["shards"][2]["file"])
@@ -208,6 +221,18 @@ def test_invalid_json_config_names_the_file(tmp_path, capsys):
     code, err = _run(capsys, "train", "--store", str(tmp_path / "s"), "--latents", "16", "--k", "2",
                      "--config", str(cfg), "--out", str(tmp_path / "sae"))
     assert code == 1 and f"config file {cfg} is not valid JSON" in err
+
+
+def test_a_changed_hub_revision_or_file_fingerprint_refuses_resume(tmp_path):
+    from conceptdict.activations.data import check_same_dataset
+
+    hub = {"kind": "hub", "spec": "org/data"}
+    check_same_dataset({**hub, "revision": "a" * 40}, {**hub, "revision": "a" * 40}, tmp_path)
+    check_same_dataset(hub, {**hub, "revision": "b" * 40}, tmp_path)  # unknown then: nothing to compare
+    with pytest.raises(ValueError, match=f"revision then {'a' * 16}..., now {'b' * 16}..."):
+        check_same_dataset({**hub, "revision": "a" * 40}, {**hub, "revision": "b" * 40}, tmp_path)
+    with pytest.raises(ValueError, match=f"dataset f.jsonl changed since store {tmp_path} was started"):
+        check_same_dataset({"spec": "f.jsonl", "sha256": "1" * 64}, {"spec": "f.jsonl", "sha256": "2" * 64}, tmp_path)
 
 
 def test_unknown_wordfreq_language_is_named():
