@@ -242,6 +242,14 @@ def test_unknown_wordfreq_language_is_named():
         load_vocabulary("wordfreq:zz:3000")
 
 
+def test_a_non_utf8_vocabulary_file_is_named_with_its_line(tmp_path):
+    from conceptdict.naming.vocab import load_vocabulary
+
+    (tmp_path / "words.txt").write_bytes("cat\ndog\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"words.txt is not valid UTF-8 at line 3, column 4 \(byte 0xe9\)"):
+        load_vocabulary(str(tmp_path / "words.txt"))
+
+
 # ---------------------------------------------------------------- damaged training files
 
 
