@@ -26,6 +26,7 @@ from conceptdict.activations import data as data_mod
 from conceptdict.activations import models
 from conceptdict.activations import store as st
 from conceptdict.activations.importer import remove_store_files
+from conceptdict.activations.lock import writer_lock
 from conceptdict.activations.writer import BackgroundWriter, ShardWriter
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class CacheConfig:
     """Store directory to write (or resume)."""
     text_column: str = "text"
     """Column holding the text."""
+    encoding: str = "utf-8"
+    """Text encoding of a local .txt/.jsonl/.json/.csv dataset (e.g. latin-1, cp1252)."""
     tokens_column: str | None = None
     """Column of already tokenised ids, used as-is instead of --text-column."""
     label_columns: list[str] | None = field(default=None, metadata={"flag": "label-column"})
@@ -63,6 +66,9 @@ class CacheConfig:
     """Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole dataset."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Stored activation dtype: float32, float16 or bfloat16."""
+    tokenizer: str | None = None
+    """Tokenizer (directory or hub name) for a model saved without one: saved with the store so rows can be
+    decoded; with --tokens-column none is needed (rows then show token ids)."""
     model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """Dtype the model runs in."""
     batch_size: int = 32
@@ -107,11 +113,13 @@ class CacheConfig:
 
 
 _NOT_HASHED = ("out", "overwrite", "progress")
+_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None}  # added later: old stores keep their hash
 
 
 def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:
     """Fingerprint of everything that changes the store's bytes (``records_digest``: of in-memory records)."""
-    data = {k: v for k, v in vars(cfg).items() if k not in _NOT_HASHED}
+    data = {k: v for k, v in vars(cfg).items()
+            if k not in _NOT_HASHED and not (k in _HASHED_UNLESS_DEFAULT and v == _HASHED_UNLESS_DEFAULT[k])}
     if records_digest is not None:
         data["records"] = records_digest
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -224,6 +232,11 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
     manifest = st.read_manifest(out) if out.exists() else None
     if manifest is None:
         return None
+    if manifest.get("config_hash") != digest and not manifest.get("complete") and not manifest["shards"]:
+        log.info("%s holds an unfinished store with no rows yet; starting it over with this configuration", out)
+        remove_store_files(out)
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        return None
     if cfg.overwrite and manifest.get("config_hash") != digest:
         log.warning("--overwrite: removing the store at %s", out)
         remove_store_files(out)
@@ -233,9 +246,9 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
         old = manifest.get("config") or {}
         new = _config_json(cfg)
         diff = sorted(k for k in set(old) | set(new) if k not in _NOT_HASHED and old.get(k) != new.get(k))
-        state = "finished" if manifest.get("complete") else "unfinished"
+        state = "a finished" if manifest.get("complete") else "an unfinished"
         what = ", ".join(diff) or "the in-memory records"
-        raise FileExistsError(f"{out} holds a {state} store made with a different configuration (differs in: "
+        raise FileExistsError(f"{out} holds {state} store made with a different configuration (differs in: "
                               f"{what}); choose a new --out directory or pass --overwrite")
     return manifest
 
@@ -269,6 +282,12 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     rank, world_size = part
     if not 0 <= rank < world_size:
         raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
+    with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
+        return _cache_locked(cfg, records, part)
+
+
+def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[int, int]) -> Path:
+    rank, world_size = part
     out = Path(cfg.out)
     rec_digest = records_digest(records)
     digest = config_hash(cfg, rec_digest)
@@ -279,7 +298,11 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype)
+    if manifest is not None and cfg.dataset and manifest["shards"]:  # rows stored: they must come from this data
+        data_mod.check_same_dataset(manifest.get("dataset") or {}, data_mod.describe_dataset(cfg.dataset), out)
+    elif manifest is not None and cfg.dataset:  # nothing stored yet: record the data this run reads
+        manifest["dataset"] = data_mod.describe_dataset(cfg.dataset)
+    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     models.check_hookpoints(model, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)
     _save_tokenizer(model.tokenizer, out)
@@ -299,8 +322,7 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
 
 def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) -> dict:
     tok = model.tokenizer
-    special = sorted(set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)}) \
-        if tok is not None else []  # UNK stands for real text: kept
+    special = model.special_ids()  # UNK stands for real text: kept
     return st.new_manifest(
         level=cfg.level, hookpoints={h: model.d_model(h) for h in cfg.hookpoints}, dtype=cfg.dtype,
         model=model.load_info, dataset=data_mod.describe_dataset(cfg.dataset) if cfg.dataset else {"kind": "memory"},
@@ -312,7 +334,8 @@ def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) ->
 
 
 def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any] | None):
-    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split)
+    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split,
+                                 encoding=cfg.encoding)
     if cfg.shuffle:
         recs = _shuffled(recs, cfg.seed)
     packing = cfg.packing if cfg.packing is not None else cfg.level == "token"

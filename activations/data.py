@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import logging
+import os
 import sys
 import sysconfig
 from collections.abc import Iterable, Iterator
@@ -38,17 +39,83 @@ class Context(NamedTuple):
 
 
 def describe_dataset(spec: str) -> dict:
-    """The manifest's dataset descriptor for ``spec``."""
+    """The manifest's dataset descriptor for ``spec``; a local file's carries the sha256 of its contents."""
     if spec == STDLIB_SPEC:
         return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0]}
     path = Path(spec).expanduser()
+    if path.is_file():
+        from conceptdict.activations.integrity import file_sha256
+
+        return {"kind": "local file", "spec": str(path.resolve()), "bytes": path.stat().st_size,
+                "sha256": file_sha256(path)}
     if path.exists():
-        return {"kind": "local file", "spec": str(path.resolve()), "bytes": path.stat().st_size}
-    return {"kind": "hub", "spec": spec}
+        return {"kind": "local file", "spec": str(path.resolve())}
+    return {"kind": "hub", "spec": spec, **_hub_revision(spec)}
 
 
-def iter_records(spec: str | Iterable, split: str = "train") -> Iterator[dict]:
-    """Records (dicts) of a dataset spec or of an in-memory list of strings/dicts."""
+def _hub_revision(spec: str) -> dict:
+    """{"revision": the commit sha of hub dataset ``spec``} when the hub is reachable, else {}."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return {}
+    try:
+        from huggingface_hub import HfApi
+
+        return {"revision": HfApi().dataset_info(spec.partition(":")[0], timeout=10).sha}
+    except Exception as e:  # noqa: BLE001 - no revision is recorded, and the resume check then skips it
+        log.info("no hub revision for dataset %s (%s)", spec, type(e).__name__)
+        return {}
+
+
+def check_same_dataset(recorded: dict, now: dict, store: Path) -> None:
+    """Refuse to resume ``store`` over a dataset whose contents (local file: sha256) or hub revision changed
+    since the store was started."""
+    for key in ("sha256", "revision"):
+        old, new = recorded.get(key), now.get(key)
+        if old is not None and new is not None and old != new:
+            raise ValueError(f"dataset {now.get('spec')} changed since store {store} was started ({key} then "
+                             f"{old[:16]}..., now {new[:16]}...); resuming would mix rows of both versions: restore "
+                             "it, or cache the new contents into a new --out (or pass --overwrite)")
+    if now.get("kind") == "local file" and "sha256" in now and "sha256" not in recorded:
+        log.warning("store %s records no fingerprint of %s (made by an older conceptdict); resuming without "
+                    "checking that the file is unchanged", store, now.get("spec"))
+
+
+def first_undecodable_line(path: Path, encoding: str) -> tuple[int, int, int] | None:
+    """(line number, column, byte) of the first line of ``path`` that does not decode, or None."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError as e:
+                return number, e.start + 1, line[e.start]
+    return None
+
+
+def _local_records(path: Path, encoding: str) -> Iterator[dict]:
+    import datasets
+
+    builder = LOCAL_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(f"cannot read {path}: expected one of {sorted(LOCAL_BUILDERS)} (or a hub dataset name)")
+    if path.stat().st_size == 0:
+        raise ValueError(f"dataset {path} is empty (0 bytes): nothing to cache; point --dataset at a file with "
+                         "records")
+    kwargs = {} if builder == "parquet" else {"encoding": encoding}
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        yield from ds
+    except StopIteration:  # what `datasets` raises for a file with no records
+        raise ValueError(f"dataset {path} holds no records: nothing to cache") from None
+    except UnicodeDecodeError as e:
+        where = first_undecodable_line(path, encoding)
+        at = f"line {where[0]}, column {where[1]} (byte 0x{where[2]:02x})" if where else f"byte {e.start}"
+        raise ValueError(f"dataset {path} is not valid {encoding} at {at}; pass --encoding with the file's "
+                         "encoding (e.g. --encoding latin-1 or cp1252), or re-save it as UTF-8") from None
+
+
+def iter_records(spec: str | Iterable, split: str = "train", encoding: str = "utf-8") -> Iterator[dict]:
+    """Records (dicts) of a dataset spec or of an in-memory list of strings/dicts; ``encoding`` applies to
+    local text files."""
     if not isinstance(spec, str):
         for rec in spec:
             yield {"text": rec} if isinstance(rec, str) else dict(rec)
@@ -60,10 +127,8 @@ def iter_records(spec: str | Iterable, split: str = "train") -> Iterator[dict]:
 
     path = Path(spec).expanduser()
     if path.exists():
-        builder = LOCAL_BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise ValueError(f"cannot read {path}: expected one of {sorted(LOCAL_BUILDERS)} (or a hub dataset name)")
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        yield from _local_records(path, encoding)
+        return
     else:
         name, _, config = spec.partition(":")
         try:

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from conceptdict.activations import store as st
+from conceptdict.activations.lock import writer_lock
 from conceptdict.activations.writer import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,30 @@ def _npy_stream(fh, name: str) -> _Array:
     return _Array(tuple(shape), dtype, np.issubdtype(dtype, np.floating), read)
 
 
+def _check_magic(path: Path, suffix: str) -> None:
+    """Refuse a file whose first bytes are not what its suffix promises (never reach numpy's pickle hint)."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    want = {".npy": b"\x93NUMPY", ".npz": b"PK"}[suffix]
+    if not head.startswith(want):
+        raise ValueError(f"{path} is not a {suffix} file (it does not start with the {suffix} signature); save the "
+                         f"array with numpy.{'save' if suffix == '.npy' else 'savez'} (conceptdict never unpickles)")
+
+
+def _open_safetensors(path: Path, stack: ExitStack):
+    from safetensors import SafetensorError
+
+    try:
+        return stack.enter_context(safe_open(str(path), framework="pt"))
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a valid safetensors file ({e}); save it with safetensors' save_file, or "
+                         "use .npy/.npz") from None
+
+
 def _open_arrays(path: Path, stack: ExitStack) -> dict[str, _Array]:
     suffix = path.suffix.lower()
+    if suffix in (".npy", ".npz"):
+        _check_magic(path, suffix)
     if suffix == ".npy":
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
         return {path.stem: _Array(arr.shape, arr.dtype, np.issubdtype(arr.dtype, np.floating),
@@ -108,7 +131,7 @@ def _open_arrays(path: Path, stack: ExitStack) -> dict[str, _Array]:
                 out[member[:-4]] = _npy_stream(stack.enter_context(zf.open(member)), member[:-4])
         return out
     if suffix == ".safetensors":
-        handle = stack.enter_context(safe_open(str(path), framework="pt"))
+        handle = _open_safetensors(path, stack)
         out = {}
         for key in handle.keys():
             sl = handle.get_slice(key)
@@ -164,7 +187,17 @@ def import_array(cfg: ImportConfig) -> Path:
     path, out = Path(cfg.array), Path(cfg.out)
     if not path.exists():
         raise FileNotFoundError(f"array file {path} does not exist")
-    _prepare_out(out, cfg.overwrite)
+    with writer_lock(out):
+        _prepare_out(out, cfg.overwrite)
+        try:
+            _write_store(cfg, path, out)
+        except BaseException:
+            remove_store_files(out)  # a refused or failed import leaves no half store behind
+            raise
+    return out
+
+
+def _write_store(cfg: ImportConfig, path: Path, out: Path) -> None:
     with ExitStack() as stack:
         arrays = _open_arrays(path, stack)
         chosen, label_keys, n = _pick(arrays, cfg.keys, path)
@@ -177,15 +210,42 @@ def import_array(cfg: ImportConfig) -> Path:
                                    model={"id": None, "loader": "conceptdict store import"},
                                    config={"array": str(path), "keys": chosen, "dtype": dtype})
         writer = ShardWriter(out, manifest, cfg.shard_rows)
+        bad = _NonFinite(path, st.DTYPES[dtype])
         for a, b in _chunks(n, cfg.chunk_rows):
             rows = {names[k]: _as_torch(arrays[k].read(a, b)).reshape(b - a, dims[names[k]]) for k in chosen}
+            if bad.scan(rows, a):
+                continue  # keep counting, write nothing more
             rows["tokens"] = torch.full((b - a,), -1, dtype=torch.int32)
             rows["context_index"] = torch.arange(a, b, dtype=torch.int64)
             rows["position"] = torch.full((b - a,), -1, dtype=torch.int32)
             writer.add(rows, labels={k: v[a:b] for k, v in labels.items()} or None)
+        bad.check()
         writer.close()
     log.info("imported %d rows of %s from %s into %s", n, chosen, path, out)
-    return out
+
+
+class _NonFinite:
+    """Counts NaN/Inf values (after the cast to the stored dtype, so float16 overflow counts too)."""
+
+    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+        self.path, self.dtype, self.count, self.first = path, dtype, 0, None
+
+    def scan(self, rows: dict[str, torch.Tensor], start: int) -> bool:
+        for key, x in rows.items():
+            finite = torch.isfinite(x.to(self.dtype))
+            if not bool(finite.all()):
+                self.count += int((~finite).sum())
+                row = start + int((~finite.all(dim=1)).nonzero()[0, 0])
+                if self.first is None or row < self.first[1]:
+                    self.first = (key, row)
+        return self.count > 0
+
+    def check(self) -> None:
+        if self.count:
+            key, row = self.first
+            raise ValueError(f"{self.path} holds {self.count} NaN/Inf value(s) (as {str(self.dtype).split('.')[-1]}), "
+                             f"the first in array {key!r} row {row}; nothing was imported: replace or drop them "
+                             "(e.g. numpy.nan_to_num, or --dtype float32 if float16 overflowed) and import again")
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

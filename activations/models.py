@@ -89,6 +89,29 @@ class ModelHandle:
             return None
         return weight.detach().float().cpu()
 
+    def special_ids(self) -> list[int]:
+        """Ids of special tokens (rows never stored, positions never scored): the tokenizer's (UNK kept: it
+        stands for real text), else the model config's BOS/EOS/pad."""
+        tok = self.tokenizer
+        if tok is not None:
+            return sorted(set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)})
+        config = getattr(self.bridge.original_model, "config", None)
+        ids = set()
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(config, name, None)
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return sorted(int(i) for i in ids if i is not None)
+
+    def bos_pad_ids(self) -> tuple[int | None, int]:
+        """(BOS id or None, pad id) from the tokenizer, else from the model's config (pad: pad, eos, or 0)."""
+        src = self.tokenizer if self.tokenizer is not None else getattr(self.bridge.original_model, "config", None)
+        bos = getattr(src, "bos_token_id", None)
+        pad = getattr(src, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(src, "eos_token_id", None)
+        pad = pad[0] if isinstance(pad, (list, tuple)) and pad else pad
+        return bos, int(pad or 0)
+
     def decode(self, ids: Sequence[int]) -> list[str]:
         """One string per token id."""
         if self.tokenizer is None:
@@ -108,24 +131,59 @@ def _library_versions() -> dict[str, str]:
     return out
 
 
-def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") -> ModelHandle:
+def check_device(device: str) -> None:
+    """Raise ValueError when ``device`` names an accelerator this machine does not have."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r} is not a torch device ({e}); use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: CUDA is not available here (torch {torch.__version__}, "
+                             f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); "
+                             "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                             "use cuda:0 ... or cpu")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available here; use --device cpu")
+
+
+def _id_only_tokenizer():
+    """A stand-in handed to ``boot_transformers`` for a model saved without tokenizer files (the bridge
+    insists on building one; it is never used to tokenise: such models take pre-tokenised ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+                                   unk_token="<unk>")
+
+
+def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
+               tokenizer: str | None = None) -> ModelHandle:
     """Load a hub name or local directory through ``TransformerBridge.boot_transformers``
-    ("default": the bundled all-MiniLM-L6-v2, see :func:`DEFAULT_MODEL_DIR`)."""
+    ("default": the bundled all-MiniLM-L6-v2, see :func:`DEFAULT_MODEL_DIR`). ``tokenizer``: a tokenizer
+    directory or hub name to use instead of the model's own (for models saved without one). A model
+    without any tokenizer still loads: it then takes pre-tokenised ids only (``--tokens-column``)."""
     if name_or_dir == DEFAULT_MODEL:
         name_or_dir = str(DEFAULT_MODEL_DIR())
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_device(device)
     from transformer_lens.model_bridge import TransformerBridge
 
     local = Path(name_or_dir).expanduser()
     source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
+    own = _load_tokenizer(source, quiet=tokenizer is not None)
+    given = _load_tokenizer(tokenizer, required=True) if tokenizer else None
+    extra = {} if own is not None else {"tokenizer": _id_only_tokenizer()}
     try:
-        bridge = TransformerBridge.boot_transformers(source, device=device, dtype=DTYPES[dtype])
+        bridge = TransformerBridge.boot_transformers(source, device=device, dtype=DTYPES[dtype], **extra)
     except OSError as e:
         raise ValueError(f"cannot load model {name_or_dir!r}: {e}. Pass a local model directory, 'default', or a "
                          "hub name reachable from this machine (offline: HF_HUB_OFFLINE=1 needs a cached copy)") from e
     bridge.eval()
-    tokenizer = _load_tokenizer(source)
+    tokenizer = given if given is not None else own
     hf_config = getattr(bridge.original_model, "config", None)
     model_type = getattr(hf_config, "model_type", "")
     archs = list(getattr(hf_config, "architectures", None) or [])
@@ -152,13 +210,26 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") ->
     )
 
 
-def _load_tokenizer(source: str):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _load_tokenizer(source: str, *, quiet: bool = False, required: bool = False):
     from transformers import AutoTokenizer
 
     try:
+        if Path(source).is_dir() and not any((Path(source) / f).exists() for f in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer of the config's model type here: never use one
+            raise OSError(f"{source} holds none of {', '.join(TOKENIZER_FILES[:3])}, ...")
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError) as e:
-        log.warning("no Hugging Face tokenizer for %s (%s); only pre-tokenised data can be used", source, e)
+        if required:
+            raise ValueError(f"cannot load tokenizer {source!r} ({str(e).splitlines()[0]}); pass a directory "
+                             "saved with save_pretrained or a hub name reachable from this machine") from None
+        if not quiet:
+            log.warning("no Hugging Face tokenizer for %s (%s); only pre-tokenised data (--tokens-column) can be "
+                        "used, and rows show token ids (pass --tokenizer to decode them)", source,
+                        str(e).splitlines()[0])
         return None
 
 
@@ -295,7 +366,7 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
 
 def _loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[N, T-1] bool: predictions from a real input token to a real, non-special target token."""
-    special = set(getattr(model.tokenizer, "all_special_ids", None) or []) if model.tokenizer is not None else set()
+    special = set(model.special_ids()) | set(getattr(model.tokenizer, "all_special_ids", None) or [])
     is_special = torch.zeros_like(tokens, dtype=torch.bool)
     for sid in special:
         is_special |= tokens == sid

@@ -29,6 +29,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
+from conceptdict.activations import integrity
+
 log = logging.getLogger(__name__)
 
 FORMAT = "conceptdict.activations"
@@ -37,6 +39,8 @@ MANIFEST = "manifest.json"
 RESERVED = ("tokens", "context_index", "position")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LEVELS = ("token", "sequence")
+REQUIRED_KEYS = ("level", "hookpoints", "dtype", "num_rows", "shards", "complete")
+SHARD_KEYS = ("file", "rows", "bytes", "sha256")
 
 
 class StoreError(ValueError):
@@ -72,11 +76,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary name, fsync, rename, fsync the directory."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk or a kill leaves no half-written temporary behind
+        if isinstance(e, OSError) and e.filename is None:  # write/fsync errors name no file: name it
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     _fsync_dir(path.parent)
 
 
@@ -102,6 +112,13 @@ def read_manifest(directory: Path) -> dict | None:
             f"{path} has format_version {manifest.get('format_version')}, this conceptdict reads {FORMAT_VERSION}; "
             "re-create the store with this version"
         )
+    missing = [k for k in REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise StoreError(f"{path} lacks the key(s) {missing}; the store is damaged, re-create it")
+    bad = [i for i, e in enumerate(manifest["shards"]) if not isinstance(e, dict) or set(SHARD_KEYS) - set(e)]
+    if bad:
+        raise StoreError(f"{path}: shard entry {bad[0]} lacks one of {list(SHARD_KEYS)}; the store is damaged, "
+                         "re-create it")
     return manifest
 
 
@@ -168,19 +185,19 @@ def finish(directory: Path, manifest: dict) -> None:
     write_manifest(directory, manifest)
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ActivationStore:
-    """Read-only, memory-mapped view of a finished store; never needs the model or the dataset."""
+    """Read-only, memory-mapped view of a finished store; never needs the model or the dataset.
+
+    Opening checks every shard's size and header against the manifest and refuses a store another
+    process is writing; the first read of a shard in this process checks its sha256
+    (``activations.integrity``)."""
 
     def __init__(self, path: str | Path) -> None:
+        from conceptdict.activations.lock import wait_for_writer
+
         self.path = Path(path)
+        if self.path.is_dir():
+            wait_for_writer(self.path, integrity.POLICY.wait_for_writer)
         manifest = read_manifest(self.path)
         if manifest is None:
             raise StoreError(f"{self.path} has no {MANIFEST}; it is not an activation store (make one with "
@@ -200,6 +217,8 @@ class ActivationStore:
             total += int(entry["rows"])
         if total != self.num_rows:
             raise StoreError(f"{self.path}/{MANIFEST}: shard rows sum to {total} but num_rows is {self.num_rows}")
+        for entry in manifest["shards"]:
+            integrity.check_shard_file(self.path, manifest, entry)
         self._handles: dict[int, Any] = {}
         self._meta: dict[tuple[int, str], Any] = {}
 
@@ -222,6 +241,8 @@ class ActivationStore:
             path = self.path / self.manifest["shards"][shard]["file"]
             if not path.exists():
                 raise StoreError(f"shard {path} listed in the manifest is missing; run `conceptdict store verify`")
+            if integrity.POLICY.verify_hash:
+                integrity.check_shard_hash(self.path, self.manifest["shards"][shard])
             self._handles[shard] = safe_open(str(path), framework="pt")
         return self._handles[shard]
 
@@ -330,31 +351,18 @@ class ActivationStore:
         return RowContext(pieces, keep.index(row - lo), text, ctx, int(self.position(row, row + 1)[0]))
 
     def verify(self) -> None:
-        """Check every listed shard's size, hash and schema; raise :class:`StoreError` naming a corrupt shard."""
-        for i, entry in enumerate(self.manifest["shards"]):
-            path = self.path / entry["file"]
-            if not path.exists():
-                raise StoreError(f"corrupt store {self.path}: shard {entry['file']} is missing")
-            if path.stat().st_size != entry["bytes"]:
-                raise StoreError(f"corrupt store {self.path}: shard {entry['file']} has {path.stat().st_size} "
-                                 f"bytes, the manifest says {entry['bytes']}; re-create the store")
-            if _file_sha256(path) != entry["sha256"]:
-                raise StoreError(f"corrupt store {self.path}: shard {entry['file']} does not match its sha256 "
-                                 "in the manifest; re-create the store (or re-run the cache into a new directory)")
-            self._check_schema(i, entry)
+        """Check every listed shard's size, header and sha256 (always re-hashed); raise :class:`StoreError`
+        naming a corrupt shard."""
+        for entry in self.manifest["shards"]:
+            integrity.check_shard_file(self.path, self.manifest, entry)
+            integrity.check_shard_hash(self.path, entry, force=True)
 
-    def _check_schema(self, i: int, entry: dict) -> None:
-        h = self._handle(i)
-        keys = set(h.keys())
-        want = set(self.hookpoints) | set(RESERVED)
-        if keys != want:
-            raise StoreError(f"corrupt store {self.path}: shard {entry['file']} holds {sorted(keys)}, "
-                             f"expected {sorted(want)}")
-        for hp in self.hookpoints:
-            shape = h.get_slice(hp).get_shape()
-            if list(shape) != [entry["rows"], self.d_in(hp)]:
-                raise StoreError(f"corrupt store {self.path}: shard {entry['file']} {hp} has shape {shape}, "
-                                 f"expected {[entry['rows'], self.d_in(hp)]}")
+    def verify_hashes(self) -> None:
+        """The sha256 of every shard this process has not checked yet (skipped under ``--no-verify``):
+        readers that will consume the whole store call it before their first step."""
+        if integrity.POLICY.verify_hash:
+            for entry in self.manifest["shards"]:
+                integrity.check_shard_hash(self.path, entry)
 
     def size_bytes(self) -> int:
         return sum(int(e["bytes"]) for e in self.manifest["shards"])

@@ -118,6 +118,8 @@ def open_sources(stores: Sequence[ActivationStore] | ActivationStore, hookpoints
         raise ValueError(f"{caller} needs at least one store and one hookpoint")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for store in stores:  # a damaged shard stops the stream before its first batch, not halfway through
+        store.verify_hashes()
     if len(stores) > 1:
         check_aligned(stores)
     pairs = _sources(stores, hookpoints)

@@ -200,18 +200,24 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(config_file: Path) -> dict[str, Any]:
+    """The JSON object in ``config_file``; :class:`ConfigError` naming the file otherwise."""
+    try:
+        data = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {config_file} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {config_file} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {config_file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def build_config(cls: type, ns: argparse.Namespace, config_file: Path | None = None) -> Any:
     """Flags over config file over dataclass defaults -> an instance of ``cls``."""
     data: dict[str, Any] = {}
     if config_file is not None:
-        try:
-            data = json.loads(Path(config_file).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {config_file} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {config_file} is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {config_file} must hold a JSON object, got {type(data).__name__}")
+        data = read_config_file(config_file)
         check_keys(data, cls, str(config_file))
     data = _merge(data, _values_from_namespace(ns, cls))
     return config_from_dict(cls, data)

@@ -136,9 +136,8 @@ def _splice(result, sae, store, hookpoint: str, cfg: EvalConfig):
     if name is None or cfg.contexts == 0 or store.level != "token":
         return result
     lm = load_model(name, device=cfg.device)
-    tok = lm.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    ids, mask = rebuild_contexts(store, cfg.contexts, tok.bos_token_id, pad)
+    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
+    ids, mask = rebuild_contexts(store, cfg.contexts, bos, pad)
 
     def replace(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -17,6 +17,8 @@ import importlib
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 # command name -> module name (under conceptdict.cli)
 COMMANDS: dict[str, str] = {
@@ -37,10 +39,31 @@ def _load(command: str):
     return importlib.import_module(f"conceptdict.cli.{COMMANDS[command]}")
 
 
+# commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
+# whose own flags have no --overwrite (the guard's opt-in is added here)
+OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "export", "demo")
+_ADD_OVERWRITE = ("name", "cbm", "export")
+
+
+def _common() -> argparse.ArgumentParser:
+    """Flags every command takes (before or after the command name)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error instead of one line")
+    common.add_argument("--no-verify", action="store_true", default=argparse.SUPPRESS,
+                        help="skip the sha256 check of each store shard on first read (header and size are "
+                             "still checked); for stores you checked with `conceptdict store verify`")
+    common.add_argument("--wait", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
+                        help="wait up to SECONDS for another process writing a store to finish before reading it")
+    return common
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    common = _common()
     parser = argparse.ArgumentParser(
         prog="conceptdict",
         description="Cache activations, train sparse dictionaries, name the concepts.",
+        parents=[common],
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -49,8 +72,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, add_help=False)
             continue
         module = _load(name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
         module.add_arguments(p)
+        if name in _ADD_OVERWRITE:
+            try:
+                p.add_argument("--overwrite", action="store_true",
+                               help="write into --out even when it holds files conceptdict did not create")
+            except argparse.ArgumentError:
+                pass  # the command has its own --overwrite
     return parser
 
 
@@ -60,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         command = None
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # the common flags after a nested command (`store info DIR --debug`); anything else is an error
+        common = _common()
+        common.prog = parser.prog
+        for key, value in vars(common.parse_args(rest)).items():
+            setattr(args, key, value)
     if args.command is None:
         parser.print_help()
         return 2
@@ -70,15 +104,25 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from conceptdict.cli.args import ConfigError
+    from conceptdict.activations.integrity import set_read_policy
+    from conceptdict.cli import outdir
+    from conceptdict.cli.errors import describe_failure
 
+    set_read_policy(verify_hash=not getattr(args, "no_verify", False), wait_for_writer=getattr(args, "wait", 0.0))
+    out = getattr(args, "out", None) if args.command in OUT_DIR_COMMANDS else None
+    started, created = time.time(), False
     try:
+        if out is not None:
+            created = outdir.claim(Path(out), args.command, bool(getattr(args, "overwrite", False)))
         return int(_load(args.command).run(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
-        if args.verbose:
+    except BaseException as e:  # noqa: BLE001 - one boundary: known failures become one line
+        if out is not None:
+            outdir.release(Path(out), created, started)
+        message = describe_failure(e)
+        if message is None or getattr(args, "debug", False) or args.verbose:
             raise
-        print(f"conceptdict {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        print(f"conceptdict {args.command}: error: {message}", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
 
 
 if __name__ == "__main__":

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, to_jsonable, write_resolved_config
+from conceptdict.cli.args import (
+    ConfigError,
+    add_dataclass_args,
+    build_config,
+    read_config_file,
+    to_jsonable,
+    write_resolved_config,
+)
 
 HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder) on activation store(s)"
 log = logging.getLogger(__name__)
@@ -45,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _train_config(args: argparse.Namespace):
     from conceptdict.saes import TrainConfig
 
-    given = json.loads(Path(args.config).read_text()) if args.config and Path(args.config).exists() else {}
+    given = read_config_file(args.config) if args.config else {}
     missing = [f"--{n}" for n in ("latents", "k") if getattr(args, n, None) is None and n not in given]
     if missing:
         raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32)")
@@ -55,6 +61,7 @@ def _train_config(args: argparse.Namespace):
 def open_training_data(stores: list[Path], hookpoints: list[str]):
     """(ActivationStore list, hookpoint list, rows, description) after checking they fit together."""
     from conceptdict.activations import ActivationStore
+    from conceptdict.activations.summary import check_signal
 
     if not stores:
         raise ConfigError("conceptdict train needs --store STORE_DIR (made by `conceptdict cache` or `store import`)")
@@ -69,6 +76,9 @@ def open_training_data(stores: list[Path], hookpoints: list[str]):
     rows = min(s.num_rows for s in opened)
     if rows == 0:
         raise ValueError(f"store {stores[0]} is empty (0 rows): nothing to train on; re-run `conceptdict cache`")
+    for store in opened:  # all-zero or constant rows: refused before a run that would learn nothing
+        for hp in hookpoints:
+            check_signal(store, hp)
     desc = f"store {', '.join(str(p) for p in stores)}, hookpoint {', '.join(hookpoints)}"
     return opened, hookpoints, rows, desc
 
@@ -80,6 +90,9 @@ def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
         raise FileExistsError(f"{out} already holds a dictionary; pass --overwrite to replace it or --resume")
 
 
+MIN_BATCH = 8  # smaller batches make BatchTopK's per-batch selection and the held-out metrics meaningless
+
+
 def _sized(cfg, rows: int):
     """Clamp the batch size to what the store holds and default tokens to one pass over the training rows."""
     from conceptdict.saes.config import heldout_batch_count
@@ -87,7 +100,12 @@ def _sized(cfg, rows: int):
     held = heldout_batch_count(cfg)
     need = (held + 1) * cfg.batch_size
     if rows < need:
-        batch = max(1, rows // (held + 4))
+        batch = rows // (held + 4)
+        if batch < MIN_BATCH:
+            raise ConfigError(f"the store has {rows} rows, too few to train on: {held} batches are held out (for "
+                              f"evaluation and threshold calibration) and batches need at least {MIN_BATCH} rows, "
+                              f"so it needs at least {(held + 4) * MIN_BATCH} rows; cache more (--tokens), or lower "
+                              f"--eval-batches / --calibration-batches")
         log.warning("store has %d rows, fewer than (held-out batches %d + 1) * batch_size = %d; using batch_size %d",
                     rows, held, need, batch)
         cfg = dataclasses.replace(cfg, batch_size=batch)

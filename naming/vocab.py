@@ -44,16 +44,29 @@ def load_vocabulary(spec: str) -> list[str]:
             n = int(parts[2]) if len(parts) > 2 else 20000
         except ValueError:
             raise ValueError(f"vocabulary spec {spec!r}: N must be an integer, e.g. wordfreq:en:20000") from None
-        from wordfreq import top_n_list
+        from wordfreq import available_languages, top_n_list
 
-        words = top_n_list(lang, n)
+        try:
+            words = top_n_list(lang, n)
+        except LookupError:
+            langs = ", ".join(sorted(available_languages()))
+            raise ValueError(f"vocabulary spec {spec!r}: wordfreq has no language {lang!r}; use one of {langs} "
+                             "(e.g. wordfreq:en:20000), or a word-list file") from None
     else:
         path = Path(spec)
         if not path.is_file():
             raise FileNotFoundError(
                 f"vocabulary {spec!r} is neither a word-list file nor a wordfreq spec (e.g. wordfreq:en:20000)"
             )
-        words = [w.strip() for w in path.read_text(encoding="utf-8").splitlines()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            from conceptdict.activations.data import first_undecodable_line
+
+            line, column, byte = first_undecodable_line(path, "utf-8")
+            raise ValueError(f"vocabulary file {path} is not valid UTF-8 at line {line}, column {column} (byte "
+                             f"0x{byte:02x}); re-save it as UTF-8") from None
+        words = [w.strip() for w in text.splitlines()]
         words = [w for w in words if w and not w.startswith("#")]
     words = list(dict.fromkeys(words))
     if not words:

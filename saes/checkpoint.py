@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .config import Resolved, TrainConfig
+from .files import read_checkpoint, write_atomic
 from .model import SparseCoder
 
 def config_key(cfg: TrainConfig) -> dict[str, Any]:
@@ -21,18 +21,11 @@ def config_key(cfg: TrainConfig) -> dict[str, Any]:
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Atomic write (temporary name, fsync, rename) of a training state of tensors and plain values."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda fh: torch.save(state, fh))  # no .tmp survives a full disk
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start training there")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return read_checkpoint(path)  # a truncated checkpoint.pt is named, not a traceback
 
 
 @dataclass

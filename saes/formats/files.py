@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..files import CorruptFileError
 
-class FormatError(ValueError):
+
+class FormatError(CorruptFileError):
     """A dictionary directory or weight file that cannot be read as what it claims to be."""
 
 
