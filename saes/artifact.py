@@ -24,8 +24,8 @@ from .model import SparseCoder
 
 FORMAT = "conceptdict-dictionary"
 FORMAT_VERSION = 2
-"""2: kind ``batchtopk`` is the row-relative BatchTopK and saves ``norm_scale [S]``; version 1's ``batchtopk``
-(the classical rule) reads as ``batchtopk-absolute``."""
+"""2: kinds ``batchtopk`` and ``crosscoder`` are row-relative and save ``norm_scale [S]``; version 1's
+``batchtopk`` / ``crosscoder`` (the published rules) read as ``batchtopk-absolute`` / ``crosscoder-absolute``."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 CORE_KEYS = ("format", "format_version", "kind", "d_in", "n_latents", "k", "n_sources")
@@ -114,7 +114,9 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     directory = Path(directory)
     cfg = load_native_config(directory)
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
-    kind = "batchtopk-absolute" if cfg["kind"] == "batchtopk" and int(cfg.get("format_version", 1)) < 2 else cfg["kind"]
+    kind = cfg["kind"]
+    if int(cfg.get("format_version", 1)) < 2:  # version 1 ran the absolute rules under these names
+        kind = {"batchtopk": "batchtopk-absolute", "crosscoder": "crosscoder-absolute"}.get(kind, kind)
     model = SparseCoder(D, L, k, kind, n_sources=S)
     path = directory / WEIGHTS_FILE
     t = read_safetensors(path)

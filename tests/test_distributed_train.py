@@ -133,7 +133,7 @@ def two_rank_runs(tmp_path_factory):
     runs["resumed"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(out),
                        "resume": True, "weights": str(tmp / "resumed.safetensors")}
     runs["interrupted"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(tmp / "interrupted"),
-                           "interrupt_at": 9, "weights": str(tmp / "never.safetensors")}
+                           "interrupt_at": 11, "weights": str(tmp / "never.safetensors")}
     proc = torchrun("train", {"runs": list(runs.values())}, tmp)
     assert proc.returncode == 0, failure(proc)
     return runs, refs, store
@@ -163,7 +163,7 @@ def test_one_process_checkpoint_resumes_under_two_ranks(two_rank_runs):
 
 @pytest.mark.integration
 def test_two_rank_checkpoint_resumes_in_one_process(two_rank_runs):
-    """A 2-rank run killed after step 7 (checkpoint at step 6) finishes in ONE process with the weights of
+    """A 2-rank run killed after step 7 (global batch 11: 2 held out, 2 to calibrate; checkpoint at step 6) finishes in ONE process with the weights of
     the uninterrupted run: the checkpoint does not depend on the number of ranks."""
     runs, refs, store = two_rank_runs
     run = runs["interrupted"]
