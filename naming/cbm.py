@@ -1,6 +1,7 @@
 """Concept bottleneck models (Discover-then-Name): a sparse linear probe on named concept activations.
 
-- Features: concept activations of labelled inputs through the dictionary; token-level rows are pooled per
+- Features: concept activations of labelled inputs through the dictionary (by default the encoder's ReLU
+  activations before the TopK / threshold: :attr:`CbmConfig.codes`); token-level rows are pooled per
   input (``mean``, ``max``, or ``super`` — the SuperActivator pooling that averages only the highest
   ``super_quantile`` fraction of each concept's token activations in that input).
 - CBM: ``logits = (a * scale) @ W.T`` — a linear layer **without bias** on the concept activations ``a``,
@@ -54,9 +55,15 @@ class CbmConfig:
     """Dictionary that encodes the inputs (default: the sae_dir recorded in the concept dictionary)."""
     pooling: Literal["mean", "max", "super"] = "super"
     """How token-level concept activations are pooled per input (sequence-level stores need none)."""
-    codes: Literal["relu", "sparse"] = "sparse"
+    codes: Literal["relu", "sparse"] = "relu"
     """What the bottleneck reads per concept: ``relu``, the encoder's activation max(0, (x - b_dec) W_enc + b_enc)
-    before the TopK / threshold keeps the largest; ``sparse``, the dictionary's inference code (k per row)."""
+    before the TopK / threshold keeps the largest (the bottleneck then picks its own sparse set of concepts
+    through the L1 penalty); ``sparse``, the dictionary's inference code (k per row). Default ``relu``, measured
+    with bench/cbm_accuracy.py on three corpora nothing was tuned on (MiniLM sentence.mean_normalized,
+    BatchTopK L=1024 k=16 trained on the task's rows, 400 steps of 256), CBM / probe / gap in points:
+    man pages by section (1672 texts, 6 classes) sparse 77.5 / 80.8 / +3.3, relu 79.3 / 80.8 / +1.5;
+    Debian descriptions by section (2872, 10) sparse 82.9 / 82.8 / -0.2, relu 84.7 / 82.8 / -1.9;
+    third-party docstrings by package (3591, 12) sparse 58.8 / 57.2 / -1.5, relu 61.0 / 57.2 / -3.8."""
     super_quantile: float = 0.1
     """SuperActivator pooling: fraction of an input's highest token activations averaged per concept."""
     lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0, 3.0, 10.0], metadata={"flag": "lam"})
@@ -65,8 +72,10 @@ class CbmConfig:
     """Candidate L2 weights (on mean W^2) for the raw-activation baseline probe; the best on validation wins."""
     max_iter: int = 5000
     """Iteration cap of the full-batch solvers (FISTA for the CBM, L-BFGS for the probe)."""
-    tol: float = 1e-5
-    """Stop when the largest violation of the optimality conditions (``solvers.kkt_residual``) is below this."""
+    tol: float = 1e-4
+    """Stop when the largest violation of the optimality conditions (``solvers.kkt_residual``) is below this.
+    1e-4 halves the iterations of 1e-5 with the same validation accuracy within noise (man-page corpus,
+    bench/cbm_corpora.py, 1024 concepts: 11 s vs 20 s for the four lambdas on a loaded 2-core machine)."""
     val_fraction: float = 0.15
     """Share of each class held out to choose lambda."""
     test_fraction: float = 0.2
@@ -94,7 +103,7 @@ class CbmConfig:
 # ---------------------------------------------------------------- concept activations
 
 
-def concept_activations(model, x: Tensor, codes: str = "sparse") -> Tensor:
+def concept_activations(model, x: Tensor, codes: str = "relu") -> Tensor:
     """x [B, D] (or [B, S, D]) -> [B, L]: the encoder's ReLU activations (``relu``) or the dictionary's sparse
     inference code (``sparse``, ``model.encode``); both are >= 0 and zero where the latent's direction is absent."""
     if codes == "sparse":

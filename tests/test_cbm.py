@@ -149,3 +149,12 @@ def test_store_features_pool_token_rows_per_input():
     with pytest.raises(ValueError, match="label column"):
         store_features(FakeCoder(torch.eye(2), k=1), store, "hp", "nope")
     assert cbm_mod._row_inputs(store).tolist() == [0, 0, 0, 1, 1]
+
+
+def test_concept_activations_relu_keeps_what_topk_drops():
+    coder = FakeCoder(torch.eye(3), k=1)
+    x = torch.tensor([[2.0, 1.0, -1.0]])
+    assert cbm_mod.concept_activations(coder, x, "sparse").tolist() == [[2.0, 0.0, 0.0]]
+    assert cbm_mod.concept_activations(coder, x, "relu").tolist() == [[2.0, 1.0, 0.0]]
+    with pytest.raises(ValueError, match="codes 'dense'"):
+        cbm_mod.concept_activations(coder, x, "dense")
