@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
     model = load_dictionary(sae, device=cfg.device)
     feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling, cfg.super_quantile,
-                           device=cfg.device)  # fmt: skip
+                           device=cfg.device, codes=cfg.codes)  # fmt: skip
     cbm = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
     cbm = dataclasses.replace(cbm, meta={"dict_dir": str(args.dict_dir), "store": str(store.path),
                                          "hookpoint": hookpoint, "label_column": cfg.label_column,

@@ -20,8 +20,8 @@ def cbm_step(ctx: DemoContext) -> StepResult:
     out = ctx.out / "cbm"
     cd = load_concepts(art["concepts"])
     store = ActivationStore(art["store"])
-    cfg = CbmConfig(label_column=art.get("label_key", "family"), out=out, epochs=50 if ctx.fast else 200)
-    feats = store_features(load_dictionary(art["sae"]), store, art["hookpoint"], cfg.label_column)
+    cfg = CbmConfig(label_column=art.get("label_key", "family"), out=out)
+    feats = store_features(load_dictionary(art["sae"]), store, art["hookpoint"], cfg.label_column, codes=cfg.codes)
     cbm = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
     cbm = dataclasses.replace(cbm, meta={"dict_dir": art["concepts"], "store": art["store"],
                                          "hookpoint": art["hookpoint"], "label_column": cfg.label_column})

@@ -14,6 +14,7 @@ from conceptdict.naming.cbm import (
     Contribution,
     Intervention,
     class_concepts,
+    concept_activations,
     explain_input,
     intervene,
     load_cbm,
@@ -50,7 +51,7 @@ from conceptdict.naming.vocab import embed_vocabulary, load_vocabulary
 __all__ = [
     "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "ContextNamer", "Contribution",
     "Example", "Intervention", "LatentEvidence", "LlmConfig", "LlmNamer", "LogitLensNamer", "NameConfig",
-    "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence",
+    "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence", "concept_activations",
     "context_names", "embed_vocabulary", "explain_input", "intervene", "is_concept_dir", "load_cbm",
     "load_concepts", "load_vocabulary", "logit_lens", "logit_lens_names", "name_dictionary", "open_sources",
     "pool_codes", "save_cbm", "save_concepts", "store_features", "train_cbm", "vocab_names", "write_report",

@@ -59,4 +59,7 @@ class Dictionary(Protocol):
     def decoder_directions(self) -> Tensor:
         """Decoder rows [L, D] (or [L, S, D]) in raw activation units."""
 
+    def dense_activations(self, x: Tensor) -> Tensor:
+        """x [n, D] (or [n, S, D]) -> [n, L]: every latent's ReLU activation before selection (the CBM's input)."""
+
     def to(self, device: Any) -> Any: ...

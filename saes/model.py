@@ -309,6 +309,15 @@ class SparseCoder(nn.Module):
         """x [B, D] or [B, S, D] -> dense codes [B, L] under the kind's inference rule."""
         return self.spec.encode(self, self.flatten_input(x))
 
+    def dense_activations(self, x: Tensor) -> Tensor:
+        """x [B, D] or [B, S, D] -> [B, L]: every latent's ReLU activation before the kind's selection (TopK,
+        threshold): relu(pre), or s(x) relu(pre / s(x)) for the row-relative kinds (``row_scale``)."""
+        x = self.flatten_input(x)
+        if not self.spec.relative:
+            return torch.relu(_pre(self, x))
+        s = row_scale(self, x)
+        return torch.relu((x - self.b_dec) @ self.W_enc / s + self.b_enc) * s
+
     def decode(self, f: Tensor) -> Tensor:
         """f [B, L] -> x_hat [B, D] or [B, S, D]."""
         return self.unflatten_output(f @ self.W_dec + self.b_dec)

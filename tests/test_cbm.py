@@ -8,12 +8,12 @@ import torch
 from test_naming_fakes import FakeCoder, FakeStore
 
 from conceptdict.naming import cbm as cbm_mod
+from conceptdict.naming.solvers import fit_linear
 from conceptdict.naming.cbm import (
     CbmConfig,
     class_concepts,
     coverage,
     explain_input,
-    fit_linear,
     intervene,
     load_cbm,
     pool_codes,
@@ -51,7 +51,7 @@ def test_probe_has_no_bias_and_penalty_is_mean_abs_weight(monkeypatch):
 
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     monkeypatch.setattr(torch.Tensor, "mean", spy_mean)
-    fit = fit_linear(x, y, 3, bias=False, l1=0.5, epochs=1, batch_size=40)
+    fit = fit_linear(x, y, 3, bias=False, l1=0.5, max_iter=3)
     monkeypatch.undo()
     assert fit.bias is None and fit.weight.shape == (3, 6)
     assert (3, 6) in [s for s, _ in seen]  # |W| of the full [C, L] matrix is averaged, not summed
@@ -59,7 +59,7 @@ def test_probe_has_no_bias_and_penalty_is_mean_abs_weight(monkeypatch):
     W = torch.randn(3, 6, requires_grad=True)
     ce = torch.nn.functional.cross_entropy(x @ W.T, y)
     assert float((ce + 0.5 * W.abs().mean()).detach()) == pytest.approx(float((ce + 0.5 * W.abs().sum() / 18).detach()))
-    res = train_cbm(torch.rand(60, 4), [i % 2 for i in range(60)], list("abcd"), CbmConfig(min_steps=0, epochs=2, lambdas=[0.1]))
+    res = train_cbm(torch.rand(60, 4), [i % 2 for i in range(60)], list("abcd"), CbmConfig(lambdas=[0.1]))
     assert torch.equal(res.logits(torch.zeros(1, 4)), torch.zeros(1, 2))
 
 
@@ -68,9 +68,10 @@ def test_sparsity_penalty_zeroes_weights():
     y = torch.randint(0, 2, (200,), generator=gen)
     x = torch.randn(200, 10, generator=gen)
     x[:, 0] += 4 * y - 2  # only concept 0 is informative
-    dense = fit_linear(x, y, 2, bias=False, l1=0.0, epochs=60, lr=1e-2)
-    sparse = fit_linear(x, y, 2, bias=False, l1=1.0, epochs=60, lr=1e-2)
+    dense = fit_linear(x, y, 2, bias=False, l1=0.0, l2=0.1)
+    sparse = fit_linear(x, y, 2, bias=False, l1=1.0)
     assert sparse.weight[:, 1:].abs().mean() < 0.2 * dense.weight[:, 1:].abs().mean()
+    assert (sparse.weight[:, 1:] == 0).float().mean() > 0.5 and (sparse.weight[:, 0] != 0).all()
 
 
 def test_stratified_split_is_disjoint_and_covers_every_class():
@@ -101,7 +102,7 @@ def _planted_dataset(n=300, L=12, seed=0):
 
 def test_train_cbm_learns_planted_concepts_and_reports_baseline():
     concepts, labels, names, raw = _planted_dataset()
-    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=40, lr=1e-2, lambdas=[0.01, 0.1]), raw=raw)
+    res = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.01, 0.1]), raw=raw)
     m = res.metrics
     assert m["accuracy"] > 0.9 and m["probe_accuracy"] > 0.8
     assert set(m["val_accuracy_by_lambda"]) == {"0.01", "0.1"} and res.lam in (0.01, 0.1)
@@ -117,7 +118,7 @@ def test_train_cbm_learns_planted_concepts_and_reports_baseline():
 
 def test_interventions_change_predictions():
     concepts, labels, names, _ = _planted_dataset()
-    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=40, lr=1e-2, lambdas=[0.01]))
+    res = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.01]))
     x = concepts[[i for i, lab in enumerate(labels) if lab == "class0"][:10]]
     out = intervene(res, x, set_to={"c1": 3.0}, remove=["c0"])
     assert (out.before == 0).all() and (out.after == 1).all() and out.logits_after.shape == (10, 3)
@@ -127,7 +128,7 @@ def test_interventions_change_predictions():
 
 def test_cbm_round_trip(tmp_path):
     concepts, labels, names, raw = _planted_dataset(n=90)
-    res = train_cbm(concepts, labels, names, CbmConfig(min_steps=0, epochs=5, lambdas=[0.1]), raw=raw)
+    res = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.1]), raw=raw)
     back = load_cbm(save_cbm(res, tmp_path))
     assert torch.equal(back.weight, res.weight) and torch.equal(back.scale, res.scale)
     assert back.classes == res.classes and back.concept_names == res.concept_names and back.metrics == res.metrics
@@ -135,7 +136,7 @@ def test_cbm_round_trip(tmp_path):
 
 def test_rare_classes_are_dropped_and_two_are_needed():
     with pytest.raises(ValueError, match="at least 2 classes"):
-        train_cbm(torch.rand(10, 3), ["a"] * 9 + ["b"], ["x", "y", "z"], CbmConfig(min_steps=0, epochs=1))
+        train_cbm(torch.rand(10, 3), ["a"] * 9 + ["b"], ["x", "y", "z"], CbmConfig())
 
 
 def test_store_features_pool_token_rows_per_input():
@@ -150,17 +151,10 @@ def test_store_features_pool_token_rows_per_input():
     assert cbm_mod._row_inputs(store).tolist() == [0, 0, 0, 1, 1]
 
 
-def test_min_steps_extends_short_trainings(monkeypatch):
-    steps = []
-    real = torch.optim.Adam.step
-
-    def count(self, *a, **k):
-        steps.append(1)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.Adam, "step", count)
-    fit_linear(torch.randn(10, 3), torch.randint(0, 2, (10,)), 2, bias=False, epochs=1, batch_size=5, min_steps=7)
-    assert len(steps) == 8  # 2 batches per epoch, ceil(7 / 2) = 4 epochs
-    steps.clear()
-    fit_linear(torch.randn(10, 3), torch.randint(0, 2, (10,)), 2, bias=False, epochs=5, batch_size=5, min_steps=0)
-    assert len(steps) == 10
+def test_concept_activations_relu_keeps_what_topk_drops():
+    coder = FakeCoder(torch.eye(3), k=1)
+    x = torch.tensor([[2.0, 1.0, -1.0]])
+    assert cbm_mod.concept_activations(coder, x, "sparse").tolist() == [[2.0, 0.0, 0.0]]
+    assert cbm_mod.concept_activations(coder, x, "relu").tolist() == [[2.0, 1.0, 0.0]]
+    with pytest.raises(ValueError, match="codes 'dense'"):
+        cbm_mod.concept_activations(coder, x, "dense")

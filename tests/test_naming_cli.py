@@ -64,7 +64,7 @@ def test_name_show_cbm_export(setup, capsys):
     assert main(["show", str(tmp / "concepts"), "99"]) == 1 and "out of range" in capsys.readouterr().err
 
     rc = main(["cbm", str(tmp / "concepts"), "--label-column", "family", "--out", str(tmp / "cbm"),
-               "--epochs", "30", "--min-steps", "0", "--lr", "0.01", "--lam", "0.01", "--lam", "0.1"])  # fmt: skip
+               "--lam", "0.01", "--lam", "0.1"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0, out
     cbm = json.loads((tmp / "cbm" / "cbm.json").read_text())

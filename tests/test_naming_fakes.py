@@ -68,7 +68,13 @@ class FakeCoder(torch.nn.Module):
         self.b_dec = torch.nn.Parameter(torch.zeros(W_dec.shape[1]))
         self.k, self.kind, self.d_in, self.n_latents, self.n_sources = k, "topk", W_dec.shape[1], W_dec.shape[0], 1
 
+    def flatten_input(self, x):
+        return x
+
     @torch.no_grad()
+    def dense_activations(self, x):
+        return torch.relu((self.flatten_input(x) - self.b_dec) @ self.W_enc + self.b_enc)
+
     def encode(self, x):
         pre = torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
         top = pre.topk(self.k, dim=1)

@@ -64,7 +64,7 @@ def test_sentence_store_vocab_namer_and_cbm(tiny_sentence_store, tmp_path, capsy
     assert {c["name"] for c in doc["concepts"]} <= {"cat", "dog", "rain", "snow", "bread", "cheese", "the", "of"}
     assert all(-1 <= c["score"] <= 1 for c in doc["concepts"]) and doc["meta"]["level"] == "sequence"
     assert list((tmp_path / "cache").glob("vocab-*.safetensors"))  # embeddings cached for the next run
-    rc = main(["cbm", str(out), "--label-column", "topic", "--epochs", "20", "--min-steps", "0", "--lam", "0.01",
+    rc = main(["cbm", str(out), "--label-column", "topic", "--lam", "0.01",
                "--min-class-size", "3", "--out", str(tmp_path / "cbm")])  # fmt: skip
     assert rc == 0, capsys.readouterr()
     cbm = json.loads((tmp_path / "cbm" / "cbm.json").read_text())

@@ -41,7 +41,7 @@ def _cbm(cd):
     x = torch.rand(60, len(cd.concepts), generator=gen)
     x[:, 1] += y
     labels = ["<b>bold</b>" if v else "plain" for v in y.tolist()]
-    return train_cbm(x, labels, cd.names, CbmConfig(min_steps=0, epochs=10, lr=1e-2, lambdas=[0.01]), raw=x)
+    return train_cbm(x, labels, cd.names, CbmConfig(lambdas=[0.01]), raw=x)
 
 
 @pytest.mark.unit

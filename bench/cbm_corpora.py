@@ -1,0 +1,195 @@
+"""Labelled text corpora built from what this machine already has, for ``bench/cbm_accuracy.py``.
+
+Each builder returns ``[{"text", "label"}]``, deterministic for a given machine (sorted sources, fixed
+caps, no sampling). None of them is used by a test or tuned on: they are the "data the project has never
+seen" of issue 11.
+
+- ``manpages``: the NAME line plus the first DESCRIPTION paragraph of each English man page under
+  ``/usr/share/man``, labelled by section (1 user commands, 2 system calls, 3 library calls, 5 file formats,
+  7 overviews, 8 administration).
+- ``debian``: the description of each package in the apt cache (``apt-cache dumpavail``: the package lists
+  already on the machine, nothing is fetched; without Translation files that is the one-line synopsis),
+  labelled by Debian section (games, sound, graphics, ...).
+- ``pydocs``: docstrings of third-party Python packages installed beside conceptdict (torch, numpy, sympy,
+  ...), labelled by the package they come from. The standard library is left out (that is the demo's corpus).
+- ``stdlib``: the demo's corpus (standard-library docstrings by module family), for reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import inspect
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+PER_CLASS = 300
+"""At most this many texts per label (so each corpus stays at a few thousand rows)."""
+MIN_CHARS, MAX_CHARS = 40, 600
+
+MAN_SECTIONS = ("1", "2", "3", "5", "7", "8")
+DEBIAN_SECTIONS = ("games", "sound", "graphics", "science", "math", "fonts", "web", "net", "text", "mail")
+PY_PACKAGES = ("torch", "numpy", "sympy", "networkx", "transformers", "jinja2", "pip", "setuptools", "_pytest",
+               "huggingface_hub", "numba", "fsspec")  # fmt: skip
+
+
+def _clip(text: str) -> str | None:
+    text = " ".join(text.split())
+    if len(text) < MIN_CHARS or len(text.split()) < 5:
+        return None
+    return text[:MAX_CHARS]
+
+
+def _take(pairs, per_class: int) -> list[dict]:
+    """First ``per_class`` unique texts of each label, spread over the sources (every n-th candidate)."""
+    by_label: dict[str, list[str]] = {}
+    for label, text in pairs:
+        by_label.setdefault(label, []).append(text)
+    out = []
+    for label in sorted(by_label):
+        texts = list(dict.fromkeys(by_label[label]))
+        step = max(1, len(texts) // per_class)
+        out += [{"text": t, "label": label} for t in texts[::step][:per_class]]
+    return out
+
+
+# ---------------------------------------------------------------- man pages
+
+_TROFF_FONT = re.compile(r"\\f[BIRPC(]?[A-Z]?|\\\*\(..|\\\*.|\\\(..|\\&|\\-|\\e|\\ |\\c|\\[0-9|^%]")
+
+
+def _man_text(source: str) -> str | None:
+    """NAME line + first DESCRIPTION paragraph of a man(7) or mdoc(7) page, markup removed."""
+    section, parts, para = None, {"NAME": [], "DESCRIPTION": []}, 0
+    for line in source.splitlines():
+        head = re.match(r"^\.(SH|Sh)\s+\"?([A-Z ]+)\"?", line)
+        if head:
+            section = head.group(2).strip()
+            continue
+        if section not in parts:
+            continue
+        if line.startswith((".PP", ".LP", ".P ", ".Pp", ".TP", ".IP")) and section == "DESCRIPTION" and parts[section]:
+            para += 1
+        if para:
+            continue
+        if line.startswith((".", "'")):
+            line = re.sub(r"^\.(B|I|BR|IR|RB|RI|BI|IB|Nm|Nd|Ar|Fl|Xr|Em|Pa|Cm|Sy|Dv|Li|Va|Fn|Ft)\s+", "", line)
+            if line.startswith((".", "'")):
+                continue
+        parts[section].append(_TROFF_FONT.sub("", line).replace("\\", "").replace('"', ""))
+    if not parts["NAME"]:
+        return None
+    return _clip(" ".join(parts["NAME"]) + ". " + " ".join(parts["DESCRIPTION"]))
+
+
+def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS) -> list[dict]:
+    pairs = []
+    for sec in MAN_SECTIONS:
+        for path in sorted((root / f"man{sec}").glob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            try:
+                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            except (OSError, EOFError, gzip.BadGzipFile):
+                continue
+            raw_text = raw.decode("utf-8", "replace")
+            if raw_text.startswith(".so "):
+                continue
+            text = _man_text(raw_text)
+            if text:
+                pairs.append((sec, text))
+    return _take(pairs, per_class)
+
+
+# ---------------------------------------------------------------- Debian package descriptions
+
+
+def debian(per_class: int = PER_CLASS) -> list[dict]:
+    dump = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, check=True).stdout
+    pairs = []
+    for block in dump.split("\n\n"):
+        fields, last = {}, None
+        for line in block.splitlines():
+            if line.startswith(" ") and last:
+                fields[last] += "\n" + line[1:]
+            elif ":" in line:
+                last, _, value = line.partition(":")
+                fields[last] = value.strip()
+        section = fields.get("Section", "").rpartition("/")[2]
+        if section not in DEBIAN_SECTIONS or "Description" not in fields:
+            continue
+        short, _, long = fields["Description"].partition("\n")
+        first = long.split("\n.\n")[0] if long else ""
+        text = _clip(f"{short}. {first}")
+        if text:
+            pairs.append((section, text))
+    return _take(pairs, per_class)
+
+
+# ---------------------------------------------------------------- third-party docstrings
+
+
+def _docstrings(path: Path):
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                # the summary paragraph: parameter tables and examples say little about the package
+                yield inspect.cleandoc(doc).split("\n\n")[0]
+
+
+def pydocs(per_class: int = PER_CLASS) -> list[dict]:
+    site = Path(sysconfig.get_paths()["purelib"])
+    pairs = []
+    for package in PY_PACKAGES:
+        root = site / package
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*.py")):
+            if {"tests", "test", "testing", "_vendor"} & set(path.relative_to(root).parts):
+                continue
+            for doc in _docstrings(path):
+                text = _clip(doc)
+                if text:
+                    pairs.append((package.lstrip("_"), text))
+    return _take(pairs, per_class)
+
+
+def stdlib(per_class: int = PER_CLASS) -> list[dict]:
+    from conceptdict.activations import stdlib_docstrings
+
+    return _take(((r["family"], r["text"]) for r in stdlib_docstrings()), per_class)
+
+
+CORPORA = {"manpages": manpages, "debian": debian, "pydocs": pydocs, "stdlib": stdlib}
+
+
+HOOKPOINT = "sentence.mean_normalized"
+
+
+def embedded(name: str, model, cache: Path, max_length: int = 128):
+    """(x [N, D] at ``sentence.mean_normalized``, labels [N], texts [N]) of corpus ``name``, embedded once
+    under ``cache`` (keyed by the texts) and reused. ``model()`` returns the model handle (loaded lazily)."""
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from conceptdict.activations import embed_texts
+
+    records = CORPORA[name]()
+    texts, labels = [r["text"] for r in records], [r["label"] for r in records]
+    key = hashlib.sha256(("\n\0".join(texts) + "\0" + "\0".join(labels) + HOOKPOINT + str(max_length)).encode())
+    path = cache / f"{name}-{key.hexdigest()[:16]}.safetensors"
+    if not path.exists():
+        x = embed_texts(model(), texts, HOOKPOINT, max_length=max_length)
+        cache.mkdir(parents=True, exist_ok=True)
+        save_file({"x": x.contiguous()}, str(path))
+        path.with_suffix(".json").write_text(json.dumps({"labels": labels, "texts": texts}))
+    return load_file(str(path))["x"], labels, texts
