@@ -1,4 +1,4 @@
-"""Model diffing on planted data: BatchTopK crosscoder + Latent Scaling against the L1 crosscoder.
+"""Model diffing on planted data: BatchTopK crosscoders + Latent Scaling against the L1 crosscoder.
 
 Two synthetic "models" A and B read the same sparse codes through their own atoms
 (``conceptdict.saes.synthetic.planted_pair``): shared atoms, atoms only in B, atoms only in A, atoms in both
@@ -7,7 +7,10 @@ same batches with the project's training loop; each latent is matched to its pla
 cosine; "predicted B-only" is either the Delta tag alone (Delta > 0.9) or Latent Scaling's
 model_specific flag (Delta > 0.9, nu_eps < 0.2, nu_r < 0.5). Prints precision and recall of B-only, the
 misattributions by atom kind, and ratios against the baseline measured in the same run (the L1 crosscoder
-read by Delta alone, i.e. the classical diffing recipe). ``--json PATH`` writes the figures.
+read by Delta alone, i.e. the classical diffing recipe). Also printed: the share of each atom kind that some
+latent learned at all (a one-model concept that no latent learned cannot be found by any reading). Code
+magnitudes are log-normal by default (``--coef-sigma 0``: the former easy problem); every figure is the mean
+over ``--seeds``. ``--json PATH`` writes the figures.
 
     .venv/bin/python bench/crosscoder_diff.py --json runs/bench/crosscoder_diff.json
 """
@@ -30,25 +33,25 @@ from conceptdict.saes.synthetic import learned_by_kind, planted_batches, planted
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d-in", type=int, default=32, help="width D of each model's activations")
-    p.add_argument("--shared", type=int, default=24, help="atoms in both models")
-    p.add_argument("--b-only", type=int, default=8, help="atoms only in B")
-    p.add_argument("--a-only", type=int, default=8, help="atoms only in A")
-    p.add_argument("--scaled", type=int, default=8, help="atoms in both, scaled down in A")
-    p.add_argument("--rotated", type=int, default=8, help="atoms in both, rotated in A")
+    p.add_argument("--d-in", type=int, default=64, help="width D of each model's activations")
+    p.add_argument("--shared", type=int, default=96, help="atoms in both models")
+    p.add_argument("--b-only", type=int, default=32, help="atoms only in B")
+    p.add_argument("--a-only", type=int, default=32, help="atoms only in A")
+    p.add_argument("--scaled", type=int, default=32, help="atoms in both, scaled down in A")
+    p.add_argument("--rotated", type=int, default=32, help="atoms in both, rotated in A")
     p.add_argument("--scale", type=float, default=0.3, help="factor of the scaled atoms in A")
     p.add_argument("--angle", type=float, default=60.0, help="rotation of the rotated atoms in A (degrees)")
-    p.add_argument("--active", type=float, default=3.0, help="mean planted atoms active per token")
-    p.add_argument("--latents", type=int, default=128, help="crosscoder latents L")
-    p.add_argument("--k", type=int, default=4, help="BatchTopK k")
+    p.add_argument("--active", type=float, default=6.0, help="mean planted atoms active per token")
+    p.add_argument("--latents", type=int, default=512, help="crosscoder latents L")
+    p.add_argument("--k", type=int, default=8, help="BatchTopK k")
     p.add_argument("--l1-coeff", type=float, default=1.5, help="lambda of the L1 crosscoder")
-    p.add_argument("--steps", type=int, default=600, help="training steps per crosscoder")
+    p.add_argument("--steps", type=int, default=400, help="training steps per crosscoder")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches for eval and Latent Scaling")
     p.add_argument("--coef-sigma", type=float, default=1.0,
                    help="log-normal sigma of the code magnitudes (0: uniform in [0.5, 1.5], the easy problem)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--kinds", nargs="+", default=["crosscoder-l1", "crosscoder"],
+    p.add_argument("--kinds", nargs="+", default=["crosscoder-l1", "crosscoder-absolute", "crosscoder"],
                    help="the first one is the baseline")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")

@@ -121,19 +121,23 @@ def test_inference_rule_survives_folding_the_input_scale():
     assert torch.allclose(cc.training_decoder(model), (model.W_dec * scale.repeat_interleave(5)), atol=0)
 
 
+@pytest.mark.parametrize("kind", ["crosscoder-absolute", "crosscoder"])
 @pytest.mark.parametrize("impl", ["reference", "auto"])
-def test_batchtopk_kind_training_pass_matches_the_standalone_selection(impl):
+def test_batchtopk_kind_training_pass_matches_the_standalone_selection(impl, kind):
+    """crosscoder-absolute ranks f_j sum_s |d_j^s|; crosscoder ranks the same of relu(pre / s) for the row scale
+    s = |x - b_dec| / sqrt(S D) and keeps s times the selected values."""
     torch.manual_seed(3)
-    model = SparseCoder(d_in=6, n_latents=20, k=3, kind="crosscoder", n_sources=2, kernel_impl=impl)
+    model = SparseCoder(d_in=6, n_latents=20, k=3, kind=kind, n_sources=2, kernel_impl=impl)
     with torch.no_grad():
         model.W_dec.mul_(torch.rand(20, 1) * 2 + 0.1)  # uneven decoder norms: the ranking differs from plain
-    x = torch.randn(16, 12)
+    x = torch.randn(16, 12) * (torch.rand(16, 1) * 4 + 0.1)  # row norms that differ
     dead = torch.zeros(20, dtype=torch.bool)
     dead[:5] = True
     out = model.spec.train_forward(model, x, local_inputs(x, dead=dead, k_aux=2))
-    acts = torch.relu(cc.crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
+    s = (x - model.b_dec).norm(dim=1, keepdim=True) / 12 ** 0.5 if kind == "crosscoder" else torch.ones(16, 1)
+    acts = torch.relu(cc.crosscoder_pre(x, model.W_enc, model.b_enc * s, model.b_dec) / s)
     sel = cc.batchtopk_crosscoder_select(acts, model.W_dec, 2, 3, impl="reference")
-    dense = torch.zeros(16, 20).scatter_add(1, sel.code.indices, sel.code.values)
+    dense = torch.zeros(16, 20).scatter_add(1, sel.code.indices, sel.code.values) * s
     assert torch.allclose(out.x_hat, dense @ model.W_dec + model.b_dec, atol=1e-5)
     assert out.smallest.item() == pytest.approx(sel.smallest.item(), rel=1e-5)
     assert out.aux is not None and set(out.aux.indices[out.aux.values > 0].tolist()) <= set(range(5))
