@@ -225,7 +225,7 @@ def test_cli_eval_name_cbm_export_on_foreign_dictionaries(name, tiny_lm_store, t
                "logit-lens", "--model", str(model_dir), "--out", str(concepts)])  # fmt: skip
     assert rc == 0, capsys.readouterr()
     assert len(json.loads((concepts / "concepts.json").read_text())["concepts"]) == 40
-    rc = main(["cbm", str(concepts), "--label-column", "topic", "--epochs", "5", "--min-steps", "0", "--lam",
+    rc = main(["cbm", str(concepts), "--label-column", "topic", "--lam",
                "0.01", "--min-class-size", "3", "--out", str(tmp_path / "cbm")])  # fmt: skip
     assert rc == 0, capsys.readouterr()
     assert json.loads((tmp_path / "cbm" / "cbm.json").read_text())["classes"] == ["animals", "food", "weather"]

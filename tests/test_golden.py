@@ -12,6 +12,8 @@ import pytest
 
 from golden.make_golden import GOLDEN, compare, golden_run, trainable_kinds
 
+from conceptdict.saes import KINDS
+
 pytestmark = pytest.mark.unit
 
 WANT = json.loads(GOLDEN.read_text())
@@ -25,6 +27,6 @@ def test_every_trainable_kind_has_golden_numbers():
 @pytest.mark.parametrize("kind", sorted(WANT["kinds"]))
 def test_training_matches_golden_numbers(kind):
     want = WANT["kinds"][kind]
-    assert len(want["fvu"]) == WANT["steps"] and any(want["aux"]) == (kind in ("topk", "batchtopk", "crosscoder"))
+    assert len(want["fvu"]) == WANT["steps"] and any(want["aux"]) == KINDS[kind].uses_aux
     bad = compare(golden_run(kind), want)
     assert not bad, f"{kind} trains differently from tests/golden/training.json:\n" + "\n".join(bad[:12])
