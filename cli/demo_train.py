@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from conceptdict.cli.demo import DemoContext, StepResult
@@ -12,11 +13,15 @@ def _fit(ctx: DemoContext, store: str, hookpoint: str, out: Path, kind: str, lat
     from conceptdict.activations import ActivationStore
     from conceptdict.cli.train import TrainCommand, describe, train_on_stores
     from conceptdict.saes import TrainConfig
+    from conceptdict.saes.config import heldout_batch_count
 
     rows = ActivationStore(store).num_rows
     batch_size = min(batch_size, max(8, rows // 8))
-    cfg = TrainConfig(latents=latents, k=k, kind=kind, batch_size=batch_size, eval_batches=2,
-                      tokens=max(1, rows // batch_size - 2) * batch_size * epochs, checkpoint_every=0)
+    # 2 batches held out for evaluation and, for the thresholded kind, 1 on which the threshold is calibrated
+    cfg = TrainConfig(latents=latents, k=k, kind=kind, batch_size=batch_size, eval_batches=2, calibration_batches=1,
+                      tokens=1, checkpoint_every=0)
+    per_epoch = max(1, rows // batch_size - heldout_batch_count(cfg))
+    cfg = dataclasses.replace(cfg, tokens=per_epoch * batch_size * epochs)
     cmd = TrainCommand(stores=[Path(store)], hookpoints=[hookpoint], out=out, overwrite=True)
     model = train_on_stores(cmd, cfg)
     return [f"{out} ({hookpoint}):", *describe(model)]

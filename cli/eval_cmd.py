@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from conceptdict.cli.args import build_config, to_jsonable
+from conceptdict.cli.train import threshold_line
 
 HELP = "evaluate a dictionary on a store: L0, FVU, explained variance, dead/dense latents, CE loss recovered"
 log = logging.getLogger(__name__)
@@ -170,10 +171,14 @@ def run(args: argparse.Namespace) -> int:
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,
-              "config": to_jsonable(cfg), "metrics": result.to_dict(with_density=True)}
+              "config": to_jsonable(cfg), "metrics": result.to_dict(with_density=True),
+              "threshold": (getattr(sae, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"{sae.kind} dictionary {args.sae_dir} on {store.path} [{hookpoint}], {result.n_tokens} rows "
           f"({rows_from}):")
     print(format_table(result))
+    line = threshold_line(getattr(sae, "training_summary", None) or {}, sae.k)
+    if line:
+        print(line)
     print(f"eval: {out}")
     return 0

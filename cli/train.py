@@ -157,7 +157,19 @@ def describe(model) -> list[str]:
     held = summary.get("heldout_eval")
     if held:
         lines += ["held-out evaluation:", format_table(EvalResult(**held))]
-    return lines
+    line = threshold_line(summary, model.k)
+    return lines + ([line] if line else [])
+
+
+def threshold_line(summary: dict, k: int) -> str | None:
+    """How a thresholded dictionary's inference threshold was set (``training.threshold`` in config.json)."""
+    info = (summary or {}).get("threshold")
+    if not info:
+        return None
+    if info.get("calibrated_on_rows"):
+        return (f"inference threshold {info['value']:.6g}: calibrated for mean L0 = k = {k} on "
+                f"{info['calibrated_on_rows']} rows never trained on (running estimate {info['running_estimate']:.6g})")
+    return f"inference threshold {info['value']:.6g}: running estimate from training batches (not calibrated)"
 
 
 def run(args: argparse.Namespace) -> int:
