@@ -99,7 +99,7 @@ def main(argv=None) -> int:
           f"{args.scaled} scaled x{args.scale} in A, {args.rotated} rotated {args.angle:g} deg; code magnitudes "
           f"{'log-normal sigma ' + str(args.coef_sigma) if args.coef_sigma > 0 else 'U[0.5, 1.5]'}; "
           f"L={args.latents}, k={args.k}, {args.steps} steps x {args.batch_size}; seeds {args.seeds}")
-    print(f"{'seed':<5}{'crosscoder':<14}{'read by':<16}{'prec':>6}{'recall':>7}{'pred':>6}  "
+    print(f"{'seed':<5}{'crosscoder':<20}{'read by':<16}{'prec':>6}{'recall':>7}{'pred':>6}  "
           f"{'misattributed (by atom kind)':<34}{'shared ok':>9}  prec/base  fvu    l0   train s")
     results = []
     for seed in args.seeds:
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                 sc = res[name]
                 ratio = sc["precision"] / base["precision"] if base["precision"] else math.nan
                 res[name]["precision_over_baseline"] = ratio
-                print(f"{seed:<5}{res['kind']:<14}{name:<16}{_fmt(sc['precision']):>6}{_fmt(sc['recall']):>7}"
+                print(f"{seed:<5}{res['kind']:<20}{name:<16}{_fmt(sc['precision']):>6}{_fmt(sc['recall']):>7}"
                       f"{sc['n_predicted']:>6}  {json.dumps(sc['misattributed']):<34}"
                       f"{_fmt(sc['shared_tagged_shared']):>9}  {_fmt(ratio):>9}  {res['fvu']:.3f} {res['l0']:5.2f} "
                       f"{res['train_s']:7.1f}", flush=True)
@@ -118,14 +118,14 @@ def main(argv=None) -> int:
     print("\nmean over seeds: B-only precision / recall as read by Latent Scaling (Delta alone), and the share of "
           "each atom kind that some latent learned (cos >= 0.9)")
     kinds = sorted({k for r in results for k in r["learned"]})
-    print(f"{'crosscoder':<14}{'LS prec':>8}{'LS rec':>8}{'D prec':>8}{'D rec':>8}  " + "".join(f"{k:>9}" for k in kinds))
+    print(f"{'crosscoder':<20}{'LS prec':>8}{'LS rec':>8}{'D prec':>8}{'D rec':>8}  " + "".join(f"{k:>9}" for k in kinds))
     for kind in args.kinds:
         rs = [r for r in results if r["kind"] == kind]
         mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
         vals = [mean([r[n][m] for r in rs if not math.isnan(r[n][m])]) for n in ("latent_scaling", "delta")
                 for m in ("precision", "recall")]
         learned = [mean([r["learned"][k] for r in rs]) for k in kinds]
-        print(f"{kind:<14}" + "".join(f"{_fmt(v):>8}" for v in vals) + "  " + "".join(f"{v:>9.2f}" for v in learned))
+        print(f"{kind:<20}" + "".join(f"{_fmt(v):>8}" for v in vals) + "  " + "".join(f"{v:>9.2f}" for v in learned))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         figures = {"args": vars(args) | {"json": str(args.json)}, "runs": results}
