@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import kernels
 from .comm import StepInputs
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput, row_scale, scaled_smallest, sparse_train_forward
+from .model import KINDS, KindSpec, SparseCoder, TrainOutput, relative_acts, scaled_smallest, sparse_train_forward
 
 CROSSCODER_KINDS = ("crosscoder", "crosscoder-absolute", "crosscoder-l1")
 
@@ -163,20 +163,14 @@ def _absolute_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainO
     return sparse_train_forward(model, x, inputs, batch=True, scale=_ranking_weight(model))
 
 
-def _relative_acts(model: SparseCoder, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(relu(pre / s) [B, L], s [B, 1]) for the row-relative crosscoder."""
-    s = row_scale(model, x)
-    return torch.relu((x - model.b_dec) @ model.W_enc / s + model.b_enc), s
-
-
 def _relative_scores(model: SparseCoder, x: Tensor) -> Tensor:
-    acts, _ = _relative_acts(model, x)
+    acts, _ = relative_acts(model, x)
     return acts * source_norm_sum(training_decoder(model), model.n_sources)
 
 
 def _relative_encode(model: SparseCoder, x: Tensor) -> Tensor:
     """Inference of ``crosscoder``: s f_j where f_j sum_s |d_j^s| > threshold, f = relu(pre / s)."""
-    acts, s = _relative_acts(model, x)
+    acts, s = relative_acts(model, x)
     return crosscoder_threshold_codes(acts, training_decoder(model), model.n_sources, model.threshold) * s
 
 

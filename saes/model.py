@@ -165,15 +165,22 @@ def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> Tra
     return sparse_train_forward(model, x, inputs, batch=True, relative=True)
 
 
+def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
+    """(relu((x - b_dec) W_enc / s + b_enc) [B, L], s [B, 1]) for x_flat [B, S*D]: the activations of the
+    row-relative kinds before selection, relative to the row scale s(x) (:func:`row_scale`)."""
+    s = row_scale(model, x)
+    return torch.relu((x - model.b_dec) @ model.W_enc / s + model.b_enc), s
+
+
 def _relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
-    """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L] (see :func:`row_scale`)."""
-    return torch.relu((x - model.b_dec) @ model.W_enc / row_scale(model, x) + model.b_enc)
+    """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L]."""
+    return relative_acts(model, x)[0]
 
 
 def _relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     """Inference of ``batchtopk``: s(x) relu(pre / s) where pre / s exceeds the threshold."""
-    acts = _relative_scores(model, x)
-    return acts * (acts > model.threshold) * row_scale(model, x)
+    acts, s = relative_acts(model, x)
+    return acts * (acts > model.threshold) * s
 
 
 def _absolute_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
@@ -315,8 +322,8 @@ class SparseCoder(nn.Module):
         x = self.flatten_input(x)
         if not self.spec.relative:
             return torch.relu(_pre(self, x))
-        s = row_scale(self, x)
-        return torch.relu((x - self.b_dec) @ self.W_enc / s + self.b_enc) * s
+        acts, s = relative_acts(self, x)
+        return acts * s
 
     def decode(self, f: Tensor) -> Tensor:
         """f [B, L] -> x_hat [B, D] or [B, S, D]."""
