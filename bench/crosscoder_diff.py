@@ -12,6 +12,10 @@ latent learned at all (a one-model concept that no latent learned cannot be foun
 magnitudes are log-normal by default (``--coef-sigma 0``: the former easy problem); every figure is the mean
 over ``--seeds``. ``--json PATH`` writes the figures.
 
+The default run is 1000 steps of 512 rows. Shorter runs leave the shared atoms split: at 400 steps about a
+fifth of them are covered only by two latents at cosine ~0.85 each (the `crosscoder` learned 0.82 of the
+shared atoms against 1.00 of the one-model ones); by 1000 steps the pairs have merged (0.99).
+
     .venv/bin/python bench/crosscoder_diff.py --json runs/bench/crosscoder_diff.json
 """
 
@@ -45,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--latents", type=int, default=512, help="crosscoder latents L")
     p.add_argument("--k", type=int, default=8, help="BatchTopK k")
     p.add_argument("--l1-coeff", type=float, default=1.5, help="lambda of the L1 crosscoder")
-    p.add_argument("--steps", type=int, default=400, help="training steps per crosscoder")
+    p.add_argument("--steps", type=int, default=1000, help="training steps per crosscoder")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches for eval and Latent Scaling")
     p.add_argument("--coef-sigma", type=float, default=1.0,

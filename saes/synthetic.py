@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import math
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
