@@ -75,6 +75,24 @@ def generate(model: ModelHandle, prompt: str, hookpoint: str, edit: Edit | None,
     return out
 
 
+class SentenceSteerer:
+    """Steered sentence embeddings of fixed ``texts``; for a sentence hookpoint the texts are embedded once and
+    each edit acts on the pooled embedding, for a token hookpoint every call runs the edited forward."""
+
+    def __init__(self, model: ModelHandle, texts: Sequence[str], hookpoint: str, batch_size: int = 64) -> None:
+        check_hookpoints(model, [hookpoint])
+        self.model, self.texts, self.hookpoint, self.batch_size = model, list(texts), hookpoint, batch_size
+        self.raw = (embed_texts(model, self.texts, hookpoint, batch_size=batch_size)
+                    if hookpoint in SENTENCE_HOOKPOINTS else None)
+
+    def __call__(self, edit: Edit | None) -> Tensor:
+        """[N, D] L2-normalised embeddings with ``edit`` applied (None: unchanged)."""
+        if self.raw is None:
+            return steered_embeddings(self.model, self.texts, self.hookpoint, edit, self.batch_size)
+        x = self.raw if edit is None else edit(self.raw)
+        return torch.nn.functional.normalize(x, dim=-1)
+
+
 def steered_embeddings(model: ModelHandle, texts: Sequence[str], hookpoint: str, edit: Edit | None,
                        batch_size: int = 64) -> Tensor:
     """[N, D] sentence embeddings (``sentence.mean_normalized``) with ``edit`` at ``hookpoint``: for a sentence

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--store", type=Path, required=True, help="activation store with the label columns")
     parser.add_argument("--config", type=Path, default=None, help="JSON config file (flags override it)")
+    parser.add_argument("--apply", type=Path, default=None, metavar="ERASER_DIR",
+                        help="instead of the table: write --out as a new store, STORE with an eraser written by an "
+                             "earlier run (OUT/erasers/METHOD) applied to its hookpoint")
     add_dataclass_args(parser, EraseConfig)
 
 
@@ -56,6 +59,24 @@ def causal_model_name(cfg, store) -> str | None:
     return source if source and Path(source).is_dir() else info.get("id")
 
 
+def apply_eraser(eraser_dir: Path, store, hookpoint: str, out: Path) -> int:
+    from conceptdict.activations.transform import map_store
+    from conceptdict.saes.erasure import load_eraser
+
+    eraser = load_eraser(eraser_dir)
+    fitted_at = eraser.meta.get("hookpoint")
+    if fitted_at and fitted_at != hookpoint:
+        raise ConfigError(f"eraser {eraser_dir} was fitted at hookpoint {fitted_at!r} but the store's is {hookpoint!r}; "
+                          "pass --hookpoint or an eraser fitted on this hookpoint")
+    if eraser.mean.shape[0] != store.d_in(hookpoint):
+        raise ConfigError(f"eraser {eraser_dir} has D={eraser.mean.shape[0]} but {store.path} has "
+                          f"D={store.d_in(hookpoint)} at {hookpoint}; pass the store it was fitted on")
+    path = map_store(store.path, out, hookpoint, eraser, note={"eraser": str(eraser_dir), "method": eraser.method})
+    print(f"{eraser.method} applied to {store.num_rows} rows of {store.path} [{hookpoint}]")
+    print(f"store: {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, load_model
     from conceptdict.naming.erase import EraseConfig, ce_change_function, erase_table, format_table, load_labelled
@@ -67,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("conceptdict erase needs --out DIR")
     store = ActivationStore(args.store)
     hookpoint = resolve_hookpoint(store, cfg.hookpoint)
+    if args.apply is not None:
+        return apply_eraser(args.apply, store, hookpoint, cfg.out)
     dictionary, names = (open_dictionary_for(cfg.dictionary, hookpoint, cfg.device) if cfg.dictionary
                          else (None, None))
     data = load_labelled(store, hookpoint, cfg)

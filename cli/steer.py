@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
                   if cfg.mode == "add" else None)
         doc = steer_sentences(model, hookpoint, edit, vector, texts, cfg, dictionary,
                               load_cbm(cfg.cbm) if cfg.cbm else None)
-    doc.update(latents=[{"id": j, "name": names[j] if names else ""} for j in latents], mode=cfg.mode,
+    norms = dictionary.decoder_directions()[latents].float().norm(dim=-1).tolist()
+    doc.update(latents=[{"id": j, "name": names[j] if names else "", "decoder_norm": n} for j, n in zip(latents, norms)],
+               mode=cfg.mode,
                alpha=cfg.alpha, hookpoint=hookpoint, model=model.name, dictionary=str(sae_dir))
     path = write_steer(doc, cfg.out)
     write_resolved_config(cfg, cfg.out, "steer_config.json")

@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor
 
-from conceptdict.activations.intervene import edited_logits, encode_prompts, generate, steered_embeddings
+from conceptdict.activations.intervene import SentenceSteerer, edited_logits, encode_prompts, generate, steered_embeddings
 from conceptdict.naming.cbm import concept_activations
 from conceptdict.naming.report import esc, page
 
@@ -44,8 +44,9 @@ class SteerConfig:
     mode: Literal["add", "clamp", "ablate"] = "add"
     """add alpha * d_j, clamp f_j to alpha, or ablate f_j (set it to 0); the error term is kept."""
     alpha: float = 1.0
-    """The amount added (add) or the value clamped to (clamp), in code units: decoder rows have unit norm, so in
-    add mode alpha is the length of the added vector (a ``sentence.mean_normalized`` row has length 1)."""
+    """The amount added (add) or the value clamped to (clamp), in the dictionary's code units: add mode adds
+    alpha * d_j with d_j the decoder row in raw activation units (steer.json records its norm; a dictionary
+    trained on normalised inputs has rows of norm 1 / scale, e.g. 0.051 for the demo's sentence dictionary)."""
     prompts: list[str] = field(default_factory=list, metadata={"flag": "prompt"})
     """Inputs to steer (repeatable): prompts to continue (causal LMs) or texts to embed (sentence encoders)."""
     tokens: list[str] = field(default_factory=list, metadata={"flag": "token"})
@@ -174,8 +175,8 @@ def steer_sentences(model, hookpoint: str, edit: Edit, vector: Tensor | None, te
     ``vector`` (the add-mode steering vector; None: no random control), and a CBM's predictions."""
     if not cfg.prompts:
         raise ValueError("no input texts: pass --prompt TEXT (repeatable) to embed and steer")
-    base = steered_embeddings(model, cfg.prompts, hookpoint, None)
-    steered = steered_embeddings(model, cfg.prompts, hookpoint, edit)
+    steer = SentenceSteerer(model, cfg.prompts, hookpoint)
+    base, steered = steer(None), steer(edit)
     goal = steered_embeddings(model, list(texts), hookpoint, None)
     shift = (_cos(steered, goal) - _cos(base, goal)).mean(0)  # [M]
     doc: dict[str, Any] = {
@@ -187,7 +188,7 @@ def steer_sentences(model, hookpoint: str, edit: Edit, vector: Tensor | None, te
         shifts = []
         for r in range(cfg.random_directions):
             rand = random_direction(vector, cfg.seed + 1000 + r)
-            moved = steered_embeddings(model, cfg.prompts, hookpoint, lambda x, v=rand: x + v.to(x.device, x.dtype))
+            moved = steer(lambda x, v=rand: x + v.to(x.device, x.dtype))
             shifts.append(float((_cos(moved, goal) - _cos(base, goal)).mean()))
         control = sum(abs(s) for s in shifts) / len(shifts)
         doc.update(random_cos_shifts=shifts, random_abs_cos_shift=control,
@@ -196,7 +197,8 @@ def steer_sentences(model, hookpoint: str, edit: Edit, vector: Tensor | None, te
         from conceptdict.activations.models import embed_texts
 
         raw = embed_texts(model, list(cfg.prompts), hookpoint)
-        pred = [cbm.logits(concept_activations(dictionary, e)).softmax(-1) for e in (raw, edit(raw))]
+        with torch.no_grad():
+            pred = [cbm.logits(concept_activations(dictionary, e)).softmax(-1) for e in (raw, edit(raw))]
         doc["cbm"] = [{"prompt": p, "before": cbm.classes[int(a.argmax())], "after": cbm.classes[int(b.argmax())],
                        "p_before": float(a.max()), "p_after": float(b[a.argmax()])}
                       for p, a, b in zip(cfg.prompts, *pred)]

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from conceptdict.activations.intervene import edited_logits, encode_prompts, steered_embeddings
+from conceptdict.activations.intervene import SentenceSteerer, edited_logits, encode_prompts, steered_embeddings
 from conceptdict.activations.models import SENTENCE_HOOKPOINTS
 from conceptdict.naming.steer import random_direction
 
@@ -44,11 +44,11 @@ def _adder(vector: Tensor):
     return lambda x: x + vector.to(x.device, x.dtype)
 
 
-def _sentence_effects(model, hookpoint: str, texts: Sequence[str], goal: Tensor, base: Tensor, direction: Tensor,
+def _sentence_effects(steer: SentenceSteerer, goal: Tensor, base: Tensor, direction: Tensor,
                       alphas: Sequence[float]) -> tuple[list[float], float]:
     effects, damage = [], 0.0
     for a in alphas:
-        steered = steered_embeddings(model, texts, hookpoint, _adder(a * direction))
+        steered = steer(_adder(a * direction))
         effects.append(float((steered @ goal - base @ goal).mean()))
         damage = float(1 - torch.nn.functional.cosine_similarity(steered, base).mean())
     return effects, damage
@@ -103,7 +103,8 @@ def steerability(dictionary, model, hookpoint: str, latents: Sequence[int], name
         ids, mask = encode_prompts(model, texts)
         clean = edited_logits(model, ids, mask, hookpoint, None).log_softmax(-1)
     else:
-        base = steered_embeddings(model, texts, hookpoint, None)
+        steer = SentenceSteerer(model, texts, hookpoint)
+        base = steer(None)
     for j, name in zip(latents, names):
         d = dirs[j]
         rand = [random_direction(d, seed + 7919 * r + j) for r in range(n_random)]
@@ -117,9 +118,9 @@ def steerability(dictionary, model, hookpoint: str, latents: Sequence[int], name
                       for r in rand]
         else:
             goal = steered_embeddings(model, [name], hookpoint, None)[0]
-            effects, damage = _sentence_effects(model, hookpoint, texts, goal, base, d, alphas)
+            effects, damage = _sentence_effects(steer, goal, base, d, alphas)
             rec = {"effect_per_alpha": _slope(alphas, effects), "damage": damage}
-            chance = [abs(_slope(alphas, _sentence_effects(model, hookpoint, texts, goal, base, r, alphas)[0]))
+            chance = [abs(_slope(alphas, _sentence_effects(steer, goal, base, r, alphas)[0]))
                       for r in rand]
         control = sum(chance) / len(chance) if chance else float("nan")
         rec.update(random_effect_per_alpha=control, alpha_max=float(max(alphas)),

@@ -114,3 +114,45 @@ def test_erase_on_a_causal_lm_reports_the_ce_change(lm_store, tmp_path, capsys):
     assert rec["none"]["ce_change"] == pytest.approx(0, abs=1e-6)
     assert all(isinstance(r["ce_change"], float) for r in rec.values())
     assert rec["leace-switch"]["ce_change"] != 0 and "ce_change" in printed
+
+
+def test_erase_on_the_default_sentence_encoder(tmp_path, capsys):
+    """The default MiniLM over 400 standard-library docstrings: Y = module family, C = mentions "return"."""
+    from conceptdict.activations import stdlib_docstrings
+
+    docs = stdlib_docstrings()[::5][:400]
+    with (tmp_path / "docs.jsonl").open("w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d["text"], "family": d["family"],
+                                "mentions_return": "yes" if "return" in d["text"].lower() else "no"}) + "\n")
+    assert main(["cache", "--model", "default", "--hookpoint", "sentence.mean_normalized", "--dataset",
+                 str(tmp_path / "docs.jsonl"), "--out", str(tmp_path / "store")]) == 0
+    rc = main(["erase", "--store", str(tmp_path / "store"), "--concept-column", "mentions_return", "--target-column",
+               "family", "--mlp-epochs", "100", "--out", str(tmp_path / "out")])
+    assert rc == 0, capsys.readouterr().err
+    rec = {r["method"]: r for r in json.loads((tmp_path / "out" / "erase.json").read_text())["records"]}
+    chance = rec["none"]["concept_chance"]
+    assert rec["none"]["concept_linear_acc"] > chance + 0.05
+    assert rec["leace"]["concept_linear_acc"] < rec["none"]["concept_linear_acc"]
+    assert rec["splince"]["target_cov_change_fit"] < 1e-4 < rec["leace"]["target_cov_change_fit"]
+    assert rec["midsteer"]["switch_rate"] > 0.5
+
+
+def test_a_saved_eraser_applies_to_a_store(planted, capsys):
+    from conceptdict.activations import ActivationStore
+    from conceptdict.saes.erasure import cross_covariance, load_eraser, one_hot
+
+    tmp, store, _, _ = planted
+    out = tmp / "fitted"
+    assert main(["erase", "--store", str(store), "--concept-column", "concept", "--method", "leace",
+                 "--mlp-epochs", "20", "--out", str(out)]) == 0
+    assert main(["erase", "--store", str(store), "--apply", str(out / "erasers" / "leace"),
+                 "--out", str(tmp / "erased_store")]) == 0, capsys.readouterr().err
+    before, after = ActivationStore(store), ActivationStore(tmp / "erased_store")
+    assert after.num_rows == before.num_rows and after.labels("concept") == before.labels("concept")
+    assert after.manifest["derived_from"]["method"] == "leace"
+    x, y = before.rows("hp", 0, before.num_rows).float(), after.rows("hp", 0, after.num_rows).float()
+    assert torch.allclose(y, load_eraser(out / "erasers" / "leace")(x), atol=1e-5)
+    c = torch.tensor([int(v) for v in before.labels("concept")])
+    assert cross_covariance(x, one_hot(c)).abs().max() > 0.1
+    assert cross_covariance(y, one_hot(c)).abs().max() < 0.02  # fitted on 70% of the rows
