@@ -19,7 +19,14 @@ from safetensors import safe_open
 
 from conceptdict.activations import integrity
 from conceptdict.activations.lock import writer_lock
-from conceptdict.activations.store import ActivationStore, StoreError, append_shard, encode_shard, finish, write_manifest
+from conceptdict.activations.store import (
+    ActivationStore,
+    StoreError,
+    append_shard,
+    encode_shard,
+    finish,
+    write_manifest,
+)
 
 
 def map_store(source: str | Path, out: str | Path, hookpoint: str, fn: Callable[[torch.Tensor], torch.Tensor],

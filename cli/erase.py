@@ -66,8 +66,8 @@ def apply_eraser(eraser_dir: Path, store, hookpoint: str, out: Path) -> int:
     eraser = load_eraser(eraser_dir)
     fitted_at = eraser.meta.get("hookpoint")
     if fitted_at and fitted_at != hookpoint:
-        raise ConfigError(f"eraser {eraser_dir} was fitted at hookpoint {fitted_at!r} but the store's is {hookpoint!r}; "
-                          "pass --hookpoint or an eraser fitted on this hookpoint")
+        raise ConfigError(f"eraser {eraser_dir} was fitted at hookpoint {fitted_at!r} but the store's is "
+                          f"{hookpoint!r}; pass --hookpoint or an eraser fitted on this hookpoint")
     if eraser.mean.shape[0] != store.d_in(hookpoint):
         raise ConfigError(f"eraser {eraser_dir} has D={eraser.mean.shape[0]} but {store.path} has "
                           f"D={store.d_in(hookpoint)} at {hookpoint}; pass the store it was fitted on")
@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     name = causal_model_name(cfg, store)
     if name and cfg.contexts and store.level == "token":
         ce = ce_change_function(load_model(name, device=cfg.device), store, hookpoint, cfg.contexts)
-    doc = erase_table(data, cfg, dictionary, names, ce)
+    doc, erasers = erase_table(data, cfg, dictionary, names, ce)
     meta = {"store": str(store.path), "hookpoint": hookpoint, "concept_column": cfg.concept_column,
             "target_column": cfg.target_column, "dictionary": str(cfg.dictionary) if cfg.dictionary else None}
-    path = write_erase(doc, cfg.out, meta)
+    path = write_erase(doc, erasers, cfg.out, meta)
     write_resolved_config(cfg, cfg.out, "erase_config.json")
     print(format_table(doc))
     print(f"table:   {path}")

@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         doc = steer_sentences(model, hookpoint, edit, vector, texts, cfg, dictionary,
                               load_cbm(cfg.cbm) if cfg.cbm else None)
     norms = dictionary.decoder_directions()[latents].float().norm(dim=-1).tolist()
-    doc.update(latents=[{"id": j, "name": names[j] if names else "", "decoder_norm": n} for j, n in zip(latents, norms)],
-               mode=cfg.mode,
+    doc.update(latents=[{"id": j, "name": names[j] if names else "", "decoder_norm": n}
+                        for j, n in zip(latents, norms)], mode=cfg.mode,
                alpha=cfg.alpha, hookpoint=hookpoint, model=model.name, dictionary=str(sae_dir))
     path = write_steer(doc, cfg.out)
     write_resolved_config(cfg, cfg.out, "steer_config.json")

@@ -23,6 +23,7 @@ source-class test rows that a probe fitted on the unedited rows now assigns to t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from conceptdict.naming.probes import ProbeConfig, linear_classifier, linear_pro
 from conceptdict.naming.report import esc, page
 from conceptdict.naming.solvers import fit_path
 from conceptdict.saes.erasure import (
+    Eraser,
     check_classes,
     cross_covariance,
     fit_leace,
@@ -267,9 +269,16 @@ def _closed(eraser) -> tuple[Edit, Any, dict]:
     return eraser, eraser, {}
 
 
+def _switch_rate(classify, steered: Tensor, pair: tuple[int, int], classes: tuple[str, ...]) -> dict[str, Any]:
+    """Share of steered source-class rows that a probe fitted on the unedited rows assigns to the target class."""
+    rate = float((classify(steered) == pair[1]).float().mean()) if len(steered) else float("nan")
+    return {"switch_rate": rate, "switch": [classes[pair[0]], classes[pair[1]]]}
+
+
 def erase_table(data: Labelled, cfg: EraseConfig, dictionary=None, names: list[str] | None = None,
-                ce_change: Callable[[Edit], float] | None = None) -> dict[str, Any]:
-    """Fit every method on one split and measure it (see the module docstring). Returns the erase.json document."""
+                ce_change: Callable[[Edit], float] | None = None) -> tuple[dict[str, Any], dict[str, Eraser]]:
+    """Fit every method on one split and measure it (see the module docstring). Returns the erase.json document
+    and the fitted closed-form erasers by method."""
     check_classes(data.concept, f"concept column {cfg.concept_column!r}")
     n = len(data.concept)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))
@@ -285,7 +294,7 @@ def erase_table(data: Labelled, cfg: EraseConfig, dictionary=None, names: list[s
         y_tr, y_te = data.target[train], data.target[test]
         target_before = linear_probe(x_tr, y_tr, x_te, y_te, len(data.target_classes), pcfg).accuracy
     classify = linear_classifier(x_tr, c_tr, k)
-    source, target_class = _switch_classes(data, cfg)
+    switch = _switch_classes(data, cfg)
     records = []
     for method, (edit, artifact, extra) in fit_methods(data, train, cfg, dictionary, names).items():
         log.info("erase: measuring %s", method)
@@ -306,20 +315,18 @@ def erase_table(data: Labelled, cfg: EraseConfig, dictionary=None, names: list[s
             rec["target_cov_change"] = _rel_cov_change(x_te, e_te, y_te, m)
             rec["target_cov_change_fit"] = _rel_cov_change(x_tr.double(), edit(x_tr.double()), y_tr, m)
         if method in STEERING:
-            s, t = (artifact.meta["source"], artifact.meta["target"]) if method == "midsteer" else (source, target_class)
+            pair = (artifact.meta["source"], artifact.meta["target"]) if method == "midsteer" else switch
             if method == "midsteer" or k == 2:
-                rows = c_te == s
-                rec["switch_rate"] = float((classify(e_te[rows]) == t).float().mean())
-                rec["switch"] = [data.concept_classes[s], data.concept_classes[t]]
+                rec.update(_switch_rate(classify, e_te[c_te == pair[0]], pair, data.concept_classes))
         if ce_change is not None:
             rec["ce_change"] = ce_change(edit)
         records.append((rec, artifact))
-    return {
+    doc = {
         "concept_column": cfg.concept_column, "target_column": cfg.target_column,
         "concept_classes": list(data.concept_classes), "target_classes": list(data.target_classes),
         "n_train": len(train), "n_test": len(test), "records": [r for r, _ in records],
-        "_artifacts": {r["method"]: a for r, a in records if a is not None},
     }
+    return doc, {r["method"]: a for r, a in records if a is not None}
 
 
 # ---------------------------------------------------------------- CE change and output
@@ -355,12 +362,11 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_erase(doc: dict[str, Any], out: Path, meta: dict[str, Any]) -> Path:
-    """erase.json, erase.html and erasers/METHOD/ (closed-form methods) under ``out``."""
+def write_erase(doc: dict[str, Any], erasers: dict[str, Eraser], out: Path, meta: dict[str, Any]) -> Path:
+    """erase.json, erase.html and erasers/METHOD/ (the closed-form methods, with ``meta``) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    for method, eraser in doc.pop("_artifacts", {}).items():
-        save_eraser(eraser.__class__(eraser.method, eraser.mean, eraser.left, eraser.right,
-                                     {**eraser.meta, **meta}), out / "erasers" / method)
+    for method, eraser in erasers.items():
+        save_eraser(dataclasses.replace(eraser, meta={**eraser.meta, **meta}), out / "erasers" / method)
     doc = {**doc, "meta": meta}
     (out / "erase.json.tmp").write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(out / "erase.json.tmp", out / "erase.json")
@@ -368,7 +374,7 @@ def write_erase(doc: dict[str, Any], out: Path, meta: dict[str, Any]) -> Path:
     rows = "".join(
         "<tr><td>" + esc(r["method"]) + "</td>"
         + "".join(f"<td>{'&ndash;' if r.get(c) is None else esc(format(r[c], '.4g'))}</td>" for c in cols)
-        + "<td>" + esc(", ".join(f"{lat['id']} {lat['name']}" for lat in r.get("latents", []))) + "</td></tr>"
+        + "<td>" + esc(", ".join(f"{a['id']} {a['name']}" for a in r.get("latents", []))) + "</td></tr>"
         for r in doc["records"])
     table = ("<table><tr><th>method</th>" + "".join(f"<th>{esc(c)}</th>" for c in cols)
              + "<th>latents</th></tr>" + rows + "</table>")

@@ -28,7 +28,13 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor
 
-from conceptdict.activations.intervene import SentenceSteerer, edited_logits, encode_prompts, generate, steered_embeddings
+from conceptdict.activations.intervene import (
+    SentenceSteerer,
+    edited_logits,
+    encode_prompts,
+    generate,
+    steered_embeddings,
+)
 from conceptdict.naming.cbm import concept_activations
 from conceptdict.naming.report import esc, page
 

@@ -97,7 +97,8 @@ def test_steer_a_sentence_encoder_beats_random_directions(tmp_path, tiny_bert_di
     goal = embed_texts(model, ["cat dog bird horse lion"], hp)[0]
     W = torch.nn.functional.normalize(torch.randn(6, D, generator=torch.Generator().manual_seed(2)), dim=1)
     W[0] = torch.nn.functional.normalize(goal - embed_texts(model, prompts, hp).mean(0), dim=0)
-    sae = save_dictionary(_coder(W), tmp_path / "sae", extra={"hookpoints": [hp], "model": {"source": str(tiny_bert_dir)}})
+    sae = save_dictionary(_coder(W), tmp_path / "sae",
+                          extra={"hookpoints": [hp], "model": {"source": str(tiny_bert_dir)}})
     rc = main(["steer", str(sae), "--latent", "0", "--alpha", "0.05", "--prompt", prompts[0], "--prompt", prompts[1],
                "--text", "cat dog bird horse lion", "--out", str(tmp_path / "out")])
     assert rc == 0, capsys.readouterr().err
