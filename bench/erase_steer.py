@@ -7,6 +7,8 @@
 2. Steering: for the most frequent uniquely named latents of the demo's sentence dictionary, ``add alpha * d_j``
    to the embeddings of docstrings and measure the cosine shift toward the embedding of the latent's name,
    against random directions of the same norm (``naming.steerability``; ratio = effect / mean |random effect|).
+   The demo dictionary's decoder rows have norm 0.051 (it was trained on scaled inputs), so alpha 8 adds a
+   vector of length 0.41 to embeddings of length 1.
    One latent also goes through ``conceptdict steer``.
 
 Needs ``make demo`` first (runs/demo/concepts, runs/demo/sae). Run from the repository root:
@@ -50,7 +52,7 @@ def erase_table(root: Path, concepts: Path) -> dict:
     return json.loads((root / "erase" / "erase.json").read_text())
 
 
-def steering(concepts: Path, n_latents: int, alphas=(0.125, 0.25, 0.5)) -> dict:
+def steering(concepts: Path, n_latents: int, alphas=(2.0, 4.0, 8.0)) -> dict:
     from conceptdict.activations import load_model, stdlib_docstrings
     from conceptdict.naming import load_concepts
     from conceptdict.naming.steerability import steerability

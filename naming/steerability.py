@@ -32,7 +32,8 @@ from conceptdict.activations.models import SENTENCE_HOOKPOINTS
 from conceptdict.naming.steer import random_direction
 
 ALPHAS = (1.0, 2.0, 4.0)
-"""Default alphas (code units; decoder rows have unit norm)."""
+"""Default alphas, in code units: the added vector is alpha * d_j with d_j the decoder row in raw activation
+units (unit norm for a dictionary trained on raw rows, 1 / scale for one trained on scaled rows)."""
 
 
 def _slope(alphas: Sequence[float], effects: Sequence[float]) -> float:
