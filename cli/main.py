@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "diff": "diff",
     "name": "name",
     "cbm": "cbm",
+    "erase": "erase",
+    "steer": "steer",
     "export": "export",
     "show": "show",
     "demo": "demo",
@@ -41,8 +43,8 @@ def _load(command: str):
 
 # commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
 # whose own flags have no --overwrite (the guard's opt-in is added here)
-OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "export", "demo")
-_ADD_OVERWRITE = ("name", "cbm", "export")
+OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "erase", "steer", "export", "demo")
+_ADD_OVERWRITE = ("name", "cbm", "erase", "steer", "export")
 
 
 def _common() -> argparse.ArgumentParser:

@@ -1,0 +1,248 @@
+"""``conceptdict steer``: intervene on chosen dictionary latents at the dictionary's hookpoint.
+
+With codes ``f = encode(x)`` and decoder rows ``d_j``, the dictionary's reconstruction is ``x_hat(f) = f W_dec +
+b_dec``; an intervention changes the chosen codes to ``f'`` and keeps the error term ``x - x_hat(f)``, so only
+the chosen latents change::
+
+    x' = x_hat(f') + (x - x_hat(f)) = x + sum_j (f'_j - f_j) d_j
+
+- ``add``:    f'_j = f_j + alpha        ->  x' = x + alpha sum_j d_j   (no encoding needed)
+- ``clamp``:  f'_j = alpha
+- ``ablate``: f'_j = 0
+
+Causal LMs (:func:`steer_lm`): continuations of each prompt with and without the intervention (greedy, and
+sampled with the same seed), and the log-probability shift of chosen tokens at the prompt's last position.
+Sentence encoders (:func:`steer_sentences`): the steered embedding's cosine to given texts, against the same
+shift by random directions of the same norm, and, with a CBM, the predicted classes before and after.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from torch import Tensor
+
+from conceptdict.activations.intervene import (
+    SentenceSteerer,
+    edited_logits,
+    encode_prompts,
+    generate,
+    steered_embeddings,
+)
+from conceptdict.naming.cbm import concept_activations
+from conceptdict.naming.report import esc, page
+
+Edit = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class SteerConfig:
+    """Flags of ``conceptdict steer``."""
+
+    latents: list[str] = field(default_factory=list, metadata={"flag": "latent"})
+    """Latents to steer, by index or by name (repeatable; a name must match exactly one latent)."""
+    mode: Literal["add", "clamp", "ablate"] = "add"
+    """add alpha * d_j, clamp f_j to alpha, or ablate f_j (set it to 0); the error term is kept."""
+    alpha: float = 1.0
+    """The amount added (add) or the value clamped to (clamp), in the dictionary's code units: add mode adds
+    alpha * d_j with d_j the decoder row in raw activation units (steer.json records its norm; a dictionary
+    trained on normalised inputs has rows of norm 1 / scale, e.g. 0.051 for the demo's sentence dictionary)."""
+    prompts: list[str] = field(default_factory=list, metadata={"flag": "prompt"})
+    """Inputs to steer (repeatable): prompts to continue (causal LMs) or texts to embed (sentence encoders)."""
+    tokens: list[str] = field(default_factory=list, metadata={"flag": "token"})
+    """Causal LMs: tokens whose log-probability shift at each prompt's last position is reported."""
+    texts: list[str] = field(default_factory=list, metadata={"flag": "text"})
+    """Sentence encoders: texts to compare the steered embeddings with (default: the latents' names)."""
+    cbm: Path | None = None
+    """Sentence encoders: a CBM (``conceptdict cbm``) whose predictions before and after are reported."""
+    max_new_tokens: int = 20
+    """Causal LMs: tokens generated per continuation."""
+    temperature: float = 1.0
+    """Causal LMs: temperature of the sampled continuation (the greedy one is always made too)."""
+    random_directions: int = 8
+    """Random directions of the steering vector's norm that the sentence effect is compared with."""
+    seed: int = 0
+    """Seed of the sampled continuations and the random directions."""
+    model: str | None = None
+    """Model to steer (default: the one recorded with the dictionary)."""
+    out: Path | None = None
+    """Directory for steer.json and steer.html."""
+    device: str = "cpu"
+
+
+def resolve_latents(specs: Sequence[str], names: Sequence[str] | None, n_latents: int) -> list[int]:
+    """Latent ids for ``specs`` (ids or names); a name matching none or several latents is an error listing them."""
+    if not specs:
+        raise ValueError("no latent to steer: pass --latent ID_OR_NAME")
+    out = []
+    for spec in specs:
+        if spec.lstrip("-").isdigit():
+            j = int(spec)
+            if not 0 <= j < n_latents:
+                raise ValueError(f"latent {j} is out of range; the dictionary has latents 0..{n_latents - 1}")
+            out.append(j)
+            continue
+        if names is None:
+            raise ValueError(f"latent {spec!r} is not an index and the dictionary has no names; pass a concept "
+                             "dictionary (`conceptdict name`) or an index")
+        hits = [i for i, n in enumerate(names) if n == spec]
+        if not hits:
+            close = difflib.get_close_matches(spec, sorted(set(names)), n=5)
+            raise ValueError(f"latent name {spec!r} matches no latent; closest names: {', '.join(close) or 'none'}")
+        if len(hits) > 1:
+            raise ValueError(f"latent name {spec!r} matches {len(hits)} latents ({', '.join(map(str, hits[:20]))}); "
+                             "pass one of these ids with --latent")
+        out.append(hits[0])
+    return out
+
+
+def latent_edit(dictionary, latents: Sequence[int], mode: str, alpha: float) -> Edit:
+    """The intervention of the module docstring as a function of activations [n, D]."""
+    idx = torch.tensor(list(latents))
+    dirs = dictionary.decoder_directions()[idx].float().cpu()  # [m, D]
+    if mode == "add":
+        vector = alpha * dirs.sum(0)
+        return lambda x: x + vector.to(x.device, x.dtype)
+    if mode not in ("clamp", "ablate"):
+        raise ValueError(f"steering mode {mode!r} is not one of add, clamp, ablate")
+
+    def edit(x: Tensor) -> Tensor:
+        with torch.no_grad():
+            f = dictionary.encode(x.float().to(dictionary.W_dec.device))[:, idx].cpu()
+        new = torch.full_like(f, alpha) if mode == "clamp" else torch.zeros_like(f)
+        return x + ((new - f) @ dirs).to(x.device, x.dtype)
+
+    return edit
+
+
+def random_direction(like: Tensor, seed: int) -> Tensor:
+    """A random vector with the norm of ``like`` [D]."""
+    r = torch.randn(like.shape, generator=torch.Generator().manual_seed(seed))
+    return r / r.norm() * like.norm()
+
+
+# ---------------------------------------------------------------- causal LMs
+
+
+def token_ids(model, tokens: Sequence[str]) -> list[int]:
+    """One id per token string (its first token; a leading space is kept as the tokenizer reads it)."""
+    out = []
+    for t in tokens:
+        ids = model.tokenizer(t, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"--token {t!r} gives no token ids; pass a non-empty token")
+        out.append(int(ids[0]))
+    return out
+
+
+def steer_lm(model, hookpoint: str, edit: Edit, cfg: SteerConfig) -> dict[str, Any]:
+    """Continuations and chosen-token log-prob shifts with and without ``edit`` (see the module docstring)."""
+    if not cfg.prompts:
+        raise ValueError("no prompt: pass --prompt TEXT (repeatable)")
+    ids, mask = encode_prompts(model, cfg.prompts)
+    last = mask.sum(1) - 1
+    rows = torch.arange(len(ids))
+    before = edited_logits(model, ids, mask, hookpoint, None)[rows, last].log_softmax(-1)
+    after = edited_logits(model, ids, mask, hookpoint, edit)[rows, last].log_softmax(-1)
+    chosen = token_ids(model, cfg.tokens) if cfg.tokens else []
+    prompts = []
+    for i, prompt in enumerate(cfg.prompts):
+        entry: dict[str, Any] = {"prompt": prompt, "tokens": {}}
+        for tok, tid in zip(cfg.tokens, chosen):
+            entry["tokens"][tok] = {"logprob_before": float(before[i, tid]), "logprob_after": float(after[i, tid]),
+                                    "shift": float(after[i, tid] - before[i, tid])}
+        for label, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
+            for when, e in (("before", None), ("after", edit)):
+                out = generate(model, prompt, hookpoint, e, cfg.max_new_tokens, temp, cfg.seed + i)
+                entry[f"{label}_{when}"] = model.tokenizer.decode(out)
+        entry["kl"] = float((before[i].exp() * (before[i] - after[i])).sum())
+        prompts.append(entry)
+    mean_shift = {tok: sum(p["tokens"][tok]["shift"] for p in prompts) / len(prompts) for tok in cfg.tokens}
+    return {"kind": "causal-lm", "prompts": prompts, "mean_token_shift": mean_shift}
+
+
+# ---------------------------------------------------------------- sentence encoders
+
+
+def _cos(a: Tensor, b: Tensor) -> Tensor:
+    """[N, M] cosines of rows of a [N, D] and b [M, D]."""
+    return torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(b, dim=-1).T
+
+
+def steer_sentences(model, hookpoint: str, edit: Edit, vector: Tensor | None, texts: Sequence[str],
+                    cfg: SteerConfig, dictionary=None, cbm=None) -> dict[str, Any]:
+    """Cosine of the steered embeddings of ``cfg.prompts`` to ``texts``, against random directions of the norm of
+    ``vector`` (the add-mode steering vector; None: no random control), and a CBM's predictions."""
+    if not cfg.prompts:
+        raise ValueError("no input texts: pass --prompt TEXT (repeatable) to embed and steer")
+    steer = SentenceSteerer(model, cfg.prompts, hookpoint)
+    base, steered = steer(None), steer(edit)
+    goal = steered_embeddings(model, list(texts), hookpoint, None)
+    shift = (_cos(steered, goal) - _cos(base, goal)).mean(0)  # [M]
+    doc: dict[str, Any] = {
+        "kind": "sentence", "texts": list(texts), "cos_shift": shift.tolist(),
+        "mean_cos_shift": float(shift.mean()), "cos_to_original": float(torch.nn.functional.cosine_similarity(
+            base, steered).mean()),
+    }
+    if vector is not None and cfg.random_directions:
+        shifts = []
+        for r in range(cfg.random_directions):
+            rand = random_direction(vector, cfg.seed + 1000 + r)
+            moved = steer(lambda x, v=rand: x + v.to(x.device, x.dtype))
+            shifts.append(float((_cos(moved, goal) - _cos(base, goal)).mean()))
+        control = sum(abs(s) for s in shifts) / len(shifts)
+        doc.update(random_cos_shifts=shifts, random_abs_cos_shift=control,
+                   ratio=doc["mean_cos_shift"] / control if control > 0 else None)
+    if cbm is not None and dictionary is not None and hookpoint.startswith("sentence."):
+        from conceptdict.activations.models import embed_texts
+
+        raw = embed_texts(model, list(cfg.prompts), hookpoint)
+        with torch.no_grad():
+            pred = [cbm.logits(concept_activations(dictionary, e)).softmax(-1) for e in (raw, edit(raw))]
+        doc["cbm"] = [{"prompt": p, "before": cbm.classes[int(a.argmax())], "after": cbm.classes[int(b.argmax())],
+                       "p_before": float(a.max()), "p_after": float(b[a.argmax()])}
+                      for p, a, b in zip(cfg.prompts, *pred)]
+    return doc
+
+
+# ---------------------------------------------------------------- output
+
+
+def _shifts(tokens: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{t} {v['shift']:+.3f}" for t, v in tokens.items())
+
+
+def write_steer(doc: dict[str, Any], out: Path) -> Path:
+    """steer.json + steer.html under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "steer.json.tmp").write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(out / "steer.json.tmp", out / "steer.json")
+    lat = ", ".join(f"{x['id']} {x['name']}" for x in doc["latents"])
+    header = (f"<h1>Steering {esc(lat)}</h1><div class='meta'>{esc(doc['mode'])} alpha {esc(doc['alpha'])} at "
+              f"{esc(doc['hookpoint'])} of {esc(doc['model'])}</div>")
+    if doc["kind"] == "causal-lm":
+        rows = "".join(
+            f"<tr><td>{esc(p['prompt'])}</td><td>{esc(p['greedy_before'])}</td><td>{esc(p['greedy_after'])}</td>"
+            f"<td>{esc(p['sampled_before'])}</td><td>{esc(p['sampled_after'])}</td>"
+            f"<td>{esc(_shifts(p['tokens']))}</td></tr>"
+            for p in doc["prompts"])
+        body = ("<table><tr><th>prompt</th><th>greedy</th><th>greedy, steered</th><th>sampled</th>"
+                f"<th>sampled, steered</th><th>log-prob shift</th></tr>{rows}</table>")
+    else:
+        rows = "".join(f"<tr><td>{esc(t)}</td><td>{s:+.4f}</td></tr>" for t, s in zip(doc["texts"], doc["cos_shift"]))
+        body = f"<table><tr><th>text</th><th>cosine shift</th></tr>{rows}</table>"
+        if doc.get("ratio") is not None:
+            body += (f"<p>mean shift {doc['mean_cos_shift']:+.4f}; random directions of the same norm "
+                     f"{doc['random_abs_cos_shift']:.4f} (mean |shift|); ratio {doc['ratio']:.2f}</p>")
+        if doc.get("cbm"):
+            body += "<table><tr><th>input</th><th>CBM before</th><th>after</th></tr>" + "".join(
+                f"<tr><td>{esc(c['prompt'])}</td><td>{esc(c['before'])}</td><td>{esc(c['after'])}</td></tr>"
+                for c in doc["cbm"]) + "</table>"
+    (out / "steer.html").write_text(page("conceptdict steer", header, body))
+    return out / "steer.json"
