@@ -8,7 +8,8 @@ trains with its DEFAULT settings (only latents, k and the row budget given) on t
 setting and seed, and is evaluated on held-out rows.
 
 Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean best cosine,
-held-out FVU, inference L0, dead fraction (no firing on the held-out rows), wall time; and recovery and FVU
+held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
+atom and their share of the firings (what the latents beyond the atoms do), wall time; and recovery and FVU
 as ratios to the BASELINE of the same setting and seed, measured in the same invocation: plain TopK.
 The closing table has one line per setting and kind (mean over seeds, worst seed in brackets).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import statistics
@@ -44,14 +46,27 @@ SETTINGS: dict[str, dict] = {
 FIELDS = ("n_atoms", "d", "active", "noise", "coef_sigma", "row_sigma", "freq_exponent", "correlated", "correlation")
 
 
+@torch.no_grad()
+def unmatched_alive(model, spec: SyntheticSpec, eval_batches: int) -> tuple[int, float]:
+    """Latents that fire on the held-out rows without matching any atom (|cos| <= 0.9), and their share of all
+    firings there: what the latents beyond the atoms do when they are not dead."""
+    d = model.decoder_directions().reshape(model.n_latents, -1)
+    best = (d / d.norm(dim=1, keepdim=True).clamp_min(1e-12) @ planted_atoms(spec).T).abs().max(dim=1).values
+    counts = sum((model.encode(x) > 0).sum(dim=0) for x in itertools.islice(synthetic_batches(spec), eval_batches))
+    unmatched = best <= 0.9
+    return int(((counts > 0) & unmatched).sum()), float(counts[unmatched].sum() / counts.sum().clamp_min(1))
+
+
 def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
     t0 = time.perf_counter()
     model = train(cfg, functools.partial(synthetic_batches, spec))
     seconds = time.perf_counter() - t0
     rec = atom_recovery(model.decoder_directions(), planted_atoms(spec))
     held = model.training_summary["heldout_eval"]
+    n_unmatched, share = unmatched_alive(model, spec, cfg.eval_batches)
     return {"kind": cfg.kind, "seed": spec.seed, "recovery": rec.fraction, "mean_best_cos": rec.mean_best_cos,
-            "fvu": held["fvu"], "l0": held["l0"], "k": cfg.k, "dead": held["dead_fraction"], "seconds": seconds}
+            "fvu": held["fvu"], "l0": held["l0"], "k": cfg.k, "dead": held["dead_fraction"], "seconds": seconds,
+            "unmatched_alive": n_unmatched, "unmatched_firing_share": share}
 
 
 def parse_args(argv):
@@ -121,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = base or r
                 ratio = f"x{r['recovery'] / base['recovery']:.2f}" if base["recovery"] else "n/a"
                 print(f"  {kind:<11} recovery {r['recovery']:6.1%}  cos {r['mean_best_cos']:.3f}  fvu {r['fvu']:.4f}  "
-                      f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  {r['seconds']:6.1f}s  "
+                      f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  unmatched alive {r['unmatched_alive']} "
+                      f"({r['unmatched_firing_share']:.1%} of firings)  {r['seconds']:6.1f}s  "
                       f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)
     print("\n".join(["", "mean over seeds [worst seed]:", *summary(results, a.settings, a.kinds)]))
     if a.json:
