@@ -92,10 +92,10 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     l0_all = inputs.comm.all_sum(l0.detach())
     coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup
     rule = cfg.jumprelu_penalty if cfg is not None else "target"
-    # d P / d L0 at the whole batch's L0, times this process's part of the L0: summed over processes, the
-    # gradient of P(L0 of the whole batch)
-    l0_var = l0_all + (l0 - l0.detach())
-    penalty = coeff * sparsity_penalty(l0_var, model.k, rule)
+    # value: this process's share of P(L0 of the whole batch); gradient: P'(L0) times this process's part of the
+    # L0, which summed over processes is the gradient of P(L0 of the whole batch)
+    whole = sparsity_penalty(l0_all, model.k, rule)
+    penalty = coeff * (whole / inputs.comm.size + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
     fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
     return TrainOutput(x_hat, fired, l0_rows, penalty, None, None)
 

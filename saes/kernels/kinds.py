@@ -8,7 +8,7 @@
   the output is packed, so its decode is a sparse decode.
 - ``prefix_decodes``: the reconstructions of nested prefixes of the latents from ONE code (Matryoshka): a
   prefix's reconstruction is a masked sparse decode; the code is split by group (each group's entries
-  compacted to its own [B, K_g] code), decoded once per group, and the groups summed cumulatively.
+  regrouped into G * B rows of one code), decoded by ONE sparse decode, and the groups summed cumulatively.
 
 ``impl="reference"`` runs the dense references of ``reference.py``; every test compares the two, values and
 gradients. Codes are packed like every code here: [B, K] values and int64 indices, padded with index 0 and
@@ -115,20 +115,30 @@ def prefix_decodes(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor
                    impl: str = "auto") -> list[Tensor]:
     """Reconstructions from the code (values, indices) [B, K] restricted to the latents below each bound of
     the increasing ``bounds``: ``b_dec + sum_{j: index < m} v_j W_dec[index_j]``, [B, D] each. Each entry is
-    decoded once: the code is compacted per group [bounds[g-1], bounds[g]) and the groups summed in order.
-    Zero values get zero gradients (``skip_zero_grads``), as the codes of ``kernels.encode`` need."""
+    decoded once, by ONE sparse decode: the code is regrouped into G * B rows, row (g, b) holding row b's
+    entries of group g = [bounds[g-1], bounds[g]) (compacted, zero-padded to the largest group count), and
+    the G partial sums are accumulated in order. Zero values get zero gradients (``skip_zero_grads``), as
+    the codes of ``kernels.encode`` need."""
     if _is_reference(impl, values.device):
         return reference.prefix_decodes(torch.where(values != 0, values, values.detach()), indices, W_dec, b_dec,
                                         bounds)
     from . import sparse_decode
 
-    group = torch.bucketize(indices, torch.tensor(bounds, device=indices.device), right=True)
-    out, total = [], b_dec
-    for g in range(len(bounds)):
-        mask = group == g
-        width = max(int(mask.sum(dim=1).max()) if mask.numel() else 0, 1)
-        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]
-        vals = (values * mask).gather(1, order)
-        total = total + sparse_decode(vals, indices.gather(1, order), W_dec, None, impl=impl, skip_zero_grads=True)
-        out.append(total)
-    return out
+    B, G = values.shape[0], len(bounds)
+    with torch.no_grad():
+        group = torch.bucketize(indices, torch.tensor(bounds, device=indices.device), right=True).clamp_max(G - 1)
+        order = torch.argsort(group, dim=1, stable=True)  # each row's entries by group, in code order within one
+        group = group.gather(1, order)
+        counts = torch.zeros(B, G, dtype=torch.long, device=values.device).scatter_add_(1, group,
+                                                                                        torch.ones_like(group))
+        width = max(int(counts.max()) if counts.numel() else 0, 1)
+        start = counts.cumsum(dim=1) - counts  # [B, G]
+        pos = torch.arange(indices.shape[1], device=values.device) - start.gather(1, group)
+        rows = group * B + torch.arange(B, device=values.device)[:, None]  # row (g, b) of the regrouped code
+        slot = (rows * width + pos).flatten()
+        idx = torch.zeros(G * B * width, dtype=torch.long, device=values.device)
+        idx[slot] = indices.gather(1, order).flatten()
+    vals = values.new_zeros(G * B * width).index_put((slot,), values.gather(1, order).flatten())
+    parts = sparse_decode(vals.view(G * B, width), idx.view(G * B, width), W_dec, None, impl=impl,
+                          skip_zero_grads=True).view(G, B, -1)
+    return list(parts.cumsum(dim=0) + b_dec)
