@@ -87,7 +87,9 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
                                         impl=model.kernel_impl)
     th = theta[idx]
     f = JumpReLU.apply(z, th, eps) * kept
-    x_hat = kernels.sparse_decode(f, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
+    # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
+    # d loss / d f drives the threshold's estimator (the padding is cut off by ``kept`` above)
+    x_hat = kernels.sparse_decode(f, idx, model.W_dec, model.b_dec, impl=model.kernel_impl)
     l0 = (Step.apply(z, th, eps) * kept).sum() / inputs.stats.rows  # this process's part of the batch's mean
     l0_all = inputs.comm.all_sum(l0.detach())
     coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup

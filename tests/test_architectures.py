@@ -248,3 +248,28 @@ def test_planted_atoms_are_recovered(kind):
     if kind != "spade":  # spade's L0 is its own (adaptive); the others hold k
         assert 0.5 * 6 <= held["l0"] <= 1.5 * 6, held["l0"]
     assert math.isfinite(held["fvu"])
+
+
+def test_jumprelu_threshold_gradient_matches_the_dense_estimator():
+    """The packed step gives theta the same gradient as the dense formulas (SAELens / the paper), including the
+    reconstruction's pull from entries just below the threshold, whose value is 0."""
+    from conceptdict.saes.comm import local_inputs
+
+    torch.manual_seed(0)
+    model = SparseCoder(12, 40, 4, "jumprelu", kernel_impl="torch")
+    model.add_train_params()
+    x = torch.randn(64, 12)
+    with torch.no_grad():
+        model.log_threshold.copy_(torch.log(torch.rand(40) * 0.6 + 0.2))
+    cfg = TrainConfig(latents=40, k=4, kind="jumprelu", jumprelu_bandwidth=0.3)
+    inputs = local_inputs(x)._replace(settings=cfg)
+    out = model.spec.train_forward(model, x, inputs)
+    ((x - out.x_hat).square().sum() / inputs.stats.total_var + out.sparsity_loss).backward()
+    got = model.log_threshold.grad.clone()
+    theta = model.log_threshold.detach().exp().requires_grad_()
+    z = (x - model.b_dec) @ model.W_enc + model.b_enc
+    f = JumpReLU.apply(z, theta.expand_as(z), 0.3)
+    l0 = Step.apply(z, theta.expand_as(z), 0.3).sum() / x.shape[0]
+    loss = (x - (f @ model.W_dec + model.b_dec)).square().sum() / inputs.stats.total_var + (l0 / 4 - 1).square()
+    loss.backward()
+    torch.testing.assert_close(got, (theta.grad * theta).detach(), rtol=1e-4, atol=1e-5)
