@@ -273,3 +273,29 @@ def test_jumprelu_threshold_gradient_matches_the_dense_estimator():
     loss = (x - (f @ model.W_dec + model.b_dec)).square().sum() / inputs.stats.total_var + (l0 / 4 - 1).square()
     loss.backward()
     torch.testing.assert_close(got, (theta.grad * theta).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_checkpoint_written_before_the_new_settings_still_resumes(tmp_path):
+    """Checkpoints of runs started before TrainConfig grew the settings of these kinds resume (at their defaults)."""
+    cfg = TrainConfig(latents=32, k=3, eval_batches=2, checkpoint_every=3, device="cpu", init_rows=64,
+                      kernel_impl="reference", log_every=100)
+    full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
+    with pytest.raises(_Crash):
+        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")
+    path = tmp_path / "cut" / "checkpoint.pt"
+    ck = torch.load(path, weights_only=True)
+    for name in ("l0_coeff", "jumprelu_penalty", "jumprelu_bandwidth", "sparsity_warmup_steps", "matryoshka_groups",
+                 "spade_coeff"):
+        del ck["config"][name]
+    torch.save(ck, path)
+    resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    assert torch.equal(resumed.W_dec, full.W_dec)
+
+
+def test_matryoshka_groups_from_the_command_line():
+    from conceptdict.cli.args import build_config
+    from conceptdict.cli.main import build_parser
+
+    args = build_parser().parse_args(["train", "--store", "s", "--latents", "32", "--k", "4", "--kind", "matryoshka",
+                                      "--matryoshka-groups", "4", "--matryoshka-groups", "28"])
+    assert build_config(TrainConfig, args).matryoshka_groups == [4, 28]
