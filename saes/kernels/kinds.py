@@ -127,18 +127,20 @@ def prefix_decodes(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor
     B, G = values.shape[0], len(bounds)
     with torch.no_grad():
         group = torch.bucketize(indices, torch.tensor(bounds, device=indices.device), right=True).clamp_max(G - 1)
+        group = group.masked_fill(values == 0, G)  # padding and zeros: a group of their own, never decoded
         order = torch.argsort(group, dim=1, stable=True)  # each row's entries by group, in code order within one
         group = group.gather(1, order)
-        counts = torch.zeros(B, G, dtype=torch.long, device=values.device).scatter_add_(1, group,
-                                                                                        torch.ones_like(group))
-        width = max(int(counts.max()) if counts.numel() else 0, 1)
-        start = counts.cumsum(dim=1) - counts  # [B, G]
+        counts = torch.zeros(B, G + 1, dtype=torch.long, device=values.device).scatter_add_(1, group,
+                                                                                            torch.ones_like(group))
+        width = max(int(counts[:, :G].max()) if B else 0, 1)
+        start = counts.cumsum(dim=1) - counts  # [B, G + 1]
         pos = torch.arange(indices.shape[1], device=values.device) - start.gather(1, group)
         rows = group * B + torch.arange(B, device=values.device)[:, None]  # row (g, b) of the regrouped code
-        slot = (rows * width + pos).flatten()
+        live = (group < G).flatten()
+        slot = (rows * width + pos).flatten()[live]
         idx = torch.zeros(G * B * width, dtype=torch.long, device=values.device)
-        idx[slot] = indices.gather(1, order).flatten()
-    vals = values.new_zeros(G * B * width).index_put((slot,), values.gather(1, order).flatten())
+        idx[slot] = indices.gather(1, order).flatten()[live]
+    vals = values.new_zeros(G * B * width).index_put((slot,), values.gather(1, order).flatten()[live])
     parts = sparse_decode(vals.view(G * B, width), idx.view(G * B, width), W_dec, None, impl=impl,
                           skip_zero_grads=True).view(G, B, -1)
     return list(parts.cumsum(dim=0) + b_dec)
