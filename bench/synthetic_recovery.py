@@ -15,6 +15,7 @@ The closing table has one line per setting and kind (mean over seeds, worst seed
 
     .venv/bin/python bench/synthetic_recovery.py --json out.json              # all settings, 2 seeds
     .venv/bin/python bench/synthetic_recovery.py --settings heavy --seeds 0 1 2 --kinds topk batchtopk
+    .venv/bin/python bench/synthetic_recovery.py --kinds topk batchtopk jumprelu matryoshka spade
     .venv/bin/python bench/synthetic_recovery.py --settings plain --coef-sigma 1.5 --batches 600   # overrides
 """
 
@@ -73,7 +74,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"])
+    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"],
+                   choices=["topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "matryoshka",
+                            "matryoshka-absolute", "spade"])
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--batches", type=int, default=300, help="batches of --batch-size rows, held-out ones included")
@@ -100,7 +103,7 @@ def spec_for(a, setting: str, seed: int) -> SyntheticSpec:
 
 
 def summary(results: list[dict], settings: list[str], kinds: list[str]) -> list[str]:
-    lines = [f"{'setting':<12}{'kind':<11}{'recovery':>16}{'fvu':>16}{'l0':>8}{'dead':>16}"]
+    lines = [f"{'setting':<12}{'kind':<20}{'recovery':>16}{'fvu':>16}{'l0':>8}{'dead':>16}"]
     for s in settings:
         for kind in kinds:
             rs = [r for r in results if r["setting"] == s and r["kind"] == kind]
@@ -109,7 +112,7 @@ def summary(results: list[dict], settings: list[str], kinds: list[str]) -> list[
             rec = [r["recovery"] for r in rs]
             fvu = [r["fvu"] for r in rs]
             dead = [r["dead"] for r in rs]
-            lines.append(f"{s:<12}{kind:<11}{statistics.mean(rec):>8.1%} [{min(rec):5.1%}]"
+            lines.append(f"{s:<12}{kind:<20}{statistics.mean(rec):>8.1%} [{min(rec):5.1%}]"
                          f"{statistics.mean(fvu):>8.3f} [{max(fvu):.3f}]{statistics.mean(r['l0'] for r in rs):>8.2f}"
                          f"{statistics.mean(dead):>8.1%} [{max(dead):5.1%}]")
     return lines

@@ -17,6 +17,10 @@ and would hide every difference between the trainers). Variants:
   ours-torch-topk    impl=torch (portable sparse autograd), to show what "auto" gains
   reference-topk     impl=reference (dense torch autograd)
   train-topk         one step of conceptdict.saes.train (gradient projection, clipping, renorm, bookkeeping)
+  kind-KIND          one step of the kind's training forward from the kind table (saes.KINDS: topk, batchtopk,
+                     jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
+                     clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
+                     are the ratios to kind-topk
   sparsify           EleutherAI sparsify SparseCoder, fvu loss         (run with --bench-python)
   saelens            SAELens TopKTrainingSAE.training_forward_pass    (run with --bench-python)
 
@@ -49,7 +53,9 @@ PRESETS = {
     "full": dict(D=768, L=16384, k=32, B=4096, steps=4, warmup=2),
     "small": dict(D=256, L=4096, k=16, B=1024, steps=3, warmup=1),
 }
-OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk")
+KIND_VARIANTS = ("kind-topk", "kind-batchtopk", "kind-jumprelu", "kind-matryoshka", "kind-spade")
+OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk",
+        *KIND_VARIANTS)
 OTHERS = ("sparsify", "saelens")
 
 
@@ -207,6 +213,44 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
     return {"impl": resolved}
 
 
+def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
+    """One training step of a kind of the kind table (forward, its loss terms, apply_update)."""
+    import torch
+
+    from conceptdict.saes import SparseCoder, TrainConfig
+    from conceptdict.saes.comm import local_inputs
+    from conceptdict.saes.training import apply_update, make_optimizer
+
+    kind = name.split("-", 1)[1]
+    cfg = TrainConfig(latents=p["L"], k=p["k"], kind=kind)
+    model = SparseCoder(p["D"], p["L"], p["k"], kind).to(p["device"])
+    model.reset_parameters(generator=torch.Generator().manual_seed(0))
+    model.add_train_params()
+    model.to(p["device"])
+    if model.spec.init is not None:
+        model.spec.init(model, batches[0])
+    opt = make_optimizer(model, 1e-4)
+
+    def step(x):
+        inputs = local_inputs(x)._replace(settings=cfg)
+        out = model.spec.train_forward(model, x, inputs)
+        loss = (x - out.x_hat).pow(2).sum() / inputs.stats.total_var
+        if out.sparsity_loss is not None:
+            loss = loss + out.sparsity_loss
+        apply_update(model, opt, loss, 1e-4, 1.0)
+
+    meter.run(step, batches, p["warmup"])
+    return {"impl": kernels_impl(p["device"])}
+
+
+def kernels_impl(device: str) -> str:
+    import torch
+
+    from conceptdict.saes import kernels
+
+    return kernels.resolve_impl("encode", "auto", torch.device(device))
+
+
 def _matmul(p: dict, meter: _Meter, batches) -> dict:
     import torch
 
@@ -313,6 +357,8 @@ def _measure(name: str, p: dict) -> dict:
         extra = _matmul(p, meter, batches)
     elif name == "train-topk":
         extra = _train(p, meter, batches + batches[:1])
+    elif name.startswith("kind-"):
+        extra = _kind(name, p, meter, batches)
     elif name == "sparsify":
         extra = _sparsify(p, meter, batches)
     elif name == "saelens":
@@ -391,6 +437,8 @@ def ratios(res: dict, p: dict) -> dict:
         "batchtopk_over_topk (goal <= 1.2)": ratio(rel("ours-batchtopk"), rel("ours-topk")),
         "ours_peak_over_budget (goal <= 1.3)": ratio(ours_peak, budget),
         "topk_aux_over_topk": ratio(rel("ours-topk-aux"), rel("ours-topk")),
+        **{f"kind_{n[5:]}_over_topk" + (" (goal <= 1.3)" if n[5:] in ("batchtopk", "jumprelu", "matryoshka") else ""):
+           ratio(rel(n), rel("kind-topk")) for n in KIND_VARIANTS[1:]},
         "reference_over_ours": ratio(rel("reference-topk"), rel("ours-topk")),
         "torch_impl_over_ours": ratio(rel("ours-torch-topk"), rel("ours-topk")),
         "train_step_over_ours": ratio(rel("train-topk"), rel("ours-topk")),

@@ -1,4 +1,5 @@
-"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, crosscoders), training, evals, save/load.
+"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, JumpReLU, Matryoshka, SpaDE, crosscoders), training,
+evals, save/load.
 
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
@@ -13,6 +14,9 @@ from .formats import (FormatError, export_saelens, import_saelens, load_dictiona
                       match_hookpoint, open_dictionary)
 
 from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
+from . import jumprelu as _jumprelu  # noqa: E402,F401  (registers jumprelu)
+from . import matryoshka as _matryoshka  # noqa: E402,F401  (registers matryoshka, matryoshka-absolute)
+from . import spade as _spade  # noqa: E402,F401  (registers spade)
 
 __all__ = [
     "KINDS", "LOCAL", "Comm", "EvalResult", "FormatError", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink",

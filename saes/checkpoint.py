@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,16 @@ def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainSt
     }
 
 
+def _with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's settings with the fields added to TrainConfig after it was written at their defaults."""
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    return {**{k: v for k, v in defaults.items() if k in config_key(TrainConfig(latents=2, k=1))}, **saved}
+
+
 def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> TrainState:
-    if ck["config"] != config_key(cfg):
-        diff = {k: (ck["config"].get(k), v) for k, v in config_key(cfg).items() if ck["config"].get(k) != v}
+    saved = _with_defaults(ck["config"])
+    if saved != config_key(cfg):
+        diff = {k: (saved.get(k), v) for k, v in config_key(cfg).items() if saved.get(k) != v}
         raise ValueError(f"--resume with settings that differ from the checkpoint (checkpoint, now): {diff}; "
                          f"use the original settings or start a new run without --resume")
     if list(ck["shape"]) != [model.n_sources, model.d_in]:

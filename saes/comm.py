@@ -12,7 +12,7 @@ Shapes: B global batch rows, B_r this process's rows, F = S*D the flattened widt
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -121,6 +121,11 @@ class StepInputs(NamedTuple):
     """bool [L]: the dead latents the AuxK code must cover; None: no AuxK code this step."""
     k_aux: int = 0
     """Dead latents per row in the AuxK code."""
+    settings: Any = None
+    """The run's ``TrainConfig``, for kinds with settings of their own (JumpReLU's bandwidth, Matryoshka's
+    groups); None outside a training run (the kind's defaults apply)."""
+    warmup: float = 1.0
+    """Warm-up factor in (0, 1] of the kind's sparsity coefficient at this step (JumpReLU)."""
 
 
 def local_inputs(x: Tensor, **kw) -> StepInputs:

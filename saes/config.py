@@ -25,8 +25,12 @@ class TrainConfig:
     kind: str = "topk"
     """Dictionary kind: topk, batchtopk (row-relative BatchTopK: the batch's top k*B entries ranked relative to
     each row's norm, see saes.model.row_scale), batchtopk-absolute (BatchTopK as published, Bussmann et al.
-    2024), relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical
-    L1 crosscoder; needs several sources). Why batchtopk is row-relative: docs/batchtopk.md."""
+    2024), relu (ReLU + L1 baseline), jumprelu (learned per-latent thresholds, Rajamanoharan et al. 2024),
+    matryoshka (Matryoshka BatchTopK, Bussmann et al. 2025: nested prefixes of the latents each reconstruct x),
+    matryoshka-absolute (the same on the absolute BatchTopK rule), spade (sparsemax over distances to learned
+    prototypes, Hindupur et al. 2025; its L0 adapts to the row, k only sizes its candidate search),
+    crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical L1 crosscoder; needs several
+    sources). Why batchtopk is row-relative: docs/batchtopk.md; the newer kinds: docs/kinds.md."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096
@@ -66,6 +70,28 @@ class TrainConfig:
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
+    l0_coeff: float = 1.0
+    """jumprelu: weight of the L0 penalty, with the L0 counted by a straight-through estimator (Rajamanoharan
+    et al. 2024). With ``jumprelu_penalty`` target: l0_coeff * (L0 / k - 1)^2, which holds the mean L0 near k;
+    linear: l0_coeff * L0 / k (the paper's penalty, its L0 then follows the coefficient)."""
+    jumprelu_penalty: Literal["target", "linear"] = "target"
+    """jumprelu: the sparsity penalty, target (quadratic around L0 = k, so that the run is comparable with
+    TopK at the same k; as dictionary_learning's target_l0) or linear (the paper's)."""
+    jumprelu_bandwidth: float = 0.05
+    """jumprelu: width epsilon of the rectangle kernel of the straight-through estimators, in training units
+    (rows of mean norm sqrt(D)). The paper's 0.001 is for rows of unit mean squared norm and runs of 100k+
+    steps; in these units that is ~0.01 and too few pre-activations fall in the window in short runs;
+    0.05 measured on bench/synthetic_recovery.py (docs/kinds.md)."""
+    sparsity_warmup_steps: int | None = None
+    """jumprelu: steps over which the sparsity coefficient rises linearly from 0 (Gemma Scope warms it up);
+    None: the learning rate's warm-up length."""
+    matryoshka_groups: list[int] | None = None
+    """matryoshka kinds: sizes of the nested groups of latents, in order, summing to ``latents``; prefix i (the
+    first i groups) reconstructs x on its own and the losses are summed. None: prefixes L/16, L/8, L/4, L/2, L
+    (groups L/16, L/16, L/8, L/4, L/2; Bussmann et al. 2025 used similar doubling groups)."""
+    spade_coeff: float = 0.1
+    """spade: weight of the distance-weighted L1 penalty sum_j f_j |x - p_j|^2 (the paper's code: 0.1), on the
+    same scale as the FVU term (divided by the batch's mean squared distance to its mean)."""
     threshold_start_step: int | None = None
     """BatchTopK: step from which the inference threshold is estimated; None: min(1000, 3/4 of the run)
     (dictionary_learning's 1000 on long runs; on the 76-step recovery test, inference L0 5.70 for k=6 when
@@ -97,7 +123,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if not kind_spec(self.kind).trainable:
-            raise ValueError(f"kind {self.kind!r} is imported for inference only; train topk, batchtopk or relu")
+            raise ValueError(f"kind {self.kind!r} is imported for inference only; train another kind (--help lists them)")
         if self.latents < 1:
             raise ValueError(f"latents={self.latents} must be at least 1")
         if not 1 <= self.k < self.latents:
@@ -117,6 +143,12 @@ class TrainConfig:
             raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         if not 0 <= self.threshold_momentum < 1:
             raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
+        if not self.jumprelu_bandwidth > 0:
+            raise ValueError(f"jumprelu_bandwidth={self.jumprelu_bandwidth} must be positive")
+        if self.matryoshka_groups is not None and (any(g < 1 for g in self.matryoshka_groups)
+                                                   or sum(self.matryoshka_groups) != self.latents):
+            raise ValueError(f"matryoshka_groups={self.matryoshka_groups} must be positive sizes summing to "
+                             f"latents={self.latents}; fix them or leave them unset for the default schedule")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
 

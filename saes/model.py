@@ -28,7 +28,8 @@ class TrainOutput(NamedTuple):
     x_hat: Tensor  # [B, S*D] reconstruction
     fired: Tensor  # [L] bool: latents active on at least one row of the batch
     l0: Tensor  # 0-dim: mean number of active latents per row (detached)
-    sparsity_loss: Tensor | None  # 0-dim penalty added to the loss (ReLU-L1), None for TopK-style kinds
+    sparsity_loss: Tensor | None  # 0-dim term added to the loss (ReLU-L1 and JumpReLU penalties, Matryoshka's
+    # prefix reconstructions, SpaDE's distance penalty), None for TopK-style kinds
     smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
     aux: kernels.SparseCode | None  # AuxK code [B, K'] over the dead latents when asked for, else None
 
@@ -58,6 +59,19 @@ class KindSpec:
     model keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""
     buffers: tuple[str, ...] = ()
     """Extra per-latent buffers [L] the inference rule reads (saved with the weights), e.g. gated's r_mag, b_mag."""
+    train_params: Callable[["SparseCoder"], dict[str, Tensor]] | None = None
+    """Parameters the kind trains besides the weights (JumpReLU's log-threshold, SpaDE's scale): (model) ->
+    name -> initial tensor. Registered for training (:meth:`SparseCoder.add_train_params`), kept in checkpoints,
+    never saved with the dictionary: ``finish`` turns them into the inference form."""
+    init: Callable[["SparseCoder", Tensor], None] | None = None
+    """Fresh run: (model, rows [N, S*D] normalised) -> None, the kind's own initialisation from the first rows,
+    after b_dec (e.g. JumpReLU's starting threshold)."""
+    finish: Callable[["SparseCoder"], None] | None = None
+    """End of training, before the normalisation is folded in: (model) -> None, writes the inference form
+    (threshold, weights) from the trained parameters; the ``train_params`` are dropped after it."""
+    unit_decoder: bool = True
+    """Whether training keeps decoder rows at unit norm (SpaDE's codes lie on the simplex: its decoder rows
+    carry the magnitude)."""
 
 
 def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -65,7 +79,7 @@ def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
     return (x - model.b_dec) @ model.W_enc + model.b_enc
 
 
-def _fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
     active = values > 0
     fired = torch.zeros(n_latents, dtype=torch.bool, device=values.device)
     fired[indices[active]] = True
@@ -88,11 +102,31 @@ def row_scale(model: "SparseCoder", x: Tensor) -> Tensor:
     return ((x - model.b_dec) * w).norm(dim=1, keepdim=True).clamp_min(1e-6 * c) / c
 
 
+class TrainCode(NamedTuple):
+    """The code of a TopK-style training pass (:func:`train_code`), before its decode."""
+
+    values: Tensor  # [B_r, K] kept values (zero-padded), differentiable
+    indices: Tensor  # [B_r, K] int64
+    fired: Tensor  # [L] bool
+    l0: Tensor  # 0-dim, detached
+    smallest: Tensor | None  # BatchTopK threshold estimate, else None
+    aux: kernels.SparseCode | None  # AuxK code over the dead latents when asked for
+
+
 def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
                          scale: Tensor | None = None, relative: bool = False) -> TrainOutput:
+    """:func:`train_code`, then the sparse decode of the code."""
+    c = train_code(model, x, inputs, batch=batch, scale=scale, relative=relative)
+    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+                                  skip_zero_grads=True)
+    return TrainOutput(x_hat, c.fired, c.l0, None, c.smallest, c.aux)
+
+
+def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
+               scale: Tensor | None = None, relative: bool = False) -> TrainCode:
     """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
     (``batch=False``) or BatchTopK over the whole batch ranked by ``acts * scale`` (``batch=True``), the AuxK
-    code from the same pre-activations, and a sparse decode. Crosscoder kinds call this with their ranking
+    code from the same pre-activations (decoded by :func:`sparse_train_forward`). Crosscoder kinds call this with their ranking
     ``scale`` [L]. When other processes hold part of the batch, BatchTopK takes its cut from the seam
     (:func:`_global_batch_forward`).
 
@@ -106,20 +140,18 @@ def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *,
     enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
                          batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl)
     values = enc.values * s if relative else enc.values
-    x_hat = kernels.sparse_decode(values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
-                                  skip_zero_grads=True)
-    fired, l0 = _fired_from_code(enc.values, enc.indices, model.n_latents)
+    fired, l0 = fired_from_code(enc.values, enc.indices, model.n_latents)
     aux = None
     if dead is not None:
         aux = kernels.SparseCode(enc.aux_values * s if relative else enc.aux_values, enc.aux_indices)
     smallest = None
     if batch:
         smallest = enc.smallest.detach() if scale is None else scaled_smallest(enc.values, enc.indices, scale)
-    return TrainOutput(x_hat, fired, l0, None, smallest, aux)
+    return TrainCode(values, enc.indices, fired, l0, smallest, aux)
 
 
 def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
-                          scale: Tensor | None, s: Tensor) -> TrainOutput:
+                          scale: Tensor | None, s: Tensor) -> TrainCode:
     """BatchTopK over a batch spread over processes: each keeps its local top ``k * B`` candidates (a
     superset of its share of the global selection), the seam gathers their scores, and the ``k * B``-th
     largest is the cut every process applies; ``smallest`` is the global smallest kept score. ``s`` [B_r, 1]:
@@ -141,13 +173,12 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
     vals = (enc.values * s * keep).gather(1, order)
     idx = enc.indices.gather(1, order)
-    x_hat = kernels.sparse_decode(vals, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
-    fired, l0 = _fired_from_code(vals.detach(), idx, model.n_latents)
+    fired, l0 = fired_from_code(vals.detach(), idx, model.n_latents)
     kept_scores = scores.masked_fill(~keep, math.inf)
     smallest = comm.all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
     smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
     aux = kernels.SparseCode(enc.aux_values * s, enc.aux_indices) if inputs.dead is not None else None
-    return TrainOutput(x_hat, fired, l0, None, smallest, aux)
+    return TrainCode(vals, idx, fired, l0, smallest, aux)
 
 
 def _topk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
@@ -172,12 +203,12 @@ def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.relu((x - model.b_dec) @ model.W_enc / s + model.b_enc), s
 
 
-def _relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+def relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
     """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L]."""
     return relative_acts(model, x)[0]
 
 
-def _relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+def relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
     """Inference of ``batchtopk``: s(x) relu(pre / s) where pre / s exceeds the threshold."""
     acts, s = relative_acts(model, x)
     return acts * (acts > model.threshold) * s
@@ -187,12 +218,14 @@ def _absolute_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> Trai
     return sparse_train_forward(model, x, inputs, batch=True)
 
 
-def _jumprelu_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+def relu_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    """relu(pre) [B, L]: what a JumpReLU threshold is compared with."""
     return torch.relu(_pre(model, x))
 
 
-def _jumprelu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
-    acts = _jumprelu_scores(model, x)
+def threshold_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """JumpReLU inference: relu(pre) where it exceeds the per-latent ``threshold``, else 0."""
+    acts = relu_scores(model, x)
     return acts * (acts > model.threshold)
 
 
@@ -204,7 +237,7 @@ def _gated_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def _not_trainable(model: "SparseCoder", x: Tensor, *_: object, **__: object) -> TrainOutput:
-    raise ValueError(f"kind {model.kind!r} is imported for inference only; train topk, batchtopk or relu instead")
+    raise ValueError(f"kind {model.kind!r} is imported for inference only; train another kind instead")
 
 
 def _relu_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
@@ -225,14 +258,12 @@ def _relu_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 KINDS: dict[str, KindSpec] = {
     "topk": KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False),
-    "batchtopk": KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True,
-                          scores=_relative_scores, relative=True),
-    "batchtopk-absolute": KindSpec(_absolute_train, _jumprelu_encode, uses_aux=True, uses_threshold=True,
-                                   scores=_jumprelu_scores),
+    "batchtopk": KindSpec(_batchtopk_train, relative_encode, uses_aux=True, uses_threshold=True,
+                          scores=relative_scores, relative=True),
+    "batchtopk-absolute": KindSpec(_absolute_train, threshold_encode, uses_aux=True, uses_threshold=True,
+                                   scores=relu_scores),
     "relu": KindSpec(_relu_train, _relu_encode, uses_aux=False, uses_threshold=False),
-    # imported from other libraries (saes/formats): JumpReLU with a learned per-latent threshold, and gated SAEs
-    "jumprelu": KindSpec(_not_trainable, _jumprelu_encode, uses_aux=False, uses_threshold=True, trainable=False,
-                         scores=_jumprelu_scores),
+    # imported from other libraries (saes/formats): gated SAEs. ``jumprelu`` (saes/jumprelu.py) is trainable.
     "gated": KindSpec(_not_trainable, _gated_encode, uses_aux=False, uses_threshold=False, trainable=False,
                       buffers=("r_mag", "b_mag")),
 }
@@ -343,6 +374,16 @@ class SparseCoder(nn.Module):
         return w if self.n_sources == 1 else w.view(self.n_latents, self.n_sources, self.d_in)
 
     # -- training helpers -----------------------------------------------------------------------
+    def add_train_params(self) -> None:
+        """Register the kind's extra training parameters (``KindSpec.train_params``), after the weights."""
+        for name, t in (self.spec.train_params(self) if self.spec.train_params else {}).items():
+            self.register_parameter(name, nn.Parameter(t.to(self.W_dec)))
+
+    def drop_train_params(self) -> None:
+        """Remove the extra training parameters (after ``KindSpec.finish`` wrote the inference form)."""
+        for name in (self.spec.train_params(self) if self.spec.train_params else {}):
+            delattr(self, name)
+
     @torch.no_grad()
     def normalize_decoder(self) -> None:
         """Rescale every (flattened) decoder row to unit norm."""

@@ -126,12 +126,15 @@ def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, l
     model.zero_grad(set_to_none=True)
     loss.backward()
     comm.reduce_grads(model)
-    model.remove_parallel_decoder_grad()
+    unit = model.spec.unit_decoder
+    if unit:
+        model.remove_parallel_decoder_grad()
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     _link_grads(model, opt)
     opt.step()
-    model.normalize_decoder()
+    if unit:
+        model.normalize_decoder()
 
 
 @torch.no_grad()
@@ -164,7 +167,9 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     stats = batch_stats(x, comm)
     dead = st.since_fired >= r.dead_tokens
     use_aux = model.spec.uses_aux and bool(dead.any())
-    inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k)
+    warm = cfg.sparsity_warmup_steps if cfg.sparsity_warmup_steps is not None else r.warmup_steps
+    inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k, cfg,
+                        min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0)
     out = model.spec.train_forward(model, x, inputs)
     err = x - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
@@ -196,6 +201,7 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
     gen = torch.Generator().manual_seed(cfg.seed)
     model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
     model.reset_parameters(generator=gen)
+    model.add_train_params()
     return model.to(device), gen
 
 
@@ -209,6 +215,8 @@ def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> T
             model.b_dec.copy_(geometric_median(xs))
         elif cfg.b_dec_init == "mean":
             model.b_dec.copy_(xs.mean(dim=0))
+        if model.spec.init is not None:
+            model.spec.init(model, xs)
     log.info("init: scale per source %s, b_dec=%s of %d rows", [round(float(c), 4) for c in scale],
              cfg.b_dec_init, sample.shape[0])
     return scale
@@ -322,7 +330,7 @@ def _loop(cfg: TrainConfig, run: Run, data: Iterator[Tensor], out: Path | None, 
 def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: Comm) -> None:
     """A threshold kind whose run ended before ``threshold_start_step`` estimates it from the last batch."""
     model, st = run.model, run.state
-    if not model.spec.uses_threshold or st.threshold_updates or last_x is None:
+    if not model.spec.uses_threshold or model.spec.scores is None or st.threshold_updates or last_x is None:
         return
     if is_main(comm):
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
@@ -359,6 +367,9 @@ def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 
 
 def _threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
     """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps."""
+    if model.spec.scores is None:
+        t = model.threshold
+        return {"rule": "learned per latent", "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
     running = float(model.threshold[0])
     if not calibration:
         return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
@@ -376,6 +387,10 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     from .artifact import save_dictionary
 
     model, st, held_out = run.model, run.state, data.held_out
+    if model.spec.finish is not None:
+        with torch.no_grad():
+            model.spec.finish(model)
+    model.drop_train_params()
     model.fold_input_scale(st.scale)
     model.eval()
     summary: dict[str, Any] = {

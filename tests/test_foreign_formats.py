@@ -100,7 +100,7 @@ def test_saelens_jumprelu_without_our_metadata_keeps_its_thresholds():
     with pytest.raises(ValueError, match="imported for inference only"):
         from conceptdict.saes import TrainConfig
 
-        TrainConfig(kind="jumprelu", latents=40, k=4)
+        TrainConfig(kind="gated", latents=40, k=4)
 
 
 def _copy(name: str, tmp_path: Path) -> Path:

@@ -75,8 +75,8 @@ def test_batchtopk_inference_is_relative_to_the_row_norm():
 
 def test_kind_table_and_refusals():
     assert {"topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "gated"} <= set(KINDS)
-    with pytest.raises(ValueError, match="unknown dictionary kind 'matryoshka'"):
-        SparseCoder(4, 8, 2, "matryoshka")
+    with pytest.raises(ValueError, match="unknown dictionary kind 'matryoshka-nested'"):
+        SparseCoder(4, 8, 2, "matryoshka-nested")
     with pytest.raises(ValueError, match="k=8 must be at least 1 and below n_latents=8"):
         SparseCoder(4, 8, 8)
     with pytest.raises(ValueError, match=r"expected \[B, 2, 4\]"):

@@ -31,8 +31,8 @@ def _cfg(**kw):
 def test_config_refusals():
     with pytest.raises(ValueError, match="k=32 must be at least 1 and below latents=32"):
         TrainConfig(latents=32, k=32)
-    with pytest.raises(ValueError, match="unknown dictionary kind 'matryoshka'"):
-        TrainConfig(latents=32, k=4, kind="matryoshka")
+    with pytest.raises(ValueError, match="unknown dictionary kind 'matryoshka-nested'"):
+        TrainConfig(latents=32, k=4, kind="matryoshka-nested")
     with pytest.raises(ValueError, match="kind 'gated' is imported for inference only"):
         TrainConfig(latents=32, k=4, kind="gated")
     with pytest.raises(ValueError, match="decay_fraction"):

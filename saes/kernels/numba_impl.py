@@ -117,4 +117,4 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above)
-encode, encode_topk, batch_topk, sparse_decode, encode_aux = make_ops(BACKEND)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre = make_ops(BACKEND)

@@ -113,3 +113,56 @@ def encode(
     else:
         aux_values, aux_indices = encode_aux(x, W_enc, b_enc, dead, k_aux)
     return values, indices, aux_values, aux_indices, smallest
+
+
+# ---------------------------------------------------------------- the JumpReLU, Matryoshka and SpaDE kinds
+
+
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor) -> Tensor:
+    """(x W_enc) at indices [B, K] -> [B, K], by the dense matmul."""
+    return (x @ W_enc).gather(1, indices)
+
+
+def pack(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """bool [B, L] -> (indices [B, K], kept [B, K]): each row's True columns in increasing order, padded with
+    (0, False) to K = the largest row count (at least 1)."""
+    counts = mask.sum(dim=1)
+    K = max(int(counts.max()) if mask.shape[0] else 0, 1)
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :K]
+    kept = torch.arange(K, device=mask.device) < counts[:, None]
+    return torch.where(kept, order, 0), kept
+
+
+def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of pre = x W_enc + b_enc above ``floor`` [L]: (pre there [B, K], indices, kept [B, K])."""
+    pre = pre_activations(x, W_enc, b_enc)
+    indices, kept = pack(pre > floor)
+    return pre.gather(1, indices), indices, kept
+
+
+def sparsemax(z: Tensor) -> Tensor:
+    """Sparsemax over the last axis (Martins & Astudillo 2016): the Euclidean projection of each row onto the
+    probability simplex, max(z - tau, 0) with tau from the sorted row."""
+    zs = z.sort(dim=-1, descending=True).values
+    cs = zs.cumsum(dim=-1)
+    j = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+    size = (1 + j * zs > cs).sum(dim=-1, keepdim=True)
+    tau = (cs.gather(-1, size - 1) - 1) / size.to(z.dtype)
+    return (z - tau).clamp_min(0)
+
+
+def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor,
+                     n_candidates: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """f = sparsemax((x W_enc + b_enc) * scale) per row, packed: (f [B, K], indices, z there [B, K], kept)."""
+    z = pre_activations(x, W_enc, b_enc) * scale
+    f = sparsemax(z)
+    indices, kept = pack(f > 0)
+    return f.gather(1, indices) * kept, indices, z.gather(1, indices), kept
+
+
+def prefix_decodes(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
+                   bounds: list[int]) -> list[Tensor]:
+    """For each bound m: b_dec + sum of the code's entries with index < m decoded, [B, D] each (dense)."""
+    dense = values.new_zeros(values.shape[0], W_dec.shape[0]).scatter_add(1, indices, values)
+    cols = torch.arange(W_dec.shape[0], device=values.device)
+    return [(dense * (cols < m)) @ W_dec + b_dec for m in bounds]

@@ -154,6 +154,29 @@ class _SparseEncoderGrad(torch.autograd.Function):
         return grad_x, grad_W, grad_b, None, None, None
 
 
+class _SparseGather(torch.autograd.Function):
+    """values [B, K] = (x W_enc)[b, idx[b, j]] by a gather-dot (no [B, L]); backward: the sparse encoder
+    backward, with no ReLU mask (the consumer decides which entries carry gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, W_enc, indices, backend):
+        ctx.backend = backend
+        ctx.save_for_backward(x, W_enc, indices)
+        return backend.gather_dot(indices, x, W_enc.t(), None).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_values):
+        x, W_enc, indices = ctx.saved_tensors
+        grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc)
+        return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
+                grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None)
+
+
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend) -> Tensor:
+    """(x W_enc) at ``indices`` [B, K] -> [B, K], differentiable in x and W_enc through those entries only."""
+    return _SparseGather.apply(x, W_enc, indices.contiguous(), backend)
+
+
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend,
                   skip_zero_grads: bool = False) -> Tensor:
     """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward;
@@ -290,8 +313,8 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> 
 
 
 def make_ops(backend: Backend):
-    """The public operations of ``saes.kernels`` bound to ``backend``:
-    (encode, encode_topk, batch_topk, sparse_decode, encode_aux), with the signatures of ``reference.py``."""
+    """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
+    sparse_decode, encode_aux, gather_pre), with the signatures of ``reference.py``."""
 
     def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux)
@@ -310,4 +333,7 @@ def make_ops(backend: Backend):
         enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux, dense_aux_ok=False)
         return enc.aux_values, enc.aux_indices
 
-    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux
+    def _gather_pre(x, W_enc, indices):
+        return gather_pre(x, W_enc, indices, backend)
+
+    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre

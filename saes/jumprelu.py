@@ -1,0 +1,124 @@
+"""JumpReLU training (Rajamanoharan et al. 2024, "Jumping Ahead"; Gemma Scope), registered as kind ``jumprelu``.
+
+A JumpReLU latent is ``f_j = z_j H(z_j - theta_j)`` with z = (x - b_dec) W_enc + b_enc and a learned threshold
+theta_j = exp(log_threshold_j) > 0 per latent. H has no useful derivative, so training uses the paper's
+straight-through estimators with a rectangle kernel K(u) = 1{|u| < 1/2} of bandwidth eps:
+
+- d f_j / d theta_j = -(theta_j / eps) K((z_j - theta_j) / eps); d f_j / d z_j = H(z_j - theta_j) (no STE on z);
+- the L0 count sum_j H(z_j - theta_j) has d / d theta_j = -(1 / eps) K((z_j - theta_j) / eps) (and none on z).
+
+Loss: FVU + c * P(L0) with the L0 averaged over the batch's rows and c warmed up linearly
+(``TrainConfig.sparsity_warmup_steps``); P is ``(L0 / k - 1)^2`` (``jumprelu_penalty="target"``, the default:
+it holds the L0 near k so the run compares with TopK at the same k, as dictionary_learning's target_l0) or
+``L0 / k`` (``"linear"``: the paper's penalty, divided by k). No AuxK (as in the paper).
+
+Sparse form: only entries with z_j > theta_j - eps/2 (the active ones and those inside the kernel's window)
+have a value or a gradient, so the step works on the packed code of those entries
+(``kernels.encode_above``) and decodes it sparsely: the same numbers as the dense formulas, which
+``impl="reference"`` computes.
+
+Departures from the paper, all for short runs: theta starts at the (N k)-th largest pre-activation over the
+first N rows (so the first step runs at L0 ~ k) instead of 0.001, and eps is 0.05 in training units (rows of
+mean norm sqrt(D); the paper's 0.001 for rows of unit mean squared norm is ~0.01 here). Decoder rows are kept
+at unit norm like every kind here. Inference is the import-only kind's rule, ``relu(z) * (relu(z) > threshold)``,
+so the dictionary exports to SAELens (``jumprelu``) unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .comm import StepInputs
+from .model import KINDS, KindSpec, SparseCoder, TrainOutput, fired_from_code, threshold_encode
+
+DEFAULT_BANDWIDTH = 0.05
+
+
+def _rectangle(u: Tensor) -> Tensor:
+    return ((u > -0.5) & (u < 0.5)).to(u.dtype)
+
+
+class JumpReLU(torch.autograd.Function):
+    """f = z H(z - theta) elementwise; STE for theta (kernel of bandwidth eps), plain H for z."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.eps = eps
+        return z * (z > theta)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        z, theta = ctx.saved_tensors
+        eps = ctx.eps
+        return g * (z > theta), -(theta / eps) * _rectangle((z - theta) / eps) * g, None
+
+
+class Step(torch.autograd.Function):
+    """H(z - theta) elementwise; STE for theta only (the L0 count's pseudo-derivative)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.eps = eps
+        return (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        z, theta = ctx.saved_tensors
+        eps = ctx.eps
+        return None, -(1.0 / eps) * _rectangle((z - theta) / eps) * g, None
+
+
+def sparsity_penalty(l0: Tensor, k: int, rule: str) -> Tensor:
+    """P(L0) for the mean L0 of the batch (0-dim): (L0 / k - 1)^2 (target) or L0 / k (linear)."""
+    return (l0 / k - 1).square() if rule == "target" else l0 / k
+
+
+def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    cfg = inputs.settings
+    eps = cfg.jumprelu_bandwidth if cfg is not None else DEFAULT_BANDWIDTH
+    theta = model.log_threshold.exp()
+    z, idx, kept = kernels.encode_above(x - model.b_dec, model.W_enc, model.b_enc, (theta - eps / 2).detach(),
+                                        impl=model.kernel_impl)
+    th = theta[idx]
+    f = JumpReLU.apply(z, th, eps) * kept
+    # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
+    # d loss / d f drives the threshold's estimator (the padding is cut off by ``kept`` above)
+    x_hat = kernels.sparse_decode(f, idx, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    l0 = (Step.apply(z, th, eps) * kept).sum() / inputs.stats.rows  # this process's part of the batch's mean
+    l0_all = inputs.comm.all_sum(l0.detach())
+    coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup
+    rule = cfg.jumprelu_penalty if cfg is not None else "target"
+    # value: this process's share of P(L0 of the whole batch); gradient: P'(L0) times this process's part of the
+    # L0, which summed over processes is the gradient of P(L0 of the whole batch)
+    whole = sparsity_penalty(l0_all, model.k, rule)
+    penalty = coeff * (whole / inputs.comm.size + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
+    fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
+    return TrainOutput(x_hat, fired, l0_rows, penalty, None, None)
+
+
+def _train_params(model: SparseCoder) -> dict[str, Tensor]:
+    return {"log_threshold": torch.full((model.n_latents,), math.log(1e-3))}
+
+
+@torch.no_grad()
+def _init(model: SparseCoder, rows: Tensor) -> None:
+    """theta_j = the (N k)-th largest pre-activation over the N first rows (L0 ~ k at the first step)."""
+    pre = torch.relu((rows - model.b_dec) @ model.W_enc + model.b_enc).flatten()
+    keep = min(pre.numel(), max(1, rows.shape[0] * model.k))
+    theta = max(float(pre.topk(keep, sorted=False).values.min()), 1e-3)
+    model.log_threshold.fill_(math.log(theta))
+
+
+@torch.no_grad()
+def _finish(model: SparseCoder) -> None:
+    model.threshold.copy_(model.log_threshold.exp())
+
+
+KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=False, uses_threshold=True, train_params=_train_params,
+                             init=_init, finish=_finish)

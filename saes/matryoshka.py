@@ -1,0 +1,75 @@
+"""Matryoshka BatchTopK (Bussmann, Nabeshima, Karvonen, Nanda 2025; Nabeshima 2024), registered as kinds
+``matryoshka`` and ``matryoshka-absolute``.
+
+The latents are split into nested groups; prefix i holds the first i groups. One BatchTopK code is selected
+over all latents, and EACH prefix reconstructs x from the code's entries in it:
+``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the sum of the prefixes' FVUs (the full
+reconstruction's FVU is the loop's own term, the others come as the kind's extra loss), plus AuxK on the full
+residual. Early latents must reconstruct on their own, so general concepts are not absorbed into later, more
+specific latents. Inference is the BatchTopK threshold rule of the base kind; the groups leave no trace in
+the saved dictionary (config.json records them under ``training.config``).
+
+A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_decodes`` compacts the code per group
+and decodes each entry once, so no [B, L] code is ever decoded densely.
+
+Which BatchTopK: ``matryoshka`` uses the row-relative rule of ``batchtopk`` (docs/batchtopk.md),
+``matryoshka-absolute`` the published one. Measured on bench/synthetic_recovery.py (docs/kinds.md): the
+relative rule was chosen as the default for the same reason as for ``batchtopk``.
+
+Groups: ``TrainConfig.matryoshka_groups`` (sizes summing to L), or by default prefixes of L/16, L/8, L/4, L/2
+and L latents (Bussmann et al. used similar doubling groups).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import kernels
+from .comm import StepInputs
+from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, relative_encode, relative_scores, relu_scores,
+                    threshold_encode, train_code)
+
+
+def default_groups(latents: int) -> list[int]:
+    """Group sizes of the prefixes L/16, L/8, L/4, L/2, L (prefixes of size 0 and repeats dropped)."""
+    bounds = sorted({max(1, latents // d) for d in (16, 8, 4, 2)} | {latents})
+    return [b - a for a, b in zip([0, *bounds[:-1]], bounds)]
+
+
+def prefix_bounds(latents: int, groups: list[int] | None) -> list[int]:
+    """Increasing prefix widths (the last is L) of the group sizes (default: :func:`default_groups`)."""
+    groups = groups or default_groups(latents)
+    if sum(groups) != latents or any(g < 1 for g in groups):
+        raise ValueError(f"matryoshka groups {groups} must be positive sizes summing to latents={latents}")
+    out, total = [], 0
+    for g in groups:
+        total += g
+        out.append(total)
+    return out
+
+
+def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) -> TrainOutput:
+    groups = inputs.settings.matryoshka_groups if inputs.settings is not None else None
+    bounds = prefix_bounds(model.n_latents, groups)
+    c = train_code(model, x, inputs, batch=True, relative=relative)
+    recons = kernels.prefix_decodes(c.values, c.indices, model.W_dec, model.b_dec, bounds, impl=model.kernel_impl)
+    x_hat = recons[-1]
+    extra = sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
+    return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
+
+
+def _relative_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    return _forward(model, x, inputs, relative=True)
+
+
+def _absolute_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    return _forward(model, x, inputs, relative=False)
+
+
+KINDS["matryoshka"] = KindSpec(_relative_train, relative_encode, uses_aux=True, uses_threshold=True,
+                               scores=relative_scores, relative=True)
+KINDS["matryoshka-absolute"] = KindSpec(_absolute_train, threshold_encode, uses_aux=True, uses_threshold=True,
+                                        scores=relu_scores)
+
+__all__ = ["default_groups", "prefix_bounds"]

@@ -1,0 +1,301 @@
+"""The JumpReLU, Matryoshka BatchTopK and SpaDE kinds: their sparse operations against the dense references
+(values and gradients), the straight-through estimators, a whole step with fast against reference kernels,
+exact resume, the saved inference form, and (integration) recovery of planted atoms."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import pytest
+import torch
+
+from conceptdict.saes import SparseCoder, TrainConfig, kernels, load_dictionary, train
+from conceptdict.saes.jumprelu import JumpReLU, Step
+from conceptdict.saes.kernels import kinds as kind_ops
+from conceptdict.saes.matryoshka import default_groups, prefix_bounds
+from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
+
+pytestmark = pytest.mark.unit
+
+FAST = ["torch", pytest.param("numba", marks=pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                                                  reason="no numba"))]
+NEW_KINDS = ["jumprelu", "matryoshka", "matryoshka-absolute", "spade"]
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(kind_ops, "ROW_CHUNK", 16)  # the chunked selection and its joins at test shapes
+
+
+def _inputs(seed=0, B=37, D=12, L=50):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, D, generator=g)
+    W = torch.randn(L, D, generator=g)  # latent-major storage, as SparseCoder keeps W_enc
+    b = 0.3 * torch.randn(L, generator=g)
+    return x, W, b, torch.randn(B, L, generator=g)
+
+
+def _grads(impl, fn, x, W, b, extra=()):
+    leaves = [t.clone().requires_grad_() for t in (x, W, b, *extra)]
+    out = fn(impl, leaves[0], leaves[1].t(), *leaves[2:])
+    out.backward()
+    return [out.detach()] + [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
+
+
+def _dense(values, indices, L):
+    return torch.zeros(values.shape[0], L, dtype=values.dtype).scatter_add(1, indices, values)
+
+
+def _assert_same(fn, impl, *args, extra=()):
+    want = _grads("reference", fn, *args, extra=extra)
+    got = _grads(impl, fn, *args, extra=extra)
+    for name, a, r in zip(["value", "x", "W_enc", "b_enc", "extra"], got, want):
+        scale = max(1.0, float(r.abs().max()))
+        torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("impl", FAST)
+def test_gather_pre_values_and_grads(impl):
+    x, W, b, w = _inputs()
+    idx = torch.randint(0, W.shape[0], (x.shape[0], 7), generator=torch.Generator().manual_seed(1))
+    coef = torch.randn(idx.shape)
+    fn = lambda i, x, W_enc, b: (kernels.gather_pre(x, W_enc, idx, impl=i) * coef).sum() + 0 * b.sum()
+    _assert_same(fn, impl, x, W, b)
+
+
+@pytest.mark.parametrize("impl", FAST)
+def test_encode_above_values_and_grads(impl):
+    x, W, b, w = _inputs()
+    floor = 1.0 + torch.rand(W.shape[0], generator=torch.Generator().manual_seed(2))
+
+    def fn(i, x, W_enc, b):
+        z, idx, kept = kernels.encode_above(x, W_enc, b, floor, impl=i)
+        assert bool((z.detach()[kept] > floor[idx[kept]]).all())
+        return (_dense(z * kept, idx, W_enc.shape[1]) * w).sum()
+
+    _assert_same(fn, impl, x, W, b)
+
+
+@pytest.mark.parametrize("impl", FAST)
+@pytest.mark.parametrize("candidates", [2, 6, 50])  # 2: most rows need the whole-row fallback
+def test_encode_sparsemax_values_and_grads(impl, candidates):
+    x, W, b, w = _inputs()
+    lam = torch.tensor(0.4)
+
+    def fn(i, x, W_enc, b, lam):
+        f, idx, z, kept = kernels.encode_sparsemax(x, W_enc, b, lam, candidates, impl=i)
+        dense = _dense(f, idx, W_enc.shape[1])
+        torch.testing.assert_close(dense.detach().sum(dim=1), torch.ones(x.shape[0]))
+        assert bool((dense.detach() >= 0).all())
+        return (dense * w).sum()
+
+    _assert_same(fn, impl, x, W, b, extra=(lam,))
+
+
+@pytest.mark.parametrize("impl", FAST)
+def test_prefix_decodes_values_and_grads(impl):
+    x, W, b, w = _inputs()
+    W_dec = torch.randn(W.shape[0], x.shape[1])
+    bounds = [3, 10, 25, 50]
+
+    def fn(i, x, W_enc, b):
+        code = kernels.encode(x, W_enc, b, 5, batch=True, impl=i)
+        recons = kernels.prefix_decodes(code.values, code.indices, W_dec, b_dec, bounds, impl=i)
+        return sum((r - x).square().sum() * (g + 1) for g, r in enumerate(recons))
+
+    b_dec = 0.1 * torch.randn(x.shape[1])
+    _assert_same(fn, impl, x, W, b)
+
+
+def test_prefix_decodes_match_masked_dense_decodes():
+    x, W, b, _ = _inputs()
+    code = kernels.encode(x, W.t(), b, 4, batch=True, impl="torch")
+    W_dec, b_dec = torch.randn(W.shape[0], x.shape[1]), torch.randn(x.shape[1])
+    dense = _dense(code.values, code.indices, W.shape[0])
+    for m, r in zip([7, 50], kernels.prefix_decodes(code.values, code.indices, W_dec, b_dec, [7, 50], impl="torch")):
+        torch.testing.assert_close(r, dense[:, :m] @ W_dec[:m] + b_dec)
+
+
+def test_jumprelu_straight_through_estimators():
+    z = torch.tensor([0.5, 0.98, 1.02, 2.0], requires_grad=True)
+    theta = torch.ones(4, requires_grad=True)
+    eps = 0.1
+    (JumpReLU.apply(z, theta, eps) * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    assert z.grad.tolist() == [0.0, 0.0, 3.0, 4.0]  # H(z - theta), no STE on z
+    torch.testing.assert_close(theta.grad, torch.tensor([0.0, -20.0, -30.0, 0.0]))  # -(theta/eps) K((z-theta)/eps) g
+    theta.grad = None
+    Step.apply(z, theta, eps).sum().backward()
+    torch.testing.assert_close(theta.grad, torch.tensor([0.0, -10.0, -10.0, 0.0]))  # -(1/eps) K(...)
+
+
+def test_matryoshka_groups():
+    assert default_groups(256) == [16, 16, 32, 64, 128]
+    assert prefix_bounds(256, None) == [16, 32, 64, 128, 256]
+    assert prefix_bounds(10, [3, 7]) == [3, 10]
+    with pytest.raises(ValueError, match="matryoshka_groups=\\[3, 3\\] must be positive sizes summing to latents=10"):
+        TrainConfig(latents=10, k=2, kind="matryoshka", matryoshka_groups=[3, 3])
+
+
+SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=14, seed=3)
+
+
+def _cfg(kind, **kw):
+    base = dict(latents=32, k=3, kind=kind, eval_batches=2, log_every=2, checkpoint_every=3, device="cpu",
+                init_rows=64, kernel_impl="reference", threshold_start_step=2, matryoshka_groups=None)
+    if kind.startswith("matryoshka"):
+        base["matryoshka_groups"] = [4, 12, 16]
+    return TrainConfig(**(base | kw))
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_fast_kernels_train_like_the_reference(kind):
+    """A few steps with the fast kernels end where the dense references do (float32 summation order aside)."""
+    ref = train(_cfg(kind, checkpoint_every=0, tokens=4 * 64), functools.partial(synthetic_batches, SPEC))
+    fast = train(_cfg(kind, checkpoint_every=0, tokens=4 * 64, kernel_impl="torch"),
+                 functools.partial(synthetic_batches, SPEC))
+    for name, t in ref.state_dict().items():
+        torch.testing.assert_close(fast.state_dict()[name], t, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crashing(spec, at):
+    def gen(start):
+        for i, x in enumerate(synthetic_batches(spec, start), start):
+            if i == at:
+                raise _Crash(f"simulated crash at batch {i}")
+            yield x
+    return gen
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_resume_gives_bit_identical_weights(tmp_path, kind):
+    cfg = _cfg(kind)
+    full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
+    with pytest.raises(_Crash):
+        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")
+    ck = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 6
+    if kind in ("jumprelu", "spade"):  # the kind's own parameters are in the checkpoint
+        assert {"log_threshold", "spade_lambda_pre"} & set(ck["model"])
+    resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    assert full.state_dict().keys() == resumed.state_dict().keys()
+    for name, t in full.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], t), name
+    assert (tmp_path / "cut" / "metrics.jsonl").read_text().count("\n") == (tmp_path / "full" / "metrics.jsonl"
+                                                                            ).read_text().count("\n")
+
+
+def test_jumprelu_saves_its_learned_thresholds_and_exports_to_saelens(tmp_path):
+    from conceptdict.saes import export_saelens
+
+    model = train(_cfg("jumprelu", checkpoint_every=0), functools.partial(synthetic_batches, SPEC), out=tmp_path / "d")
+    assert not hasattr(model, "log_threshold") and float(model.threshold.min()) > 0
+    assert model.training_summary["threshold"]["rule"] == "learned per latent"
+    assert model.threshold.unique().numel() > 1  # one threshold per latent, not one calibrated cut
+    back = load_dictionary(tmp_path / "d")
+    x = next(iter(synthetic_batches(SPEC)))
+    torch.testing.assert_close(back.encode(x), model.encode(x))
+    export_saelens(back, tmp_path / "sl")
+    again = load_dictionary(tmp_path / "sl")
+    assert again.kind == "jumprelu"
+    torch.testing.assert_close(again.encode(x), model.encode(x), rtol=1e-5, atol=1e-5)
+
+
+def test_spade_saves_its_affine_form_and_codes_lie_on_the_simplex(tmp_path):
+    model = train(_cfg("spade", checkpoint_every=0), functools.partial(synthetic_batches, SPEC), out=tmp_path / "d")
+    assert not hasattr(model, "spade_lambda_pre")
+    x = next(iter(synthetic_batches(SPEC)))  # raw units: the normalisation is folded into the weights
+    f = load_dictionary(tmp_path / "d").encode(x)
+    torch.testing.assert_close(f.sum(dim=1), torch.ones(x.shape[0]))
+    assert bool((f >= 0).all()) and len(set((f > 0).sum(dim=1).tolist())) > 1  # adaptive L0
+    # the affine form is the distance form: sparsemax(-lambda |x - p|^2) with p = W_enc / (2 lambda)
+    dense = SparseCoder(model.d_in, model.n_latents, model.k, "relu")
+    dense.load_state_dict({k: v for k, v in model.state_dict().items() if k in dense.state_dict()})
+    pre = (x - model.b_dec) @ model.W_enc + model.b_enc
+    torch.testing.assert_close(f, kernels.reference.sparsemax(pre), rtol=1e-5, atol=1e-6)
+
+
+def test_cli_help_lists_the_new_kinds(capsys):
+    from conceptdict.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for kind in ("jumprelu", "matryoshka", "spade"):
+        assert kind in out, kind
+    assert "--matryoshka-groups" in out and "--jumprelu-bandwidth" in out
+
+
+RECOVERY = SyntheticSpec(n_atoms=256, d=128, active=3, noise=0.02, batch_size=1024, n_batches=80, seed=0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["jumprelu", "matryoshka", "spade"])
+def test_planted_atoms_are_recovered(kind):
+    """The test-sized problem of tests/test_sae_recovery.py with default settings."""
+    cfg = TrainConfig(latents=256, k=6, kind=kind, tokens=74 * 1024, log_every=20)
+    model = train(cfg, functools.partial(synthetic_batches, RECOVERY))
+    rec = atom_recovery(model.decoder_directions(), planted_atoms(RECOVERY), threshold=0.9)
+    held = model.training_summary["heldout_eval"]
+    assert rec.fraction >= 0.9, rec
+    assert held["dead_fraction"] < 0.05
+    assert held["fvu"] < (0.3 if kind == "spade" else 0.1)
+    if kind != "spade":  # spade's L0 is its own (adaptive); the others hold k
+        assert 0.5 * 6 <= held["l0"] <= 1.5 * 6, held["l0"]
+    assert math.isfinite(held["fvu"])
+
+
+def test_jumprelu_threshold_gradient_matches_the_dense_estimator():
+    """The packed step gives theta the same gradient as the dense formulas (SAELens / the paper), including the
+    reconstruction's pull from entries just below the threshold, whose value is 0."""
+    from conceptdict.saes.comm import local_inputs
+
+    torch.manual_seed(0)
+    model = SparseCoder(12, 40, 4, "jumprelu", kernel_impl="torch")
+    model.add_train_params()
+    x = torch.randn(64, 12)
+    with torch.no_grad():
+        model.log_threshold.copy_(torch.log(torch.rand(40) * 0.6 + 0.2))
+    cfg = TrainConfig(latents=40, k=4, kind="jumprelu", jumprelu_bandwidth=0.3)
+    inputs = local_inputs(x)._replace(settings=cfg)
+    out = model.spec.train_forward(model, x, inputs)
+    ((x - out.x_hat).square().sum() / inputs.stats.total_var + out.sparsity_loss).backward()
+    got = model.log_threshold.grad.clone()
+    theta = model.log_threshold.detach().exp().requires_grad_()
+    z = (x - model.b_dec) @ model.W_enc + model.b_enc
+    f = JumpReLU.apply(z, theta.expand_as(z), 0.3)
+    l0 = Step.apply(z, theta.expand_as(z), 0.3).sum() / x.shape[0]
+    loss = (x - (f @ model.W_dec + model.b_dec)).square().sum() / inputs.stats.total_var + (l0 / 4 - 1).square()
+    loss.backward()
+    torch.testing.assert_close(got, (theta.grad * theta).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_checkpoint_written_before_the_new_settings_still_resumes(tmp_path):
+    """Checkpoints of runs started before TrainConfig grew the settings of these kinds resume (at their defaults)."""
+    cfg = TrainConfig(latents=32, k=3, eval_batches=2, checkpoint_every=3, device="cpu", init_rows=64,
+                      kernel_impl="reference", log_every=100)
+    full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
+    with pytest.raises(_Crash):
+        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")
+    path = tmp_path / "cut" / "checkpoint.pt"
+    ck = torch.load(path, weights_only=True)
+    for name in ("l0_coeff", "jumprelu_penalty", "jumprelu_bandwidth", "sparsity_warmup_steps", "matryoshka_groups",
+                 "spade_coeff"):
+        del ck["config"][name]
+    torch.save(ck, path)
+    resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    assert torch.equal(resumed.W_dec, full.W_dec)
+
+
+def test_matryoshka_groups_from_the_command_line():
+    from conceptdict.cli.args import build_config
+    from conceptdict.cli.main import build_parser
+
+    args = build_parser().parse_args(["train", "--store", "s", "--latents", "32", "--k", "4", "--kind", "matryoshka",
+                                      "--matryoshka-groups", "4", "--matryoshka-groups", "28"])
+    assert build_config(TrainConfig, args).matryoshka_groups == [4, 28]
