@@ -17,7 +17,7 @@ from conceptdict.cli.args import (
     write_resolved_config,
 )
 
-HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder) on activation store(s)"
+HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder, or transcoder) on activation store(s)"
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +28,8 @@ class TrainCommand:
     stores: list[Path] = field(default_factory=list, metadata={"flag": "store"})
     """Activation store(s); several stores over the same tokens train a crosscoder over them."""
     hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint"})
-    """Hookpoint(s) to train on; default: the store's only hookpoint. Several: a crosscoder across them."""
+    """Hookpoint(s) to train on; default: the store's only hookpoint. Several: a crosscoder across them; a
+    transcoder takes two, the component's input then its output (e.g. blocks.0.mlp.hook_in blocks.0.mlp.hook_out)."""
     out: Path | None = None
     """Output directory for the dictionary (config.json, weights.safetensors, checkpoint, metrics)."""
     resume: bool = False

@@ -1,4 +1,4 @@
-"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, crosscoders), training, evals, save/load.
+"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, crosscoders, transcoders), training, evals, save/load.
 
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
@@ -13,6 +13,7 @@ from .formats import (FormatError, export_saelens, import_saelens, load_dictiona
                       match_hookpoint, open_dictionary)
 
 from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
+from . import transcoder as _transcoder  # noqa: E402,F401  (registers the transcoder kinds in KINDS)
 
 __all__ = [
     "KINDS", "LOCAL", "Comm", "EvalResult", "FormatError", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink",

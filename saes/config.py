@@ -26,7 +26,9 @@ class TrainConfig:
     """Dictionary kind: topk, batchtopk (row-relative BatchTopK: the batch's top k*B entries ranked relative to
     each row's norm, see saes.model.row_scale), batchtopk-absolute (BatchTopK as published, Bussmann et al.
     2024), relu (ReLU + L1 baseline), crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical
-    L1 crosscoder; needs several sources). Why batchtopk is row-relative: docs/batchtopk.md."""
+    L1 crosscoder; needs several sources), transcoder / skip-transcoder (TopK from a component's input hookpoint
+    to its output hookpoint, the skip one plus a linear x W_skip; two hookpoints: input, then output;
+    saes/transcoder.py). Why batchtopk is row-relative: docs/batchtopk.md."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096

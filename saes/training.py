@@ -42,7 +42,7 @@ from .config import (Resolved, TrainConfig, calibration_batch_count, default_dea
                      heldout_batch_count, resolve, resolve_device)
 from .evaluation import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
-from .model import SparseCoder, geometric_median, normalisation_scale
+from .model import SparseCoder, geometric_median, kind_spec, normalisation_scale
 
 log = logging.getLogger(__name__)
 
@@ -161,12 +161,13 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     process takes the same update, equal (up to float summation order) to one process stepping on the
     whole batch. Returns the whole batch's metrics."""
     model, st, r = run.model, run.state, run.resolved
-    stats = batch_stats(x, comm)
+    x, target = model.split(x)  # a transcoder reads the input half and reconstructs the output half
+    stats = batch_stats(target, comm)
     dead = st.since_fired >= r.dead_tokens
     use_aux = model.spec.uses_aux and bool(dead.any())
     inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k)
     out = model.spec.train_forward(model, x, inputs)
-    err = x - out.x_hat
+    err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
     loss = fvu
     aux = x.new_zeros(())
@@ -193,6 +194,11 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
     if cfg.d_in is not None and cfg.d_in != D:
         raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
                          f"or drop --d-in")
+    if kind_spec(cfg.kind).transcodes:
+        if S != 2:
+            raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
+                             f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")
+        S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
     model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
     model.reset_parameters(generator=gen)
@@ -201,9 +207,9 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
 
 def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> Tensor:
     """Normalisation scale [S] and b_dec from the first rows (flattened [N, S*D]); returns the scale."""
-    S, D = model.n_sources, model.d_in
+    S, D = model.data_sources, model.d_in
     scale = normalisation_scale(sample, S, D) if cfg.normalize else torch.ones(S)
-    xs = sample * scale.repeat_interleave(D)
+    xs = model.split(sample * scale.repeat_interleave(D))[1]  # b_dec is the reconstruction target's
     with torch.no_grad():
         if cfg.b_dec_init == "geometric_median":
             model.b_dec.copy_(geometric_median(xs))
@@ -233,7 +239,7 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
             raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs "
                              f"{r.to_dict()}); the data's length changed: pass the same tokens= as the first run")
     else:
-        flat = torch.cat([model.flatten_input(x) for x in data.whole_head])[: cfg.init_rows]
+        flat = torch.cat([model.flatten_batch(x) for x in data.whole_head])[: cfg.init_rows]
         st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
                         since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
     return Run(model, gen, opt, st, r)
@@ -301,7 +307,7 @@ def _loop(cfg: TrainConfig, run: Run, data: Iterator[Tensor], out: Path | None, 
     for x in data:
         if cfg.tokens is not None and st.rows >= cfg.tokens:
             break
-        last_x = model.flatten_input(x.to(device)) * scale_vec
+        last_x = model.flatten_batch(x.to(device)) * scale_vec
         lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
         m = step(run, last_x, cfg, lr, comm)
         st.position += 1
