@@ -3,9 +3,10 @@ run uses after the defaults that depend on the dictionary and the data's length 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -121,6 +122,21 @@ class TrainConfig:
             raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
+
+
+def sweep_configs(base: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str, TrainConfig]]:
+    """One config per combination of ``grid``'s values (field -> values; the cartesian product, first field
+    outermost), each named ``field-value_field-value`` (its output folder). Every config is checked as
+    :class:`TrainConfig` checks one, so a bad combination (k >= latents) names itself."""
+    names = list(grid)
+    out = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        name = "_".join(f"{n}-{v}" for n, v in zip(names, values))
+        try:
+            out.append((name, replace(base, **dict(zip(names, values)))))
+        except ValueError as e:
+            raise ValueError(f"sweep point {name}: {e}") from None
+    return out
 
 
 # -- resolved defaults ----------------------------------------------------------------------------
