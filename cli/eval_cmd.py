@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, EvalConfig)
 
 
-def _open(sae_dir: Path, cfg: EvalConfig):
-    """(model, store, hookpoint, dictionary config) with the widths checked."""
+def open_on_store(sae_dir: Path, cfg: EvalConfig):
+    """(model, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
+    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder)."""
     from conceptdict.activations import ActivationStore
     from conceptdict.saes import load_dictionary, load_dictionary_config, match_hookpoint
 
@@ -105,11 +106,10 @@ def _transcoder_hookpoints(sae_dir: Path, config: dict, store, cfg: EvalConfig) 
     return pair
 
 
-def _heldout_batches(sae_dir: Path, store, hookpoints: list[str], rows: int):
-    """The batches ``conceptdict train`` held out for its own evaluation (never trained on: the stream leaves
-    their rows out of later epochs), rebuilt without reading anything else; None when SAE_DIR was not trained
-    by ``conceptdict train`` on this store and hookpoint."""
-    from conceptdict.activations import stream_batches
+def heldout_recipe(sae_dir: Path, store, hookpoints: list[str]) -> dict | None:
+    """How ``conceptdict train`` drew the batches it held out for its own evaluation (never trained on: the
+    stream leaves their rows out of later epochs): its train_config.json settings, or None when SAE_DIR was
+    not trained by ``conceptdict train`` on this store and hookpoints."""
     from conceptdict.saes import load_dictionary_config
 
     path = sae_dir / "train_config.json"
@@ -117,18 +117,24 @@ def _heldout_batches(sae_dir: Path, store, hookpoints: list[str], rows: int):
         return None
     recorded = load_dictionary_config(sae_dir)
     run = json.loads(path.read_text())
-    cmd, train = run.get("command", {}), run.get("train", {})
     same = ([str(Path(s).resolve()) for s in recorded.get("stores") or []] == [str(store.path.resolve())]
             and recorded.get("hookpoints") == hookpoints)
-    if not same or not train.get("eval_batches"):
-        return None
+    return run if same and run.get("train", {}).get("eval_batches") else None
+
+
+def recipe_batches(recipe: dict, store, hookpoints: list[str], rows: int):
+    """The held-out batches of ``recipe`` (:func:`heldout_recipe`) at ``hookpoints``, rebuilt without reading
+    anything else (the rows depend only on the recipe, not on the hookpoints read)."""
+    from conceptdict.activations import stream_batches
+
+    cmd, train = recipe.get("command", {}), recipe["train"]
     n = min(int(train["eval_batches"]), max(1, rows // int(train["batch_size"])))
     stream = stream_batches(store, hookpoints, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
                             buffer_rows=int(cmd.get("buffer_rows", 65536)))
     return itertools.islice(stream, n)
 
 
-def _batches(store, hookpoints: list[str], rows: int, batch_size: int):
+def store_batches(store, hookpoints: list[str], rows: int, batch_size: int):
     """The first rows: [B, D] for one hookpoint, [B, 2, D] (input, output) for a transcoder's two."""
     stop = min(rows, store.num_rows)
     for start in range(0, stop, batch_size):
@@ -147,7 +153,7 @@ def _model_name(cfg: EvalConfig, store) -> str | None:
     return source if source and Path(source).is_dir() else info.get("id")
 
 
-def _splice(result, sae, store, hookpoints: list[str], cfg: EvalConfig):
+def splice_scores(result, sae, store, hookpoints: list[str], cfg: EvalConfig):
     """result with CE loss recovered / KL score, when a causal LM is at hand: the last hookpoint is replaced by
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
     from conceptdict.activations import load_model, spliced_losses
@@ -177,17 +183,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(EvalConfig, args, args.config)
     if cfg.rows_from not in ("heldout", "start"):
         raise ValueError(f"--rows-from {cfg.rows_from!r}: choose heldout or start")
-    sae, store, hookpoints = _open(args.sae_dir, cfg)
+    sae, store, hookpoints = open_on_store(args.sae_dir, cfg)
     hookpoint = " -> ".join(hookpoints)
-    batches = _heldout_batches(args.sae_dir, store, hookpoints, cfg.rows) if cfg.rows_from == "heldout" else None
+    recipe = heldout_recipe(args.sae_dir, store, hookpoints) if cfg.rows_from == "heldout" else None
+    batches = recipe_batches(recipe, store, hookpoints, cfg.rows) if recipe else None
     rows_from = "training's held-out batches"
     if batches is None:
         if cfg.rows_from == "heldout":
             log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
                         "which training may have seen", args.sae_dir, store.path, hookpoint, cfg.rows)
-        batches, rows_from = _batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
+        batches, rows_from = store_batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
     result = evaluate(sae, batches)
-    result = _splice(result, sae, store, hookpoints, cfg)
+    result = splice_scores(result, sae, store, hookpoints, cfg)
     if cfg.out is None and str(args.sae_dir).startswith("hf:"):
         raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into "
                          f"the cache)")
