@@ -325,11 +325,13 @@ class SpliceLosses(NamedTuple):
 
 def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
                    replace: Callable[[torch.Tensor], torch.Tensor],
-                   attention_mask: torch.Tensor | None = None) -> SpliceLosses:
+                   attention_mask: torch.Tensor | None = None, source: str | None = None) -> SpliceLosses:
     """CE/KL of a causal LM when ``hookpoint`` [.., D] is kept, zero-ablated or mapped through ``replace``
     (which receives and returns [n, D] float32). tokens [N, T] int64. Positions whose input or target is
-    BOS/pad/special are excluded."""
-    check_hookpoints(model, [hookpoint])
+    BOS/pad/special are excluded. ``source``: the (earlier) hookpoint whose activation in the same forward
+    ``replace`` receives instead of ``hookpoint``'s own (a transcoder reads a component's input and replaces
+    its output)."""
+    check_hookpoints(model, [hookpoint] + ([source] if source else []))
     if hookpoint in SENTENCE_HOOKPOINTS or not model.is_causal:
         raise ValueError(f"spliced_losses needs a causal LM and a token hookpoint; got {model.name} "
                          f"(causal={model.is_causal}) at {hookpoint!r}")
@@ -339,8 +341,12 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
     if not bool(keep.any()):
         raise ValueError("no scoreable positions: every next-token target is BOS/pad/special")
 
-    def run(edit):
+    seen: dict[str, torch.Tensor] = {}
+
+    def run(edit, read_source=False):
         hooks = [] if edit is None else [(hookpoint, lambda t, hook: edit(t))]
+        if read_source:
+            hooks.insert(0, (source, lambda t, hook: seen.__setitem__("x", t)))
         with torch.inference_mode(), model.bridge.hooks(fwd_hooks=hooks):
             return model.bridge(tokens, attention_mask=mask).float()[:, :-1]
 
@@ -348,7 +354,11 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
         return torch.zeros_like(t)
 
     def swap(t):
-        flat = t.reshape(-1, t.shape[-1]).float()
+        x = seen.pop("x") if source else t
+        if x.shape[:-1] != t.shape[:-1]:
+            raise ValueError(f"{source} has shape {list(x.shape)}, {hookpoint} {list(t.shape)}: a transcoder's two "
+                             "hookpoints must cover the same tokens")
+        flat = x.reshape(-1, x.shape[-1]).float()
         return replace(flat).to(t.dtype).reshape(t.shape)
 
     clean = run(None)
@@ -357,7 +367,7 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
     results = [_ce(logp_clean, targets, keep)]
     kls = []
     for edit in (zero, swap):
-        logp = run(edit).log_softmax(-1)
+        logp = run(edit, read_source=edit is swap and source is not None).log_softmax(-1)
         results.append(_ce(logp, targets, keep))
         kl = (logp_clean.exp() * (logp_clean - logp)).sum(-1)
         kls.append(kl[keep].mean().item())

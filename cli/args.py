@@ -243,3 +243,27 @@ def write_resolved_config(cfg: Any, directory: Path, name: str = "resolved_confi
     path = directory / name
     path.write_text(json.dumps(to_jsonable(cfg), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def parse_field_values(cls: type, spec: str, flag: str) -> tuple[str, list[Any]]:
+    """``FIELD=V1,V2,...`` -> (field, the values typed as ``cls``'s field), for flags such as ``--sweep``;
+    an unknown field names the closest one, a bad value names the field and its type."""
+    name, sep, values = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not values.strip():
+        raise ConfigError(f"{flag} {spec!r}: write FIELD=V1,V2,... (e.g. {flag} k=16,32)")
+    check_keys({name: None}, cls, flag)
+    tp, optional = _unwrap_optional(_resolved_hints(cls)[name])
+    if tp not in (int, float, str, bool) and get_origin(tp) is not Literal:
+        raise ConfigError(f"{flag} {name}: only fields holding one number or word can be swept")
+    parse = _parse_bool if tp is bool else _scalar_parser(tp)
+    out: list[Any] = []
+    for text in values.split(","):
+        text = text.strip()
+        try:
+            out.append(None if optional and text.lower() == "none" else parse(text))
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise ConfigError(f"{flag} {name}={text!r}: not a valid {getattr(tp, '__name__', tp)} ({e})") from None
+    if len(set(map(repr, out))) != len(out):
+        raise ConfigError(f"{flag} {spec!r} repeats a value")
+    return name, out

@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, EvalConfig)
 
 
-def _open(sae_dir: Path, cfg: EvalConfig):
-    """(model, store, hookpoint, dictionary config) with the widths checked."""
+def open_on_store(sae_dir: Path, cfg: EvalConfig):
+    """(model, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
+    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder)."""
     from conceptdict.activations import ActivationStore
     from conceptdict.saes import load_dictionary, load_dictionary_config, match_hookpoint
 
@@ -73,9 +74,12 @@ def _open(sae_dir: Path, cfg: EvalConfig):
     if store_path is None:
         raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
     store = ActivationStore(store_path)
+    if model.spec.transcodes:
+        return model, store, _transcoder_hookpoints(sae_dir, config, store, cfg)
     if config.get("transcoder"):
-        raise ValueError(f"{sae_dir} is a transcoder: its decoder predicts another hookpoint's output, so "
-                         f"reconstruction metrics against its input would be wrong; name it or use it in a cbm")
+        raise ValueError(f"{sae_dir} is a transcoder whose input hookpoint is not recorded: its decoder predicts "
+                         f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
+                         f"name it or use it in a cbm")
     hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
     hookpoint = match_hookpoint(hookpoint, store.hookpoints) or hookpoint if hookpoint else None
     if hookpoint is None or hookpoint not in store.hookpoints:
@@ -84,14 +88,28 @@ def _open(sae_dir: Path, cfg: EvalConfig):
     if store.d_in(hookpoint) != model.d_in:
         raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
                          f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
-    return model, store, hookpoint
+    return model, store, [hookpoint]
 
 
-def _heldout_batches(sae_dir: Path, store, hookpoint: str, rows: int):
-    """The batches ``conceptdict train`` held out for its own evaluation (never trained on: the stream leaves
-    their rows out of later epochs), rebuilt without reading anything else; None when SAE_DIR was not trained
-    by ``conceptdict train`` on this store and hookpoint."""
-    from conceptdict.activations import stream_batches
+def _transcoder_hookpoints(sae_dir: Path, config: dict, store, cfg: EvalConfig) -> list[str]:
+    """[input, output] hookpoints of a transcoder, both in the store (``--hookpoint`` names the output)."""
+    pair = list(config.get("hookpoints") or [])
+    if len(pair) != 2:
+        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a transcoder needs [input, output]")
+    if cfg.hookpoint and cfg.hookpoint != pair[1]:
+        raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a transcoder from {pair[0]} to {pair[1]}; "
+                         f"drop --hookpoint")
+    missing = [h for h in pair if h not in store.hookpoints]
+    if missing:
+        raise ValueError(f"a transcoder evaluates on both its hookpoints {pair}; store {store.path} lacks {missing} "
+                         f"(it holds {store.hookpoints}): cache both in one store")
+    return pair
+
+
+def heldout_recipe(sae_dir: Path, store, hookpoints: list[str]) -> dict | None:
+    """How ``conceptdict train`` drew the batches it held out for its own evaluation (never trained on: the
+    stream leaves their rows out of later epochs): its train_config.json settings, or None when SAE_DIR was
+    not trained by ``conceptdict train`` on this store and hookpoints."""
     from conceptdict.saes import load_dictionary_config
 
     path = sae_dir / "train_config.json"
@@ -99,21 +117,29 @@ def _heldout_batches(sae_dir: Path, store, hookpoint: str, rows: int):
         return None
     recorded = load_dictionary_config(sae_dir)
     run = json.loads(path.read_text())
-    cmd, train = run.get("command", {}), run.get("train", {})
     same = ([str(Path(s).resolve()) for s in recorded.get("stores") or []] == [str(store.path.resolve())]
-            and recorded.get("hookpoints") == [hookpoint])
-    if not same or not train.get("eval_batches"):
-        return None
+            and recorded.get("hookpoints") == hookpoints)
+    return run if same and run.get("train", {}).get("eval_batches") else None
+
+
+def recipe_batches(recipe: dict, store, hookpoints: list[str], rows: int):
+    """The held-out batches of ``recipe`` (:func:`heldout_recipe`) at ``hookpoints``, rebuilt without reading
+    anything else (the rows depend only on the recipe, not on the hookpoints read)."""
+    from conceptdict.activations import stream_batches
+
+    cmd, train = recipe.get("command", {}), recipe["train"]
     n = min(int(train["eval_batches"]), max(1, rows // int(train["batch_size"])))
-    stream = stream_batches(store, hookpoint, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
+    stream = stream_batches(store, hookpoints, int(train["batch_size"]), seed=int(train["seed"]), epochs=1,
                             buffer_rows=int(cmd.get("buffer_rows", 65536)))
     return itertools.islice(stream, n)
 
 
-def _batches(store, hookpoint: str, rows: int, batch_size: int):
+def store_batches(store, hookpoints: list[str], rows: int, batch_size: int):
+    """The first rows: [B, D] for one hookpoint, [B, 2, D] (input, output) for a transcoder's two."""
     stop = min(rows, store.num_rows)
     for start in range(0, stop, batch_size):
-        yield store.rows(hookpoint, start, min(start + batch_size, stop)).float()
+        parts = [store.rows(h, start, min(start + batch_size, stop)).float() for h in hookpoints]
+        yield parts[0] if len(parts) == 1 else torch.stack(parts, dim=1)
 
 
 def _model_name(cfg: EvalConfig, store) -> str | None:
@@ -127,8 +153,9 @@ def _model_name(cfg: EvalConfig, store) -> str | None:
     return source if source and Path(source).is_dir() else info.get("id")
 
 
-def _splice(result, sae, store, hookpoint: str, cfg: EvalConfig):
-    """result with CE loss recovered / KL score, when a causal LM is at hand."""
+def splice_scores(result, sae, store, hookpoints: list[str], cfg: EvalConfig):
+    """result with CE loss recovered / KL score, when a causal LM is at hand: the last hookpoint is replaced by
+    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
     from conceptdict.activations import load_model, spliced_losses
     from conceptdict.activations.tokens import rebuild_contexts
     from conceptdict.saes import with_splice_scores
@@ -144,7 +171,8 @@ def _splice(result, sae, store, hookpoint: str, cfg: EvalConfig):
         with torch.no_grad():
             return sae(x.to(sae.W_enc.device)).to(x.device)
 
-    losses = spliced_losses(lm, hookpoint, ids, replace, attention_mask=mask)
+    losses = spliced_losses(lm, hookpoints[-1], ids, replace, attention_mask=mask,
+                            source=hookpoints[0] if len(hookpoints) > 1 else None)
     return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
                               losses.kl_replaced)
 
@@ -155,22 +183,25 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(EvalConfig, args, args.config)
     if cfg.rows_from not in ("heldout", "start"):
         raise ValueError(f"--rows-from {cfg.rows_from!r}: choose heldout or start")
-    sae, store, hookpoint = _open(args.sae_dir, cfg)
-    batches = _heldout_batches(args.sae_dir, store, hookpoint, cfg.rows) if cfg.rows_from == "heldout" else None
+    sae, store, hookpoints = open_on_store(args.sae_dir, cfg)
+    hookpoint = " -> ".join(hookpoints)
+    recipe = heldout_recipe(args.sae_dir, store, hookpoints) if cfg.rows_from == "heldout" else None
+    batches = recipe_batches(recipe, store, hookpoints, cfg.rows) if recipe else None
     rows_from = "training's held-out batches"
     if batches is None:
         if cfg.rows_from == "heldout":
             log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
                         "which training may have seen", args.sae_dir, store.path, hookpoint, cfg.rows)
-        batches, rows_from = _batches(store, hookpoint, cfg.rows, cfg.batch_size), "the first rows of the store"
+        batches, rows_from = store_batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
     result = evaluate(sae, batches)
-    result = _splice(result, sae, store, hookpoint, cfg)
+    result = splice_scores(result, sae, store, hookpoints, cfg)
     if cfg.out is None and str(args.sae_dir).startswith("hf:"):
         raise ValueError(f"{args.sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into "
                          f"the cache)")
     out = cfg.out or args.sae_dir / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "rows_from": rows_from,
+    record = {"sae_dir": str(args.sae_dir), "store": str(store.path), "hookpoint": hookpoint, "hookpoints": hookpoints,
+              "rows_from": rows_from,
               "config": to_jsonable(cfg), "metrics": result.to_dict(with_density=True),
               "threshold": (getattr(sae, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "eval": "eval_cmd",
     "diff": "diff",
+    "compare": "compare",
     "name": "name",
     "cbm": "cbm",
     "erase": "erase",
@@ -43,8 +44,8 @@ def _load(command: str):
 
 # commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
 # whose own flags have no --overwrite (the guard's opt-in is added here)
-OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "erase", "steer", "export", "demo")
-_ADD_OVERWRITE = ("name", "cbm", "erase", "steer", "export")
+OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "compare", "name", "cbm", "erase", "steer", "export", "demo")
+_ADD_OVERWRITE = ("compare", "name", "cbm", "erase", "steer", "export")
 
 
 def _common() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from conceptdict.cli.args import (
     write_resolved_config,
 )
 
-HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder) on activation store(s)"
+HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder, or transcoder) on activation store(s)"
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +28,8 @@ class TrainCommand:
     stores: list[Path] = field(default_factory=list, metadata={"flag": "store"})
     """Activation store(s); several stores over the same tokens train a crosscoder over them."""
     hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint"})
-    """Hookpoint(s) to train on; default: the store's only hookpoint. Several: a crosscoder across them."""
+    """Hookpoint(s) to train on; default: the store's only hookpoint. Several: a crosscoder across them; a
+    transcoder takes two, the component's input then its output (e.g. blocks.0.mlp.hook_in blocks.0.mlp.hook_out)."""
     out: Path | None = None
     """Output directory for the dictionary (config.json, weights.safetensors, checkpoint, metrics)."""
     resume: bool = False
@@ -37,6 +38,11 @@ class TrainCommand:
     """Replace a dictionary already in OUT instead of refusing."""
     buffer_rows: int = 65536
     """Rows in the shuffle buffer of the training stream."""
+    sweep: list[str] = field(default_factory=list, metadata={"flag": "sweep"})
+    """FIELD=V1,V2,... (repeatable): train one dictionary per combination of the values (e.g. --sweep
+    k=16,32 --sweep kind=topk,batchtopk: four), all on ONE pass over the data, each with its own optimizer,
+    checkpoint, resume and folder OUT/FIELD-VALUE_FIELD-VALUE; each equals its separate run bit for bit.
+    Fields that change the batches (batch_size, tokens, seed, eval_batches) cannot be swept."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,37 +120,77 @@ def _sized(cfg, rows: int):
     return cfg
 
 
-def train_on_stores(cmd: TrainCommand, cfg):
-    """Open the stores, size the run, stream this rank's part of every batch into ``saes.train`` (over the
-    process group's seam under torchrun); returns the trained dictionary."""
+SWEEP_FIXED = ("batch_size", "tokens", "seed", "eval_batches", "device")
+"""TrainConfig fields a sweep cannot vary: they change the batches (the stream's seed is the run's seed)."""
+
+
+def sweep_points(cmd: TrainCommand, cfg) -> list[tuple[str, object]]:
+    """[(name, TrainConfig)]: the one config without ``--sweep``, else every combination of its values."""
+    from conceptdict.cli.args import parse_field_values
+    from conceptdict.saes import TrainConfig
+    from conceptdict.saes.config import sweep_configs
+
+    if not cmd.sweep:
+        return [("", cfg)]
+    grid = dict(parse_field_values(TrainConfig, spec, "--sweep") for spec in cmd.sweep)
+    fixed = sorted(set(grid) & set(SWEEP_FIXED))
+    if fixed:
+        raise ConfigError(f"--sweep {fixed[0]}: {', '.join(SWEEP_FIXED)} change the batches every dictionary of a "
+                          f"sweep shares; run separate trainings for them")
+    if len(cmd.sweep) != len(grid):
+        raise ConfigError(f"--sweep names a field twice ({', '.join(cmd.sweep)}); give each field once")
+    return sweep_configs(cfg, grid)
+
+
+def _stream_plan(cfgs: list, rows: int) -> tuple[int | None, int]:
+    """(epochs, held-out batches) of the one stream every dictionary of the run reads."""
+    from conceptdict.saes.config import heldout_batch_count
+
+    helds = {heldout_batch_count(c) for c in cfgs}
+    per_epoch = rows // cfgs[0].batch_size
+    repeat = any(c.tokens > (per_epoch - heldout_batch_count(c)) * c.batch_size for c in cfgs)
+    if repeat and len(helds) > 1:
+        raise ConfigError(f"these dictionaries hold out different numbers of batches ({sorted(helds)}: thresholded "
+                          f"kinds add --calibration-batches) and --tokens asks for more than one pass over the store, "
+                          f"whose later epochs leave the held-out rows out; sweep them with the same held-out count "
+                          f"(--calibration-batches 0) or one pass")
+    return (None if repeat else 1), max(helds)
+
+
+def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
+    """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``
+    (one dictionary, or one per sweep point, each in OUT/NAME; over the process group's seam under torchrun);
+    returns the trained dictionaries."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
-    from conceptdict.saes import train
-    from conceptdict.saes.config import heldout_batch_count
     from conceptdict.saes.distributed import process_group_comm
+    from conceptdict.saes.training import train_sweep
 
     if cmd.out is None:
         raise ConfigError("conceptdict train needs --out SAE_DIR")
     stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
-    _check_out(cmd.out, cmd.resume, cmd.overwrite)
-    cfg = _sized(cfg, rows)
-    held = heldout_batch_count(cfg)
-    per_epoch = rows // cfg.batch_size
-    epochs = None if cfg.tokens > (per_epoch - held) * cfg.batch_size else 1
-
-    w = ranks.current()
+    outs = [cmd.out / name if name else cmd.out for name, _ in points]
+    for out in outs:
+        _check_out(out, cmd.resume, cmd.overwrite)
+    cfgs = [_sized(cfg, rows) for _, cfg in points]
+    smallest = min(c.batch_size for c in cfgs)  # a small store clamps the batch by the held-out count
+    cfgs = [c if c.batch_size == smallest else _sized(dataclasses.replace(c, batch_size=smallest), rows) for c in cfgs]
+    epochs, held = _stream_plan(cfgs, rows)
+    first, w = cfgs[0], ranks.current()
 
     def batches(start: int):
         # this rank's rows of every global batch (one process: every row)
-        return stream_batches(stores, hookpoints, cfg.batch_size, seed=cfg.seed, epochs=epochs,
+        return stream_batches(stores, hookpoints, first.batch_size, seed=first.seed, epochs=epochs,
                               buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
                               holdout_batches=held)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
     if w.main:
-        write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, cmd.out, "train_config.json")
-    return train(cfg, batches, out=cmd.out, resume=cmd.resume, meta=meta, source=desc, comm=process_group_comm())
+        for out, cfg in zip(outs, cfgs):
+            write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, out, "train_config.json")
+    return train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=[meta] * len(cfgs),
+                       names=[name for name, _ in points], source=desc, comm=process_group_comm())
 
 
 def describe(model) -> list[str]:
@@ -178,8 +224,10 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.cli import ranks
 
     world = ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
-    model = train_on_stores(cmd, cfg)
+    points = sweep_points(cmd, cfg)
+    models = train_on_stores(cmd, points)
     if world.main:
-        print("\n".join(describe(model)))
-        print(f"dictionary: {cmd.out}")
+        for (name, _), model in zip(points, models):
+            print("\n".join(describe(model)))
+            print(f"dictionary: {cmd.out / name if name else cmd.out}")
     return 0

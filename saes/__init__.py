@@ -1,5 +1,5 @@
-"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, JumpReLU, Matryoshka, SpaDE, crosscoders), training,
-evals, save/load.
+"""Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, JumpReLU, Matryoshka, SpaDE, crosscoders, transcoders),
+training, evals, save/load.
 
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
@@ -17,6 +17,7 @@ from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the cross
 from . import jumprelu as _jumprelu  # noqa: E402,F401  (registers jumprelu)
 from . import matryoshka as _matryoshka  # noqa: E402,F401  (registers matryoshka, matryoshka-absolute)
 from . import spade as _spade  # noqa: E402,F401  (registers spade)
+from . import transcoder as _transcoder  # noqa: E402,F401  (registers the transcoder kinds in KINDS)
 
 __all__ = [
     "KINDS", "LOCAL", "Comm", "EvalResult", "FormatError", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink",

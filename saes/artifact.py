@@ -1,7 +1,8 @@
 """Dictionary artifacts on disk: the native layout (DESIGN.md "Dictionary artifact").
 
 Native: ``config.json`` + ``weights.safetensors`` with ``W_enc [D, L]``, ``b_enc [L]``, ``W_dec [L, D]``,
-``b_dec [D]`` (+ ``threshold [L]`` for kinds with a JumpReLU inference rule); with S > 1 sources the encoder
+``b_dec [D]`` (+ ``threshold [L]`` for kinds with a JumpReLU inference rule, ``W_skip [D, D]`` for skip
+transcoders, whose config.json also names ``input_hookpoint`` and ``output_hookpoint``); with S > 1 sources the encoder
 and decoder carry a leading sources axis: ``W_enc [S, D, L]``, ``W_dec [S, L, D]``, ``b_dec [S, D]``.
 Weights are always in raw activation units (any training normalisation is folded in; its constants are
 recorded in config.json). Configuration is read from config.json, never inferred from tensor names.
@@ -55,6 +56,8 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
         out["threshold"] = model.threshold
     if model.spec.relative:
         out["norm_scale"] = model.norm_scale
+    if model.spec.skip:
+        out["W_skip"] = model.W_skip
     out.update({name: getattr(model, name) for name in model.spec.buffers})
     return {k: v.detach() for k, v in out.items()}
 
@@ -78,6 +81,8 @@ def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, 
     if summary is not None:
         config["training"] = summary
     config.update(extra)
+    if model.spec.transcodes and len(config.get("hookpoints") or []) == 2:
+        config["input_hookpoint"], config["output_hookpoint"] = config["hookpoints"]
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
     save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
     write_json(directory / CONFIG_FILE, config)
@@ -120,7 +125,8 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     model = SparseCoder(D, L, k, kind, n_sources=S)
     path = directory / WEIGHTS_FILE
     t = read_safetensors(path)
-    missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers} - set(t))
+    missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers,
+                      *(("W_skip",) if model.spec.skip else ())} - set(t))
     if missing:
         raise ValueError(f"{path} lacks tensors {missing} that a {cfg['kind']} dictionary needs; re-save it")
     lead = (S,) if S > 1 else ()
@@ -139,6 +145,8 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
                              f"dictionary with this conceptdict")
         _expect("norm_scale", state["norm_scale"], (S,), path)
     state.update({name: _expect(name, t[name], (L,), path) for name in model.spec.buffers})
+    if model.spec.skip:
+        state["W_skip"] = _expect("W_skip", t["W_skip"], (D, D), path)
     model.load_state_dict(state)
     model.training_summary = cfg.get("training")
     return model.to(device).eval()

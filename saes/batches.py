@@ -68,7 +68,8 @@ def shape_of(x: Tensor) -> tuple[int, int]:
     return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
 
 
-def _checked(it: Iterator[Tensor], start: int, source: str) -> Iterator[Tensor]:
+def checked(it: Iterator[Tensor], start: int, source: str) -> Iterator[Tensor]:
+    """The batches of ``it`` (the first at data position ``start``) through :func:`check_batch`."""
     for i, x in enumerate(it, start):
         yield check_batch(x, i, source)
 
@@ -95,14 +96,14 @@ def open_training_data(batches: Batches, eval_batches: int, init_rows: int, posi
     """Split ``batches`` into the held-out batches (evaluation, then calibration), the head and the rest.
     ``position``: a resumed run's data position (batches read, held-out ones included), None for a fresh run
     (which reads ``init_rows`` rows)."""
-    stream = _checked(open_at(batches, 0), 0, source)
+    stream = checked(open_at(batches, 0), 0, source)
     held_out = [comm.gather_rows(x) for x in itertools.islice(stream, eval_batches)]
     calibration = [comm.gather_rows(x) for x in itertools.islice(stream, calibration_batches)]
     n_held = len(held_out) + len(calibration)
     if position is not None:  # continue at the checkpoint's data position
         skipped = (open_at(batches, position) if seekable(batches)
                    else itertools.islice(stream, position - n_held, None))
-        stream = _checked(skipped, position, source)
+        stream = checked(skipped, position, source)
     head, whole = _take_rows(stream, init_rows if position is None else 1, comm)
     if not head and not n_held:
         raise ValueError(f"{source} holds no rows: nothing to train on (is the store empty?)")

@@ -3,9 +3,10 @@ run uses after the defaults that depend on the dictionary and the data's length 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -30,7 +31,9 @@ class TrainConfig:
     matryoshka-absolute (the same on the absolute BatchTopK rule), spade (sparsemax over distances to learned
     prototypes, Hindupur et al. 2025; its L0 adapts to the row, k only sizes its candidate search),
     crosscoder (BatchTopK over several sources) or crosscoder-l1 (the classical L1 crosscoder; needs several
-    sources). Why batchtopk is row-relative: docs/batchtopk.md; the newer kinds: docs/kinds.md."""
+    sources), transcoder / skip-transcoder (TopK from a component's input hookpoint to its output hookpoint, the
+    skip one plus a linear x W_skip; two hookpoints: input, then output; saes/transcoder.py). Why batchtopk is
+    row-relative: docs/batchtopk.md; the newer kinds: docs/kinds.md."""
     tokens: int | None = None
     """Stop after this many training rows; None: one pass over the data."""
     batch_size: int = 4096
@@ -151,6 +154,21 @@ class TrainConfig:
                              f"latents={self.latents}; fix them or leave them unset for the default schedule")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
+
+
+def sweep_configs(base: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str, TrainConfig]]:
+    """One config per combination of ``grid``'s values (field -> values; the cartesian product, first field
+    outermost), each named ``field-value_field-value`` (its output folder). Every config is checked as
+    :class:`TrainConfig` checks one, so a bad combination (k >= latents) names itself."""
+    names = list(grid)
+    out = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        name = "_".join(f"{n}-{v}" for n, v in zip(names, values))
+        try:
+            out.append((name, replace(base, **dict(zip(names, values)))))
+        except ValueError as e:
+            raise ValueError(f"sweep point {name}: {e}") from None
+    return out
 
 
 # -- resolved defaults ----------------------------------------------------------------------------

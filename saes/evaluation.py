@@ -168,17 +168,18 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
 
 @torch.no_grad()
 def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None = None) -> EvalResult:
-    """Metrics of ``model`` (raw activation units) on batches [B, D] or [B, S, D], up to ``max_rows`` rows."""
+    """Metrics of ``model`` (raw activation units) on batches [B, D] or [B, S, D], up to ``max_rows`` rows; a
+    transcoder's batches are (input, output) pairs [B, 2, D] and its metrics are against the output."""
     device = model.W_enc.device
     s = _Sums(model.n_sources, model.d_in, model.n_latents, device)
     for x in batches:
-        xf = model.flatten_input(x.to(device=device, dtype=model.W_enc.dtype))
+        xf, target = model.split(model.flatten_batch(x.to(device=device, dtype=model.W_enc.dtype)))
         if max_rows is not None:
-            xf = xf[: max_rows - s.n]
+            xf, target = xf[: max_rows - s.n], target[: max_rows - s.n]
         if xf.shape[0] == 0:
             break
         f = model.spec.encode(model, xf)
-        s.add(xf, f @ model.W_dec + model.b_dec, f)
+        s.add(target, model.reconstruct(xf, f), f)
         if max_rows is not None and s.n >= max_rows:
             break
     if s.n == 0:

@@ -72,11 +72,17 @@ class KindSpec:
     unit_decoder: bool = True
     """Whether training keeps decoder rows at unit norm (SpaDE's codes lie on the simplex: its decoder rows
     carry the magnitude)."""
+    transcodes: bool = False
+    """Transcoders (saes.transcoder): the data holds a component's input and output as two sources [B, 2, D];
+    the code is computed from the input, uncentred (``x W_enc + b_enc``: ``b_dec`` is the output's bias), and
+    the reconstruction targets the output (:meth:`SparseCoder.split`). The weights are single-source."""
+    skip: bool = False
+    """Adds a linear skip path ``x W_skip`` [D, D] from the input to the reconstruction (initialised to zero)."""
 
 
 def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
-    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc."""
-    return (x - model.b_dec) @ model.W_enc + model.b_enc
+    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders)."""
+    return (x if model.spec.transcodes else x - model.b_dec) @ model.W_enc + model.b_enc
 
 
 def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
@@ -305,6 +311,8 @@ class SparseCoder(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(n_latents, **kw))
         self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
+        if self.spec.skip:
+            self.W_skip = nn.Parameter(torch.zeros(width, width, **kw))
         self.register_buffer("threshold", torch.full((n_latents,), -1.0, **kw))
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
@@ -316,14 +324,18 @@ class SparseCoder(nn.Module):
         return kind_spec(self.kind)
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases."""
+        """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
+        zero (sparsify's rule: it predicts another activation, so a tied decoder would start with a random map;
+        the first steps give each latent its direction)."""
         with torch.no_grad():
             w = torch.randn(self.W_dec.shape, generator=generator, dtype=torch.float32)
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            self.W_dec.copy_(w)
+            self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
             self.W_enc.copy_(w.T)
             self.b_enc.zero_()
             self.b_dec.zero_()
+            if self.spec.skip:
+                self.W_skip.zero_()
 
     # -- shapes ---------------------------------------------------------------------------------
     def flatten_input(self, x: Tensor) -> Tensor:
@@ -335,6 +347,34 @@ class SparseCoder(nn.Module):
             raise ValueError(f"input of shape {list(x.shape)} does not fit this dictionary: expected {want} "
                              f"(d_in={D}, n_sources={S})")
         return x.reshape(x.shape[0], S * D)
+
+    @property
+    def data_sources(self) -> int:
+        """Sources in a training / evaluation batch: 2 (input, output) for transcoders, else ``n_sources``."""
+        return 2 if self.spec.transcodes else self.n_sources
+
+    def flatten_batch(self, x: Tensor) -> Tensor:
+        """A training / evaluation batch -> [B, data_sources * D]: a transcoder's [B, 2, D] (input, output)
+        pairs, else :meth:`flatten_input`."""
+        if not self.spec.transcodes:
+            return self.flatten_input(x)
+        if x.dim() != 3 or x.shape[1:] != (2, self.d_in):
+            raise ValueError(f"a {self.kind} trains and evaluates on (input, output) pairs [B, 2, {self.d_in}]; got "
+                             f"{list(x.shape)}: give two hookpoints, the component's input then its output")
+        return x.reshape(x.shape[0], 2 * self.d_in)
+
+    def split(self, batch: Tensor) -> tuple[Tensor, Tensor]:
+        """A flattened batch (:meth:`flatten_batch`) -> (encoder input, reconstruction target): the same rows
+        for an SAE or crosscoder, the input and output halves for a transcoder."""
+        if not self.spec.transcodes:
+            return batch, batch
+        return batch[:, : self.d_in], batch[:, self.d_in:]
+
+    def reconstruct(self, x: Tensor, f: Tensor) -> Tensor:
+        """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
+        f W_dec + b_dec, plus x W_skip for kinds with a skip path."""
+        out = f @ self.W_dec + self.b_dec
+        return out + x @ self.W_skip if self.spec.skip else out
 
     def unflatten_output(self, x_flat: Tensor) -> Tensor:
         """[B, S*D] -> [B, D] (S = 1) or [B, S, D]."""
@@ -361,8 +401,9 @@ class SparseCoder(nn.Module):
         return self.unflatten_output(f @ self.W_dec + self.b_dec)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Reconstruction of x, same shape as x."""
-        return self.decode(self.encode(x))
+        """Reconstruction of x, same shape as x (a transcoder: its prediction of the output from the input x)."""
+        flat = self.flatten_input(x)
+        return self.unflatten_output(self.reconstruct(flat, self.spec.encode(self, flat)))
 
     def decoder_norms(self) -> Tensor:
         """Per-source decoder row norms [S, L]."""
@@ -404,11 +445,17 @@ class SparseCoder(nn.Module):
         """Make a dictionary trained on ``x * scale`` work on raw x (scale [S], one factor per source).
 
         pre = (c x - b) W + e = (x - b/c) (c W) + e and x_hat = x_hat'/c, so W_enc rows are multiplied by c,
-        W_dec columns and b_dec divided by c; codes (and thresholds) are unchanged."""
-        c = scale.to(self.W_enc).repeat_interleave(self.d_in)
-        self.W_enc.mul_(c[:, None])
-        self.W_dec.div_(c[None, :])
-        self.b_dec.div_(c)
+        W_dec columns and b_dec divided by c; codes (and thresholds) are unchanged. A transcoder's scale is
+        [c_in, c_out]: the encoder takes c_in, the decoder c_out, the skip path c_in / c_out."""
+        scale = scale.to(self.W_enc)
+        c_in = c_out = scale.repeat_interleave(self.d_in)
+        if self.spec.transcodes:
+            c_in, c_out, scale = scale[0].expand(self.d_in), scale[1].expand(self.d_in), scale[:1]
+        self.W_enc.mul_(c_in[:, None])
+        self.W_dec.div_(c_out[None, :])
+        self.b_dec.div_(c_out)
+        if self.spec.skip:
+            self.W_skip.mul_(c_in[:, None] / c_out[None, :])
         self.norm_scale.mul_(scale.to(self.norm_scale))
 
     def extra_repr(self) -> str:

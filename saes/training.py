@@ -26,7 +26,7 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -35,21 +35,22 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import kernels
-from .batches import Batches, TrainingData, open_training_data, shape_of
+from .batches import Batches, TrainingData, checked, open_at, open_training_data, seekable, shape_of
+from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
 from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
                      heldout_batch_count, resolve, resolve_device)
 from .evaluation import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
-from .model import SparseCoder, geometric_median, normalisation_scale
+from .model import SparseCoder, geometric_median, kind_spec, normalisation_scale
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.jsonl"
 
-__all__ = ["Batches", "TrainConfig", "calibrate_threshold", "default_dead_tokens", "default_lr", "heldout_batch_count",
+__all__ = ["Batches", "TrainConfig", "train_sweep", "calibrate_threshold", "default_dead_tokens", "default_lr", "heldout_batch_count",
            "make_optimizer", "train"]
 
 
@@ -164,14 +165,15 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     process takes the same update, equal (up to float summation order) to one process stepping on the
     whole batch. Returns the whole batch's metrics."""
     model, st, r = run.model, run.state, run.resolved
-    stats = batch_stats(x, comm)
+    x, target = model.split(x)  # a transcoder reads the input half and reconstructs the output half
+    stats = batch_stats(target, comm)
     dead = st.since_fired >= r.dead_tokens
     use_aux = model.spec.uses_aux and bool(dead.any())
     warm = cfg.sparsity_warmup_steps if cfg.sparsity_warmup_steps is not None else r.warmup_steps
     inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k, cfg,
                         min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0)
     out = model.spec.train_forward(model, x, inputs)
-    err = x - out.x_hat
+    err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
     loss = fvu
     aux = x.new_zeros(())
@@ -198,6 +200,11 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
     if cfg.d_in is not None and cfg.d_in != D:
         raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
                          f"or drop --d-in")
+    if kind_spec(cfg.kind).transcodes:
+        if S != 2:
+            raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
+                             f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")
+        S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
     model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
     model.reset_parameters(generator=gen)
@@ -207,9 +214,9 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
 
 def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> Tensor:
     """Normalisation scale [S] and b_dec from the first rows (flattened [N, S*D]); returns the scale."""
-    S, D = model.n_sources, model.d_in
+    S, D = model.data_sources, model.d_in
     scale = normalisation_scale(sample, S, D) if cfg.normalize else torch.ones(S)
-    xs = sample * scale.repeat_interleave(D)
+    xs = model.split(sample * scale.repeat_interleave(D))[1]  # b_dec is the reconstruction target's
     with torch.no_grad():
         if cfg.b_dec_init == "geometric_median":
             model.b_dec.copy_(geometric_median(xs))
@@ -241,7 +248,7 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
             raise ValueError(f"--resume resolves the run differently from the checkpoint ({ck['resolved']} vs "
                              f"{r.to_dict()}); the data's length changed: pass the same tokens= as the first run")
     else:
-        flat = torch.cat([model.flatten_input(x) for x in data.whole_head])[: cfg.init_rows]
+        flat = torch.cat([model.flatten_batch(x) for x in data.whole_head])[: cfg.init_rows]
         st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
                         since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
     return Run(model, gen, opt, st, r)
@@ -250,6 +257,49 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
 def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
     return (f"step {st.step} | fvu {m['fvu']:.4f} | l0 {m['l0']:.1f} | dead {100 * m['dead']:.2f}% | "
             f"tok/s {tok_s:,.0f}")
+
+
+@dataclass
+class Job:
+    """One dictionary of a run (a sweep trains several on the same batches): its settings, model and state,
+    its data split, where it writes, and what the loop last saw."""
+
+    cfg: TrainConfig
+    run: Run
+    data: TrainingData
+    out: Path | None
+    """Where this process writes (None on ranks > 0 and without an output directory)."""
+    sink: MetricsSink
+    name: str
+    """How the logs name it (empty for a single dictionary)."""
+    last_x: Tensor | None = None
+    metrics: dict[str, float] | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether it has trained on its ``tokens`` rows."""
+        return self.cfg.tokens is not None and self.run.state.rows >= self.cfg.tokens
+
+
+def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool, sink: MetricsSink | None,
+              source: str, comm: Comm, name: str) -> Job:
+    """Split the data for ``cfg`` (held-out, calibration, head), build or restore its model, open its sink."""
+    device = resolve_device(cfg.device)
+    if resume and out is None:
+        raise ValueError("resume=True needs the output directory holding checkpoint.pt")
+    ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
+    data = open_training_data(batches, cfg.eval_batches, cfg.init_rows, None if ck is None else ck["position"],
+                              source, comm, calibration_batch_count(cfg))
+    run = setup(cfg, data, batches, ck, device, source)
+    writes = out if is_main(comm) else None
+    if is_main(comm):
+        log.info("training %s%s on %s%s: resolved %s", name and f"[{name}] ", run.model.extra_repr(), device,
+                 f" x {comm.size} processes" if comm.size > 1 else "", run.resolved.to_dict())
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+    sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)
+                    if writes is not None else NullSink())
+    return Job(cfg, run, data, writes, sink, name)
 
 
 def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, resume: bool = False,
@@ -267,64 +317,88 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     world_size))``), every process returns the same dictionary (equal to one process's), only rank 0 writes
     ``out``, which must be on a filesystem every process reads when resuming. A checkpoint resumes under any
     number of processes."""
-    device = resolve_device(cfg.device)
-    out = Path(out) if out is not None else None
-    if resume and out is None:
-        raise ValueError("resume=True needs the output directory holding checkpoint.pt")
-    ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
-    data = open_training_data(batches, cfg.eval_batches, cfg.init_rows, None if ck is None else ck["position"],
-                              source, comm, calibration_batch_count(cfg))
-    run = setup(cfg, data, batches, ck, device, source)
-    main = is_main(comm)
-    writes = out if main else None
-    if main:
-        log.info("training %s on %s%s: resolved %s", run.model.extra_repr(), device,
-                 f" x {comm.size} processes" if comm.size > 1 else "", run.resolved.to_dict())
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-    sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)
-                    if writes is not None else NullSink())
-    last_x, m = _loop(cfg, run, itertools.chain(data.head, data.rest), writes, sink, device, comm)
-    if run.state.step == 0:
-        raise ValueError(f"{source} yielded no training batches (after {len(data.held_out)} held-out ones)")
-    if writes is not None:
-        save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, cfg, run.gen,
-                                                                run.resolved))
-    _settle_threshold(cfg, run, last_x, comm)
-    model = _finish(run, cfg, data, writes, meta, m)
+    return train_sweep([cfg], batches, outs=[out], resume=resume, metas=[meta], sinks=[sink], source=source,
+                       comm=comm)[0]
+
+
+def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | Path | None],
+                resume: bool = False, metas: list[dict[str, Any] | None] | None = None,
+                sinks: list[MetricsSink | None] | None = None, names: list[str] | None = None,
+                source: str = "the training batches", comm: Comm = LOCAL) -> list[SparseCoder]:
+    """Train several dictionaries on ONE pass over ``batches``: every batch read is stepped by each dictionary
+    whose next training batch it is, each with its own model, optimizer, schedule, checkpoint, metrics and
+    artifact (``outs[i]``), so each ends bit for bit as :func:`train` alone on the same batches would end.
+
+    Dictionaries may differ in anything that does not change the batches (kind, latents, k, lr, seed of the
+    initialisation, ...). Those whose held-out count differs (a thresholded kind also holds out its
+    ``calibration_batches``) start training at different batches of the same stream. Each reads its own
+    held-out and initialisation batches (the first few); training batches are read once for all. With more
+    than one dictionary, ``batches`` must be re-readable: a list or a function start_batch -> iterable."""
+    n = len(cfgs)
+    if not n or len(outs) != n:
+        raise ValueError(f"train_sweep needs one output per config; got {n} configs and {len(outs)} outputs")
+    if n > 1 and not (seekable(batches) or isinstance(batches, (list, tuple))):
+        raise ValueError("training several dictionaries on one pass needs data it can re-read: pass a list or "
+                         "a function start_batch -> iterable (e.g. activations.stream_batches(start_batch=...))")
+    outs_ = [Path(o) if o is not None else None for o in outs]
+    jobs = [_open_job(c, batches, o, resume, (sinks or [None] * n)[i], source, comm, (names or [""] * n)[i])
+            for i, (c, o) in enumerate(zip(cfgs, outs_))]
+    first = min(j.run.state.position for j in jobs)
+    data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1
+            else checked(open_at(batches, first), first, source))
+    _loop(jobs, enumerate(data, first), comm)
+    models = []
+    for job, meta in zip(jobs, metas or [None] * n):
+        run, cfg = job.run, job.cfg
+        if run.state.step == 0:
+            raise ValueError(f"{source} yielded no training batches (after {len(job.data.held_out)} held-out ones)")
+        if job.out is not None:
+            save_checkpoint(job.out / CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, cfg, run.gen,
+                                                                        run.resolved))
+        _settle_threshold(cfg, run, job.last_x, comm)
+        models.append(_finish(run, cfg, job.data, job.out, meta, job.metrics))
     comm.barrier()
-    return model
+    return models
 
 
-def _loop(cfg: TrainConfig, run: Run, data: Iterator[Tensor], out: Path | None, sink: MetricsSink,
-          device: torch.device, comm: Comm) -> tuple[Tensor | None, dict[str, float] | None]:
-    """The steps; returns (the last normalised batch part, the last step's metrics). ``out``: where the main
-    process checkpoints (None elsewhere)."""
-    model, st, r = run.model, run.state, run.resolved
+def _loop(jobs: list[Job], data: Iterator[tuple[int, Tensor]], comm: Comm) -> None:
+    """The steps: each batch (with its data position) goes to every dictionary whose next batch it is; ends
+    when every dictionary has its tokens or the data ends. Records each one's last normalised batch and metrics."""
     main = is_main(comm)
-    scale_vec = st.scale.repeat_interleave(model.d_in).to(device)
-    bar = tqdm(total=r.total_steps, initial=st.step, unit="step", desc=f"train {cfg.kind}",
-               disable=None if main else True)
-    t_last, rows_last, last_x, m = time.perf_counter(), st.rows, None, None
-    for x in data:
-        if cfg.tokens is not None and st.rows >= cfg.tokens:
+    total = max((j.run.resolved.total_steps or 0) for j in jobs) or None
+    bar = tqdm(total=total, initial=min(j.run.state.step for j in jobs), unit="step",
+               desc=f"train {'+'.join(sorted({j.cfg.kind for j in jobs}))}", disable=None if main else True)
+    clock = {id(j): (time.perf_counter(), j.run.state.rows) for j in jobs}
+    for position, x in data:
+        if all(j.done for j in jobs):
             break
-        last_x = model.flatten_input(x.to(device)) * scale_vec
-        lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
-        m = step(run, last_x, cfg, lr, comm)
-        st.position += 1
+        for job in jobs:
+            if job.run.state.position == position and not job.done:
+                _step_job(job, x, clock, comm)
         bar.update()
-        if st.step % cfg.log_every == 0 and main:
-            now = time.perf_counter()
-            tok_s = (st.rows - rows_last) / max(now - t_last, 1e-9)
-            t_last, rows_last = now, st.rows
-            log.info(_log_line(st, m, tok_s))
-            sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
-        if out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            save_checkpoint(out / CHECKPOINT_FILE, checkpoint_state(model, run.opt, st, cfg, run.gen, r))
     bar.close()
-    sink.close()
-    return last_x, m
+    for job in jobs:
+        job.sink.close()
+
+
+def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Comm) -> None:
+    """One step of one dictionary on batch x, then its logging and checkpoint."""
+    cfg, run = job.cfg, job.run
+    model, st, r = run.model, run.state, run.resolved
+    device = model.W_dec.device
+    job.last_x = model.flatten_batch(x.to(device)) * st.scale.repeat_interleave(model.d_in).to(device)
+    lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
+    job.metrics = m = step(run, job.last_x, cfg, lr, comm)
+    st.position += 1
+    if st.step % cfg.log_every == 0 and is_main(comm):
+        now = time.perf_counter()
+        then, rows = clock[id(job)]
+        tok_s = (st.rows - rows) / max(now - then, 1e-9)
+        clock[id(job)] = (now, st.rows)
+        log.info("%s%s", job.name and f"[{job.name}] ", _log_line(st, m, tok_s))
+        job.sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
+    if job.out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+        save_checkpoint(job.out / CHECKPOINT_FILE, checkpoint_state(model, run.opt, st, cfg, run.gen, r))
 
 
 def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: Comm) -> None:
@@ -338,46 +412,6 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
     with torch.no_grad():
         out = model.spec.train_forward(model, last_x, StepInputs(batch_stats(last_x, comm), comm, cfg.l1_coeff))
         update_threshold(model, float(out.smallest), 0.0, st)
-
-
-@torch.no_grad()
-def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
-    """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
-    ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
-    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N)."""
-    spec = model.spec
-    if spec.scores is None:
-        raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
-    rows = [model.flatten_input(x.to(model.W_dec.device).float()) for x in batches]
-    n = sum(x.shape[0] for x in rows)
-    keep = max(1, int(round(n * model.k)))
-    top = model.W_dec.new_empty(0)
-    for x in rows:
-        for part in x.split(chunk):
-            scores = spec.scores(model, part).flatten()
-            top = torch.cat([top, scores[scores > 0]])
-            if top.numel() > keep:
-                top = top.topk(keep, sorted=False).values
-    theta = float(top.min()) if top.numel() >= keep else 0.0
-    # inference keeps scores strictly above theta: step just below the (N k)-th score so that it is kept too
-    theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
-    model.threshold.fill_(theta)
-    return theta, n
-
-
-def _threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
-    """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps."""
-    if model.spec.scores is None:
-        t = model.threshold
-        return {"rule": "learned per latent", "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
-    running = float(model.threshold[0])
-    if not calibration:
-        return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
-                "rule": "running estimate from training batches"}
-    theta, n = calibrate_threshold(model, calibration)
-    log.info("inference threshold %.6g calibrated on %d unseen rows (running estimate %.6g)", theta, n, running)
-    return {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
-            "rule": "mean L0 = k on rows never trained on"}
 
 
 def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,
@@ -400,7 +434,7 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     }
     model.training_summary = summary  # before calibrating and evaluating: crosscoders read the folded scale from it
     if model.spec.uses_threshold:
-        summary["threshold"] = _threshold_summary(model, data.calibration)
+        summary["threshold"] = threshold_summary(model, data.calibration)
     if held_out:
         result = evaluate(model, held_out)
         summary["heldout_eval"] = result.to_dict()

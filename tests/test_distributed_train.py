@@ -49,7 +49,7 @@ def base_config(kind: str, **over) -> dict:
     return cfg
 
 
-KINDS = [(kind, ["a", "b"] if kind in CROSSCODER_KINDS else ["a"])
+KINDS = [(kind, ["a", "b"] if kind in CROSSCODER_KINDS or spec.transcodes else ["a"])
          for kind, spec in sorted(ALL_KINDS.items()) if spec.trainable]
 
 

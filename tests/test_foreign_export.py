@@ -68,7 +68,7 @@ def test_model_card_lists_the_evals(tmp_path):
 
 
 def test_refusals(tmp_path):
-    with pytest.raises(ValueError, match="sparsify SAEs are single-source TopK"):
+    with pytest.raises(ValueError, match="sparsify holds single-source TopK SAEs and transcoders"):
         export_dictionary(_model("batchtopk-absolute"), CONFIG, "sparsify", tmp_path / "a")
     with pytest.raises(ValueError, match="row-relative.*no SAELens equivalent"):
         export_dictionary(_model("batchtopk"), CONFIG, "saelens", tmp_path / "r")

@@ -39,13 +39,18 @@ def export_dictionary(model: SparseCoder, config: dict[str, Any], fmt: str, out:
     default to the ones it records; ``evals`` (an eval.json record) adds its metrics to the card."""
     model_name = model_name or model_name_of(config)
     hookpoint = hookpoint or hookpoint_of(config)
+    if model.spec.transcodes and fmt != "sparsify":
+        raise ValueError(f"a {model.kind} (encodes {config.get('input_hookpoint')}, decodes "
+                         f"{config.get('output_hookpoint')}) has no {fmt} layout here; export it with --format "
+                         f"sparsify, whose format holds transcoders and skip transcoders")
     if fmt == "saelens":
         where = saelens.write(model, out, {"model_name": model_name, "conceptdict_hookpoint": hookpoint,
                                            "hook_name": to_transformer_lens(hookpoint) if hookpoint else None})
     elif fmt == "sparsify":
         if not hookpoint:
             raise ValueError("sparsify names each SAE's folder after its hookpoint; the dictionary records none")
-        where = sparsify.write(model, out, hookpoint, model_name)
+        pair = config.get("hookpoints") if model.spec.transcodes else None
+        where = sparsify.write(model, out, hookpoint, model_name, transcoder_hookpoints=pair)
     elif fmt == "dictionary-learning":
         where = dictlearn.write(model, out, hookpoint, model_name)
     else:

@@ -44,13 +44,16 @@ def trainable_kinds() -> list[str]:
 
 
 def _batches(kind: str, start: int):
-    """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16]."""
+    """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16], transcoders the same
+    two as (input, output)."""
+    from conceptdict.saes import KINDS
     from conceptdict.saes.crosscoder import CROSSCODER_KINDS
     from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
     for x in synthetic_batches(spec, start):
-        yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if kind in CROSSCODER_KINDS else x
+        pair = kind in CROSSCODER_KINDS or KINDS[kind].transcodes
+        yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if pair else x
 
 
 class _Record:

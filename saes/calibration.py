@@ -1,0 +1,56 @@
+"""The inference threshold of the thresholded kinds (BatchTopK, crosscoders, Matryoshka), set at the end of training on
+batches it never trained on, so that the mean L0 on unseen rows is k."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .model import SparseCoder
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
+    """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
+    ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
+    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N)."""
+    spec = model.spec
+    if spec.scores is None:
+        raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
+    rows = [model.flatten_input(x.to(model.W_dec.device).float()) for x in batches]
+    n = sum(x.shape[0] for x in rows)
+    keep = max(1, int(round(n * model.k)))
+    top = model.W_dec.new_empty(0)
+    for x in rows:
+        for part in x.split(chunk):
+            scores = spec.scores(model, part).flatten()
+            top = torch.cat([top, scores[scores > 0]])
+            if top.numel() > keep:
+                top = top.topk(keep, sorted=False).values
+    theta = float(top.min()) if top.numel() >= keep else 0.0
+    # inference keeps scores strictly above theta: step just below the (N k)-th score so that it is kept too
+    theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
+    model.threshold.fill_(theta)
+    return theta, n
+
+
+def threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
+    """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps
+    (kinds whose threshold is learned per latent, like JumpReLU, keep what training learned)."""
+    if model.spec.scores is None:
+        t = model.threshold
+        return {"rule": "learned per latent", "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
+    running = float(model.threshold[0])
+    if not calibration:
+        return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
+                "rule": "running estimate from training batches"}
+    theta, n = calibrate_threshold(model, calibration)
+    log.info("inference threshold %.6g calibrated on %d unseen rows (running estimate %.6g)", theta, n, running)
+    return {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
+            "rule": "mean L0 = k on rows never trained on"}

@@ -1,0 +1,188 @@
+"""Several dictionaries side by side on the same rows: what ``conceptdict compare`` reports.
+
+Every dictionary sees the same store rows (its own hookpoints of them: a transcoder its input and output) and
+is measured by :func:`saes.evaluate` (so its numbers equal ``conceptdict eval``'s on those rows), plus:
+
+- **weight metrics**: each latent's largest decoder cosine with another latent of the same dictionary (mean
+  over latents, and the share above 0.9: near-duplicates), and the cosine between each latent's encoder and
+  decoder vectors (mean);
+- **split fraction** (a feature splitting / absorption proxy): the share of live latents that have a partner
+  in the same dictionary whose decoder cosine is at least ``SPLIT_COSINE`` (0.5) while the two almost never
+  fire together (Jaccard of their firing sets on the rows at most ``SPLIT_JACCARD``, 0.05). One direction
+  divided among mutually exclusive latents is what splitting leaves behind, and what absorption does to a
+  general latent whose cases a more specific one takes over (Chanin et al. 2024, "A is for Absorption"). It
+  is a proxy: it cannot tell a split from two genuinely different concepts that point the same way;
+- **what each one sees**: latents matched across dictionaries by decoder cosine (each live latent's best
+  cosine with the live latents of another dictionary; matched at >= ``match_threshold``), the count of live
+  latents no other dictionary matches, and, where dictionaries carry names (concepts.json), the names only
+  one of them found. Decoders are compared only within one space: dictionaries whose reconstruction targets
+  the same hookpoint (a transcoder's is its output) with the same width;
+- the **FVU-L0 frontier**: the dictionaries no other beats on both FVU and L0.
+
+Shapes: N rows, D width, L latents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .evaluation import evaluate
+from .model import SparseCoder
+
+SPLIT_COSINE = 0.5
+SPLIT_JACCARD = 0.05
+NEAR_DUPLICATE = 0.9
+
+
+@dataclass
+class Entry:
+    """One dictionary to compare."""
+
+    name: str
+    model: SparseCoder
+    batches: list[Tensor]
+    """The compared rows as the dictionary reads them ([B, D], or [B, 2, D] for a transcoder)."""
+    space: str
+    """Where its decoder lives (the hookpoint it reconstructs); decoders are matched only within one space."""
+    names: list[str] | None = None
+    """Concept name per latent when the dictionary has been named."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Anything to carry into the report (path, hookpoints)."""
+
+
+def _unit_rows(w: Tensor) -> Tensor:
+    return torch.nn.functional.normalize(w.detach().float(), dim=1)
+
+
+def max_other_cosine(a: Tensor, b: Tensor | None = None, chunk: int = 2048) -> tuple[Tensor, Tensor]:
+    """For each row of a [La, D]: the largest cosine with a row of b [Lb, D] and its index; with b None,
+    with another row of a (itself excluded). Chunked: never an [La, Lb] matrix in memory."""
+    ua = _unit_rows(a)
+    ub = ua if b is None else _unit_rows(b)
+    best, where = [], []
+    for start in range(0, ua.shape[0], chunk):
+        sims = ua[start:start + chunk] @ ub.T
+        if b is None:
+            rows = torch.arange(sims.shape[0])
+            sims[rows, rows + start] = -math.inf
+        value, index = sims.max(dim=1) if sims.shape[1] else (torch.full((sims.shape[0],), -math.inf),
+                                                               torch.zeros(sims.shape[0], dtype=torch.long))
+        best.append(value)
+        where.append(index)
+    return torch.cat(best), torch.cat(where)
+
+
+def encoder_decoder_cosine(model: SparseCoder) -> Tensor:
+    """cos(W_enc[:, j], W_dec[j]) per latent [L] (both over the flattened width)."""
+    return torch.nn.functional.cosine_similarity(model.W_enc.detach().T.float(), model.W_dec.detach().float(), dim=1)
+
+
+@torch.no_grad()
+def firing(model: SparseCoder, batches: list[Tensor], max_rows: int) -> Tensor:
+    """bool [N, L]: which latents fire on each of the first ``max_rows`` rows (the inference rule)."""
+    out, n = [], 0
+    for x in batches:
+        inp, _ = model.split(model.flatten_batch(x.to(model.W_dec.device, model.W_dec.dtype)))
+        inp = inp[: max_rows - n]
+        out.append(model.spec.encode(model, inp) != 0)
+        n += inp.shape[0]
+        if n >= max_rows:
+            break
+    return torch.cat(out).cpu()
+
+
+def split_fraction(W_dec: Tensor, fires: Tensor, chunk: int = 1024) -> float:
+    """Share of live latents with a partner of decoder cosine >= SPLIT_COSINE that they (almost) never fire with
+    (Jaccard <= SPLIT_JACCARD; module docstring). fires: bool [N, L]."""
+    live = fires.any(dim=0)
+    if int(live.sum()) < 2:
+        return 0.0
+    f = fires.float()
+    count = f.sum(dim=0)
+    u = _unit_rows(W_dec)
+    split = torch.zeros(W_dec.shape[0], dtype=torch.bool)
+    for start in range(0, u.shape[0], chunk):
+        stop = min(start + chunk, u.shape[0])
+        cos = u[start:stop] @ u.T
+        both = f[:, start:stop].T @ f  # co-firing counts [c, L]
+        jaccard = both / (count[start:stop, None] + count[None, :] - both).clamp_min(1)
+        pair = (cos >= SPLIT_COSINE) & (jaccard <= SPLIT_JACCARD) & live[start:stop, None] & live[None, :]
+        pair[torch.arange(stop - start), torch.arange(start, stop)] = False
+        split[start:stop] = pair.any(dim=1)
+    return float(split[live].float().mean())
+
+
+def _weights(e: Entry, fires: Tensor) -> dict[str, float]:
+    m = e.model
+    dec = m.W_dec.detach()
+    best, _ = max_other_cosine(dec) if m.n_latents > 1 else (torch.zeros(1), None)
+    return {"decoder_max_cosine_mean": float(best.mean()), "decoder_max_cosine_max": float(best.max()),
+            "near_duplicate_fraction": float((best > NEAR_DUPLICATE).float().mean()),
+            "encoder_decoder_cosine_mean": float(encoder_decoder_cosine(m).mean()),
+            "split_fraction": split_fraction(dec, fires)}
+
+
+def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
+    """Names whose (L0, FVU) no other point beats on both (lower is better; ties do not beat)."""
+    def beaten(p):
+        return any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points.values())
+    return [n for n, p in points.items() if all(math.isfinite(v) for v in p) and not beaten(p)]
+
+
+def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int = 4096) -> dict[str, Any]:
+    """The comparison as a JSON-able dict (module docstring): per dictionary its evaluation (``metrics``, an
+    EvalResult dict) and ``weights``; ``matches[a][b]``: the share of a's live latents that b matches;
+    ``unique_latents`` / ``unique_names`` per dictionary; ``frontier``."""
+    if len({e.name for e in entries}) != len(entries):
+        raise ValueError(f"dictionaries need distinct names, got {[e.name for e in entries]}")
+    rows: dict[str, Any] = {}
+    live_dirs: dict[str, Tensor] = {}
+    lives: dict[str, list[bool]] = {}
+    for e in entries:
+        result = evaluate(e.model, e.batches)
+        fires = firing(e.model, e.batches, cofire_rows)
+        live = torch.tensor(result.density) > 0
+        lives[e.name] = live.tolist()
+        live_dirs[e.name] = e.model.W_dec.detach().float().cpu()[live]
+        rows[e.name] = {"name": e.name, "kind": e.model.kind, "n_latents": e.model.n_latents, "k": e.model.k,
+                        "space": e.space, **e.info, "metrics": result.to_dict(), "weights": _weights(e, fires),
+                        "live_latents": int(live.sum())}
+    matches: dict[str, dict[str, float]] = {}
+    best_elsewhere = {e.name: torch.full((live_dirs[e.name].shape[0],), -math.inf) for e in entries}
+    for a in entries:
+        matches[a.name] = {}
+        for b in entries:
+            if a is b or a.space != b.space or a.model.W_dec.shape[1] != b.model.W_dec.shape[1]:
+                continue
+            best, _ = max_other_cosine(live_dirs[a.name], live_dirs[b.name])
+            matches[a.name][b.name] = float((best >= match_threshold).float().mean()) if best.numel() else 0.0
+            best_elsewhere[a.name] = torch.maximum(best_elsewhere[a.name], best)
+    for e in entries:
+        has_peer = bool(matches[e.name])
+        rows[e.name]["unique_latents"] = int((best_elsewhere[e.name] < match_threshold).sum()) if has_peer else None
+    _unique_names(entries, rows, lives)
+    points = {n: (r["metrics"]["l0"], r["metrics"]["fvu"]) for n, r in rows.items()}
+    return {"match_threshold": match_threshold, "split_cosine": SPLIT_COSINE, "split_jaccard": SPLIT_JACCARD,
+            "n_rows": next(iter(rows.values()))["metrics"]["n_tokens"] if rows else 0,
+            "dictionaries": list(rows.values()), "matches": matches, "frontier": frontier(points)}
+
+
+def _unique_names(entries: list[Entry], rows: dict[str, Any], lives: dict[str, list[bool]],
+                  examples: int = 20) -> None:
+    """Names (of live latents, case-folded) each named dictionary found that no other named one did."""
+    named = {}
+    for e in entries:
+        if e.names is not None:
+            named[e.name] = {n.strip().lower() for n, ok in zip(e.names, lives[e.name]) if ok and n and n.strip()}
+    for e in entries:
+        if e.name not in named or len(named) < 2:
+            rows[e.name]["unique_names"] = None
+            continue
+        others = set().union(*(v for k, v in named.items() if k != e.name))
+        only = sorted(named[e.name] - others)
+        rows[e.name]["unique_names"] = {"count": len(only), "examples": only[:examples]}

@@ -1,0 +1,139 @@
+"""Several dictionaries from one pass over the data: each equals its separate run bit for bit, resumes exactly,
+and the command line's --sweep trains every combination into its own folder."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conceptdict.saes import TrainConfig, train
+from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+from conceptdict.saes.training import train_sweep
+
+SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=16, seed=3)
+DATA = functools.partial(synthetic_batches, SPEC)
+
+
+def _cfg(**kw):
+    base = dict(latents=32, k=3, eval_batches=2, log_every=2, checkpoint_every=3, device="cpu", init_rows=64,
+                kernel_impl="reference", threshold_start_step=2)
+    return TrainConfig(**(base | kw))
+
+
+# a thresholded kind (holds out 2 more batches, so starts later in the stream), another width, lr and init seed
+CFGS = [_cfg(), _cfg(kind="batchtopk"), _cfg(kind="relu", lr=3e-3), _cfg(latents=48, k=4, seed=5)]
+
+
+def _metrics(path):
+    return [{k: v for k, v in json.loads(ln).items() if k != "tok_s"} for ln in path.read_text().splitlines()]
+
+
+def _same_run(a, b):
+    wa, wb = (load_file(str(p / "weights.safetensors")) for p in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
+    assert _metrics(a / "metrics.jsonl") == _metrics(b / "metrics.jsonl")
+    ca, cb = (json.loads((p / "config.json").read_text())["training"] for p in (a, b))
+    assert ca == cb
+
+
+@pytest.mark.unit
+def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
+    for i, cfg in enumerate(CFGS):
+        train(cfg, DATA, out=tmp_path / "alone" / str(i))
+    models = train_sweep(CFGS, DATA, outs=[tmp_path / "sweep" / str(i) for i in range(len(CFGS))],
+                         names=[str(i) for i in range(len(CFGS))])
+    assert [m.kind for m in models] == [c.kind for c in CFGS]
+    for i in range(len(CFGS)):
+        _same_run(tmp_path / "alone" / str(i), tmp_path / "sweep" / str(i))
+    steps = [json.loads((tmp_path / "sweep" / str(i) / "config.json").read_text())["training"]["steps"]
+             for i in range(len(CFGS))]
+    assert steps == [14, 12, 14, 14]  # the batchtopk one holds out its 2 calibration batches too
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crashing(at):
+    def gen(start):
+        for i, x in enumerate(synthetic_batches(SPEC, start), start):
+            if i == at:
+                raise _Crash(f"simulated crash at batch {i}")
+            yield x
+    return gen
+
+
+@pytest.mark.unit
+def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
+    outs = [tmp_path / "full" / str(i) for i in range(len(CFGS))]
+    cut = [tmp_path / "cut" / str(i) for i in range(len(CFGS))]
+    train_sweep(CFGS, DATA, outs=outs)
+    with pytest.raises(_Crash):
+        train_sweep(CFGS, _crashing(11), outs=cut)
+    positions = [torch.load(p / "checkpoint.pt", weights_only=True)["position"] for p in cut]
+    assert positions == [11, 10, 11, 11]  # the last checkpoint (every 3 steps) of each: steps 9, 6, 9, 9
+    train_sweep(CFGS, DATA, outs=cut, resume=True)
+    for a, b in zip(outs, cut):
+        _same_run(a, b)
+
+
+@pytest.mark.unit
+def test_a_sweep_needs_data_it_can_reread():
+    with pytest.raises(ValueError, match="needs data it can re-read"):
+        train_sweep(CFGS[:2], iter(list(DATA(0))), outs=[None, None])
+    with pytest.raises(ValueError, match="one output per config"):
+        train_sweep(CFGS[:2], DATA, outs=[None])
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from conceptdict.cli.main import main
+
+    root = tmp_path_factory.mktemp("sweep_store")
+    x = torch.cat(list(synthetic_batches(SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12,
+                                                       seed=5))))
+    save_file({"acts": x.contiguous()}, str(root / "acts.safetensors"))
+    assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
+    return root / "store"
+
+
+FAST = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--log-every", "5",
+        "--latents", "32"]
+
+
+@pytest.mark.integration
+def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, store, capsys):
+    from conceptdict.cli.main import main
+
+    assert main(["train", "--store", str(store), "--out", str(tmp_path / "sweep"), *FAST, "--k", "3",
+                 "--sweep", "k=3,4", "--sweep", "kind=topk,batchtopk"]) == 0
+    names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert names == ["k-3_kind-batchtopk", "k-3_kind-topk", "k-4_kind-batchtopk", "k-4_kind-topk"]
+    assert capsys.readouterr().out.count("\ndictionary: ") == 4
+    for k, kind in ((4, "batchtopk"), (3, "topk")):
+        alone = tmp_path / f"alone-{k}-{kind}"
+        assert main(["train", "--store", str(store), "--out", str(alone), *FAST, "--k", str(k), "--kind", kind]) == 0
+        _same_run(alone, tmp_path / "sweep" / f"k-{k}_kind-{kind}")
+        assert main(["eval", str(tmp_path / "sweep" / f"k-{k}_kind-{kind}")]) == 0  # held-out batches found
+
+
+@pytest.mark.unit
+def test_cli_sweep_refusals(tmp_path, store):
+    from conceptdict.cli.args import ConfigError
+    from conceptdict.cli.main import main
+
+    base = ["train", "--store", str(store), "--out", str(tmp_path / "s"), *FAST, "--k", "3", "--debug"]
+    with pytest.raises(ConfigError, match="--sweep seed: .* change the batches"):
+        main([*base, "--sweep", "seed=0,1"])
+    with pytest.raises(ConfigError, match="unknown key 'latent' in --sweep: did you mean 'latents'"):
+        main([*base, "--sweep", "latent=16,32"])
+    with pytest.raises(ConfigError, match=r"--sweep k='x': not a valid int"):
+        main([*base, "--sweep", "k=3,x"])
+    with pytest.raises(ValueError, match="sweep point k-40: k=40 must be at least 1 and below latents=32"):
+        main([*base, "--sweep", "k=3,40"])
