@@ -24,8 +24,10 @@ def _cfg(**kw):
     return TrainConfig(**(base | kw))
 
 
-# a thresholded kind (holds out 2 more batches, so starts later in the stream), another width, lr and init seed
-CFGS = [_cfg(), _cfg(kind="batchtopk"), _cfg(kind="relu", lr=3e-3), _cfg(latents=48, k=4, seed=5)]
+# a thresholded kind (holds out 2 more batches, so starts later in the stream), another width, lr and init seed,
+# and the kinds with their own trained parameters and hooks (jumprelu, spade) and prefix losses (matryoshka)
+CFGS = [_cfg(), _cfg(kind="batchtopk"), _cfg(kind="relu", lr=3e-3), _cfg(latents=48, k=4, seed=5),
+        _cfg(kind="jumprelu"), _cfg(kind="matryoshka"), _cfg(kind="spade")]
 
 
 def _metrics(path):
@@ -51,7 +53,7 @@ def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
         _same_run(tmp_path / "alone" / str(i), tmp_path / "sweep" / str(i))
     steps = [json.loads((tmp_path / "sweep" / str(i) / "config.json").read_text())["training"]["steps"]
              for i in range(len(CFGS))]
-    assert steps == [14, 12, 14, 14]  # the batchtopk one holds out its 2 calibration batches too
+    assert steps == [14, 12, 14, 14, 14, 12, 14]  # batchtopk and matryoshka hold out 2 calibration batches too
 
 
 class _Crash(RuntimeError):
@@ -75,7 +77,7 @@ def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     with pytest.raises(_Crash):
         train_sweep(CFGS, _crashing(11), outs=cut)
     positions = [torch.load(p / "checkpoint.pt", weights_only=True)["position"] for p in cut]
-    assert positions == [11, 10, 11, 11]  # the last checkpoint (every 3 steps) of each: steps 9, 6, 9, 9
+    assert positions == [11, 10, 11, 11, 11, 10, 11]  # the last checkpoint (every 3 steps) of each: steps 9 or 6
     train_sweep(CFGS, DATA, outs=cut, resume=True)
     for a, b in zip(outs, cut):
         _same_run(a, b)
