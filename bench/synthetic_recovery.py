@@ -75,7 +75,7 @@ def parse_args(argv):
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"],
-                   choices=["topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "matryoshka",
+                   choices=["topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "jumprelu-relative", "matryoshka",
                             "matryoshka-absolute", "spade"])
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
