@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "cbm": "cbm",
     "export": "export",
     "show": "show",
+    "score": "score",
     "demo": "demo",
 }
 

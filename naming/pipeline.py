@@ -101,7 +101,7 @@ def resolve_hookpoint(store: Store, hookpoint: str | None) -> str:
     return found
 
 
-def _model_loader(name: str | None, device: str) -> Callable[[], Any]:
+def model_loader(name: str | None, device: str) -> Callable[[], Any]:
     @functools.cache
     def get():
         if not name:
@@ -167,7 +167,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
     """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``."""
     hookpoint = resolve_hookpoint(store, cfg.hookpoint)
     model_name = cfg.model or model_id_of(store)
-    get_model = _model_loader(model_name, cfg.device)
+    get_model = model_loader(model_name, cfg.device)
     directions = model.decoder_directions().detach().float().cpu()
     named = directions if directions.ndim == 2 else directions[:, cfg.source]
     level = getattr(store, "level", "token")
