@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(ScoreConfig, args, args.config)
     cd = load_concepts(args.dict_dir)
-    ctx = prepare_context(cd, cfg, workdir=args.dict_dir, options={"llm": cfg.llm})
+    ctx = prepare_context(cd, cfg, workdir=args.dict_dir)
     scored = score_concepts(cd, cfg, ctx)
     save_concepts(scored, args.dict_dir)
     write_resolved_config(cfg, args.dict_dir, "score_config.json")
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"scored {info['scored_latents']} latents with {', '.join(info['scorers'])} "
           f"(negatives: {cfg.negatives.kinds}; namers: {', '.join(info['namers'])})")
     print(format_summary(info["summary"]))
+    if "llm_calls" in ctx.options:
+        print(ctx.options["llm_calls"].usage.line(cfg.llm))
     print(f"concept dictionary: {args.dict_dir}/concepts.json")
     print(f"report:             {index}")
     return 0

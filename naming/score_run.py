@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .agreement import agreement, candidate_names, choose, confidence
+from . import llm_scorers  # noqa: F401  (registers the detection and fuzzing scorers)
+from .agreement import agreement, candidate_names, choose, confidence, headline
 from .concepts import Concept, ConceptDictionary
 from .negatives import build_pool, draw_negatives
 from .pipeline import NameConfig, TruncatingContextCache, open_sources
@@ -88,6 +89,8 @@ def score_concepts(cd: ConceptDictionary, cfg: ScoreConfig, ctx: ScoringContext 
                                    "negatives": dataclasses.asdict(cfg.negatives), "control": cfg.control,
                                    "encoder": f"{cfg.encoder}:{cfg.encoder_hookpoint}",
                                    "scored_latents": len(ctx.samples)}}  # fmt: skip
+    if "llm_calls" in ctx.options:
+        meta["scoring"]["llm_usage"] = dataclasses.asdict(ctx.options["llm_calls"].usage)
     out = ConceptDictionary(tuple(concepts), cd.directions, meta)
     out.meta["scoring"]["summary"] = score_summary(out)
     return out
@@ -102,8 +105,6 @@ def _rescored(c: Concept, entries, cfg: ScoreConfig, ctx: ScoringContext, severa
     best = entries.get(chosen, {"name": c.name, "score": c.score, "scores": {}})
     update: dict[str, Any] = {"scores": best["scores"], "names": entries, "confidence": confidence(agree, best["scores"])}
     if several:
-        from .agreement import headline
-
         runner = [(entries[n]["name"], headline(entries[n], cfg.scorers[0])) for n in others]
         runner = [(n, s) for n, s in runner if n != best["name"]]
         update.update(name=best["name"], score=float(best["score"]), namer=chosen,
