@@ -36,6 +36,8 @@ def scored_ids(cd: ConceptDictionary, max_latents: int = 0) -> list[int]:
 def prepare_context(cd: ConceptDictionary, cfg: ScoreConfig, *, embed: TextEmbedder | None = None,
                     sources=None, workdir: Path | None = None, options: dict | None = None) -> ScoringContext:  # fmt: skip
     """Open the sources (unless given), draw every scored latent's samples, and build the ScoringContext."""
+    for name in cfg.scorers:
+        get_scorer(name)  # an unknown scorer fails before any work
     if sources is None:
         sae_dir = cfg.sae_dir or cd.meta.get("sae_dir")
         if not sae_dir:
