@@ -223,11 +223,13 @@ def quartiles(values: Sequence[float]) -> dict[str, float]:
 
 def score_summary(cd: ConceptDictionary) -> dict[str, dict[str, dict[str, float]]]:
     """namer -> metric -> quartiles over latents: each scorer's ``score`` (as ``SCORER``) and, where present,
-    the random-name control (``SCORER.control``) and the per-negative-kind AUROCs."""
+    the random-name control (``SCORER.control``) and the per-negative-kind AUROCs. ``(chosen)`` is the chosen
+    name of each latent (the best-scoring namer's when several ran)."""
     table: dict[str, dict[str, list[float]]] = {}
     for c in cd.concepts:
-        for namer, entry in c.names.items():
-            for scorer, m in entry.get("scores", {}).items():
+        by_namer = {**{n: e.get("scores", {}) for n, e in c.names.items()}, "(chosen)": c.scores}
+        for namer, scores in by_namer.items():
+            for scorer, m in scores.items():
                 for key, label in (("score", scorer), ("control_auroc", f"{scorer}.control"),
                                    ("auroc_random", f"{scorer}.random"), ("auroc_hard", f"{scorer}.hard")):  # fmt: skip
                     if m.get(key) is not None:
