@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "show": "show",
     "score": "score",
+    "cbsae": "cbsae",
     "demo": "demo",
 }
 
@@ -42,8 +43,8 @@ def _load(command: str):
 
 # commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
 # whose own flags have no --overwrite (the guard's opt-in is added here)
-OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "export", "demo")
-_ADD_OVERWRITE = ("name", "cbm", "export")
+OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "name", "cbm", "export", "demo", "cbsae")
+_ADD_OVERWRITE = ("name", "cbm", "export", "cbsae")
 
 
 def _common() -> argparse.ArgumentParser:

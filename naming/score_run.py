@@ -55,16 +55,23 @@ def prepare_context(cd: ConceptDictionary, cfg: ScoreConfig, *, embed: TextEmbed
 
 
 def _names_by_namer(ctx: ScoringContext, name_cfg: NameConfig) -> dict[str, dict[int, tuple[str, float]]]:
+    """namer -> latent -> (name, namer's own score): the names stored by earlier runs (``Concept.names``), the
+    dictionary's own namer's (its current names, for latents without a stored entry), and each ``--namer``."""
     cd = ctx.cd
-    own = cd.meta.get("namer") or "given"
-    out = {own: {c.id: (c.name, c.score) for c in cd.concepts}}
+    out: dict[str, dict[int, tuple[str, float]]] = {}
+    for c in cd.concepts:
+        for namer, entry in c.names.items():
+            out.setdefault(namer, {})[c.id] = (str(entry.get("name", "")), float(entry.get("score", 0.0)))
+    own = out.setdefault(cd.meta.get("namer") or "given", {})
+    for c in cd.concepts:
+        own.setdefault(c.id, (c.name, c.score))
     for namer in ctx.cfg.namers:
         if namer in out:
             continue
         res = candidate_names(cd, namer, name_cfg, ctx.options["base_examples"])
         out[namer] = {j: (r.name, float(r.score)) for j, r in enumerate(res)}
         log.info("namer %s: %d names", namer, sum(1 for r in res if r.name))
-    return out
+    return {n: {c.id: names.get(c.id, ("", 0.0)) for c in cd.concepts} for n, names in out.items()}
 
 
 def score_concepts(cd: ConceptDictionary, cfg: ScoreConfig, ctx: ScoringContext | None = None,

@@ -149,6 +149,10 @@ def test_several_namers_the_best_scoring_name_is_chosen(scored_setup):
     assert set(c0.names) == {"bad", "context"} and c0.names["bad"]["name"] == WORDS[1]
     assert c1.runner_ups == () and c1.extra["name_agreement"] == pytest.approx(1.0)
     assert c1.confidence > c0.confidence  # agreeing namers are trusted more
+    # scoring again keeps every namer's own names (not the chosen ones) and chooses the same
+    again = score_concepts(out, cfg, dataclasses.replace(ctx, cd=out, cfg=cfg))
+    assert again.concepts[0].names["bad"]["name"] == WORDS[1] and again.concepts[0].name == WORDS[0]
+    assert [c.names for c in again.concepts] == [c.names for c in out.concepts]
 
 
 def test_confidence_and_agreement_formulas():
