@@ -58,8 +58,8 @@ class CbSaeConfig:
     """A user concept counts as present when a kept latent's name embeds within this cosine of it."""
     align_weight: float = 1.0
     """Weight of the cos-cubed alignment loss against the residual FVU."""
-    epochs: int = 30
-    """Passes over the training rows."""
+    steps: int = 3000
+    """Adam steps of the bottleneck (a fixed count: the demo's sentence store has only ~1800 training rows)."""
     batch_size: int = 256
     """Rows per step."""
     lr: float = 1e-3
@@ -180,21 +180,21 @@ def train_bottleneck(x: Tensor, residual: Tensor, targets: Tensor, cfg: CbSaeCon
     opt = torch.optim.Adam([W, b, Dc], lr=cfg.lr)
     total_var = ((x - x.mean(0)) ** 2).sum(1).mean()
     history = []
-    for _ in range(cfg.epochs):
-        order = torch.randperm(x.shape[0], generator=gen)
-        for i in range(0, len(order), cfg.batch_size):
-            idx = order[i : i + cfg.batch_size]
-            if len(idx) < 2:
-                continue
-            c = torch.relu(x[idx] @ W + b)
-            recon = ((residual[idx] - c @ Dc) ** 2).sum(1).mean() / total_var
-            loss = recon + cfg.align_weight * (1 - sim3(c, targets[idx]).mean())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                Dc /= Dc.norm(dim=1, keepdim=True).clamp_min(1e-8)
-        history.append(float(loss.detach()))
+    order = torch.zeros(0, dtype=torch.int64)
+    for step in range(cfg.steps):
+        if len(order) < cfg.batch_size:  # a fresh permutation when the current one is used up
+            order = torch.randperm(x.shape[0], generator=gen)
+        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        c = torch.relu(x[idx] @ W + b)
+        recon = ((residual[idx] - c @ Dc) ** 2).sum(1).mean() / total_var
+        loss = recon + cfg.align_weight * (1 - sim3(c, targets[idx]).mean())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            Dc /= Dc.norm(dim=1, keepdim=True).clamp_min(1e-8)
+        if step % 100 == 0 or step == cfg.steps - 1:
+            history.append(float(loss.detach()))
     return Bottleneck(W.detach(), b.detach(), Dc.detach(), history)
 
 

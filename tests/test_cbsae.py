@@ -52,7 +52,7 @@ def test_pruning_follows_the_scores_and_uses_steering_when_stored(scored):
 
 def test_lacking_concept_gets_a_bottleneck_latent_that_tracks_it(scored, tmp_path):
     cd, src, embed = scored
-    cfg = CbSaeConfig(min_interpretability=0.6, epochs=40, lr=5e-3, batch_size=128)
+    cfg = CbSaeConfig(min_interpretability=0.6, steps=600, lr=5e-3, batch_size=128)
     model, new_cd, s = build_cbsae(cd, src, ["w03", "w35"], cfg, embed=embed)
     assert s["added"] == ["w35"] and s["present"] == {"w03": [3]}
     assert s["n_kept"] + s["n_pruned"] == 30 and model.n_latents == s["n_kept"] + 1
