@@ -10,7 +10,9 @@ Formulation (the paper's outline; where the paper's details were not available o
   latents are pruned. The kept latents are frozen: their codes are the base dictionary's, unchanged.
 - **Which concepts are lacking.** A user concept is present when a kept latent's name embeds (sentence encoder)
   within cosine ``match_cosine`` of the concept text; the others get a bottleneck latent each.
-- **Bottleneck.** For C added concepts: ``c = relu(x W_c + b_c)`` ([N, C]) and ``x_hat = x_hat_pruned + c D_c``
+- **Bottleneck.** For C added concepts: pre-activations ``p = x W_c + b_c`` ([N, C]), codes ``c = p * (p > theta)``
+  (JumpReLU; ``theta`` a running estimate of each latent's (1 - fire_fraction) quantile, so each fires on about
+  that share of rows: our stand-in for the paper's hard sparsification) and ``x_hat = x_hat_pruned + c D_c``
   with unit-norm rows of ``D_c``. Trained on the store's rows with the base dictionary frozen, minimising the
   FVU of the residual ``x - x_hat_pruned`` plus ``align_weight * (1 - mean_c sim3(c_c, t_c))``, where ``t_c`` is the
   cosine between each row's text embedding and the concept's (the concept supervision) and ``sim3`` is
@@ -58,6 +60,9 @@ class CbSaeConfig:
     """A user concept counts as present when a kept latent's name embeds within this cosine of it."""
     align_weight: float = 1.0
     """Weight of the cos-cubed alignment loss against the residual FVU."""
+    fire_fraction: float = 0.1
+    """Share of rows each bottleneck latent fires on: its threshold is the (1 - this) quantile of its
+    pre-activation, re-estimated on the batch every step (our stand-in for the paper's hard sparsification)."""
     steps: int = 3000
     """Adam steps of the bottleneck (a fixed count: the demo's sentence store has only ~1800 training rows)."""
     batch_size: int = 256
@@ -80,19 +85,23 @@ def decode_with(base, f: Tensor) -> Tensor:
 class CbSae(torch.nn.Module):
     """A pruned base dictionary (frozen) with a concept bottleneck of C latents appended."""
 
-    def __init__(self, base, keep: Tensor, W_c: Tensor, b_c: Tensor, D_c: Tensor, concepts: Sequence[str]) -> None:
+    def __init__(self, base, keep: Tensor, W_c: Tensor, b_c: Tensor, D_c: Tensor, concepts: Sequence[str],
+                 theta: Tensor | None = None) -> None:
         super().__init__()
         if getattr(base, "n_sources", 1) != 1:
             raise ValueError("CB-SAE needs a single-source dictionary; crosscoders are not supported")
         self.base = base
         self.register_buffer("keep", keep.long())
         self.W_c, self.b_c, self.D_c = (torch.nn.Parameter(t.float().clone()) for t in (W_c, b_c, D_c))
+        self.register_buffer("theta", torch.zeros(len(b_c)) if theta is None else theta.float().clone())
         self.concepts = list(concepts)
         self.kind, self.d_in, self.k, self.n_sources = "cbsae", base.d_in, base.k, 1
         self.n_latents = len(keep) + len(self.concepts)
 
     def bottleneck(self, x: Tensor) -> Tensor:
-        return torch.relu(x.float() @ self.W_c + self.b_c)
+        """[N, C] concept codes: the pre-activation where it exceeds the latent's threshold, else 0."""
+        pre = x.float() @ self.W_c + self.b_c
+        return pre * (pre > self.theta)
 
     def encode(self, x: Tensor) -> Tensor:
         return torch.cat([self.base.encode(x)[:, self.keep], self.bottleneck(x)], dim=1)
@@ -167,6 +176,7 @@ class Bottleneck:
     W_c: Tensor
     b_c: Tensor
     D_c: Tensor
+    theta: Tensor
     history: list[float] = field(default_factory=list)
 
 
@@ -180,12 +190,17 @@ def train_bottleneck(x: Tensor, residual: Tensor, targets: Tensor, cfg: CbSaeCon
     opt = torch.optim.Adam([W, b, Dc], lr=cfg.lr)
     total_var = ((x - x.mean(0)) ** 2).sum(1).mean()
     history = []
+    theta = torch.zeros(C)
     order = torch.zeros(0, dtype=torch.int64)
     for step in range(cfg.steps):
         if len(order) < cfg.batch_size:  # a fresh permutation when the current one is used up
             order = torch.randperm(x.shape[0], generator=gen)
         idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        c = torch.relu(x[idx] @ W + b)
+        pre = x[idx] @ W + b
+        with torch.no_grad():  # running estimate of the (1 - fire_fraction) quantile, as BatchTopK's threshold
+            q = pre.quantile(1 - cfg.fire_fraction, dim=0).clamp_min(0)
+            theta = q if step == 0 else 0.9 * theta + 0.1 * q
+        c = pre * (pre > theta)
         recon = ((residual[idx] - c @ Dc) ** 2).sum(1).mean() / total_var
         loss = recon + cfg.align_weight * (1 - sim3(c, targets[idx]).mean())
         opt.zero_grad()
@@ -195,14 +210,15 @@ def train_bottleneck(x: Tensor, residual: Tensor, targets: Tensor, cfg: CbSaeCon
             Dc /= Dc.norm(dim=1, keepdim=True).clamp_min(1e-8)
         if step % 100 == 0 or step == cfg.steps - 1:
             history.append(float(loss.detach()))
-    return Bottleneck(W.detach(), b.detach(), Dc.detach(), history)
+    return Bottleneck(W.detach(), b.detach(), Dc.detach(), theta, history)
 
 
 def save_cbsae(model: CbSae, directory: str | Path, base_dir: str | Path, extra: dict | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({"W_c": model.W_c.detach().contiguous(), "b_c": model.b_c.detach().contiguous(),
-               "D_c": model.D_c.detach().contiguous(), "keep": model.keep.contiguous()},
+               "D_c": model.D_c.detach().contiguous(), "keep": model.keep.contiguous(),
+               "theta": model.theta.contiguous()},
               str(directory / "weights.safetensors"))  # fmt: skip
     doc = {"format": FORMAT, "base": str(base_dir), "concepts": model.concepts, "kind": "cbsae",
            "d_in": model.d_in, "n_latents": model.n_latents, **(extra or {})}  # fmt: skip
@@ -225,7 +241,7 @@ def load_cbsae(directory: str | Path, device: str = "cpu") -> CbSae:
         raise ValueError(f"{directory}/config.json is not a CB-SAE (format {doc.get('format')!r})")
     t = load_file(str(directory / "weights.safetensors"))
     base = load_dictionary(doc["base"], device=device)
-    return CbSae(base, t["keep"], t["W_c"], t["b_c"], t["D_c"], doc["concepts"])
+    return CbSae(base, t["keep"], t["W_c"], t["b_c"], t["D_c"], doc["concepts"], t["theta"])
 
 
 def config_dict(cfg: CbSaeConfig) -> dict:

@@ -100,7 +100,7 @@ def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence
     targets = concept_targets(ctx, store, rows, lacking)
     train, test = _split(len(rows), cfg.seed)
     bn = train_bottleneck(x[train], (x - x_pruned)[train], targets[train], cfg)
-    model = CbSae(base, keep, bn.W_c, bn.b_c, bn.D_c, lacking)
+    model = CbSae(base, keep, bn.W_c, bn.b_c, bn.D_c, lacking, bn.theta)
     with torch.no_grad():
         c_test = model.bottleneck(x[test])
         x_cb = model(x[test])

@@ -64,6 +64,7 @@ def test_lacking_concept_gets_a_bottleneck_latent_that_tracks_it(scored, tmp_pat
     is_w35 = x_all.argmax(1) == 35
     c = model.bottleneck(x_all)[:, 0].detach()
     assert auroc(c[is_w35], c[~is_w35]) > 0.95
+    assert 0.01 < float((c > 0).float().mean()) < 0.3  # sparse: about fire_fraction of the rows
     assert new_cd.concepts[-1].name == "w35" and new_cd.concepts[-1].extra["bottleneck"]
     assert "steering" in s["steerability"] or "not measured" in s["steerability"]
     assert s["interpretability"]["after"]["n_latents"] == model.n_latents
@@ -81,7 +82,8 @@ def test_cbsae_round_trip_through_a_saved_base(tmp_path):
     from conceptdict.saes import load_dictionary
 
     base = load_dictionary(tmp_path / "base")
-    model = CbSae(base, torch.tensor([1, 4, 5]), torch.randn(8, 2), torch.zeros(2), torch.randn(2, 8), ["a", "b"])
+    model = CbSae(base, torch.tensor([1, 4, 5]), torch.randn(8, 2), torch.zeros(2), torch.randn(2, 8), ["a", "b"],
+                  torch.tensor([0.1, 0.5]))
     save_cbsae(model, tmp_path / "cb", tmp_path / "base")
     back = load_cbsae(tmp_path / "cb")
     x = torch.randn(5, 8)
