@@ -34,6 +34,8 @@ COMMANDS: dict[str, str] = {
     "steer": "steer",
     "export": "export",
     "show": "show",
+    "score": "score",
+    "cbsae": "cbsae",
     "demo": "demo",
 }
 
@@ -44,8 +46,9 @@ def _load(command: str):
 
 # commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
 # whose own flags have no --overwrite (the guard's opt-in is added here)
-OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "compare", "name", "cbm", "erase", "steer", "export", "demo")
-_ADD_OVERWRITE = ("compare", "name", "cbm", "erase", "steer", "export")
+OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "compare", "name", "cbm", "cbsae", "erase", "steer", "export",
+                    "demo")
+_ADD_OVERWRITE = ("compare", "name", "cbm", "cbsae", "erase", "steer", "export")
 
 
 def _common() -> argparse.ArgumentParser:

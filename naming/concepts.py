@@ -102,6 +102,13 @@ class Concept:
     """Tokens most suppressed by the direction."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else (crosscoder flags such as relative norm and tag, LLM detection score, ...)."""
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Scorer -> metrics of the chosen name (``conceptdict score``; docs/scores.md), e.g.
+    ``{"embedding": {"auroc": 0.81, "negatives": "random+hard", ...}}``."""
+    names: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Namer -> ``{"name", "score", "scores"}``: every namer's name and its scores (namer agreement)."""
+    confidence: float | None = None
+    """How far the name can be trusted, in [0, 1], from namer agreement and scores (docs/scores.md)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,9 @@ def concept_from_json(d: dict[str, Any]) -> Concept:
         logit_top=tuple(d.get("logit_top", ())),
         logit_bottom=tuple(d.get("logit_bottom", ())),
         extra=dict(d.get("extra", {})),
+        scores={str(k): dict(v) for k, v in d.get("scores", {}).items()},
+        names={str(k): dict(v) for k, v in d.get("names", {}).items()},
+        confidence=None if d.get("confidence") is None else float(d["confidence"]),
     )
 
 

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .concepts import Example
 from .namers import NameResult, NamingInputs
@@ -50,20 +50,49 @@ class LlmConfig:
     """Name at most this many firing latents (0: all); the rest stay unnamed."""
     max_tokens: int = 64
     """Longest answer requested."""
+    backoff_s: float = 0.5
+    """First wait before a retry (doubled each retry, at most 30 s; a 429's Retry-After wins)."""
+    concurrency: int = 4
+    """Requests in flight at once (the scorers' bounded pool)."""
+    n_shown: int = 5
+    """Examples per judge prompt of the detection and fuzzing scorers (delphi's n_examples_shown)."""
+    n_scored: int = 10
+    """Activating and non-activating examples each that the detection and fuzzing scorers judge per latent."""
+    usd_per_1k_prompt: float = 0.0
+    """Price of 1000 prompt tokens, for the cost line of the summary (0: not counted)."""
+    usd_per_1k_completion: float = 0.0
+    """Price of 1000 completion tokens."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"llm url {self.url!r} must start with http:// or https://")
         if self.max_retries < 0 or self.n_explain < 1 or self.n_heldout < 0:
             raise ValueError("llm max_retries >= 0, n_explain >= 1 and n_heldout >= 0 are required")
+        if self.concurrency < 1 or self.n_shown < 1 or self.n_scored < 1:
+            raise ValueError("llm concurrency, n_shown and n_scored must be >= 1")
 
 
 class LlmError(RuntimeError):
     """The endpoint could not be reached or answered something unusable."""
 
 
+class Reply(NamedTuple):
+    """One chat completion: the assistant's text and the token counts the endpoint reported (0 if none)."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 def chat(cfg: LlmConfig, messages: list[dict[str, str]]) -> str:
     """One chat completion; returns the assistant's text. Retries transient failures ``cfg.max_retries`` times."""
+    return chat_reply(cfg, messages).text
+
+
+def chat_reply(cfg: LlmConfig, messages: list[dict[str, str]]) -> Reply:
+    """One chat completion with its token usage. Connection errors, time-outs, HTTP 429 and 5xx are retried
+    ``cfg.max_retries`` times with exponential back-off (``cfg.backoff_s`` doubled each time, at most 30 s, or
+    the server's ``Retry-After`` when it sends one); other HTTP errors and unusable bodies raise at once."""
     body = json.dumps(
         {"model": cfg.model, "messages": messages, "temperature": 0, "max_tokens": cfg.max_tokens}
     ).encode()
@@ -75,20 +104,32 @@ def chat(cfg: LlmConfig, messages: list[dict[str, str]]) -> str:
     last: Exception | None = None
     for attempt in range(cfg.max_retries + 1):
         req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        wait = min(cfg.backoff_s * 2**attempt, 30.0)
         try:
             with urllib.request.urlopen(req, timeout=cfg.timeout_s) as resp:
                 doc = json.loads(resp.read().decode("utf-8"))
-            return str(doc["choices"][0]["message"]["content"])
+            usage = doc.get("usage") or {}
+            return Reply(str(doc["choices"][0]["message"]["content"]), int(usage.get("prompt_tokens", 0)),
+                         int(usage.get("completion_tokens", 0)))  # fmt: skip
         except urllib.error.HTTPError as e:
             last = e
             if e.code != 429 and e.code < 500:
                 raise LlmError(f"{url} answered HTTP {e.code}: {e.read()[:200]!r}") from None
+            wait = _retry_after(e, wait)
         except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
             last = e
-        except (KeyError, IndexError, ValueError) as e:
-            raise LlmError(f"{url} returned no choices[0].message.content: {e}") from None
-        time.sleep(min(0.5 * 2**attempt, 4.0))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise LlmError(f"{url} returned no choices[0].message.content: {e!r}") from None
+        if attempt < cfg.max_retries:
+            time.sleep(wait)
     raise LlmError(f"{url} failed after {cfg.max_retries + 1} attempts: {last}; is the server running?")
+
+
+def _retry_after(e: urllib.error.HTTPError, default: float) -> float:
+    try:
+        return min(float(e.headers.get("Retry-After", default)), 30.0)
+    except (TypeError, ValueError):
+        return default
 
 
 def explain_prompt(examples: Sequence[Example]) -> list[dict[str, str]]:

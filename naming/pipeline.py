@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +102,7 @@ def resolve_hookpoint(store: Store, hookpoint: str | None) -> str:
     return found
 
 
-def _model_loader(name: str | None, device: str) -> Callable[[], Any]:
+def model_loader(name: str | None, device: str) -> Callable[[], Any]:
     @functools.cache
     def get():
         if not name:
@@ -167,7 +168,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
     """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``."""
     hookpoint = resolve_hookpoint(store, cfg.hookpoint)
     model_name = cfg.model or model_id_of(store)
-    get_model = _model_loader(model_name, cfg.device)
+    get_model = model_loader(model_name, cfg.device)
     directions = model.decoder_directions().detach().float().cpu()
     named = directions if directions.ndim == 2 else directions[:, cfg.source]
     level = getattr(store, "level", "token")
@@ -291,8 +292,11 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
     from conceptdict.activations import ActivationStore
     from conceptdict.saes import load_dictionary, load_dictionary_config
 
+    from .cbsae import is_cbsae_dir, load_cbsae
+
     sae_dir = Path(sae_dir)
-    config = load_dictionary_config(sae_dir)
+    cbsae = is_cbsae_dir(sae_dir)
+    config = json.loads((sae_dir / "config.json").read_text()) if cbsae else load_dictionary_config(sae_dir)
     store_path = store or _first(config, "stores", "store")
     if store_path is None:
         raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
@@ -301,7 +305,7 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
         store_path = sae_dir / store_path
     opened = ActivationStore(store_path)
     hp = resolve_hookpoint(opened, hookpoint or _first(config, "hookpoints", "hookpoint"))
-    model = load_dictionary(sae_dir, device=device)
+    model = load_cbsae(sae_dir, device) if cbsae else load_dictionary(sae_dir, device=device)
     if model.d_in != opened.d_in(hp):
         raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={opened.d_in(hp)} for "
                          f"hookpoint {hp}; pass the store the dictionary was trained on")  # fmt: skip

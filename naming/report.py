@@ -110,11 +110,26 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
         f'<h2><span class="id">#{c.id}</span>{esc(c.name or "(unnamed)")}</h2>'
         f'<div class="sub">{esc(c.namer)} score {c.score:.3f}{flags}</div>'
         + (f'<div class="runner">also: {runner}</div>' if runner else "")
+        + scores_html(c)
         + f'<div class="row">{histogram_svg(c.histogram.get("edges", []), c.histogram.get("counts", []))}'
         f'<div class="stat">fires on {100 * c.frequency:.2f}% of rows<br>max {c.stats.get("max", 0):.3g}'
         f' · mean when active {c.stats.get("mean_active", 0):.3g}</div></div>'
         f"{tokens}{examples or '<div class=sub>no activating examples</div>'}</section>"
     )
+
+
+def scores_html(c: Concept) -> str:
+    """The card's score lines: confidence, each scorer's score (with its negatives), each namer's name."""
+    if not c.scores and not c.names:
+        return ""
+    parts = [f"confidence {c.confidence:.2f}"] if c.confidence is not None else []
+    for name, m in c.scores.items():
+        s = m.get("score")
+        neg = f" ({esc(m['negatives'])} negatives)" if m.get("negatives") else ""
+        parts.append(f"{esc(name)} {s:.3f}{neg}" if isinstance(s, (int, float)) else f"{esc(name)} –")
+    names = ", ".join(f"{esc(n)}: {esc(e.get('name', ''))}" for n, e in c.names.items())
+    return (f'<div class="sub scores">{" · ".join(parts)}</div>'
+            + (f'<div class="runner">namers: {names}</div>' if len(c.names) > 1 else ""))  # fmt: skip
 
 
 def page(title: str, header: str, body: str, css: str = "") -> str:
@@ -134,6 +149,8 @@ def _header(cd: ConceptDictionary, cbm: CbmResult | None) -> str:
                                                     ("num_rows", "rows:")) if m.get(key) is not None
     ]  # fmt: skip
     links = '<a href="index.html">concepts</a>' + (' · <a href="cbm.html">concept bottleneck model</a>' if cbm else "")
+    if any(c.scores for c in cd.concepts):
+        links += ' · <a href="scores.html">scores</a>'
     return f'<h1>Concept dictionary</h1><div class="meta">{" · ".join(parts)} · {links}</div>'
 
 
@@ -165,6 +182,10 @@ def write_report(
         (directory / page_name(p)).write_text(page("Concept dictionary", header, body), encoding="utf-8")
     if cbm is not None:
         _write_cbm_pages(cbm, directory, header, where)
+    if any(c.scores for c in cd.concepts):
+        from .report_scores import write_score_pages  # it imports this module's page skeleton
+
+        write_score_pages(cd, directory, header, where)
     log.info("report: %s (%d pages)", directory / "index.html", len(pages))
     return directory / "index.html"
 

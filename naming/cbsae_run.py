@@ -1,0 +1,177 @@
+"""``build_cbsae``: a scored concept dictionary + a user concept list -> a CB-SAE, its named and scored concept
+dictionary, and the before/after numbers (naming/cbsae.py says what a CB-SAE is)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from .cbm import CbmConfig, store_features, train_cbm
+from .cbsae import CbSae, decode_with, CbSaeConfig, fvu, lacking_concepts, prune_mask, sim3, train_bottleneck
+from .concepts import ConceptDictionary
+from .pipeline import NameConfig, Sources, TruncatingContextCache, name_dictionary
+from .score_run import prepare_context, score_concepts
+from .scoring import ScoreConfig, ScoringContext, TextEmbedder, auroc, model_embedder
+
+log = logging.getLogger(__name__)
+
+
+def read_concept_list(path: str | Path) -> list[str]:
+    """One concept per line (blank lines and ``#`` comments skipped), each once."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"concept list {path} does not exist; pass a text file with one concept per line")
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and line not in out:
+            out.append(line)
+    if not out:
+        raise ValueError(f"concept list {path} holds no concepts; write one word or phrase per line")
+    return out
+
+
+def sample_rows(store, hookpoint: str, max_rows: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(rows [N] ascending, x [N, D] float32): every row, or a uniform sample of ``max_rows``."""
+    n = store.num_rows
+    rows = torch.arange(n) if n <= max_rows else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[
+        :max_rows].sort().values  # fmt: skip
+    want = torch.zeros(n, dtype=torch.bool)
+    want[rows] = True
+    parts = [x[want[s : s + x.shape[0]]].float() for s, x in store.iter_rows(hookpoint, 8192)]
+    return rows, torch.cat(parts)
+
+
+def concept_targets(ctx: ScoringContext, store, rows: Tensor, concepts: Sequence[str]) -> Tensor:
+    """[N, C] cosine between each row's text embedding and each concept's (the bottleneck's supervision)."""
+    if not concepts:
+        return torch.zeros(len(rows), 0)
+    cache = TruncatingContextCache(store, 8, 4, 600)
+    examples = [cache.example(int(r), 0.0) for r in rows.tolist()]
+    vecs = torch.cat([ctx.context_vectors(examples[i : i + 4096]) for i in range(0, len(examples), 4096)])
+    return vecs @ ctx.embed(list(concepts)).T
+
+
+def _split(n: int, seed: int, test_fraction: float = 0.2) -> tuple[Tensor, Tensor]:
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7))
+    cut = int(n * (1 - test_fraction))
+    return order[:cut], order[cut:]
+
+
+def interpretability(cd: ConceptDictionary, scorer: str) -> dict[str, float]:
+    """Median, mean and count of the scorer's score over the scored latents, and the share of all latents
+    at or above 0.7."""
+    vals = [c.scores[scorer]["score"] for c in cd.concepts if c.scores.get(scorer, {}).get("score") is not None]
+    return {"median": statistics.median(vals) if vals else float("nan"),
+            "mean": statistics.fmean(vals) if vals else float("nan"), "n_scored": len(vals),
+            "n_latents": len(cd.concepts), "share_ge_0.7": sum(v >= 0.7 for v in vals) / max(len(cd.concepts), 1)}
+
+
+def _cbm_accuracy(model, store, hookpoint: str, names: list[str], label_column: str | None) -> float | None:
+    if not label_column or store.labels(label_column) is None:
+        return None
+    cfg = CbmConfig(label_column=label_column)
+    feats = store_features(model, store, hookpoint, label_column, codes=cfg.codes)
+    return float(train_cbm(feats.concepts, feats.labels, names, cfg, raw=feats.raw).metrics["accuracy"])
+
+
+def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence[str], cfg: CbSaeConfig,
+                embed: TextEmbedder | None = None, label_column: str | None = None):  # fmt: skip
+    """Prune, add the lacking concepts, train the bottleneck, name and score the result. Returns
+    (CbSae, its ConceptDictionary, summary dict)."""
+    base, store, hp = sources.model, sources.store, sources.hookpoint
+    mask, how = prune_mask(cd, cfg)
+    keep = torch.nonzero(mask).flatten()
+    score_cfg = ScoreConfig(scorers=[cfg.interpretability] if cfg.interpretability == "embedding" else ["embedding"])
+    embed = embed or model_embedder(score_cfg.encoder, score_cfg.encoder_hookpoint, score_cfg.batch_size)
+    ctx = ScoringContext(cd, {}, score_cfg, embed, sources)
+    present, lacking = lacking_concepts(user_concepts, [cd.concepts[j].name for j in keep.tolist()], ctx.embed,
+                                        cfg.match_cosine)  # fmt: skip
+    rows, x = sample_rows(store, hp, cfg.max_rows, cfg.seed)
+    with torch.no_grad():
+        f = base.encode(x)
+        x_base, x_pruned = decode_with(base, f), decode_with(base, f * mask.float())
+    targets = concept_targets(ctx, store, rows, lacking)
+    train, test = _split(len(rows), cfg.seed)
+    bn = train_bottleneck(x[train], (x - x_pruned)[train], targets[train], cfg)
+    model = CbSae(base, keep, bn.W_c, bn.b_c, bn.D_c, lacking, bn.theta)
+    with torch.no_grad():
+        c_test = model.bottleneck(x[test])
+        x_cb = model(x[test])
+    align = _alignment(c_test, targets[test], lacking)
+    new_cd = _named(cd, model, sources, keep, lacking, align)
+    scored = score_concepts(new_cd, score_cfg, prepare_context(new_cd, score_cfg, embed=ctx.embed, sources=Sources(
+        model, store, hp, {})))  # fmt: skip
+    names_before, names_after = [c.name for c in cd.concepts], [c.name for c in scored.concepts]
+    summary = {
+        "pruning": how, "n_latents_before": len(cd.concepts), "n_pruned": int((~mask).sum()), "n_kept": len(keep),
+        "n_added": len(lacking), "added": lacking, "present": {k: [int(keep[i]) for i in v] for k, v in present.items()},
+        "fvu": {"before": fvu(x[test], x_base[test]), "pruned": fvu(x[test], x_pruned[test]), "after": fvu(x[test], x_cb)},
+        "interpretability": {"scorer": score_cfg.scorers[0], "before": interpretability(cd, score_cfg.scorers[0]),
+                             "after": interpretability(scored, score_cfg.scorers[0])},
+        "steerability": "not measured: no steering scorer in this build (pruning used interpretability only)"
+        if how["steerability"] is None else "pruned on scores['steering']",
+        "alignment_test": align, "train_loss": bn.history[-3:],
+        "cbm_accuracy": {"before": _cbm_accuracy(base, store, hp, names_before, label_column),
+                         "after": _cbm_accuracy(model, store, hp, names_after, label_column),
+                         "label_column": label_column},
+    }  # fmt: skip
+    return model, scored, summary
+
+
+def _alignment(c: Tensor, t: Tensor, concepts: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per added concept on held-out rows: cos-cubed similarity, Pearson correlation, and the AUROC of the
+    bottleneck latent for the rows most similar to the concept (top 10% by target)."""
+    out = {}
+    s3 = sim3(c, t) if c.shape[1] else torch.zeros(0)
+    for i, name in enumerate(concepts):
+        ci, ti = c[:, i].double(), t[:, i].double()
+        corr = float(torch.corrcoef(torch.stack([ci, ti]))[0, 1]) if ci.std() > 0 else 0.0
+        top = ti >= ti.quantile(0.9)
+        out[name] = {"sim3": float(s3[i]), "pearson": corr, "auroc_top10": auroc(ci[top], ci[~top])}
+    return out
+
+
+def _named(cd: ConceptDictionary, model: CbSae, sources: Sources, keep: Tensor, added: Sequence[str],
+           align: dict) -> ConceptDictionary:  # fmt: skip
+    """The CB-SAE's concept dictionary: fresh evidence, the kept latents' names, the added concepts' names."""
+    fresh = name_dictionary(model, sources.store, NameConfig(namer="context", hookpoint=sources.hookpoint,
+                                                             top_k=len(cd.concepts[0].top_examples) or 20))  # fmt: skip
+    concepts = []
+    for i, c in enumerate(fresh.concepts):
+        if i < len(keep):
+            old = cd.concepts[int(keep[i])]
+            concepts.append(dataclasses.replace(c, name=old.name, score=old.score, namer=old.namer,
+                                                runner_ups=old.runner_ups, runner_up_scores=old.runner_up_scores,
+                                                extra={**c.extra, "base_latent": int(keep[i])}))  # fmt: skip
+        else:
+            name = added[i - len(keep)]
+            concepts.append(dataclasses.replace(c, name=name, score=align[name]["sim3"], namer="cbsae-concept",
+                                                runner_ups=(), runner_up_scores=(), extra={**c.extra, "bottleneck": True}))
+    meta = {**cd.meta, "namer": "cbsae", "cbsae": {"base_concepts": cd.meta.get("sae_dir"), "added": list(added)}}
+    return ConceptDictionary(tuple(concepts), fresh.directions, meta)
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """The CB-SAE summary as printable lines."""
+    ib, ia = s["interpretability"]["before"], s["interpretability"]["after"]
+    cb = s["cbm_accuracy"]
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    return [
+        f"latents: {s['n_latents_before']} -> pruned {s['n_pruned']}, kept {s['n_kept']}, added {s['n_added']} "
+        f"({', '.join(s['added']) or 'none'})",
+        f"present already: {', '.join(f'{k} (#{v[0]})' for k, v in s['present'].items()) or 'none'}",
+        f"interpretability ({s['interpretability']['scorer']}): median {ib['median']:.3f} -> {ia['median']:.3f}, "
+        f"mean {ib['mean']:.3f} -> {ia['mean']:.3f}, share >= 0.7 {ib['share_ge_0.7']:.2f} -> {ia['share_ge_0.7']:.2f}",
+        f"steerability: {s['steerability']}",
+        f"FVU (held-out rows): {s['fvu']['before']:.4f} base, {s['fvu']['pruned']:.4f} pruned, "
+        f"{s['fvu']['after']:.4f} CB-SAE",
+        f"CBM accuracy ({cb['label_column']}): {pct(cb['before'])} -> {pct(cb['after'])}",
+    ] + [f"  {k}: sim3 {v['sim3']:.3f}, pearson {v['pearson']:.3f}, AUROC(top 10%) {v['auroc_top10']:.3f}"
+         for k, v in s["alignment_test"].items()]  # fmt: skip
