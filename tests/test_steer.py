@@ -133,3 +133,32 @@ def test_steerability_scores_on_both_model_kinds(tmp_path, tiny_lm_dir, tiny_ber
                           n_random=4)
     assert scores[0]["effect_per_alpha"] > scores[0]["random_effect_per_alpha"] > 0
     assert 0 < scores[0]["damage"] < 1
+
+
+@pytest.mark.integration
+def test_the_steering_scorer_stores_steerability_with_a_headline_score(tmp_path, tiny_lm_dir):
+    """`conceptdict score --scorer steering`: steerability's metrics per latent and score = ratio / (1 + ratio),
+    over the run's base examples (issue 15's intervention scorer, registered by naming.score_run)."""
+    import math
+
+    from conceptdict.naming import score_run  # noqa: F401  (registers the scorers)
+    from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
+    from conceptdict.naming.negatives import NegativeConfig
+    from conceptdict.naming.pipeline import Sources
+    from conceptdict.naming.scoring import ScoreConfig, ScoringContext, get_scorer
+    from conceptdict.naming.steering_scorer import headline
+    from conceptdict.saes import load_dictionary
+
+    _, sae_dir = _lm_dictionary(tmp_path, tiny_lm_dir)
+    sae = load_dictionary(sae_dir)
+    texts = ["the dog and the", "rain in the morning", "bread and milk for the"]
+    base = tuple(Example(i, 0.0, tuple(t.split()), -1, t) for i, t in enumerate(texts))
+    cd = ConceptDictionary(tuple(Concept(j, n, 0.0) for j, n in enumerate(["cat", "river"])), sae.W_dec[:2].detach())
+    ctx = ScoringContext(cd, {}, ScoreConfig(negatives=NegativeConfig()), embed=None,
+                         sources=Sources(sae, None, "blocks.1.hook_out", {}),
+                         options={"model": str(tiny_lm_dir), "base_examples": base, "steering_alphas": (5.0, 10.0)})
+    got = get_scorer("steering")(ctx, {0: "cat", 1: "river"})
+    cat = got[0]
+    assert cat["texts"] == 3 and cat["ratio"] > 1 and cat["score"] == pytest.approx(cat["ratio"] / (1 + cat["ratio"]))
+    assert cat["score"] > 0.5 and {"effect_per_alpha", "damage", "random_effect_per_alpha"} <= set(cat)
+    assert headline(-2.0) == 0.0 and headline(math.nan) == 0.0 and headline(1.0) == 0.5
