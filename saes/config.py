@@ -26,7 +26,8 @@ class TrainConfig:
     kind: str = "topk"
     """Dictionary kind: topk, batchtopk (row-relative BatchTopK: the batch's top k*B entries ranked relative to
     each row's norm, see saes.model.row_scale), batchtopk-absolute (BatchTopK as published, Bussmann et al.
-    2024), relu (ReLU + L1 baseline), jumprelu (learned per-latent thresholds, Rajamanoharan et al. 2024),
+    2024), relu (ReLU + L1 baseline), jumprelu (learned per-latent thresholds, Rajamanoharan et al. 2024;
+    jumprelu-relative: on the row-relative scale of batchtopk),
     matryoshka (Matryoshka BatchTopK, Bussmann et al. 2025: nested prefixes of the latents each reconstruct x),
     matryoshka-absolute (the same on the absolute BatchTopK rule), spade (sparsemax over distances to learned
     prototypes, Hindupur et al. 2025; its L0 adapts to the row, k only sizes its candidate search),
