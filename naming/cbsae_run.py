@@ -88,7 +88,9 @@ def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence
     base, store, hp = sources.model, sources.store, sources.hookpoint
     mask, how = prune_mask(cd, cfg)
     keep = torch.nonzero(mask).flatten()
-    score_cfg = ScoreConfig(scorers=[cfg.interpretability] if cfg.interpretability == "embedding" else ["embedding"])
+    interp = cfg.interpretability if cfg.interpretability == "embedding" else "embedding"
+    # with steering scores on the input, the result is scored for steerability too (before / after)
+    score_cfg = ScoreConfig(scorers=[interp] + (["steering"] if how["steerability"] else []))
     embed = embed or model_embedder(score_cfg.encoder, score_cfg.encoder_hookpoint, score_cfg.batch_size)
     ctx = ScoringContext(cd, {}, score_cfg, embed, sources)
     present, lacking = lacking_concepts(user_concepts, [cd.concepts[j].name for j in keep.tolist()], ctx.embed,
@@ -115,8 +117,10 @@ def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence
         "fvu": {"before": fvu(x[test], x_base[test]), "pruned": fvu(x[test], x_pruned[test]), "after": fvu(x[test], x_cb)},
         "interpretability": {"scorer": score_cfg.scorers[0], "before": interpretability(cd, score_cfg.scorers[0]),
                              "after": interpretability(scored, score_cfg.scorers[0])},
-        "steerability": "not measured: no steering scorer in this build (pruning used interpretability only)"
-        if how["steerability"] is None else "pruned on scores['steering']",
+        "steerability": {"scorer": "steering", "before": interpretability(cd, "steering"),
+                         "after": interpretability(scored, "steering")} if how["steerability"] else
+        "not measured: the input has no steering scores (run `conceptdict score --scorer steering` first); "
+        "pruning used interpretability only",
         "alignment_test": align, "train_loss": bn.history[-3:],
         "cbm_accuracy": {"before": _cbm_accuracy(base, store, hp, names_before, label_column),
                          "after": _cbm_accuracy(model, store, hp, names_after, label_column),
@@ -158,6 +162,14 @@ def _named(cd: ConceptDictionary, model: CbSae, sources: Sources, keep: Tensor, 
     return ConceptDictionary(tuple(concepts), fresh.directions, meta)
 
 
+def _steer_line(st: Any) -> str:
+    if isinstance(st, str):
+        return f"steerability: {st}"
+    b, a = st["before"], st["after"]
+    return (f"steerability ({st['scorer']}): median {b['median']:.3f} -> {a['median']:.3f}, mean {b['mean']:.3f} -> "
+            f"{a['mean']:.3f} ({b['n_scored']} -> {a['n_scored']} latents scored)")
+
+
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """The CB-SAE summary as printable lines."""
     ib, ia = s["interpretability"]["before"], s["interpretability"]["after"]
@@ -169,7 +181,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"present already: {', '.join(f'{k} (#{v[0]})' for k, v in s['present'].items()) or 'none'}",
         f"interpretability ({s['interpretability']['scorer']}): median {ib['median']:.3f} -> {ia['median']:.3f}, "
         f"mean {ib['mean']:.3f} -> {ia['mean']:.3f}, share >= 0.7 {ib['share_ge_0.7']:.2f} -> {ia['share_ge_0.7']:.2f}",
-        f"steerability: {s['steerability']}",
+        _steer_line(s["steerability"]),
         f"FVU (held-out rows): {s['fvu']['before']:.4f} base, {s['fvu']['pruned']:.4f} pruned, "
         f"{s['fvu']['after']:.4f} CB-SAE",
         f"CBM accuracy ({cb['label_column']}): {pct(cb['before'])} -> {pct(cb['after'])}",
