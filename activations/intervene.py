@@ -15,6 +15,7 @@ from torch import Tensor
 
 from conceptdict.activations.data import special_wrapping
 from conceptdict.activations.models import SENTENCE_HOOKPOINTS, ModelHandle, check_hookpoints, embed_texts, mean_pool
+from conceptdict.activations.tokens import pad_sequences
 
 Edit = Callable[[Tensor], Tensor]
 
@@ -27,14 +28,7 @@ def encode_prompts(model: ModelHandle, texts: Sequence[str], max_length: int = 1
     seqs = [prefix + model.tokenizer(t, add_special_tokens=False)["input_ids"][: max_length] + suffix for t in texts]
     if any(len(s) == 0 for s in seqs):
         raise ValueError("an empty prompt gives no tokens; pass non-empty --prompt texts")
-    _, pad = model.bos_pad_ids()
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad, dtype=torch.int64)
-    mask = torch.zeros(len(seqs), T, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    return ids, mask
+    return pad_sequences(seqs, model.bos_pad_ids()[1])
 
 
 def _hook(edit: Edit):

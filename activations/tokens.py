@@ -50,6 +50,18 @@ def check_same_tokenizer(models: list[str]) -> None:
                          f"diff two models that share a tokenizer (e.g. a base model and its fine-tune)")
 
 
+def causal_lm_source(store) -> str | None:
+    """The causal LM a token-level store was cached with (its local directory when it still exists, else its
+    hub id), for splicing a dictionary or an eraser back into it; None when the store is sequence-level or its
+    model is not a causal LM."""
+    info = store.manifest.get("model") or {}
+    archs = info.get("architectures") or []
+    if store.level != "token" or not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return None
+    source = info.get("source")
+    return source if source and Path(source).is_dir() else info.get("id")
+
+
 def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token contexts [N, T] (right-padded) and attention mask from the first store rows.
 
@@ -72,6 +84,11 @@ def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) ->
             break
     if not seqs:
         raise ValueError(f"no complete token contexts could be rebuilt from {store.path}")
+    return pad_sequences(seqs, pad_id)
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (ids [N, T] right-padded with ``pad_id``, attention mask [N, T]), T the longest."""
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.int64)
     mask = torch.zeros(len(seqs), T, dtype=torch.int64)

@@ -47,18 +47,6 @@ def open_dictionary_for(path: Path, hookpoint: str, device: str):
     return model, names
 
 
-def causal_model_name(cfg, store) -> str | None:
-    """--model, else the store's model when it is a causal LM and the store is token-level; else None."""
-    if cfg.model:
-        return cfg.model
-    info = store.manifest.get("model") or {}
-    archs = info.get("architectures") or []
-    if store.level != "token" or not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return None
-    source = info.get("source")
-    return source if source and Path(source).is_dir() else info.get("id")
-
-
 def apply_eraser(eraser_dir: Path, store, hookpoint: str, out: Path) -> int:
     from conceptdict.activations.transform import map_store
     from conceptdict.saes.erasure import load_eraser
@@ -79,6 +67,7 @@ def apply_eraser(eraser_dir: Path, store, hookpoint: str, out: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, load_model
+    from conceptdict.activations.tokens import causal_lm_source
     from conceptdict.naming.erase import EraseConfig, ce_change_function, erase_table, format_table, load_labelled
     from conceptdict.naming.erase import write_erase
     from conceptdict.naming.pipeline import resolve_hookpoint
@@ -94,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                          else (None, None))
     data = load_labelled(store, hookpoint, cfg)
     ce = None
-    name = causal_model_name(cfg, store)
+    name = cfg.model or causal_lm_source(store)
     if name and cfg.contexts and store.level == "token":
         ce = ce_change_function(load_model(name, device=cfg.device), store, hookpoint, cfg.contexts)
     doc, erasers = erase_table(data, cfg, dictionary, names, ce)

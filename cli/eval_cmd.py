@@ -142,25 +142,14 @@ def store_batches(store, hookpoints: list[str], rows: int, batch_size: int):
         yield parts[0] if len(parts) == 1 else torch.stack(parts, dim=1)
 
 
-def _model_name(cfg: EvalConfig, store) -> str | None:
-    if cfg.model:
-        return cfg.model
-    info = store.manifest.get("model") or {}
-    archs = info.get("architectures") or []
-    if store.level != "token" or not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return None
-    source = info.get("source")
-    return source if source and Path(source).is_dir() else info.get("id")
-
-
 def splice_scores(result, sae, store, hookpoints: list[str], cfg: EvalConfig):
     """result with CE loss recovered / KL score, when a causal LM is at hand: the last hookpoint is replaced by
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
     from conceptdict.activations import load_model, spliced_losses
-    from conceptdict.activations.tokens import rebuild_contexts
+    from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
     from conceptdict.saes import with_splice_scores
 
-    name = _model_name(cfg, store)
+    name = cfg.model or causal_lm_source(store)
     if name is None or cfg.contexts == 0 or store.level != "token":
         return result
     lm = load_model(name, device=cfg.device)
