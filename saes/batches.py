@@ -9,6 +9,7 @@ needs whole (the held-out ones, the rows that initialise b_dec and the scale) ar
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import torch
@@ -112,3 +113,30 @@ def open_training_data(batches: Batches, eval_batches: int, init_rows: int, posi
                          f"{len(calibration)} to calibrate the threshold); lower eval_batches / "
                          f"calibration_batches or add data")
     return TrainingData(held_out, calibration, head, whole, stream)
+
+
+# -- statistics of the head rows that initialise a fresh run ------------------------------------------
+
+def geometric_median(x: Tensor, iters: int = 50, tol: float = 1e-6) -> Tensor:
+    """Weiszfeld's algorithm: the point minimising the sum of Euclidean distances to the rows of x [N, F] -> [F]."""
+    x = x.double()
+    y = x.mean(dim=0)
+    for _ in range(iters):
+        w = 1.0 / (x - y).norm(dim=1).clamp_min(1e-8)
+        y_new = (w[:, None] * x).sum(dim=0) / w.sum()
+        moved = (y_new - y).norm() / max(float(y.norm()), 1e-12)
+        y = y_new
+        if moved < tol:
+            break
+    return y.float()
+
+
+def source_mean_norms(x_flat: Tensor, n_sources: int, d_in: int) -> Tensor:
+    """Mean Euclidean norm of each source over the rows of x_flat [B, S*D] -> [S]."""
+    return x_flat.view(x_flat.shape[0], n_sources, d_in).norm(dim=2).mean(dim=0)
+
+
+def normalisation_scale(x_flat: Tensor, n_sources: int, d_in: int) -> Tensor:
+    """Factor per source [S] that brings each source's mean norm to sqrt(D) (Kissane et al.)."""
+    norms = source_mean_norms(x_flat, n_sources, d_in).clamp_min(1e-12)
+    return math.sqrt(d_in) / norms

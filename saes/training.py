@@ -35,7 +35,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import kernels
-from .batches import Batches, TrainingData, checked, open_at, open_training_data, seekable, shape_of
+from .batches import (Batches, TrainingData, checked, geometric_median, normalisation_scale, open_at,
+                      open_training_data, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
@@ -43,7 +44,7 @@ from .config import (Resolved, TrainConfig, calibration_batch_count, default_dea
                      heldout_batch_count, resolve, resolve_device)
 from .evaluation import evaluate
 from .metrics import JsonlSink, MetricsSink, NullSink
-from .model import SparseCoder, geometric_median, kind_spec, normalisation_scale
+from .model import SparseCoder, kind_spec
 
 log = logging.getLogger(__name__)
 

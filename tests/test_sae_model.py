@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conceptdict.saes import KINDS, SparseCoder
-from conceptdict.saes.model import geometric_median, normalisation_scale
+from conceptdict.saes.batches import geometric_median, normalisation_scale
 
 pytestmark = pytest.mark.unit
 
