@@ -15,6 +15,7 @@ from conceptdict.saes.jumprelu import JumpReLU, Step
 from conceptdict.saes.kernels import kinds as kind_ops
 from conceptdict.saes.matryoshka import default_groups, prefix_bounds
 from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
+from crashing import Crash, crashing
 
 pytestmark = pytest.mark.unit
 
@@ -158,25 +159,14 @@ def test_fast_kernels_train_like_the_reference(kind):
         torch.testing.assert_close(fast.state_dict()[name], t, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
-class _Crash(RuntimeError):
-    pass
-
-
-def _crashing(spec, at):
-    def gen(start):
-        for i, x in enumerate(synthetic_batches(spec, start), start):
-            if i == at:
-                raise _Crash(f"simulated crash at batch {i}")
-            yield x
-    return gen
 
 
 @pytest.mark.parametrize("kind", NEW_KINDS)
 def test_resume_gives_bit_identical_weights(tmp_path, kind):
     cfg = _cfg(kind)
     full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
-    with pytest.raises(_Crash):
-        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")
+    with pytest.raises(Crash):
+        train(cfg, crashing(functools.partial(synthetic_batches, SPEC), at=10), out=tmp_path / "cut")
     ck = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 6
     if kind in ("jumprelu", "jumprelu-relative", "spade"):  # the kind's own parameters are in the checkpoint
@@ -299,8 +289,8 @@ def test_a_checkpoint_written_before_the_new_settings_still_resumes(tmp_path):
     cfg = TrainConfig(latents=32, k=3, eval_batches=2, checkpoint_every=3, device="cpu", init_rows=64,
                       kernel_impl="reference", log_every=100)
     full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
-    with pytest.raises(_Crash):
-        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")
+    with pytest.raises(Crash):
+        train(cfg, crashing(functools.partial(synthetic_batches, SPEC), at=10), out=tmp_path / "cut")
     path = tmp_path / "cut" / "checkpoint.pt"
     ck = torch.load(path, weights_only=True)
     for name in ("l0_coeff", "jumprelu_penalty", "jumprelu_bandwidth", "sparsity_warmup_steps", "matryoshka_groups",

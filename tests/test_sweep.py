@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 from conceptdict.saes.training import train_sweep
+from crashing import Crash, crashing
 
 SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=16, seed=3)
 DATA = functools.partial(synthetic_batches, SPEC)
@@ -56,17 +57,6 @@ def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
     assert steps == [14, 12, 14, 14, 14, 12, 14]  # batchtopk and matryoshka hold out 2 calibration batches too
 
 
-class _Crash(RuntimeError):
-    pass
-
-
-def _crashing(at):
-    def gen(start):
-        for i, x in enumerate(synthetic_batches(SPEC, start), start):
-            if i == at:
-                raise _Crash(f"simulated crash at batch {i}")
-            yield x
-    return gen
 
 
 @pytest.mark.unit
@@ -74,8 +64,8 @@ def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     outs = [tmp_path / "full" / str(i) for i in range(len(CFGS))]
     cut = [tmp_path / "cut" / str(i) for i in range(len(CFGS))]
     train_sweep(CFGS, DATA, outs=outs)
-    with pytest.raises(_Crash):
-        train_sweep(CFGS, _crashing(11), outs=cut)
+    with pytest.raises(Crash):
+        train_sweep(CFGS, crashing(DATA, 11), outs=cut)
     positions = [torch.load(p / "checkpoint.pt", weights_only=True)["position"] for p in cut]
     assert positions == [11, 10, 11, 11, 11, 10, 11]  # the last checkpoint (every 3 steps) of each: steps 9 or 6
     train_sweep(CFGS, DATA, outs=cut, resume=True)

@@ -14,6 +14,7 @@ from conceptdict.saes.kernels import SparseCode
 from conceptdict.saes.training import (TrainState, aux_loss, calibrate_threshold, default_dead_tokens, lr_at,
                                        update_threshold)
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch, synthetic_batches
+from crashing import Crash, crashing
 
 pytestmark = pytest.mark.unit
 
@@ -164,25 +165,15 @@ def test_auxk_revives_dead_latents():
 
 # -- checkpoints and resume -----------------------------------------------------------------------
 
-class _Crash(RuntimeError):
-    pass
-
-
-def _crashing(spec, at):
-    def gen(start):
-        for i, x in enumerate(synthetic_batches(spec, start), start):
-            if i == at:
-                raise _Crash(f"simulated crash at batch {i}")
-            yield x
-    return gen
 
 
 @pytest.mark.parametrize("kind", ["topk", "batchtopk"])
 def test_resume_gives_bit_identical_weights(tmp_path, kind):
     cfg = _cfg(kind=kind, threshold_start_step=2)
     full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
-    with pytest.raises(_Crash):
-        train(cfg, _crashing(SPEC, at=10), out=tmp_path / "cut")  # checkpoints at steps 3 and 6 (batches 5, 8)
+    with pytest.raises(Crash):
+        # checkpoints at steps 3 and 6 (batches 5, 8)
+        train(cfg, crashing(functools.partial(synthetic_batches, SPEC), at=10), out=tmp_path / "cut")
     ck = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     held = 2 + (2 if kind == "batchtopk" else 0)  # eval_batches, + calibration_batches for a thresholded kind
     assert ck["step"] == 6 and ck["position"] == held + 6
@@ -198,13 +189,14 @@ def test_resume_gives_bit_identical_weights(tmp_path, kind):
 def test_resume_from_a_plain_iterable(tmp_path):
     batches = list(synthetic_batches(SPEC))
     full = train(_cfg(), batches, out=tmp_path / "a")  # 12 training batches (a list has a length)
-    with pytest.raises(_Crash):
-        train(_cfg(), _crashing(SPEC, at=9)(0), out=tmp_path / "b")  # a generator: length unknown
+    with pytest.raises(Crash):
+        # a generator: length unknown
+        train(_cfg(), crashing(functools.partial(synthetic_batches, SPEC), at=9)(0), out=tmp_path / "b")
     with pytest.raises(ValueError, match="pass the same tokens="):
         train(_cfg(), batches, out=tmp_path / "b", resume=True)
     full = train(_cfg(tokens=12 * 64), batches, out=tmp_path / "a")
-    with pytest.raises(_Crash):
-        train(_cfg(tokens=12 * 64), _crashing(SPEC, at=9)(0), out=tmp_path / "b")
+    with pytest.raises(Crash):
+        train(_cfg(tokens=12 * 64), crashing(functools.partial(synthetic_batches, SPEC), at=9)(0), out=tmp_path / "b")
     resumed = train(_cfg(tokens=12 * 64), batches, out=tmp_path / "b", resume=True)
     assert torch.equal(resumed.W_dec, full.W_dec) and torch.equal(resumed.b_enc, full.b_enc)
 

@@ -14,6 +14,7 @@ from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.formats import open_dictionary
 from conceptdict.saes.formats.export import export_dictionary
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch
+from crashing import Crash, crashing
 
 KINDS_HERE = ("transcoder", "skip-transcoder")
 SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=14, seed=3)
@@ -109,26 +110,13 @@ def test_a_transcoder_needs_input_and_output_pairs():
         train(_cfg(), [b[:, 0] for b in pair_batches()])
 
 
-class _Crash(RuntimeError):
-    pass
-
-
-def _crashing(at: int):
-    def gen(start):
-        for i, x in enumerate(pair_batches(start), start):
-            if i == at:
-                raise _Crash(f"simulated crash at batch {i}")
-            yield x
-    return gen
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize("kind", KINDS_HERE)
 def test_resume_gives_bit_identical_weights(tmp_path, kind):
     cfg = _cfg(kind=kind)
     full = train(cfg, pair_batches, out=tmp_path / "full")
-    with pytest.raises(_Crash):
-        train(cfg, _crashing(10), out=tmp_path / "cut")
+    with pytest.raises(Crash):
+        train(cfg, crashing(pair_batches, 10), out=tmp_path / "cut")
     resumed = train(cfg, pair_batches, out=tmp_path / "cut", resume=True)
     assert set(full.state_dict()) >= ({"W_skip"} if kind == "skip-transcoder" else set())
     for name, t in full.state_dict().items():
