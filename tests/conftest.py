@@ -24,6 +24,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+# ---------------------------------------------------------------- a planted store through `store import`
+
+
+@pytest.fixture(scope="session")
+def planted_store(tmp_path_factory):
+    """A store imported through the command line from planted-atom rows (64 atoms in D=16, 3072 rows): what the
+    sweep and compare CLI tests train on. Read-only for its users."""
+    import torch
+    from safetensors.torch import save_file
+
+    from conceptdict.cli.main import main
+    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+
+    root = tmp_path_factory.mktemp("planted_store")
+    spec = SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12, seed=5)
+    save_file({"acts": torch.cat(list(synthetic_batches(spec))).contiguous()}, str(root / "acts.safetensors"))
+    assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
+    return root / "store"
+
+
 # ---------------------------------------------------------------- tiny models and stores (activations/ owner)
 # Built once per session from tests/fixtures_models.py; everything is random-init and offline.
 

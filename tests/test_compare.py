@@ -8,13 +8,11 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from conceptdict.cli.main import main
 from conceptdict.naming.compare import comparison_table, render_comparison
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.compare import Entry, compare, frontier, max_other_cosine, split_fraction
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
 
 
 def _model(seed: int, latents: int = 24, d: int = 8, k: int = 3) -> SparseCoder:
@@ -77,23 +75,13 @@ def test_the_same_dictionary_twice_matches_fully_and_names_differ_by_what_each_f
 
 # -- the command line ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare_store")
-    x = torch.cat(list(synthetic_batches(SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12,
-                                                       seed=5))))
-    save_file({"acts": x.contiguous()}, str(root / "acts.safetensors"))
-    assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
-    return root / "store"
-
-
 @pytest.mark.integration
-def test_compare_numbers_equal_eval_numbers(tmp_path, store, capsys):
+def test_compare_numbers_equal_eval_numbers(tmp_path, planted_store, capsys):
     fast = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--latents", "32"]
-    assert main(["train", "--store", str(store), "--out", str(tmp_path / "s"), *fast, "--k", "3",
+    assert main(["train", "--store", str(planted_store), "--out", str(tmp_path / "s"), *fast, "--k", "3",
                  "--sweep", "kind=topk,batchtopk"]) == 0
     dicts = [tmp_path / "s" / "kind-batchtopk", tmp_path / "s" / "kind-topk"]
-    assert main(["compare", *map(str, dicts), "--store", str(store), "--out", str(tmp_path / "cmp")]) == 0
+    assert main(["compare", *map(str, dicts), "--store", str(planted_store), "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
     assert "2 dictionaries on 512 rows" in out and "held out" in out
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())

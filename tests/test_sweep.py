@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
@@ -83,44 +83,33 @@ def test_a_sweep_needs_data_it_can_reread():
 
 # -- the command line ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from conceptdict.cli.main import main
-
-    root = tmp_path_factory.mktemp("sweep_store")
-    x = torch.cat(list(synthetic_batches(SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12,
-                                                       seed=5))))
-    save_file({"acts": x.contiguous()}, str(root / "acts.safetensors"))
-    assert main(["store", "import", str(root / "acts.safetensors"), "--out", str(root / "store")]) == 0
-    return root / "store"
-
-
 FAST = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--log-every", "5",
         "--latents", "32"]
 
 
 @pytest.mark.integration
-def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, store, capsys):
+def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, planted_store, capsys):
     from conceptdict.cli.main import main
 
-    assert main(["train", "--store", str(store), "--out", str(tmp_path / "sweep"), *FAST, "--k", "3",
+    assert main(["train", "--store", str(planted_store), "--out", str(tmp_path / "sweep"), *FAST, "--k", "3",
                  "--sweep", "k=3,4", "--sweep", "kind=topk,batchtopk"]) == 0
     names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert names == ["k-3_kind-batchtopk", "k-3_kind-topk", "k-4_kind-batchtopk", "k-4_kind-topk"]
     assert capsys.readouterr().out.count("\ndictionary: ") == 4
     for k, kind in ((4, "batchtopk"), (3, "topk")):
         alone = tmp_path / f"alone-{k}-{kind}"
-        assert main(["train", "--store", str(store), "--out", str(alone), *FAST, "--k", str(k), "--kind", kind]) == 0
+        assert main(["train", "--store", str(planted_store), "--out", str(alone), *FAST, "--k", str(k),
+                     "--kind", kind]) == 0
         _same_run(alone, tmp_path / "sweep" / f"k-{k}_kind-{kind}")
         assert main(["eval", str(tmp_path / "sweep" / f"k-{k}_kind-{kind}")]) == 0  # held-out batches found
 
 
 @pytest.mark.unit
-def test_cli_sweep_refusals(tmp_path, store):
+def test_cli_sweep_refusals(tmp_path, planted_store):
     from conceptdict.cli.args import ConfigError
     from conceptdict.cli.main import main
 
-    base = ["train", "--store", str(store), "--out", str(tmp_path / "s"), *FAST, "--k", "3", "--debug"]
+    base = ["train", "--store", str(planted_store), "--out", str(tmp_path / "s"), *FAST, "--k", "3", "--debug"]
     with pytest.raises(ConfigError, match="--sweep seed: .* change the batches"):
         main([*base, "--sweep", "seed=0,1"])
     with pytest.raises(ConfigError, match="unknown key 'latent' in --sweep: did you mean 'latents'"):
