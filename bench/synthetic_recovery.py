@@ -79,13 +79,14 @@ def parse_args(argv):
                             "matryoshka-absolute", "spade"])
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
-    p.add_argument("--batches", type=int, default=300, help="batches of --batch-size rows, held-out ones included")
+    p.add_argument("--batches", type=int, default=None,
+                   help="batches of --batch-size rows, held-out ones included (default 1000; --small: 200)")
     p.add_argument("--eval-batches", type=int, default=16,
                    help="held-out batches every run is evaluated on (16k rows: a latent rarer than that is dead)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--kernel-impl", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--small", action="store_true", help="the test-sized plain problem (256 atoms in D=128, k=6)")
+    p.add_argument("--small", action="store_true", help="the test-sized problem (256 atoms in D=128, 3 active, k=6)")
     for f in FIELDS:
         p.add_argument("--" + f.replace("_", "-"), type=float if f not in ("n_atoms", "d") else int, default=None,
                        help=f"override SyntheticSpec.{f} in every setting")
@@ -97,7 +98,7 @@ def spec_for(a, setting: str, seed: int) -> SyntheticSpec:
     fields = dict(BASE, **SETTINGS[setting])
     if a.small:
         fields.update(n_atoms=256, d=128, active=3.0)
-        a.k, a.batches = 6, 80
+        a.k = 6
     fields.update({f: getattr(a, f) for f in FIELDS if getattr(a, f) is not None})
     return SyntheticSpec(**fields, batch_size=a.batch_size, n_batches=a.batches, seed=seed)
 
@@ -120,6 +121,8 @@ def summary(results: list[dict], settings: list[str], kinds: list[str]) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.batches is None:
+        a.batches = 200 if a.small else 1000
     logging.basicConfig(level=logging.WARNING)
     if a.threads:
         torch.set_num_threads(a.threads)
