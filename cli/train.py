@@ -163,6 +163,7 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     returns the trained dictionaries."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
+    from conceptdict.saes.config import resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
 
@@ -177,12 +178,14 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     cfgs = [c if c.batch_size == smallest else _sized(dataclasses.replace(c, batch_size=smallest), rows) for c in cfgs]
     epochs, held = _stream_plan(cfgs, rows)
     first, w = cfgs[0], ranks.current()
+    device = resolve_device(first.device)
 
     def batches(start: int):
-        # this rank's rows of every global batch (one process: every row)
+        # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
+        # moved to the training device in the store's dtype and converted there
         return stream_batches(stores, hookpoints, first.batch_size, seed=first.seed, epochs=epochs,
                               buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
-                              holdout_batches=held)
+                              holdout_batches=held, device=device)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
