@@ -190,9 +190,9 @@ class _Forward:
         parts = [self.of(s.batch)[s.lo:s.hi] for s in segs]
         if parts:
             return torch.cat(parts)
-        d = self.model.d_model(self.hookpoints[0])
-        return torch.empty(0, len(self.hookpoints), d, device=self.model.device, dtype=models.DTYPES[
-            getattr(self.model, "dtype", "float32")])
+        d = self.model.d_model(self.hookpoints[0])  # capture pools sentence rows in float32
+        dtype = torch.float32 if self.level == "sequence" else models.DTYPES[self.model.dtype]
+        return torch.empty(0, len(self.hookpoints), d, device=self.model.device, dtype=dtype)
 
 
 def _in_dataset_order(gathered: torch.Tensor, segs: list[_Segment], world: int) -> torch.Tensor:

@@ -20,6 +20,14 @@ sequential read of the same bytes, measured in the same run, and the step it has
 4. Scaling table: the time of one ``saes.train`` step at D = ``--scale-d``, k = ``--scale-k``, batch
    ``--scale-batch`` for L = 4k ... 64k, with the float32 bytes per second that step consumes (what the
    stream must deliver to keep it busy) and its cost relative to L = 4096.
+
+Measured 2026-12-01 on the 2-core shared CPU dev machine (torch 2.13 CPU, 2 threads, other jobs running), defaults:
+stream / plain 1.02 (float32, 0.68 GB/s both) and 0.93 (bfloat16, 0.54 vs 0.58 GB/s); bfloat16 delivered as
+float32 (CPU conversion while gathering) 0.30; fed step (L=1024, k=32, B=4096) live / memory 0.68 (float32) and
+0.75 (bfloat16): a CPU step of ~1.5 s hides the ~0.06 s a fill's batch costs to read, and the ratio below 1 is
+this machine's drift (a re-run gave live 1.33-1.54 s, memory 1.55-2.43 s). Scaling (D=2304, k=32, B=256) step
+0.57 / 0.98 / 1.65 / 2.53 / 4.69 s for L = 4k / 8k / 16k / 32k / 64k (x1.0 / 1.7 / 2.9 / 4.4 / 8.2). The GPU
+targets of issue 18 (an H100-class step of ~10 ms for 4096 rows) were not measured here: no device was lent.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def _stream_plan(cfgs: list, rows: int) -> tuple[int | None, int]:
 def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``
     (one dictionary, or one per sweep point, each in OUT/NAME; over the process group's seam under torchrun);
-    returns the trained dictionaries."""
+    returns (their output directories, the trained dictionaries)."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
     from conceptdict.saes.config import resolve_device
@@ -286,11 +286,12 @@ def threshold_line(summary: dict, k: int) -> str | None:
 def run(args: argparse.Namespace) -> int:
     cmd = build_config(TrainCommand, args)
     cfg = _train_config(args)
+    from conceptdict.activations.live import LiveConfig
     from conceptdict.cli import ranks
 
-    from conceptdict.activations.live import LiveConfig
-
     live = build_config(LiveConfig, args)
+    if live.dataset and not live.model:
+        raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
     world = ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     points = sweep_points(cmd, cfg)
     outs, models = train_from_model(cmd, live, points) if live.model else train_on_stores(cmd, points)

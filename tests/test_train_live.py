@@ -147,3 +147,14 @@ def test_two_ranks_train_the_one_process_dictionary(docs, tmp_path):
     one, two = load_file(tmp_path / "one" / "weights.safetensors"), load_file(tmp_path / "two" / "weights.safetensors")
     diff, key = max((float((one[k] - two[k]).abs().max()), k) for k in one)
     assert diff < 1e-4, f"train --model on 2 ranks differs from 1 process by {diff:.2e} (in {key})"
+
+
+@pytest.mark.unit
+def test_train_from_a_model_refuses_incomplete_flags(tmp_path, capsys):
+    base = ["train", "--latents", "8", "--k", "2", "--out", str(tmp_path / "o")]
+    cases = [(["--model", "m", "--dataset", "d", "--hookpoint", "h"], "needs --tokens"),
+             (["--model", "m", "--dataset", "d", "--hookpoint", "h", "--tokens", "64", "--store", "s"], "not both"),
+             (["--dataset", "d", "--store", "s"], "add --model")]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 1
+        assert message in capsys.readouterr().err
