@@ -120,7 +120,7 @@ def load_image_model(name_or_dir: str, device: str = "cpu", dtype: str = "float3
     local = Path(name_or_dir).expanduser()
     source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
     try:
-        model = AutoModel.from_pretrained(source, torch_dtype=DTYPES[dtype]).to(device).eval()
+        model = AutoModel.from_pretrained(source, dtype=DTYPES[dtype]).to(device).eval()
         processor = AutoImageProcessor.from_pretrained(source)
     except OSError as e:
         raise ValueError(f"cannot load image model {name_or_dir!r}: {str(e).splitlines()[0]}. Pass a directory "
