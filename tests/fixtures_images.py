@@ -85,3 +85,42 @@ def make_shapes(root: Path, per_class: int = 6, seed: int = 0) -> Path:
             shape = SHAPES[i % len(SHAPES)]
             draw(shape, rgb, jitter=rng.randint(-4, 4)).save(root / colour / f"{shape}-{i}.png")
     return root
+
+
+def build_tiny_image_model(directory: Path, kind: str, seed: int = 0) -> Path:
+    """A random-init ``vit``, ``dinov2``, ``dinov2_with_registers`` (2 registers) or ``siglip`` model (1 block,
+    width 32, 32x32 images in 8x8 patches) saved with its image processor; SigLIP borrows the tiny CLIP's
+    byte-level tokenizer (its own is a SentencePiece model that cannot be built offline)."""
+    import torch
+    import transformers as tf
+    from transformers.models.bit.image_processing_pil_bit import BitImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    directory = Path(directory)
+    tower = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8)
+    square = {"height": 32, "width": 32}
+    torch.manual_seed(seed)
+    if kind == "vit":
+        model = tf.ViTModel(tf.ViTConfig(intermediate_size=64, **tower))
+        processor = ViTImageProcessorPil(size=square)
+    elif kind in ("dinov2", "dinov2_with_registers"):
+        config = (tf.Dinov2Config(mlp_ratio=2, **tower) if kind == "dinov2" else
+                  tf.Dinov2WithRegistersConfig(mlp_ratio=2, num_register_tokens=2, **tower))
+        model = tf.AutoModel.from_config(config)
+        processor = BitImageProcessorPil(size={"shortest_edge": 32}, crop_size=square)
+    elif kind == "siglip":
+        build_tiny_clip(directory / "clip-tokenizer", seed)
+        tokenizer = tf.AutoTokenizer.from_pretrained(directory / "clip-tokenizer")
+        config = tf.SiglipConfig(
+            text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=16, pad_token_id=tokenizer.pad_token_id),
+            vision_config=dict(intermediate_size=64, **tower))
+        model = tf.SiglipModel(config)
+        processor = SiglipImageProcessorPil(size=square)
+        tokenizer.save_pretrained(directory)
+    else:
+        raise ValueError(kind)
+    model.eval().save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory

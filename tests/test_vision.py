@@ -116,3 +116,95 @@ def test_patch_store_keeps_positions_and_a_table_of_image_bytes(tmp_path, tiny_c
     assert store.row_context(5).text == "record 0 \u00b7 patch 4 (row 1, column 0)"
     assert "CLS" in store.row_context(17).text
     assert json.loads((tmp_path / "store" / "manifest.json").read_text())["model"]["modality"] == "image"
+
+
+@pytest.mark.parametrize("kind, rows_per_image", [("vit", 17), ("dinov2", 17), ("dinov2_with_registers", 17),
+                                                  ("siglip", 16)])
+def test_other_image_models_load_through_the_same_path(tmp_path, kind, rows_per_image):
+    from fixtures_images import build_tiny_image_model
+
+    handle = load_model(str(build_tiny_image_model(tmp_path / kind, kind)))
+    assert handle.load_info["model_type"] == kind and handle.has_text == (kind == "siglip")
+    pixels = vision.preprocess(handle, _images())
+    got = vision.capture_images(handle, pixels, ["image.embed", "vision.blocks.0.hook_out"])
+    with torch.no_grad():
+        if kind == "siglip":
+            want = handle.model.get_image_features(pixel_values=pixels)
+            want = want if torch.is_tensor(want) else want.pooler_output
+        else:
+            want = handle.model(pixel_values=pixels).pooler_output
+    torch.testing.assert_close(got["image.embed"], want)
+    rows, pos = vision.patch_rows(handle, got["vision.blocks.0.hook_out"])
+    assert rows.shape[0] == 3 * rows_per_image and pos[:rows_per_image].tolist()[-16:] == list(range(16))
+    assert (pos[0] == -1) == (kind != "siglip")
+    if kind == "siglip":
+        assert embed_texts(handle, ["red", "a blue square"], "text.embed").shape == (2, 32)
+    else:
+        assert "text.embed" not in handle.hookpoints
+
+
+def test_hub_shaped_records_decoded_images_and_byte_records(tmp_path, tiny_clip_dir):
+    """A streamed hub image dataset yields decoded images or {"bytes", "path"} records: the same reader."""
+    import io
+
+    pngs = []
+    for im in _images():
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    records = [{"image": _images()[0], "label": 0}, {"image": {"bytes": pngs[1], "path": "b.png"}, "label": 1},
+               {"image": {"bytes": b"\x89PNG broken", "path": "c.png"}, "label": 2}]
+    cfg = CacheConfig(model=str(tiny_clip_dir), hookpoints=["image.embed_normalized"], dataset="",
+                      out=tmp_path / "store", progress=False)
+    store = ActivationStore(cache_activations(cfg, records=records))
+    assert store.num_rows == 2 and store.texts() == ["record 0", "b.png"] and store.labels("label") == [0, 1]
+    assert store.manifest["images"]["skipped"][0][0] == "c.png"
+    torch.testing.assert_close(store.rows("image.embed_normalized", 0, 2).float().norm(dim=-1), torch.ones(2))
+
+
+def test_a_killed_image_cache_resumes_to_the_same_store(tmp_path, tiny_clip_dir, monkeypatch):
+    from conceptdict.activations import images as images_mod
+
+    root = make_shapes(tmp_path / "shapes", per_class=4)
+    kwargs = dict(model=str(tiny_clip_dir), hookpoints=["vision.blocks.0.hook_out"], dataset=str(root),
+                  batch_size=2, shard_rows=17 * 2, progress=False)
+    whole = ActivationStore(cache_activations(CacheConfig(out=tmp_path / "whole", **kwargs)))
+    real, calls = images_mod.decode, {"n": 0}
+
+    def crash(record):
+        calls["n"] += 1
+        if calls["n"] > 7:
+            raise KeyboardInterrupt
+        return real(record)
+
+    monkeypatch.setattr(images_mod, "decode", crash)
+    with pytest.raises(KeyboardInterrupt):
+        cache_activations(CacheConfig(out=tmp_path / "resumed", **kwargs))
+    monkeypatch.setattr(images_mod, "decode", real)
+    resumed = ActivationStore(cache_activations(CacheConfig(out=tmp_path / "resumed", **kwargs)))
+    assert resumed.num_rows == whole.num_rows == 12 * 17
+    for a, b in zip(whole.manifest["shards"], resumed.manifest["shards"]):
+        assert a["sha256"] == b["sha256"]
+
+
+def test_a_model_without_text_tower_is_named_with_the_packaged_encoder_and_a_warning(tmp_path, caplog):
+    import transformers as tf
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    from conceptdict.naming.images import image_vocab_namer
+    from conceptdict.naming.namers import NamingInputs
+
+    torch.manual_seed(0)  # width 384: the packaged all-MiniLM-L6-v2's, so the two spaces can be compared at all
+    tf.ViTModel(tf.ViTConfig(hidden_size=384, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                             image_size=32, patch_size=8)).save_pretrained(tmp_path / "vit")
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "vit")
+    handle = load_model(str(tmp_path / "vit"))
+    words = ["red", "circle", "river", "music"]
+    (tmp_path / "words.txt").write_text("\n".join(words))
+    with caplog.at_level(logging.WARNING):
+        namer = image_vocab_namer(str(tmp_path / "words.txt"), "vit", "image.embed", lambda: handle, 1,
+                                  tmp_path / "cache")
+    assert "no text tower" in caplog.text and "not the image model's" in caplog.text
+    text = embed_texts(load_model("default"), words, "sentence.mean_normalized")
+    directions = text[[2, 0]] + 0.01 * torch.randn(2, 384)
+    assert [r.name for r in namer(NamingInputs(directions))] == ["river", "red"]
