@@ -81,9 +81,19 @@ def image_vocab_namer(vocab: str, model_name: str, hookpoint: str, get_model, ru
     return ProjectedVocabNamer(VocabNamer(tuple(ve.words), ve.embeddings, runner_ups), lambda d: d)
 
 
-def _context_rows(store) -> tuple[Tensor, Tensor]:
-    """(context index [N], position [N]) of every row."""
-    return store.context_index(0, store.num_rows).to(torch.int64), store.position(0, store.num_rows)
+SHOWN_TOP = 5  # distinct top images a report card shows
+
+
+def shown_examples(top: Sequence[Example], quantile: Sequence[Example]) -> tuple[list[Example], list[Example]]:
+    """The examples a report card shows: the first :data:`SHOWN_TOP` top examples from different images
+    (patch rows of one image would repeat it), and every other quantile example."""
+    seen, first = set(), []
+    for e in top:
+        ctx = (e.image or {}).get("context", e.row)
+        if ctx not in seen and len(first) < SHOWN_TOP:
+            seen.add(ctx)
+            first.append(e)
+    return first, list(quantile[::2])
 
 
 def _heat(codes: Tensor, positions: Tensor) -> tuple[list[int], float]:
@@ -93,40 +103,55 @@ def _heat(codes: Tensor, positions: Tensor) -> tuple[list[int], float]:
     return [int(v) for v in scaled.tolist()], top
 
 
-def add_image_evidence(model, store, hookpoint: str, examples: Sequence[Sequence[tuple[Example, ...]]],
+class _ImageRows:
+    """Rows of each image of a store: one stable sort of the context index, then a binary search per image."""
+
+    def __init__(self, store) -> None:
+        self.ctx = store.context_index(0, store.num_rows).to(torch.int64)
+        self.pos = store.position(0, store.num_rows)
+        self.order = torch.argsort(self.ctx, stable=True)
+        self.sorted = self.ctx[self.order]
+
+    def rows(self, ctx: int) -> Tensor:
+        key = torch.tensor([ctx])
+        lo, hi = int(torch.searchsorted(self.sorted, key)), int(torch.searchsorted(self.sorted, key, right=True))
+        return self.order[lo:hi]
+
+
+def _image_codes(model, store, hookpoint: str, rows: Tensor, device: str) -> Tensor:
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    x = (store.rows(hookpoint, lo, hi) if hi - lo == len(rows) else
+         torch.cat([store.rows(hookpoint, int(r), int(r) + 1) for r in rows.tolist()]))
+    with torch.no_grad():
+        return model.encode(x.float().to(device)).float().cpu()
+
+
+def add_image_evidence(model, store, hookpoint: str, examples: Sequence[tuple[tuple[Example, ...], ...]],
                        device: str = "cpu") -> tuple[list[list[tuple[Example, ...]]], dict[str, Any]]:
-    """Examples of every latent (each a list of example groups: top, quantile ...) with their ``image``
-    entries, and ``{"thumbnails": {context: data URI}, "patch_grid": [rows, cols] or None}``."""
-    patches = store.level == "token"
-    grid = store.manifest["images"].get("patch_grid") if patches else None
-    ctx_of_row, pos_of_row = _context_rows(store)
-    wanted: dict[int, list[tuple[int, int, int]]] = {}  # context -> (latent, group, example)
-    for j, groups in enumerate(examples):
-        for g, group in enumerate(groups):
+    """Per latent, its (top, quantile) examples with their ``image`` entries, and ``{"thumbnails": {context:
+    data URI}, "patch_grid": [rows, cols] or None}``. Heat maps (patch-level stores) and thumbnails are kept
+    for the examples a report shows (:func:`shown_examples`) only, so the concept dictionary stays small."""
+    grid = store.manifest["images"].get("patch_grid") if store.level == "token" else None
+    index = _ImageRows(store)
+    tagged = [tuple(tuple(dataclasses.replace(ex, image={"context": int(index.ctx[ex.row]), "grid": grid,
+                                                         "heat": None, "heat_max": 0.0}) for ex in group)
+                    for group in groups) for groups in examples]
+    shown: dict[int, list[tuple[int, int, int]]] = {}  # image -> (latent, group, example) shown in the report
+    for j, (top, quant) in enumerate(tagged):
+        keep = {id(e) for group in shown_examples(top, quant) for e in group}
+        for g, group in enumerate((top, quant)):
             for e, ex in enumerate(group):
-                wanted.setdefault(int(ctx_of_row[ex.row]), []).append((j, g, e))
-    heats: dict[tuple[int, int, int], tuple[list[int], float]] = {}
-    if patches:
-        for ctx, uses in wanted.items():
-            rows = torch.nonzero(ctx_of_row == ctx).flatten()
-            lo, hi = int(rows[0]), int(rows[-1]) + 1
-            x = (store.rows(hookpoint, lo, hi) if hi - lo == len(rows) else
-                 torch.cat([store.rows(hookpoint, int(r), int(r) + 1) for r in rows])).float().to(device)
-            with torch.no_grad():
-                codes = model.encode(x).float().cpu()
-            for j, g, e in uses:
-                heats[(j, g, e)] = _heat(codes[:, j], pos_of_row[rows])
-    out = []
-    for j, groups in enumerate(examples):
-        new_groups = []
-        for g, group in enumerate(groups):
-            new = []
-            for e, ex in enumerate(group):
-                heat, top = heats.get((j, g, e), (None, 0.0))
-                info = {"context": int(ctx_of_row[ex.row]), "grid": grid, "heat": heat, "heat_max": top}
-                new.append(dataclasses.replace(ex, image=info))
-            new_groups.append(tuple(new))
-        out.append(new_groups)
+                if id(ex) in keep:
+                    shown.setdefault(ex.image["context"], []).append((j, g, e))
+    out = [[list(group) for group in groups] for groups in tagged]
+    for ctx, uses in shown.items():
+        rows = index.rows(ctx)
+        codes = _image_codes(model, store, hookpoint, rows, device) if grid else None
+        for j, g, e in uses:
+            if codes is not None:
+                heat, top = _heat(codes[:, j], index.pos[rows])
+                ex = out[j][g][e]
+                out[j][g][e] = dataclasses.replace(ex, image={**ex.image, "heat": heat, "heat_max": top})
     records = store.image_records
-    thumbs = {str(c): records[c]["thumbnail"] for c in sorted(wanted) if c in records}
-    return out, {"thumbnails": thumbs, "patch_grid": grid}
+    thumbs = {str(c): records[c]["thumbnail"] for c in sorted(shown) if c in records}
+    return [[tuple(group) for group in groups] for groups in out], {"thumbnails": thumbs, "patch_grid": grid}

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from .cbm import CbmResult, class_concepts
 from .concepts import Concept, ConceptDictionary, Example
+from .images import shown_examples
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +96,14 @@ def image_example_html(e: Example, size: int = 96) -> str:
     return f'<div class="imgex">{figure}{e.activation:.3g} · {esc(e.text.rsplit("/", 1)[-1])}</div>'
 
 
-def _distinct_images(examples: Sequence[Example], n: int) -> list[Example]:
-    """The first ``n`` examples from different images (patch rows of one image would repeat it)."""
-    seen, out = set(), []
-    for e in examples:
-        ctx = (e.image or {}).get("context")
-        if ctx not in seen:
-            seen.add(ctx)
-            out.append(e)
-    return out[:n]
+def image_examples_html(c: Concept) -> str:
+    """A card's images: its distinct top images, then images across the activation range."""
+    top, quant = shown_examples(c.top_examples, c.quantile_examples)
+    html_ = f'<div class="imgs">{"".join(image_example_html(e) for e in top)}</div>'
+    if quant:
+        html_ += ('<div class="sub">across the activation range</div><div class="imgs">'
+                  + "".join(image_example_html(e) for e in quant) + "</div>")
+    return html_
 
 
 def example_html(e: Example) -> str:
@@ -134,16 +134,14 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
         )
         tokens += "</div>"
     flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items())
-    if c.top_examples and c.top_examples[0].image is not None:
-        examples = ('<div class="imgs">' + "".join(image_example_html(e) for e in _distinct_images(
-            c.top_examples, n_examples)) + "</div>")
+    if any(e.image is not None for e in c.top_examples + c.quantile_examples):
+        examples = image_examples_html(c)
     else:
         examples = "".join(example_html(e) for e in c.top_examples[:n_examples])
-    if c.quantile_examples:
-        shown = "".join(example_html(e) for e in c.quantile_examples[::2])
-        images = c.quantile_examples[0].image is not None
-        examples += '<div class="sub">across the activation range</div>' + (
-            f'<div class="imgs">{shown}</div>' if images else shown)
+        if c.quantile_examples:
+            examples += '<div class="sub">across the activation range</div>' + "".join(
+                example_html(e) for e in c.quantile_examples[::2]
+            )
     return (
         f'<section class="card{" dead" if dead else ""}" id="c{c.id}">'
         f'<h2><span class="id">#{c.id}</span>{esc(c.name or "(unnamed)")}</h2>'
