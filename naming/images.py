@@ -81,6 +81,16 @@ def image_vocab_namer(vocab: str, model_name: str, hookpoint: str, get_model, ru
     return ProjectedVocabNamer(VocabNamer(tuple(ve.words), ve.embeddings, runner_ups), lambda d: d)
 
 
+def cbm_rows(store):
+    """The rows a concept bottleneck pools per input: for a patch-level image store its patch tokens only
+    (the CLS rows left out, ``activations.views.PatchRows``); any other store as it is."""
+    if is_image_store(store) and store.level == "token":
+        from conceptdict.activations.views import PatchRows
+
+        return PatchRows(store)
+    return store
+
+
 SHOWN_TOP = 5  # distinct top images a report card shows
 
 

@@ -116,6 +116,16 @@ def test_patch_store_keeps_positions_and_a_table_of_image_bytes(tmp_path, tiny_c
     assert store.row_context(5).text == "record 0 \u00b7 patch 4 (row 1, column 0)"
     assert "CLS" in store.row_context(17).text
     assert json.loads((tmp_path / "store" / "manifest.json").read_text())["model"]["modality"] == "image"
+    from conceptdict.activations.views import PatchRows
+
+    patches = PatchRows(store)  # what cbm pools: patch tokens only
+    assert patches.num_rows == 48 and (patches.position(0, 48) >= 0).all()
+    assert patches.context_index(0, 48).tolist() == [i for i in range(3) for _ in range(16)]
+    assert patches.labels("colour")[16] == "blue" and len(patches.labels("n")) == 48
+    chunks = list(patches.iter_rows("vision.blocks.1.hook_out", chunk=20))
+    torch.testing.assert_close(torch.cat([x for _, x in chunks]), patches.rows("vision.blocks.1.hook_out", 0, 48))
+    torch.testing.assert_close(patches.rows("vision.blocks.1.hook_out", 15, 17),
+                               store.rows("vision.blocks.1.hook_out", 16, 19)[[0, 2]])
 
 
 @pytest.mark.parametrize("kind, rows_per_image", [("vit", 17), ("dinov2", 17), ("dinov2_with_registers", 17),
