@@ -37,6 +37,10 @@ def cache_images(cfg, records: Iterable[Any] | None = None, part: tuple[int, int
     """Cache ``cfg.hookpoints`` of the image model ``cfg.model`` over the images of ``cfg.dataset`` (or
     ``records``, in-memory dicts with an image column) into ``cfg.out``; the caller holds the writer lock."""
     rank, world_size = part
+    text_only = [f"--{k.replace('_', '-')}" for k in ("tokens_column", "tokenizer", "packing") if getattr(cfg, k)]
+    if text_only:
+        raise ValueError(f"{cfg.model} is an image model: {', '.join(text_only)} applies to text models only; "
+                         "drop it (images go through the model's own image processor)")
     out = Path(cfg.out)
     digest = cache_mod.config_hash(cfg, cache_mod.records_digest(records))
     manifest = cache_mod.open_out(cfg, digest)

@@ -128,7 +128,12 @@ def load_image_model(name_or_dir: str, device: str = "cpu", dtype: str = "float3
                          "this machine") from None
     model_type = model.config.model_type
     has_text, prefix = VISION_TYPES[model_type]
-    tokenizer = AutoTokenizer.from_pretrained(source) if has_text else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source) if has_text else None
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"image model {name_or_dir!r} ({model_type}) has a text tower but no tokenizer could be "
+                         f"loaded ({str(e).splitlines()[0]}); save its processor (image processor and tokenizer) "
+                         "with save_pretrained into the same directory") from None
     vcfg = getattr(model.config, "vision_config", model.config)
     registers = int(getattr(vcfg, "num_register_tokens", 0) or 0)
     n_blocks = int(vcfg.num_hidden_layers)

@@ -60,6 +60,13 @@ def test_unknown_hookpoint_lists_the_valid_ones(tiny_clip_dir):
         vision.check_image_hookpoints(handle, ["text.embed"])
 
 
+def test_text_only_flags_are_refused_for_an_image_model(tmp_path, tiny_clip_dir):
+    cfg = CacheConfig(model=str(tiny_clip_dir), hookpoints=["vision.blocks.0.hook_out"], dataset=str(tmp_path),
+                      out=tmp_path / "store", tokens_column="ids", progress=False)
+    with pytest.raises(ValueError, match="image model: --tokens-column applies to text models only"):
+        cache_activations(cfg)
+
+
 def test_folder_with_a_truncated_and_a_non_image_file_caches_the_rest(tmp_path, tiny_clip_dir, caplog):
     root = make_shapes(tmp_path / "shapes", per_class=3)
     good = (root / "red" / "circle-0.png").read_bytes()
