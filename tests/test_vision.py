@@ -81,6 +81,9 @@ def test_folder_with_a_truncated_and_a_non_image_file_caches_the_rest(tmp_path, 
     assert store.manifest["images"]["skipped_count"] == 2
     assert sorted(p.rsplit("/", 1)[-1] for p, _ in skipped) == ["broken.png", "notes.txt"]
     assert "broken.png" in caplog.text and "notes.txt" in caplog.text and "skipped 2" in caplog.text
+    from conceptdict.activations import store_summary
+
+    assert "2 unreadable image(s) skipped" in store_summary(store).dataset
     labels = store.labels("label")
     assert sorted(set(labels)) == sorted(COLOURS) and labels.count("red") == 3
     texts = store.texts()
