@@ -119,7 +119,8 @@ class CacheConfig:
 
 
 _NOT_HASHED = ("out", "overwrite", "progress")
-_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None, "image_column": "image"}  # added later: old stores keep their hash
+# added later: old stores keep their hash
+_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None, "image_column": "image"}
 
 
 def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:

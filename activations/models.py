@@ -167,13 +167,13 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
     without any tokenizer still loads: it then takes pre-tokenised ids only (``--tokens-column``)."""
     if name_or_dir == DEFAULT_MODEL:
         name_or_dir = str(DEFAULT_MODEL_DIR())
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_device(device)
     from conceptdict.activations import vision
 
     if vision.is_vision_model(name_or_dir):  # CLIP / SigLIP / ViT / DINOv2: through transformers directly
         return vision.load_image_model(name_or_dir, device=device, dtype=dtype)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    check_device(device)
     from transformer_lens.model_bridge import TransformerBridge
 
     local = Path(name_or_dir).expanduser()

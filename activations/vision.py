@@ -115,8 +115,11 @@ def load_image_model(name_or_dir: str, device: str = "cpu", dtype: str = "float3
     """Load a CLIP / SigLIP / ViT / DINOv2 model, its image processor and (CLIP-like) tokenizer."""
     from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
+    from conceptdict.activations.models import check_device
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_device(device)
     local = Path(name_or_dir).expanduser()
     source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
     try:
