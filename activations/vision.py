@@ -217,7 +217,8 @@ def patch_grid(n_patches: int) -> list[int]:
 
 def embed_texts(handle: ImageModelHandle, texts: list[str], hookpoint: str = "text.embed",
                 batch_size: int = 64) -> torch.Tensor:
-    """[N, D] float32 ``get_text_features`` of each text (``text.embed_normalized``: L2-normalised)."""
+    """[N, D] float32 ``get_text_features`` of each text (``text.embed_normalized``: L2-normalised; any other
+    hookpoint, e.g. the image hookpoint a caller names, gives ``text.embed``: the text side of the joint space)."""
     if not handle.has_text:
         raise ValueError(f"model {handle.name} ({handle.load_info['model_type']}) has no text tower")
     if hookpoint not in TEXT_HOOKPOINTS:
