@@ -50,12 +50,14 @@ def prefix_bounds(latents: int, groups: list[int] | None) -> list[int]:
 
 
 def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) -> TrainOutput:
-    groups = inputs.settings.matryoshka_groups if inputs.settings is not None else None
+    settings = inputs.settings
+    groups = settings.matryoshka_groups if settings is not None else None
+    weight = settings.matryoshka_inner_weight if settings is not None else 1.0
     bounds = prefix_bounds(model.n_latents, groups)
     c = train_code(model, x, inputs, batch=True, relative=relative)
     recons = kernels.prefix_decodes(c.values, c.indices, model.W_dec, model.b_dec, bounds, impl=model.kernel_impl)
     x_hat = recons[-1]
-    extra = sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
+    extra = weight * sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
     return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
 
 
