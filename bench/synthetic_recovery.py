@@ -9,17 +9,18 @@ setting and seed, and is evaluated on held-out rows.
 
 Each dictionary trains with seed ``synthetic.model_seed(spec)``, not the data's seed: with the data's seed its
 initial decoder would already hold the atoms (the recovery by the initial decoder is printed per setting; it
-must be about 0). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean best cosine,
-held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
+must be about 0). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean
+best cosine, held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
 atom and their share of the firings (what the latents beyond the atoms do), wall time; and recovery and FVU
-as ratios to the BASELINE of the same setting and seed, measured in the same invocation: plain TopK.
+as ratios to the BASELINE of the same setting and seed, measured in the same invocation: the first of --kinds.
 The closing table has one line per setting and kind (mean over seeds, worst seed in brackets).
 
     .venv/bin/python bench/synthetic_recovery.py --json out.json              # all settings, 2 seeds
     .venv/bin/python bench/synthetic_recovery.py --settings heavy --seeds 0 1 2 --kinds topk batchtopk
     .venv/bin/python bench/synthetic_recovery.py --kinds topk batchtopk jumprelu matryoshka spade
     .venv/bin/python bench/synthetic_recovery.py --settings plain --coef-sigma 1.5 --batches 600   # overrides
-    .venv/bin/python bench/synthetic_recovery.py --small --batches 200 --kinds matryoshka --set matryoshka_inner_weight=0.25
+    .venv/bin/python bench/synthetic_recovery.py --small --batches 200 --kinds matryoshka \\
+        matryoshka:matryoshka_inner_weight=1.0 batchtopk            # a kind with its own TrainConfig fields
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                     todo.insert(0, (f"batchtopk@{label}", "batchtopk", {}, max(1, round(r["l0"]))))
                 base = base or r
                 ratio = f"x{r['recovery'] / base['recovery']:.2f}" if base["recovery"] else "n/a"
-                print(f"  {label:<11} k {k:<3} recovery {r['recovery']:6.1%}  cos {r['mean_best_cos']:.3f}  fvu {r['fvu']:.4f}  "
+                print(f"  {label:<11} k {k:<3} recovery {r['recovery']:6.1%}  cos {r['mean_best_cos']:.3f}  "
+                      f"fvu {r['fvu']:.4f}  "
                       f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  unmatched alive {r['unmatched_alive']} "
                       f"({r['unmatched_firing_share']:.1%} of firings)  {r['seconds']:6.1f}s  "
                       f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)

@@ -3,11 +3,14 @@
 
 The latents are split into nested groups; prefix i holds the first i groups. One BatchTopK code is selected
 over all latents, and EACH prefix reconstructs x from the code's entries in it:
-``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the sum of the prefixes' FVUs (the full
-reconstruction's FVU is the loop's own term, the others come as the kind's extra loss), plus AuxK on the full
-residual. Early latents must reconstruct on their own, so general concepts are not absorbed into later, more
-specific latents. Inference is the BatchTopK threshold rule of the base kind; the groups leave no trace in
-the saved dictionary (config.json records them under ``training.config``).
+``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the full reconstruction's FVU (the loop's own
+term) plus ``TrainConfig.matryoshka_inner_weight`` times the sum of the inner prefixes' FVUs (the kind's extra
+loss), plus AuxK on the full residual. Departure: the papers weight every prefix 1 (inner_weight 1.0); the
+default 0.1 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
+than the atoms it must reconstruct turns its latents into blends of atoms -- and lose 12 points of recovery
+(up to 21) against BatchTopK (docs/kinds.md). Early latents must reconstruct on their own, so general concepts are not
+absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
+groups leave no trace in the saved dictionary (config.json records them under ``training.config``).
 
 A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_decodes`` compacts the code per group
 and decodes each entry once, so no [B, L] code is ever decoded densely.
