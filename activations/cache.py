@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from conceptdict.activations import data as data_mod
 from conceptdict.activations import models
 from conceptdict.activations import store as st
+from conceptdict.activations import vision
 from conceptdict.activations.importer import remove_store_files
 from conceptdict.activations.lock import writer_lock
 from conceptdict.activations.writer import BackgroundWriter, ShardWriter
@@ -43,11 +44,15 @@ class CacheConfig:
     hookpoints: list[str] = field(metadata={"flag": "hookpoint"})
     """Hookpoint to capture (repeatable), e.g. blocks.3.hook_out, or sentence.mean_normalized for pooled embeddings."""
     dataset: str
-    """Dataset: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name[:config]."""
+    """Dataset: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name[:config]; for an
+    image model (CLIP, SigLIP, ViT, DINOv2) a folder of images (class = sub-folder), a table of image paths or
+    bytes, or a hub image dataset."""
     out: Path
     """Store directory to write (or resume)."""
     text_column: str = "text"
     """Column holding the text."""
+    image_column: str = "image"
+    """Image models: the column holding each image (a path, bytes, or a hub dataset's image)."""
     encoding: str = "utf-8"
     """Text encoding of a local .txt/.jsonl/.json/.csv dataset (e.g. latin-1, cp1252)."""
     tokens_column: str | None = None
@@ -100,7 +105,7 @@ class CacheConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
-        levels = {models.SENTENCE_HOOKPOINTS.__contains__(h) for h in self.hookpoints}
+        levels = {h in models.SENTENCE_HOOKPOINTS or h in vision.POOLED_HOOKPOINTS for h in self.hookpoints}
         if len(levels) > 1:
             raise ValueError(f"hookpoints {self.hookpoints} mix sentence-level and token-level sources; "
                              "cache them into two stores")
@@ -109,11 +114,13 @@ class CacheConfig:
 
     @property
     def level(self) -> str:
-        return "sequence" if self.hookpoints[0] in models.SENTENCE_HOOKPOINTS else "token"
+        pooled = models.SENTENCE_HOOKPOINTS + vision.POOLED_HOOKPOINTS
+        return "sequence" if self.hookpoints[0] in pooled else "token"
 
 
 _NOT_HASHED = ("out", "overwrite", "progress")
-_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None}  # added later: old stores keep their hash
+# added later: old stores keep their hash
+_HASHED_UNLESS_DEFAULT = {"encoding": "utf-8", "tokenizer": None, "image_column": "image"}
 
 
 def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:
@@ -125,8 +132,9 @@ def config_hash(cfg: CacheConfig, records_digest: str | None = None) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _config_json(cfg: CacheConfig) -> dict:
-    return json.loads(json.dumps(vars(cfg), default=str))
+def config_json(cfg: CacheConfig) -> dict:
+    data = {k: v for k, v in vars(cfg).items() if not (k == "image_column" and v == "image")}  # text stores as before
+    return json.loads(json.dumps(data, default=str))
 
 
 class Batch(NamedTuple):
@@ -226,7 +234,7 @@ def batch_rows(batch: Batch, acts: dict[str, torch.Tensor], level: str, special_
     return tensors, labels, texts, excluded
 
 
-def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
+def open_out(cfg: CacheConfig, digest: str) -> dict | None:
     """The manifest to resume from, None for a fresh store; refuses a store made with another config."""
     out = Path(cfg.out)
     manifest = st.read_manifest(out) if out.exists() else None
@@ -244,7 +252,7 @@ def _open_out(cfg: CacheConfig, digest: str) -> dict | None:
         return None
     if manifest.get("config_hash") != digest:
         old = manifest.get("config") or {}
-        new = _config_json(cfg)
+        new = config_json(cfg)
         diff = sorted(k for k in set(old) | set(new) if k not in _NOT_HASHED and old.get(k) != new.get(k))
         state = "a finished" if manifest.get("complete") else "an unfinished"
         what = ", ".join(diff) or "the in-memory records"
@@ -283,6 +291,10 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     if not 0 <= rank < world_size:
         raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
     with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
+        if vision.is_vision_model(cfg.model):
+            from conceptdict.activations.image_cache import cache_images
+
+            return cache_images(cfg, records, part)
         return _cache_locked(cfg, records, part)
 
 
@@ -291,7 +303,7 @@ def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[i
     out = Path(cfg.out)
     rec_digest = records_digest(records)
     digest = config_hash(cfg, rec_digest)
-    manifest = _open_out(cfg, digest)
+    manifest = open_out(cfg, digest)
     if manifest is not None and manifest.get("part", [0, 1]) != [rank, world_size]:
         raise FileExistsError(f"{out} holds part {manifest.get('part', [0, 1])} of a job, not part "
                               f"{[rank, world_size]}; choose another --out")
@@ -329,7 +341,7 @@ def _fresh_manifest(cfg: CacheConfig, model: models.ModelHandle, digest: str) ->
         tokenizer=getattr(tok, "name_or_path", None) if tok is not None else None,
         context_length=cfg.context_length,
         excluded_tokens={"ids": special, "strings": model.decode(special) if special else [], "rows": 0},
-        config=_config_json(cfg), config_hash=digest,
+        config=config_json(cfg), config_hash=digest,
     )
 
 
@@ -402,7 +414,7 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
         writer.close()
         bar.close()
     shards.flush({"next_batch": state["next_batch"], "excluded_rows": state["excluded"]})
-    _finish(shards, manifest, state["contexts"])
+    finish_store(shards, manifest, state["contexts"])
 
 
 def _in_context_order(parts: list[tuple]) -> tuple[dict, dict, list | None]:
@@ -425,7 +437,8 @@ def _count_rows(batch: Batch, level: str, special: torch.Tensor, limit: int | No
     return n if limit is None else min(n, limit)
 
 
-def _finish(shards: ShardWriter, manifest: dict, contexts: int) -> None:
+def finish_store(shards: ShardWriter, manifest: dict, contexts: int) -> None:
+    """Flush nothing more: total the excluded rows, record the context count, mark the store complete."""
     manifest["excluded_tokens"]["rows"] = sum(int(s.get("excluded_rows", 0)) for s in manifest["shards"])
     manifest["dataset"]["contexts"] = contexts
     st.finish(shards.directory, manifest)

@@ -161,7 +161,12 @@ def _merged_manifest(manifests: list[dict], config_hash: str, cfg) -> dict:
     first.pop("part", None)  # the parts' (rank, world_size) mark; the merged store is the whole job's
     first["config_hash"] = config_hash
     if cfg is not None:
-        first["config"] = json.loads(json.dumps(vars(cfg), default=str))
+        from conceptdict.activations.cache import config_json
+
+        first["config"] = config_json(cfg)  # what a one-process store records
+    if "images" in first:  # image stores: every rank's skipped files
+        first["images"]["skipped"] = [s for m in manifests for s in m["images"].get("skipped", [])]
+        first["images"]["skipped_count"] = len(first["images"]["skipped"])
     first["label_keys"] = sorted({k for m in manifests for k in m.get("label_keys", [])})
     first["excluded_tokens"]["rows"] = sum(int(m["excluded_tokens"].get("rows", 0)) for m in manifests)
     if "contexts" in first.get("dataset", {}):

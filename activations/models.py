@@ -170,6 +170,10 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     check_device(device)
+    from conceptdict.activations import vision
+
+    if vision.is_vision_model(name_or_dir):  # CLIP / SigLIP / ViT / DINOv2: through transformers directly
+        return vision.load_image_model(name_or_dir, device=device, dtype=dtype)
     from transformer_lens.model_bridge import TransformerBridge
 
     local = Path(name_or_dir).expanduser()
@@ -296,7 +300,11 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 def embed_texts(model: ModelHandle, texts: list[str], hookpoint: str, batch_size: int = 64,
                 max_length: int | None = None) -> torch.Tensor:
     """[N, D] float32: the hookpoint's activation per text (sentence hookpoints: the pooled embedding;
-    token hookpoints: the mean over the text's non-pad tokens)."""
+    token hookpoints: the mean over the text's non-pad tokens; an image model: its text tower's embedding)."""
+    from conceptdict.activations import vision
+
+    if isinstance(model, vision.ImageModelHandle):
+        return vision.embed_texts(model, texts, hookpoint, batch_size)
     if model.tokenizer is None:
         raise ValueError(f"model {model.name} has no Hugging Face tokenizer, so texts cannot be embedded")
     check_hookpoints(model, [hookpoint])

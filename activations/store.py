@@ -146,13 +146,16 @@ def new_manifest(
 
 
 def encode_shard(tensors: dict[str, torch.Tensor], labels: dict[str, list] | None = None,
-                 texts: list[str] | None = None) -> bytes:
-    """Serialise one shard. ``tensors`` holds the hookpoints [N, D] plus tokens/context_index/position [N]."""
+                 texts: list[str] | None = None, images: list[dict] | None = None) -> bytes:
+    """Serialise one shard. ``tensors`` holds the hookpoints [N, D] plus tokens/context_index/position [N];
+    ``images`` (image stores): one record per input image of the shard (context, source, sha256, thumbnail)."""
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION)}
     if labels:
         meta["labels"] = json.dumps(labels)
     if texts is not None:
         meta["texts"] = json.dumps(texts)
+    if images:
+        meta["images"] = json.dumps(images)
     return canonical_safetensors(st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
 
 
@@ -316,6 +319,29 @@ class ActivationStore:
             out.extend(self._shard_meta(shard, "texts") or [])
         return out
 
+    @property
+    def is_image_store(self) -> bool:
+        """True for a store cached from images (``activations.image_cache``)."""
+        return "images" in self.manifest
+
+    @functools.cached_property
+    def image_records(self) -> dict[int, dict]:
+        """Image stores: context index -> {"source", "sha256", "thumbnail"} of each stored image; else {}."""
+        out: dict[int, dict] = {}
+        for shard in range(len(self.manifest["shards"]) if self.is_image_store else 0):
+            for rec in self._shard_meta(shard, "images") or []:
+                out[int(rec["context"])] = rec
+        return out
+
+    def _image_context(self, row: int) -> RowContext:
+        ctx, pos = int(self.context_index(row, row + 1)[0]), int(self.position(row, row + 1)[0])
+        source = self.image_records.get(ctx, {}).get("source", f"image {ctx}")
+        if self.level == "sequence":
+            return RowContext([], -1, source, ctx, -1)
+        cols = (self.manifest["images"].get("patch_grid") or [1, 1])[1]
+        where = "CLS token" if pos < 0 else f"patch {pos} (row {pos // cols}, column {pos % cols})"
+        return RowContext([], -1, f"{source} \u00b7 {where}", ctx, pos)
+
     @functools.cached_property
     def tokenizer(self):
         """The tokenizer saved with the store (``tokenizer/``), or None."""
@@ -332,7 +358,10 @@ class ActivationStore:
 
     def row_context(self, row: int, before: int = 8, after: int = 4) -> RowContext:
         """The row's token with up to ``before``/``after`` neighbours from the same context, or
-        (sequence level) the whole input with ``marked`` = -1."""
+        (sequence level) the whole input with ``marked`` = -1. Image stores: the image's source, and for a
+        patch row which patch, with ``marked`` = -1."""
+        if self.is_image_store:
+            return self._image_context(row)
         ctx = int(self.context_index(row, row + 1)[0])
         if self.level == "sequence":
             shard = bisect.bisect_right(self._starts, row) - 1

@@ -7,12 +7,19 @@ over from the previous fill) is permuted, and whole batches are cut from it. So 
 from many shards, memory stays bounded, and skipping ``start_batch`` batches needs no data reads.
 With ``holdout_batches=n`` the rows of the first n batches (training's held-out evaluation rows) never
 come again: later epochs leave them out.
+
+How the rows move: a background thread reads and shuffles the next fill (:func:`prefetched`) while the
+caller trains on the current one; rows travel in the store's dtype and are converted where they are used
+(on the CPU while gathering, on a GPU after a ``non_blocking`` copy out of pinned memory).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -20,6 +27,7 @@ import torch
 from conceptdict.activations.store import ActivationStore, StoreError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _sources(stores: Sequence[ActivationStore], hookpoints: Sequence[str]) -> list[tuple[ActivationStore, str]]:
@@ -90,22 +98,73 @@ def _index_plan(num_rows: int, batch_size: int, seed: int, epochs: int | None, b
         epoch += 1
 
 
-def _gather(pairs: list[tuple[ActivationStore, str]], ids: np.ndarray) -> torch.Tensor:
-    """Rows ``ids`` of every source as float32 [n, S, D], reading each covered contiguous run once."""
+def _gather(pairs: list[tuple[ActivationStore, str]], ids: np.ndarray, dtype: torch.dtype,
+            pin: bool = False) -> torch.Tensor:
+    """Rows ``ids`` of every source as ``dtype`` [n, S, D] (in pinned memory with ``pin``), reading each covered
+    contiguous run once and copying it straight to its rows of the output."""
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     breaks = np.flatnonzero(np.diff(sorted_ids) > 1) + 1
     runs = np.split(sorted_ids, breaks)
-    out = torch.empty(len(ids), len(pairs), pairs[0][0].d_in(pairs[0][1]), dtype=torch.float32)
+    out = torch.empty(len(ids), len(pairs), pairs[0][0].d_in(pairs[0][1]), dtype=dtype, pin_memory=pin)
     pos = 0
-    for run in runs:
+    for run in runs:  # consecutive row ids, a row twice where an epoch's carry meets the next epoch
         start, stop = int(run[0]), int(run[-1]) + 1
         dest = torch.from_numpy(order[pos:pos + len(run)])
+        pick = None if len(run) == stop - start else torch.from_numpy(run - start)
         for s, (store, hp) in enumerate(pairs):
-            block = store.rows(hp, start, stop).to(torch.float32)
-            out[dest, s] = block[torch.from_numpy(run - start)]
+            block = store.rows(hp, start, stop)
+            out[dest, s] = (block if pick is None else block[pick]).to(dtype)
         pos += len(run)
     return out
+
+
+def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
+    """``items``, produced up to ``depth`` ahead by a background thread (``depth=0``: in the caller's thread).
+    An exception in the thread is raised here, at the item it replaced; closing the iterator stops the thread."""
+    if depth < 1:
+        yield from items
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((False, exc))
+
+    thread = threading.Thread(target=work, name="stream-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = q.get()
+            if not ok:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def source_dtype(pairs: list[tuple[ActivationStore, str]]) -> torch.dtype:
+    """The dtype the rows travel in: the stores' own when they share one, else float32."""
+    dtypes = {store.dtype for store, _ in pairs}
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
 def open_sources(stores: Sequence[ActivationStore] | ActivationStore, hookpoints: Sequence[str] | str,
@@ -154,8 +213,11 @@ def stream_batches(
     start_batch: int = 0,
     part: tuple[int, int] = (0, 1),
     holdout_batches: int = 0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = torch.float32,
+    prefetch: int = 1,
 ) -> Iterator[torch.Tensor]:
-    """Shuffled float32 batches: [B, D] for one source, [B, S, D] for several.
+    """Shuffled batches: [B, D] for one source, [B, S, D] for several.
 
     Sources are every (store, hookpoint) pair, stores outermost; several stores must hold the same tokens.
     Deterministic given ``seed``; ``epochs=None`` repeats forever; a last incomplete batch is dropped.
@@ -165,17 +227,34 @@ def stream_batches(
     any number of ranks. ``holdout_batches``: the rows of the first that many batches never come again in
     later epochs (``saes.train`` evaluates on its first ``eval_batches`` batches, so training passes
     ``eval_batches`` here).
+
+    Batches are made on ``device`` (default CPU) as ``dtype`` (None: the store's dtype). ``prefetch`` buffer
+    fills are read and shuffled ahead by a background thread while the caller works on the current one (0:
+    read in the caller's thread; the batches are the same). On CUDA a fill is gathered into pinned memory
+    in the store's dtype, each batch is copied with ``non_blocking`` and converted on the device.
     """
     lo, hi = rank_rows(batch_size, *part)
     pairs, num_rows = open_sources(stores, hookpoints, batch_size, epochs, "stream_batches")
+    device = torch.device(device or "cpu")
+    on_cpu = device.type == "cpu"
+    wire = (dtype or source_dtype(pairs)) if on_cpu else source_dtype(pairs)  # CPU: converted while gathering
     squeeze = len(pairs) == 1
-    index = 0  # batch index
-    for _, batches in _index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches):
-        wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
-        index += len(batches)
-        if not wanted:
-            continue
-        data = _gather(pairs, np.concatenate(wanted))
-        for j in range(len(wanted)):
+    plan = _index_plan(num_rows, batch_size, seed, epochs, max(buffer_rows, batch_size), holdout_batches)
+
+    def fills() -> Iterator[tuple[torch.Tensor, int]]:
+        index = 0  # batch index
+        for _, batches in plan:
+            wanted = [b[lo:hi] for i, b in enumerate(batches, index) if i >= start_batch]
+            index += len(batches)
+            if wanted:
+                pin = device.type == "cuda" and torch.cuda.is_available()
+                yield _gather(pairs, np.concatenate(wanted), wire, pin=pin), len(wanted)
+
+    for data, n in prefetched(fills(), prefetch):
+        for j in range(n):
             batch = data[j * (hi - lo):(j + 1) * (hi - lo)]
+            if not on_cpu:
+                batch = batch.to(device, non_blocking=True)
+            if dtype is not None:
+                batch = batch.to(dtype)
             yield batch[:, 0] if squeeze else batch

@@ -60,13 +60,20 @@ def _describe_dataset(ds: dict) -> str:
     return f"{source} ({kind}{extra})"
 
 
+def _skipped_images(manifest: dict) -> str:
+    """Image stores: how many unreadable files were skipped (listed under images.skipped in the manifest)."""
+    n = int((manifest.get("images") or {}).get("skipped_count", 0))
+    return f"; {n} unreadable image(s) skipped (manifest.json images.skipped)" if n else ""
+
+
 def store_summary(store: ActivationStore, max_rows: int = 65536) -> StoreSummary:
     """Rows, size, dtype and per-hookpoint activation norm statistics of ``store``."""
     m = store.manifest
     model = (m.get("model") or {}).get("id") or "-"
     return StoreSummary(
         path=store.path, model=str(model), level=store.level, rows=store.num_rows, shards=len(m["shards"]),
-        size_bytes=store.size_bytes(), dtype=m["dtype"], dataset=_describe_dataset(m.get("dataset") or {}),
+        size_bytes=store.size_bytes(), dtype=m["dtype"], dataset=_describe_dataset(m.get("dataset") or {})
+        + _skipped_images(m),
         label_keys=list(m.get("label_keys", [])),
         hookpoints=[_norm_stats(store, hp, max_rows) for hp in store.hookpoints],
     )

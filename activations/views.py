@@ -34,3 +34,41 @@ class RenamedHookpoint:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)
+
+
+class PatchRows:
+    """A patch-level image store without its CLS rows (``position`` -1): rows, labels and context indices of
+    the patch tokens only, renumbered 0..P_total-1, so per-image pooling (``cbm --pooling super``) runs over
+    patch tokens as SuperActivator defines it. Every other attribute is the store's."""
+
+    def __init__(self, store: ActivationStore) -> None:
+        self._store = store
+        self._keep = store.position(0, store.num_rows) >= 0
+        self.num_rows = int(self._keep.sum())
+
+    def iter_rows(self, hookpoint: str, chunk: int = 8192):
+        out = 0
+        for start, x in self._store.iter_rows(hookpoint, chunk):
+            kept = x[self._keep[start:start + x.shape[0]]]
+            yield out, kept
+            out += kept.shape[0]
+
+    def rows(self, hookpoint: str, start: int, stop: int):
+        index = self._keep.nonzero().flatten()[start:stop]
+        if not len(index):
+            return self._store.rows(hookpoint, 0, 0)
+        lo, hi = int(index[0]), int(index[-1]) + 1
+        return self._store.rows(hookpoint, lo, hi)[self._keep[lo:hi]]
+
+    def context_index(self, start: int, stop: int):
+        return self._store.context_index(0, self._store.num_rows)[self._keep][start:stop]
+
+    def position(self, start: int, stop: int):
+        return self._store.position(0, self._store.num_rows)[self._keep][start:stop]
+
+    def labels(self, key: str) -> list | None:
+        values = self._store.labels(key)
+        return None if values is None else [v for v, k in zip(values, self._keep.tolist()) if k]
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._store, attr)

@@ -35,6 +35,7 @@ class ShardWriter:
         self._parts: list[dict[str, torch.Tensor]] = []
         self._labels: dict[str, list] = {}
         self._texts: list[str] = []
+        self._images: list[dict] = []
         self._rows = 0
 
     @property
@@ -47,9 +48,10 @@ class ShardWriter:
         return int(self.manifest["num_rows"])
 
     def add(self, tensors: dict[str, torch.Tensor], labels: dict[str, list] | None = None,
-            texts: list[str] | None = None, extra: dict | None = None) -> None:
+            texts: list[str] | None = None, extra: dict | None = None, images: list[dict] | None = None) -> None:
         """Buffer rows: hookpoints [n, D] (any float dtype, cast here) and tokens/context_index/position [n].
-        ``extra`` is recorded in the shard entry if a shard is cut after these rows."""
+        ``extra`` is recorded in the shard entry if a shard is cut after these rows; ``images``: records of
+        the input images these rows come from (image stores)."""
         n = int(tensors["tokens"].shape[0])
         part = {}
         for key, value in tensors.items():
@@ -64,6 +66,7 @@ class ShardWriter:
             self._labels.setdefault(key, []).extend(values)
         if texts is not None:
             self._texts.extend(texts)
+        self._images.extend(images or [])
         self._rows += n
         if self._rows >= self.shard_rows:
             self.flush(extra)
@@ -77,10 +80,10 @@ class ShardWriter:
         if labels and not self.manifest["label_keys"]:
             self.manifest["label_keys"] = sorted(labels)
         texts = self._texts if self.manifest["level"] == "sequence" else None
-        data = st.encode_shard(tensors, labels or None, texts)
+        data = st.encode_shard(tensors, labels or None, texts, self._images or None)
         entry = st.append_shard(self.directory, self.manifest, data, self._rows, extra)
         log.debug("wrote %s (%d rows, %.1f MB)", entry["file"], entry["rows"], entry["bytes"] / 1e6)
-        self._parts, self._labels, self._texts, self._rows = [], {}, [], 0
+        self._parts, self._labels, self._texts, self._images, self._rows = [], {}, [], [], 0
 
     def close(self, extra: dict | None = None) -> None:
         """Flush the remainder and mark the store complete."""

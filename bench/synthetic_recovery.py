@@ -7,7 +7,7 @@ scales, Zipf-like atom frequencies, correlated atoms -- always with more latents
 trains with its DEFAULT settings (only latents, k and the row budget given) on the same rows of each
 setting and seed, and is evaluated on held-out rows.
 
-Each dictionary trains with seed ``synthetic.model_seed(spec)``, not the data's seed: with the data's seed its
+Each dictionary trains with seed ``synthetic.spec.seed``, not the data's seed: with the data's seed its
 initial decoder would already hold the atoms (the recovery by the initial decoder is printed per setting; it
 must be about 0). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean
 best cosine, held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
@@ -38,7 +38,7 @@ import torch
 
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes import SparseCoder
-from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, model_seed, planted_atoms, synthetic_batches
+from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
 
 BASE = dict(n_atoms=1024, d=128, active=6.0, noise=0.02)
 SETTINGS: dict[str, dict] = {
@@ -104,13 +104,13 @@ def parse_args(argv):
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--batches", type=int, default=None,
-                   help="batches of --batch-size rows, held-out ones included (default 300; 80 with --small)")
+                   help="batches of --batch-size rows, held-out ones included (default 1000; --small: 200)")
     p.add_argument("--eval-batches", type=int, default=16,
                    help="held-out batches every run is evaluated on (16k rows: a latent rarer than that is dead)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--kernel-impl", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--small", action="store_true", help="the test-sized problem (256 atoms in D=128, k=6)")
+    p.add_argument("--small", action="store_true", help="the test-sized problem (256 atoms in D=128, 3 active, k=6)")
     for f in FIELDS:
         p.add_argument("--" + f.replace("_", "-"), type=float if f not in ("n_atoms", "d") else int, default=None,
                        help=f"override SyntheticSpec.{f} in every setting")
@@ -143,7 +143,6 @@ def spec_for(a, setting: str, seed: int) -> SyntheticSpec:
         fields.update(n_atoms=256, d=128, active=3.0)
         a.k = 6
     fields.update({f: getattr(a, f) for f in FIELDS if getattr(a, f) is not None})
-    a.batches = a.batches or (80 if a.small else 300)
     return SyntheticSpec(**fields, batch_size=a.batch_size, n_batches=a.batches, seed=seed)
 
 
@@ -165,6 +164,8 @@ def summary(results: list[dict], settings: list[str], kinds: list[str]) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.batches is None:
+        a.batches = 200 if a.small else 1000
     logging.basicConfig(level=logging.WARNING)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -173,16 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         for seed in a.seeds:
             spec = spec_for(a, setting, seed)
             L = a.latents or 2 * spec.n_atoms
-            init = recovery_at_init(spec, TrainConfig(latents=L, k=a.k, seed=model_seed(spec)))
+            init = recovery_at_init(spec, TrainConfig(latents=L, k=a.k, seed=spec.seed))
             print(f"[{setting}, seed {seed}] {dataclasses.asdict(spec)}; L={L}, k={a.k}; training seed "
-                  f"{model_seed(spec)}, recovery by the initial decoder {init:.1%}", flush=True)
+                  f"{spec.seed}, recovery by the initial decoder {init:.1%}", flush=True)
             base = None
             todo = [(label, *kind_variant(label), a.k) for label in a.kinds]
             while todo:
                 label, kind, extra, k = todo.pop(0)
                 cfg = TrainConfig(latents=L, k=k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
                                   eval_batches=a.eval_batches,
-                                  log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=model_seed(spec),
+                                  log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=spec.seed,
                                   **{**overrides(a.set), **extra})
                 r = dict(run_one(spec, cfg), setting=setting, label=label)
                 results.append(r)

@@ -57,6 +57,7 @@ def format_metrics(cbm) -> str:
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore
     from conceptdict.naming import CbmConfig, load_concepts, save_cbm, store_features, train_cbm, write_report
+    from conceptdict.naming.images import cbm_rows
     from conceptdict.naming.pipeline import resolve_hookpoint
     from conceptdict.saes import load_dictionary
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     sae = cfg.sae or cd.meta.get("sae_dir")
     if not sae:
         raise ConfigError("the concept dictionary records no sae_dir; pass --sae SAE_DIR")
-    store = ActivationStore(resolve_dataset(cd, cfg))
+    store = cbm_rows(ActivationStore(resolve_dataset(cd, cfg)))  # patch stores: patch tokens, no CLS rows
     hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
     model = load_dictionary(sae, device=cfg.device)
     feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling, cfg.super_quantile,

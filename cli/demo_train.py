@@ -23,7 +23,7 @@ def _fit(ctx: DemoContext, store: str, hookpoint: str, out: Path, kind: str, lat
     per_epoch = max(1, rows // batch_size - heldout_batch_count(cfg))
     cfg = dataclasses.replace(cfg, tokens=per_epoch * batch_size * epochs)
     cmd = TrainCommand(stores=[Path(store)], hookpoints=[hookpoint], out=out, overwrite=True)
-    (model,) = train_on_stores(cmd, [("", cfg)])
+    _, (model,) = train_on_stores(cmd, [("", cfg)])
     return [f"{out} ({hookpoint}):", *describe(model)]
 
 

@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"conceptdict {args.command}: error: {message}", file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 1
+    finally:
+        from conceptdict.cli import ranks
+
+        ranks.leave()
 
 
 if __name__ == "__main__":

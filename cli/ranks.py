@@ -68,6 +68,14 @@ def quiet() -> None:
     os.environ["TQDM_DISABLE"] = "1"
 
 
+def leave() -> None:
+    """Destroy the process group :func:`join` created (a no-op without one). Every command's exit goes through
+    here (``cli.main``): a gloo or NCCL group left to the interpreter's teardown can abort the process after its
+    results are written ("terminate called without an active exception"), and torch warns about it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def barrier() -> None:
     """Wait for every rank (a no-op without a process group)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

@@ -17,7 +17,8 @@ from conceptdict.cli.args import (
     write_resolved_config,
 )
 
-HELP = "train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder, or transcoder) on activation store(s)"
+HELP = ("train a TopK / BatchTopK / ReLU sparse autoencoder (or crosscoder, or transcoder) on activation store(s), "
+        "or straight from a model's forward (--model M --dataset D, no store)")
 log = logging.getLogger(__name__)
 
 
@@ -46,12 +47,14 @@ class TrainCommand:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conceptdict.activations.live import LiveConfig
     from conceptdict.saes import TrainConfig
 
     parser.add_argument("--config", type=Path, default=None,
                         help="JSON file of dictionary settings (the TrainConfig fields; flags override it)")
     add_dataclass_args(parser, TrainCommand)
     add_dataclass_args(parser, TrainConfig)
+    add_dataclass_args(parser.add_argument_group("training from a model (no --store)"), LiveConfig)
 
 
 def _train_config(args: argparse.Namespace):
@@ -160,9 +163,10 @@ def _stream_plan(cfgs: list, rows: int) -> tuple[int | None, int]:
 def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``
     (one dictionary, or one per sweep point, each in OUT/NAME; over the process group's seam under torchrun);
-    returns the trained dictionaries."""
+    returns (their output directories, the trained dictionaries)."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
+    from conceptdict.saes.config import resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
 
@@ -177,20 +181,81 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     cfgs = [c if c.batch_size == smallest else _sized(dataclasses.replace(c, batch_size=smallest), rows) for c in cfgs]
     epochs, held = _stream_plan(cfgs, rows)
     first, w = cfgs[0], ranks.current()
+    device = resolve_device(first.device)
 
     def batches(start: int):
-        # this rank's rows of every global batch (one process: every row)
+        # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
+        # moved to the training device in the store's dtype and converted there
         return stream_batches(stores, hookpoints, first.batch_size, seed=first.seed, epochs=epochs,
                               buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
-                              holdout_batches=held)
+                              holdout_batches=held, device=device)
 
     meta = {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
     if w.main:
         for out, cfg in zip(outs, cfgs):
             write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, out, "train_config.json")
-    return train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=[meta] * len(cfgs),
-                       names=[name for name, _ in points], source=desc, comm=process_group_comm())
+    return outs, train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=[meta] * len(cfgs),
+                             names=[name for name, _ in points], source=desc, comm=process_group_comm())
+
+
+def _live_runs(cmd: TrainCommand, points: list[tuple[str, object]]) -> list[tuple[str, object, int | None]]:
+    """[(name, TrainConfig, source)]: every sweep point on every hookpoint (a dictionary each, in OUT/HOOKPOINT),
+    or on all of them at once for a kind that reads several (crosscoder, transcoder)."""
+    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+    from conceptdict.saes.model import kind_spec
+
+    multi = {c.kind in CROSSCODER_KINDS or kind_spec(c.kind).transcodes for _, c in points}
+    if len(cmd.hookpoints) == 1 or multi == {True}:
+        return [(name, cfg, None) for name, cfg in points]
+    if multi != {False}:
+        raise ConfigError("a sweep over --model's hookpoints cannot mix kinds that read every hookpoint (crosscoder, "
+                          "transcoder) with kinds trained on each; run them separately")
+    return [(f"{hp}/{name}" if name else hp, cfg, s) for s, hp in enumerate(cmd.hookpoints) for name, cfg in points]
+
+
+def train_from_model(cmd: TrainCommand, live, points: list[tuple[str, object]]):
+    """Run ``live.model`` over ``live.dataset`` (each rank its forward batches) and stream this rank's part of
+    every shuffled batch ONCE into ``saes.train_sweep`` (activations.live); returns (outputs, dictionaries)."""
+    from conceptdict.activations.data import describe_dataset
+    from conceptdict.activations.live import level_of, live_batches, open_model
+    from conceptdict.cli import ranks
+    from conceptdict.saes.config import resolve_device
+    from conceptdict.saes.distributed import process_group_comm
+    from conceptdict.saes.training import train_sweep
+
+    if cmd.stores:
+        raise ConfigError("give --store (train on a cached store) or --model (train from the model's forward), "
+                          "not both")
+    if cmd.out is None or not cmd.hookpoints:
+        raise ConfigError("conceptdict train --model needs --hookpoint H (repeatable) and --out SAE_DIR")
+    if any(cfg.tokens is None for _, cfg in points):
+        raise ConfigError("conceptdict train --model needs --tokens N: the activation rows to train on (the dataset "
+                          "is read once, so it must hold at least N + held-out rows)")
+    runs = _live_runs(cmd, points)
+    outs = [cmd.out / name if name else cmd.out for name, _, _ in runs]
+    for out in outs:
+        _check_out(out, cmd.resume, cmd.overwrite)
+    cfgs = [cfg for _, cfg, _ in runs]
+    first, w, comm = cfgs[0], ranks.current(), process_group_comm()
+    model = open_model(live, cmd.hookpoints, resolve_device(first.device))
+
+    def batches(start: int):
+        return live_batches(live, model, cmd.hookpoints, first.batch_size, seed=first.seed,
+                            buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                            gather=comm.gather_rows if w.size > 1 else None)
+
+    metas = [{"model": model.load_info, "hookpoints": [cmd.hookpoints[s]] if s is not None else cmd.hookpoints,
+              "level": level_of(cmd.hookpoints), "dataset": describe_dataset(live.dataset),
+              "live": to_jsonable(live)} for _, _, s in runs]
+    if w.main:
+        for out, cfg in zip(outs, cfgs):
+            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live), "train": to_jsonable(cfg)},
+                                  out, "train_config.json")
+    desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
+    return outs, train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=metas,
+                             names=[name for name, _, _ in runs], source=desc, comm=comm,
+                             picks=[s for _, _, s in runs])
 
 
 def describe(model) -> list[str]:
@@ -221,13 +286,17 @@ def threshold_line(summary: dict, k: int) -> str | None:
 def run(args: argparse.Namespace) -> int:
     cmd = build_config(TrainCommand, args)
     cfg = _train_config(args)
+    from conceptdict.activations.live import LiveConfig
     from conceptdict.cli import ranks
 
+    live = build_config(LiveConfig, args)
+    if live.dataset and not live.model:
+        raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
     world = ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     points = sweep_points(cmd, cfg)
-    models = train_on_stores(cmd, points)
+    outs, models = train_from_model(cmd, live, points) if live.model else train_on_stores(cmd, points)
     if world.main:
-        for (name, _), model in zip(points, models):
+        for out, model in zip(outs, models):
             print("\n".join(describe(model)))
-            print(f"dictionary: {cmd.out / name if name else cmd.out}")
+            print(f"dictionary: {out}")
     return 0

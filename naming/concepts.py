@@ -38,6 +38,9 @@ class Example:
     """Index into ``tokens`` of the activating token; -1 for a sequence-level row (the whole input)."""
     text: str
     """The context as plain text."""
+    image: dict[str, Any] | None = None
+    """Image stores: ``{"context": image index, "grid": [rows, cols] or None, "heat": per-patch activation
+    scaled to 0..255 or None, "heat_max": its maximum}`` (``naming.images``); None for text."""
 
     def display_tokens(self) -> list[str]:
         """Tokens as they read in running text. When no decoded token carries a space of its own (WordPiece),
@@ -150,6 +153,8 @@ def _example_to_json(e: Example) -> dict[str, Any]:
     d = dataclasses.asdict(e)
     d["tokens"] = list(e.tokens)
     d["marked_text"] = e.marked_text()
+    if e.image is None:
+        del d["image"]  # text examples keep their JSON as before
     return d
 
 
@@ -160,6 +165,7 @@ def _example_from_json(d: dict[str, Any]) -> Example:
         tokens=tuple(d.get("tokens", ())),
         marked=int(d.get("marked", -1)),
         text=str(d.get("text", "")),
+        image=d.get("image"),
     )
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .concepts import Concept, ConceptDictionary
 from .evidence import ContextCache, LatentEvidence, collect_evidence, logit_lens
+from .images import add_image_evidence, image_vocab_namer, is_image_store
 from .llm import LlmConfig, LlmNamer
 from .namers import ContextNamer, LogitLensNamer, Namer, NameResult, NamingInputs, VocabNamer, check_results
 from .protocols import Dictionary, Store
@@ -116,6 +117,11 @@ def model_loader(name: str | None, device: str) -> Callable[[], Any]:
 
 def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_model) -> Namer:
     """The namer ``cfg.namer`` asks for (may load the model to embed a vocabulary or unembed)."""
+    from conceptdict.activations.vision import is_image_hookpoint
+
+    if cfg.namer == "vocab" and is_image_hookpoint(hookpoint):
+        return image_vocab_namer(cfg.vocab, model_name or "?", hookpoint, get_model, cfg.runner_ups,
+                                 cfg.cache_dir or default_cache_dir(), VOCAB_BATCH)
     if cfg.namer == "vocab":
         def embed(texts: list[str]) -> Tensor:
             from conceptdict.activations import embed_texts
@@ -184,6 +190,10 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
     top = [cache.examples(ev.top_rows[j], ev.top_values[j]) for j in range(L)]
     quant = [cache.examples(ev.quantile_rows[j], ev.quantile_row_values[j]) for j in range(L)]
     neg = [cache.examples(ev.negative_rows[j], torch.zeros(ev.negative_rows.shape[1])) for j in range(L)]
+    image_meta = {}
+    if is_image_store(store):  # thumbnails, and heat maps over the patches of each example image
+        groups, image_meta = add_image_evidence(model, store, hookpoint, list(zip(top, quant)), cfg.device)
+        top, quant = [g[0] for g in groups], [g[1] for g in groups]
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     base_rows = torch.randperm(store.num_rows, generator=gen)[: cfg.base_rows]
     base = tuple(cache.example(int(r), 0.0) for r in base_rows.tolist()) if cfg.namer == "context" else ()
@@ -204,6 +214,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
         "namer": namer.kind,
         "vocab": cfg.vocab if cfg.namer == "vocab" else None,
         "num_rows": ev.num_rows,
+        **image_meta,
         "dictionary": dict(
             kind=getattr(model, "kind", None), d_in=getattr(model, "d_in", None), k=getattr(model, "k", None)
         ),

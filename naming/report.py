@@ -16,6 +16,7 @@ from typing import Sequence
 
 from .cbm import CbmResult, class_concepts
 from .concepts import Concept, ConceptDictionary, Example
+from .images import shown_examples
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ margin:4px 0;padding:3px 6px;white-space:pre-wrap;word-break:break-word;max-heig
 mark{background:#ffd54a;border-radius:3px;padding:0 1px;font-weight:600}
 .tok{display:inline-block;background:#eef3ff;border-radius:3px;padding:0 4px;margin:1px;font-family:ui-monospace,monospace;
 font-size:12px}.neg{background:#ffeef0}.dead{opacity:.55}
+.imgs{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0}.imgex{width:100px;font-size:11px;color:#5b6475;
+word-break:break-all}.imgex svg,.imgex img{display:block;width:96px;height:96px;image-rendering:pixelated;
+border-radius:4px;background:#ddd}
 table{border-collapse:collapse;background:#fff}td,th{padding:4px 10px;border-bottom:1px solid #e4e7ee;text-align:left;
 font-size:14px}.bar{display:inline-block;height:10px;background:#4a7bd0;border-radius:2px;vertical-align:middle}
 """
@@ -74,8 +78,38 @@ def histogram_svg(edges: Sequence[float], counts: Sequence[float], *, label: str
             f'{"".join(bars)}{axis}</svg>')
 
 
+def image_example_html(e: Example, size: int = 96) -> str:
+    """An image example: its thumbnail (``thumbs/CONTEXT.png``, written by :func:`write_report`), under a heat
+    map of the latent over the image's patches when the example has one; the source and activation below."""
+    info = e.image or {}
+    src = f"thumbs/{int(info.get('context', -1))}.png"
+    grid, heat = info.get("grid"), info.get("heat")
+    title = f"<title>{esc(e.text)} · {e.activation:.3g}</title>"
+    if grid and heat and len(heat) == grid[0] * grid[1]:
+        rows, cols = int(grid[0]), int(grid[1])
+        cells = "".join(f'<rect x="{i % cols}" y="{i // cols}" width="1" height="1" fill="#ffd400" '
+                        f'fill-opacity="{0.75 * v / 255:.2f}"/>' for i, v in enumerate(heat) if v > 0)
+        figure = (f'<svg viewBox="0 0 {cols} {rows}" preserveAspectRatio="none" role="img">{title}'
+                  f'<image href="{src}" width="{cols}" height="{rows}" preserveAspectRatio="none"/>{cells}</svg>')
+    else:
+        figure = f'<img src="{src}" alt="{esc(e.text)}" width="{size}" height="{size}">'
+    return f'<div class="imgex">{figure}{e.activation:.3g} · {esc(e.text.rsplit("/", 1)[-1])}</div>'
+
+
+def image_examples_html(c: Concept) -> str:
+    """A card's images: its distinct top images, then images across the activation range."""
+    top, quant = shown_examples(c.top_examples, c.quantile_examples)
+    html_ = f'<div class="imgs">{"".join(image_example_html(e) for e in top)}</div>'
+    if quant:
+        html_ += ('<div class="sub">across the activation range</div><div class="imgs">'
+                  + "".join(image_example_html(e) for e in quant) + "</div>")
+    return html_
+
+
 def example_html(e: Example) -> str:
     """An example with its activating token in <mark>; all text escaped."""
+    if e.image is not None:
+        return image_example_html(e)
     if e.marked >= 0 and e.tokens:
         toks = e.display_tokens()
         parts = [esc(t) for t in toks]
@@ -100,11 +134,14 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
         )
         tokens += "</div>"
     flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items())
-    examples = "".join(example_html(e) for e in c.top_examples[:n_examples])
-    if c.quantile_examples:
-        examples += '<div class="sub">across the activation range</div>' + "".join(
-            example_html(e) for e in c.quantile_examples[::2]
-        )
+    if any(e.image is not None for e in c.top_examples + c.quantile_examples):
+        examples = image_examples_html(c)
+    else:
+        examples = "".join(example_html(e) for e in c.top_examples[:n_examples])
+        if c.quantile_examples:
+            examples += '<div class="sub">across the activation range</div>' + "".join(
+                example_html(e) for e in c.quantile_examples[::2]
+            )
     return (
         f'<section class="card{" dead" if dead else ""}" id="c{c.id}">'
         f'<h2><span class="id">#{c.id}</span>{esc(c.name or "(unnamed)")}</h2>'
@@ -173,6 +210,7 @@ def write_report(
     pages = [order[i : i + per_page] for i in range(0, len(order), per_page)] or [[]]
     where = {c.id: page_name(p) for p, chunk in enumerate(pages) for c in chunk}
     header = _header(cd, cbm)
+    write_thumbnails(cd.meta.get("thumbnails") or {}, directory / "thumbs")
     for p, chunk in enumerate(pages):
         nav = " ".join(
             f'<a href="{page_name(i)}">{i + 1}</a>' if i != p else f"<strong>{i + 1}</strong>" for i in range(len(pages))
@@ -188,6 +226,19 @@ def write_report(
         write_score_pages(cd, directory, header, where)
     log.info("report: %s (%d pages)", directory / "index.html", len(pages))
     return directory / "index.html"
+
+
+def write_thumbnails(thumbnails: dict[str, str], directory: Path) -> None:
+    """``directory/CONTEXT.png`` for each image's PNG data URI (image stores; see ``naming.images``)."""
+    import base64
+
+    prefix = "data:image/png;base64,"
+    for ctx, uri in thumbnails.items():
+        if not str(uri).startswith(prefix):
+            log.warning("thumbnail of image %s is not a PNG data URI; not shown", ctx)
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{int(ctx)}.png").write_bytes(base64.b64decode(uri[len(prefix):]))
 
 
 def _concept_link(cid: int, name: str, where: dict[int, str]) -> str:

@@ -64,6 +64,17 @@ def open_at(batches: Batches, start: int) -> Iterator[Tensor]:
     return itertools.islice(iter(batches), start, None)
 
 
+def picked(batches: Batches, source: int | None) -> Batches:
+    """``batches`` with every [B, S, D] batch cut to its source ``source`` [B, D] (None: unchanged)."""
+    if source is None:
+        return batches
+    if seekable(batches):
+        return lambda start: (x[:, source] for x in batches(start))
+    if isinstance(batches, (list, tuple)):
+        return [x[:, source] for x in batches]
+    return (x[:, source] for x in batches)
+
+
 def shape_of(x: Tensor) -> tuple[int, int]:
     """(S, D) of a batch [B, D] or [B, S, D]."""
     return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])

@@ -42,8 +42,7 @@ class SyntheticSpec:
     n_batches: int = 200
     """Batches in one pass."""
     seed: int = 0
-    """Seed of the atoms and of every batch (batch i uses seed + 1 + i). Train on it with
-    ``TrainConfig(seed=model_seed(spec))``, never ``seed=spec.seed`` (see :func:`model_seed`)."""
+    """Seed of the atoms and of every batch (batch i uses seed + 1 + i)."""
     coef_sigma: float = 0.0
     """0: coefficients U[0.5, 1.5]; > 0: log-normal exp(N(0, coef_sigma^2))."""
     row_sigma: float = 0.0
@@ -63,23 +62,15 @@ class SyntheticSpec:
         return self.coef_sigma == 0 and self.row_sigma == 0 and self.freq_exponent == 0
 
 
-# a training seed this far from the data's draws its decoder from a stream unrelated to the atoms'
-MODEL_SEED_OFFSET = 1_000_003
-
-
-def model_seed(spec: SyntheticSpec) -> int:
-    """The seed to train a dictionary on ``spec`` with: one whose initial decoder is unrelated to the atoms.
-
-    :func:`planted_atoms` draws ``randn(n_atoms, d)`` from ``manual_seed(spec.seed)`` and
-    ``SparseCoder.reset_parameters`` draws its decoder ``randn(L, d)`` from ``manual_seed(TrainConfig.seed)``:
-    with the same seed the first ``n_atoms`` decoder rows ARE the (uncorrelated) planted atoms, so every atom
-    counts as "recovered" before the first step (tests/test_sae_recovery.py checks both sides)."""
-    return spec.seed + MODEL_SEED_OFFSET
+ATOM_SEED_OFFSET = 1_000_003
+"""Atoms are drawn from seed + ATOM_SEED_OFFSET, never from the seed itself: a dictionary initialises its decoder
+with ``randn(L, D)`` from ``TrainConfig.seed``, so atoms drawn as ``randn(n_atoms, D)`` from the same seed ARE
+its first decoder rows, and every planted benchmark run with equal seeds starts at the answer."""
 
 
 def planted_atoms(spec: SyntheticSpec) -> Tensor:
-    """The ground-truth atoms [n_atoms, D], unit norm (train with :func:`model_seed`, not ``spec.seed``)."""
-    g = torch.Generator().manual_seed(spec.seed)
+    """The ground-truth atoms [n_atoms, D], unit norm (from ``spec.seed + ATOM_SEED_OFFSET``)."""
+    g = torch.Generator().manual_seed(spec.seed + ATOM_SEED_OFFSET)
     atoms = torch.randn(spec.n_atoms, spec.d, generator=g)
     atoms = atoms / atoms.norm(dim=1, keepdim=True)
     n_corr = int(round(spec.correlated * spec.n_atoms))
@@ -184,10 +175,11 @@ def planted_pair(d_in: int, n_shared: int, n_b_only: int, n_scaled: int, n_rotat
                  scale: float = 0.4, angle_deg: float = 60.0, seed: int = 0) -> PlantedPair:
     """Random unit atoms in R^D shared by both models, with ``n_b_only`` atoms only in B (zero in A),
     ``n_scaled`` in both but scaled by ``scale`` in A, ``n_rotated`` in both with A's direction rotated by
-    ``angle_deg`` inside a random plane, and ``n_a_only`` only in A."""
+    ``angle_deg`` inside a random plane, and ``n_a_only`` only in A. Drawn from ``seed + ATOM_SEED_OFFSET``, so a
+    crosscoder initialised from the same seed does not start at the atoms."""
     if not 0.0 < scale < 1.0:
         raise ValueError(f"scale={scale} must lie in (0, 1): the scaled atoms are scaled DOWN in model A")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + ATOM_SEED_OFFSET)
     counts = {"shared": n_shared, "b_only": n_b_only, "scaled": n_scaled, "rotated": n_rotated, "a_only": n_a_only}
     kinds = [kind for kind in ATOM_KINDS for _ in range(counts[kind])]
     n = len(kinds)

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from . import kernels
 from .batches import (Batches, TrainingData, checked, geometric_median, normalisation_scale, open_at,
-                      open_training_data, seekable, shape_of)
+                      open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
@@ -273,6 +273,8 @@ class Job:
     sink: MetricsSink
     name: str
     """How the logs name it (empty for a single dictionary)."""
+    pick: int | None = None
+    """The source of each [B, S, D] batch it trains on (None: the whole batch)."""
     last_x: Tensor | None = None
     metrics: dict[str, float] | None = None
 
@@ -325,7 +327,8 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
 def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | Path | None],
                 resume: bool = False, metas: list[dict[str, Any] | None] | None = None,
                 sinks: list[MetricsSink | None] | None = None, names: list[str] | None = None,
-                source: str = "the training batches", comm: Comm = LOCAL) -> list[SparseCoder]:
+                source: str = "the training batches", comm: Comm = LOCAL,
+                picks: list[int | None] | None = None) -> list[SparseCoder]:
     """Train several dictionaries on ONE pass over ``batches``: every batch read is stepped by each dictionary
     whose next training batch it is, each with its own model, optimizer, schedule, checkpoint, metrics and
     artifact (``outs[i]``), so each ends bit for bit as :func:`train` alone on the same batches would end.
@@ -334,7 +337,9 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     initialisation, ...). Those whose held-out count differs (a thresholded kind also holds out its
     ``calibration_batches``) start training at different batches of the same stream. Each reads its own
     held-out and initialisation batches (the first few); training batches are read once for all. With more
-    than one dictionary, ``batches`` must be re-readable: a list or a function start_batch -> iterable."""
+    than one dictionary, ``batches`` must be re-readable: a list or a function start_batch -> iterable.
+    ``picks[i]``: dictionary i trains on source ``picks[i]`` of every [B, S, D] batch (several hookpoints of one
+    forward feed one dictionary each); None: on the whole batch."""
     n = len(cfgs)
     if not n or len(outs) != n:
         raise ValueError(f"train_sweep needs one output per config; got {n} configs and {len(outs)} outputs")
@@ -342,11 +347,14 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
         raise ValueError("training several dictionaries on one pass needs data it can re-read: pass a list or "
                          "a function start_batch -> iterable (e.g. activations.stream_batches(start_batch=...))")
     outs_ = [Path(o) if o is not None else None for o in outs]
-    jobs = [_open_job(c, batches, o, resume, (sinks or [None] * n)[i], source, comm, (names or [""] * n)[i])
-            for i, (c, o) in enumerate(zip(cfgs, outs_))]
+    picks = picks or [None] * n
+    jobs = [_open_job(c, picked(batches, picks[i]), o, resume, (sinks or [None] * n)[i], source, comm,
+                      (names or [""] * n)[i]) for i, (c, o) in enumerate(zip(cfgs, outs_))]
     first = min(j.run.state.position for j in jobs)
-    data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1
+    data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1  # the (picked) stream it opened
             else checked(open_at(batches, first), first, source))
+    for job, p in zip(jobs, picks if n > 1 else [None]):
+        job.pick = p
     _loop(jobs, enumerate(data, first), comm)
     models = []
     for job, meta in zip(jobs, metas or [None] * n):
@@ -375,7 +383,7 @@ def _loop(jobs: list[Job], data: Iterator[tuple[int, Tensor]], comm: Comm) -> No
             break
         for job in jobs:
             if job.run.state.position == position and not job.done:
-                _step_job(job, x, clock, comm)
+                _step_job(job, x if job.pick is None else x[:, job.pick], clock, comm)
         bar.update()
     bar.close()
     for job in jobs:

@@ -84,3 +84,12 @@ def tiny_sentence_store(tmp_path_factory, tiny_bert_dir):
     cfg = CacheConfig(model=str(tiny_bert_dir), hookpoints=["sentence.mean_normalized"], dataset="", out=out,
                       context_length=48, batch_size=16, progress=False)
     return cache_activations(cfg, records=tiny_corpus(60)), tiny_bert_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_dir(tmp_path_factory):
+    """Directory of a random-init CLIPModel (2-block towers, width 32, 32x32 images in 8x8 patches,
+    projection 16) saved with its CLIPProcessor (tests/fixtures_images.py)."""
+    from fixtures_images import build_tiny_clip
+
+    return build_tiny_clip(tmp_path_factory.mktemp("tiny_clip"))

@@ -2,13 +2,15 @@
 
     torchrun --nproc_per_node=2 tests/distributed_entry.py train SPEC.json
     torchrun --nproc_per_node=2 tests/distributed_entry.py cache SPEC.json
+    torchrun --nproc_per_node=2 tests/distributed_entry.py cli SPEC.json
 
 ``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train
 data-parallel (``saes.train`` over ``saes.distributed.TorchComm``) on this rank's slices
 (``stream_batches(part=...)``) and, on rank 0, save the weights. ``cache``: ``cache_distributed`` of the spec's
 CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that many
-full-size forwards, once its first shard is listed (a killed rank). The job is joined as the command line
-joins it (``conceptdict.cli.ranks.join``).
+full-size forwards, once its first shard is listed (a killed rank). ``cli``: the command line
+``conceptdict SPEC["argv"]`` (its exit status is the process's). The job is joined as the command line joins it
+(``conceptdict.cli.ranks.join``).
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ def main() -> int:
 
     ranks.join("gloo")
     try:
+        if mode == "cli":
+            from conceptdict.cli.main import main as cli_main
+
+            return cli_main(spec["argv"])
         run_cache(spec) if mode == "cache" else run_train(spec)
     finally:
         import torch.distributed as dist

@@ -14,7 +14,7 @@ from conceptdict.saes import SparseCoder, TrainConfig, kernels, load_dictionary,
 from conceptdict.saes.jumprelu import JumpReLU, Step
 from conceptdict.saes.kernels import kinds as kind_ops
 from conceptdict.saes.matryoshka import default_groups, prefix_bounds
-from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, model_seed, planted_atoms, synthetic_batches
+from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
 from crashing import Crash, crashing
 
 pytestmark = pytest.mark.unit
@@ -261,29 +261,23 @@ def test_cli_help_lists_the_new_kinds(capsys):
     assert "--matryoshka-groups" in out and "--jumprelu-bandwidth" in out
 
 
-RECOVERY = SyntheticSpec(n_atoms=128, d=128, active=3, noise=0.02, batch_size=1024, n_batches=80, seed=0)
-
-
-# recovery each kind reaches here from an unrelated seed (2026-12-01): jumprelu 86.7%, matryoshka >= 90%; before
-# model_seed every kind passed 0.9 because its initial decoder held the atoms
-MIN_RECOVERY = {"jumprelu": 0.8, "matryoshka": 0.9, "spade": 0.9}
-# L = 2 x atoms: jumprelu leaves most spare latents dead (32% measured), the TopK-style kinds put them to use
-MAX_DEAD = {"jumprelu": 0.45, "matryoshka": 0.05, "spade": 0.05}
-SPADE_LEARNS_NO_ATOM = pytest.mark.xfail(strict=True, reason=(
-    "spade recovers 0% of the planted atoms from an unrelated seed (mean best cosine 0.39, chance level): its "
-    "earlier pass came from prototypes that started at the atoms (issue 14, docs/kinds.md)"))
+RECOVERY = SyntheticSpec(n_atoms=256, d=128, active=3, noise=0.02, batch_size=1024, n_batches=120, seed=0)
+NOT_YET = pytest.mark.xfail(strict=True, reason=(
+    "issue 14, not met: from a random start (atoms no longer equal the initial decoder, saes.synthetic."
+    "ATOM_SEED_OFFSET) this kind recovers jumprelu 79% / spade 0% of the atoms where topk recovers 99.6% and "
+    "batchtopk 97.3% (matryoshka: 78% at the paper's inner weight 1.0, passes at the default 0.1)"))
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["jumprelu", "matryoshka", pytest.param("spade", marks=SPADE_LEARNS_NO_ATOM)])
+@pytest.mark.parametrize("kind", ["matryoshka", *(pytest.param(k, marks=NOT_YET) for k in ("jumprelu", "spade"))])
 def test_planted_atoms_are_recovered(kind):
-    """The test-sized problem of tests/test_sae_recovery.py with default settings (and its unrelated seed)."""
-    cfg = TrainConfig(latents=256, k=6, kind=kind, tokens=74 * 1024, log_every=20, seed=model_seed(RECOVERY))
+    """The test-sized problem of tests/test_sae_recovery.py with default settings."""
+    cfg = TrainConfig(latents=512, k=6, kind=kind, tokens=116 * 1024, log_every=20)
     model = train(cfg, functools.partial(synthetic_batches, RECOVERY))
     rec = atom_recovery(model.decoder_directions(), planted_atoms(RECOVERY), threshold=0.9)
     held = model.training_summary["heldout_eval"]
-    assert rec.fraction >= MIN_RECOVERY[kind], rec
-    assert held["dead_fraction"] < MAX_DEAD[kind]
+    assert rec.fraction >= 0.9, rec
+    assert held["dead_fraction"] < 0.1
     assert held["fvu"] < (0.3 if kind == "spade" else 0.1)
     if kind != "spade":  # spade's L0 is its own (adaptive); the others hold k
         assert 0.5 * 6 <= held["l0"] <= 1.5 * 6, held["l0"]

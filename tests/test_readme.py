@@ -47,3 +47,21 @@ def test_walkthrough_runs(tmp_path):
     assert (quick / "concepts" / "concepts.json").exists()
     assert (quick / "report" / "index.html").exists()
     assert (quick / "saelens" / "cfg.json").exists() and (quick / "saelens" / "sae_weights.safetensors").exists()
+
+
+IMAGES = "## Images: Discover-then-Name as published"
+
+
+@pytest.mark.unit
+def test_image_recipe_parses_with_the_current_flags():
+    """The hub recipe cannot run offline (tests/test_vision_cli.py runs the same commands on a tiny CLIP); every
+    command and flag in it must still exist."""
+    from conceptdict.cli.main import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index(IMAGES):], re.S).group(1).replace("\\\n", " ")
+    commands = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    assert [argv[1] for argv in commands] == ["cache", "train", "name", "cache", "cbm"]
+    for argv in commands:
+        args, rest = build_parser(argv[1]).parse_known_args(argv[1:])
+        assert not rest, f"`{shlex.join(argv)}`: unknown arguments {rest}"
