@@ -7,16 +7,20 @@ scales, Zipf-like atom frequencies, correlated atoms -- always with more latents
 trains with its DEFAULT settings (only latents, k and the row budget given) on the same rows of each
 setting and seed, and is evaluated on held-out rows.
 
-Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean best cosine,
-held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
+Each dictionary trains with seed ``synthetic.spec.seed``, not the data's seed: with the data's seed its
+initial decoder would already hold the atoms (the recovery by the initial decoder is printed per setting; it
+must be about 0). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean
+best cosine, held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
 atom and their share of the firings (what the latents beyond the atoms do), wall time; and recovery and FVU
-as ratios to the BASELINE of the same setting and seed, measured in the same invocation: plain TopK.
+as ratios to the BASELINE of the same setting and seed, measured in the same invocation: the first of --kinds.
 The closing table has one line per setting and kind (mean over seeds, worst seed in brackets).
 
     .venv/bin/python bench/synthetic_recovery.py --json out.json              # all settings, 2 seeds
     .venv/bin/python bench/synthetic_recovery.py --settings heavy --seeds 0 1 2 --kinds topk batchtopk
     .venv/bin/python bench/synthetic_recovery.py --kinds topk batchtopk jumprelu matryoshka spade
     .venv/bin/python bench/synthetic_recovery.py --settings plain --coef-sigma 1.5 --batches 600   # overrides
+    .venv/bin/python bench/synthetic_recovery.py --small --batches 200 --kinds matryoshka \\
+        matryoshka:matryoshka_inner_weight=1.0 batchtopk            # a kind with its own TrainConfig fields
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 import torch
 
 from conceptdict.saes import TrainConfig, train
+from conceptdict.saes import SparseCoder
 from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
 
 BASE = dict(n_atoms=1024, d=128, active=6.0, noise=0.02)
@@ -58,6 +63,13 @@ def unmatched_alive(model, spec: SyntheticSpec, eval_batches: int) -> tuple[int,
     return int(((counts > 0) & unmatched).sum()), float(counts[unmatched].sum() / counts.sum().clamp_min(1))
 
 
+def recovery_at_init(spec: SyntheticSpec, cfg: TrainConfig) -> float:
+    """Atom recovery of the untrained decoder ``train`` starts from (about 0 unless the seeds collide)."""
+    model = SparseCoder(spec.d, cfg.latents, cfg.k, cfg.kind)
+    model.reset_parameters(generator=torch.Generator().manual_seed(cfg.seed))
+    return atom_recovery(model.decoder_directions(), planted_atoms(spec)).fraction
+
+
 def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
     t0 = time.perf_counter()
     model = train(cfg, functools.partial(synthetic_batches, spec))
@@ -70,13 +82,25 @@ def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
             "unmatched_alive": n_unmatched, "unmatched_firing_share": share}
 
 
+KIND_CHOICES = ("topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "jumprelu-relative", "matryoshka",
+                "matryoshka-absolute", "spade")
+
+
+def kind_variant(label: str) -> tuple[str, dict]:
+    """'KIND[:FIELD=VALUE,...]' -> (kind, TrainConfig overrides)."""
+    kind, _, fields = label.partition(":")
+    if kind not in KIND_CHOICES:
+        raise SystemExit(f"--kinds {label!r}: unknown kind {kind!r}; choose from {', '.join(KIND_CHOICES)}")
+    return kind, overrides(fields.split(",") if fields else [])
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"],
-                   choices=["topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "jumprelu-relative", "matryoshka",
-                            "matryoshka-absolute", "spade"])
+    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"], metavar="KIND[:FIELD=VALUE,...]",
+                   help=f"kinds of {', '.join(KIND_CHOICES)}; a kind may carry its own TrainConfig fields, e.g. "
+                        "matryoshka:matryoshka_inner_weight=0.25 (a separate line of the table)")
     p.add_argument("--latents", type=int, default=None, help="default: twice the number of atoms")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--batches", type=int, default=None,
@@ -90,8 +114,27 @@ def parse_args(argv):
     for f in FIELDS:
         p.add_argument("--" + f.replace("_", "-"), type=float if f not in ("n_atoms", "d") else int, default=None,
                        help=f"override SyntheticSpec.{f} in every setting")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="TrainConfig fields for every run (a JSON value: --set matryoshka_inner_weight=0.25)")
+    p.add_argument("--match-l0", action="store_true",
+                   help="after a run whose held-out L0 is below 0.9 k (jumprelu), also train batchtopk with k = that "
+                        "L0 (rounded), shown as 'batchtopk@KIND': the comparison at the same L0")
     p.add_argument("--json", type=str, default=None, help="also write the figures here")
     return p.parse_args(argv)
+
+
+def overrides(pairs: list[str]) -> dict:
+    """--set FIELD=VALUE pairs -> TrainConfig keyword arguments (VALUE parsed as JSON, else kept as a string)."""
+    out = {}
+    for pair in pairs:
+        field, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE, e.g. matryoshka_inner_weight=0.25")
+        try:
+            out[field] = json.loads(value)
+        except json.JSONDecodeError:
+            out[field] = value
+    return out
 
 
 def spec_for(a, setting: str, seed: int) -> SyntheticSpec:
@@ -104,18 +147,18 @@ def spec_for(a, setting: str, seed: int) -> SyntheticSpec:
 
 
 def summary(results: list[dict], settings: list[str], kinds: list[str]) -> list[str]:
-    lines = [f"{'setting':<12}{'kind':<20}{'recovery':>16}{'fvu':>16}{'l0':>8}{'dead':>16}"]
+    lines = [f"{'setting':<12}{'kind':<40}{'recovery':>16}{'fvu':>16}{'l0':>8}{'dead':>16}"]
     for s in settings:
         for kind in kinds:
-            rs = [r for r in results if r["setting"] == s and r["kind"] == kind]
+            rs = [r for r in results if r["setting"] == s and r["label"] == kind]
             if not rs:
                 continue
             rec = [r["recovery"] for r in rs]
             fvu = [r["fvu"] for r in rs]
             dead = [r["dead"] for r in rs]
-            lines.append(f"{s:<12}{kind:<20}{statistics.mean(rec):>8.1%} [{min(rec):5.1%}]"
+            lines.append(f"{s:<12}{kind:<40}{statistics.mean(rec):>8.1%} [{min(rec):5.1%}]"
                          f"{statistics.mean(fvu):>8.3f} [{max(fvu):.3f}]{statistics.mean(r['l0'] for r in rs):>8.2f}"
-                         f"{statistics.mean(dead):>8.1%} [{max(dead):5.1%}]")
+                         f"{statistics.mean(dead):>8.1%} [{max(dead):5.1%}]  k {'/'.join(str(r['k']) for r in rs)}")
     return lines
 
 
@@ -131,21 +174,30 @@ def main(argv: list[str] | None = None) -> int:
         for seed in a.seeds:
             spec = spec_for(a, setting, seed)
             L = a.latents or 2 * spec.n_atoms
-            print(f"[{setting}, seed {seed}] {dataclasses.asdict(spec)}; L={L}, k={a.k}", flush=True)
+            init = recovery_at_init(spec, TrainConfig(latents=L, k=a.k, seed=spec.seed))
+            print(f"[{setting}, seed {seed}] {dataclasses.asdict(spec)}; L={L}, k={a.k}; training seed "
+                  f"{spec.seed}, recovery by the initial decoder {init:.1%}", flush=True)
             base = None
-            for kind in a.kinds:
-                cfg = TrainConfig(latents=L, k=a.k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
+            todo = [(label, *kind_variant(label), a.k) for label in a.kinds]
+            while todo:
+                label, kind, extra, k = todo.pop(0)
+                cfg = TrainConfig(latents=L, k=k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
                                   eval_batches=a.eval_batches,
-                                  log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=seed)
-                r = dict(run_one(spec, cfg), setting=setting)
+                                  log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=spec.seed,
+                                  **{**overrides(a.set), **extra})
+                r = dict(run_one(spec, cfg), setting=setting, label=label)
                 results.append(r)
+                if a.match_l0 and kind.startswith("jumprelu") and r["l0"] < 0.9 * k:
+                    todo.insert(0, (f"batchtopk@{label}", "batchtopk", {}, max(1, round(r["l0"]))))
                 base = base or r
                 ratio = f"x{r['recovery'] / base['recovery']:.2f}" if base["recovery"] else "n/a"
-                print(f"  {kind:<11} recovery {r['recovery']:6.1%}  cos {r['mean_best_cos']:.3f}  fvu {r['fvu']:.4f}  "
+                print(f"  {label:<11} k {k:<3} recovery {r['recovery']:6.1%}  cos {r['mean_best_cos']:.3f}  "
+                      f"fvu {r['fvu']:.4f}  "
                       f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  unmatched alive {r['unmatched_alive']} "
                       f"({r['unmatched_firing_share']:.1%} of firings)  {r['seconds']:6.1f}s  "
                       f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)
-    print("\n".join(["", "mean over seeds [worst seed]:", *summary(results, a.settings, a.kinds)]))
+    labels = list(dict.fromkeys(r["label"] for r in results))
+    print("\n".join(["", "mean over seeds [worst seed]:", *summary(results, a.settings, labels)]))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"base": BASE, "settings": SETTINGS, "args": vars(a), "runs": results}, fh, indent=2)

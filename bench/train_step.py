@@ -33,6 +33,7 @@ tiny-shape run first loads every library and kernel, so code is not counted. The
 
     .venv/bin/python bench/train_step.py                 # D=768 L=16384 k=32 B=4096, CPU
     .venv/bin/python bench/train_step.py --small         # a preset that finishes in about a minute
+    .venv/bin/python bench/train_step.py --threads 1 --only kind-topk kind-batchtopk kind-jumprelu kind-matryoshka
     .venv/bin/python bench/train_step.py --device cuda   # the Triton path, same table
 """
 
@@ -393,6 +394,8 @@ def run_worker(python: str, names: list[str], p: dict, timeout: float) -> dict[s
     """Run the variants ``names`` in one subprocess of ``python``; name -> result (or {"error": ...})."""
     cmd = [python, str(Path(__file__).resolve()), "--worker", ",".join(names), "--params", json.dumps(p)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if p.get("threads"):  # torch (OpenMP) and numba read these when the worker imports them
+        env.update(OMP_NUM_THREADS=str(p["threads"]), NUMBA_NUM_THREADS=str(p["threads"]))
     out: dict[str, dict] = {}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
         deadline = time.monotonic() + timeout
@@ -478,6 +481,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
                     help="interpreter with eai-sparsify and sae-lens installed (skipped when missing)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per environment")
+    ap.add_argument("--threads", type=int, help="CPU threads of torch and numba in the workers (default: theirs); "
+                    "1 gives repeatable ratios on a shared machine")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)
@@ -485,7 +490,7 @@ def main(argv=None) -> None:
     if a.worker:
         worker(a.worker.split(","), json.loads(a.params))
         return
-    p = dict(PRESETS["small" if a.small else "full"], device=a.device, floor=a.floor)
+    p = dict(PRESETS["small" if a.small else "full"], device=a.device, floor=a.floor, threads=a.threads)
     p.update({k: v for k, v in (("steps", a.steps), ("warmup", a.warmup)) if v is not None})
     names = [n for n in OURS + OTHERS if not a.only or n in a.only]
     res = run_worker(sys.executable, [n for n in names if n in OURS], p, a.timeout) if set(names) & set(OURS) else {}

@@ -3,11 +3,14 @@
 
 The latents are split into nested groups; prefix i holds the first i groups. One BatchTopK code is selected
 over all latents, and EACH prefix reconstructs x from the code's entries in it:
-``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the sum of the prefixes' FVUs (the full
-reconstruction's FVU is the loop's own term, the others come as the kind's extra loss), plus AuxK on the full
-residual. Early latents must reconstruct on their own, so general concepts are not absorbed into later, more
-specific latents. Inference is the BatchTopK threshold rule of the base kind; the groups leave no trace in
-the saved dictionary (config.json records them under ``training.config``).
+``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the full reconstruction's FVU (the loop's own
+term) plus ``TrainConfig.matryoshka_inner_weight`` times the sum of the inner prefixes' FVUs (the kind's extra
+loss), plus AuxK on the full residual. Departure: the papers weight every prefix 1 (inner_weight 1.0); the
+default 0.1 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
+than the atoms it must reconstruct turns its latents into blends of atoms -- and lose 12 points of recovery
+(up to 21) against BatchTopK (docs/kinds.md). Early latents must reconstruct on their own, so general concepts are not
+absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
+groups leave no trace in the saved dictionary (config.json records them under ``training.config``).
 
 A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_decodes`` compacts the code per group
 and decodes each entry once, so no [B, L] code is ever decoded densely.
@@ -50,12 +53,14 @@ def prefix_bounds(latents: int, groups: list[int] | None) -> list[int]:
 
 
 def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) -> TrainOutput:
-    groups = inputs.settings.matryoshka_groups if inputs.settings is not None else None
+    settings = inputs.settings
+    groups = settings.matryoshka_groups if settings is not None else None
+    weight = settings.matryoshka_inner_weight if settings is not None else 1.0
     bounds = prefix_bounds(model.n_latents, groups)
     c = train_code(model, x, inputs, batch=True, relative=relative)
     recons = kernels.prefix_decodes(c.values, c.indices, model.W_dec, model.b_dec, bounds, impl=model.kernel_impl)
     x_hat = recons[-1]
-    extra = sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
+    extra = weight * sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
     return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
 
 
