@@ -400,7 +400,7 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
             limit = None if cfg.tokens is None else cfg.tokens - state["rows"]
             acts = models.capture(model, batch.input_ids, batch.attention_mask, cfg.hookpoints)
             writer.submit((batch, acts, limit))
-            added = _count_rows(batch, cfg.level, special, limit)
+            added = count_rows(batch, cfg.level, special, limit)
             state["rows"] += added
             bar.update(added)
             if cfg.level == "sequence" and cfg.progress:  # the bar counts inputs; show the token rate too
@@ -429,7 +429,9 @@ def _in_context_order(parts: list[tuple]) -> tuple[dict, dict, list | None]:
     return tensors, labels, None if texts is None else [texts[i] for i in idx]
 
 
-def _count_rows(batch: Batch, level: str, special: torch.Tensor, limit: int | None) -> int:
+def count_rows(batch: Batch, level: str, special: torch.Tensor, limit: int | None = None) -> int:
+    """The rows a forward batch gives (:func:`batch_rows`), known from its tokens alone: one per input at a
+    sentence hookpoint, else its real tokens that are not special; at most ``limit``."""
     if level == "sequence":
         n = batch.input_ids.shape[0]
     else:

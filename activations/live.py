@@ -24,6 +24,7 @@ caller's thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import torch
 
 from conceptdict.activations import data as data_mod
 from conceptdict.activations import models
-from conceptdict.activations.cache import Batch, batch_rows, iter_batches
+from conceptdict.activations.cache import Batch, batch_rows, count_rows, iter_batches
 from conceptdict.activations.stream import prefetched, rank_rows
 
 _FORWARD = threading.Lock()  # one forward at a time per process: hooks are registered on the shared model
@@ -152,8 +153,7 @@ def live_batches(cfg: LiveConfig, model: models.ModelHandle, hookpoints: list[st
                                       text_column=cfg.text_column, tokens_column=cfg.tokens_column,
                                       prepend_bos=cfg.prepend_bos)
     batches = iter_batches(contexts, cfg.forward_batch_size, pad_id or 0)
-    count = (lambda b: b.input_ids.shape[0]) if level == "sequence" else (
-        lambda b: int((b.attention_mask.bool() & ~torch.isin(b.input_ids, special)).sum()))
+    count = functools.partial(count_rows, level=level, special=special)
     forward = _Forward(model, hookpoints, level, special)
 
     def local_fills():
