@@ -126,6 +126,9 @@ class StepInputs(NamedTuple):
     groups); None outside a training run (the kind's defaults apply)."""
     warmup: float = 1.0
     """Warm-up factor in (0, 1] of the kind's sparsity coefficient at this step (JumpReLU)."""
+    schedule: float = 1.0
+    """The learning rate's schedule factor at this step (its lr over the base lr: warm-up, then 1, then the final
+    decay to 0), for penalties that follow it (BatchTopK's ``code_l1``)."""
 
 
 def local_inputs(x: Tensor, **kw) -> StepInputs:

@@ -199,7 +199,14 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
-    return sparse_train_forward(model, x, inputs, batch=True, relative=True)
+    """Row-relative BatchTopK plus ``TrainConfig.code_l1`` times the learning rate's schedule factor times the
+    kept codes' L1 norm per row of the whole batch, over its RMS norm (the tie-break of docs/batchtopk.md)."""
+    c = train_code(model, x, inputs, batch=True, relative=True)
+    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+                                  skip_zero_grads=True)
+    coeff = inputs.settings.code_l1 * inputs.schedule if inputs.settings is not None else 0.0
+    penalty = coeff * c.values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach() if coeff else None
+    return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
 
 
 def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
