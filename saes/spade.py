@@ -33,9 +33,9 @@ Departures from the paper and its code (github: the authors' ``sparsemax_dist`` 
 - prototypes and decoder rows start at the same rows of the initialisation sample (evenly spaced through it,
   repeated where L exceeds it), each moved by 0.1 of its norm along the seed's random direction (so the start
   depends on the seed and repeated rows part): the paper's code has this as its ``weight_init='data'`` option
-  (W_dec = W_enc^T at init either way); its default draws N(0, 1) entries;
-- weights stored in units of sqrt(S*D) (above); the paper: Adam at lr 1e-2 in the data's units, cosine decay
-  to 1e-4; here the loop's schedule and default lr (warm-up, linear decay), Adam without weight decay;
+  (otherwise N(0, 1) entries; W_dec = W_enc^T at init either way);
+- weights stored in units of sqrt(S*D) (above); the paper's toy code: Adam at lr 1e-2 in the data's units,
+  cosine decay to 1e-4; here the loop's schedule and default lr (warm-up, linear decay), Adam without weight decay;
 - the distance-weighted L1 uses the prototypes (the paper's code by default uses the decoder rows, its
   ``encoder_reg`` option the prototypes; measured: 42% against 40% in the short run above, within noise, and
   the prototypes' distances come free from the scores); the loss is FVU-scaled like every kind here;
