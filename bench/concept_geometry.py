@@ -1,181 +1,122 @@
 """Planted concepts of heterogeneous dimensionality and shape: which dictionary kinds recover which?
 
 Hindupur, Lubana, Fel, Ba (2025, arXiv 2503.01822) argue that each SAE's encoder is a projection onto its own
-constraint set, so an architecture sees some concept geometries and misses others: TopK-style encoders
-(half-space receptive fields, a fixed number of active latents) fit 1-d concepts, while concepts spread over a
-few dimensions or separable from their neighbours only by a curved boundary need adaptive sparsity and
-non-half-space receptive fields (SpaDE). This benchmark plants the three geometries side by side.
+constraint set, so an architecture sees some concept geometries and misses others: half-space receptive fields
+(ReLU, TopK, JumpReLU) cannot isolate a concept separable from its neighbours only by a curved boundary, and a
+fixed number of active latents (TopK) cannot follow concepts of different intrinsic dimensionality; SpaDE's
+distance-based, adaptive-support encoder is built for both. This benchmark plants rays (1-d), subspaces (2-3-d)
+and core/shell regions (a disk inside a ring around the same centre) side by side (conceptdict.saes.geometry:
+the data and the recovery criterion, a concept's latents must fire on its rows with precision >= 0.9 and F1 >=
+0.8, and for rays and subspaces lie in its span, spanning all of a subspace's dimensions).
 
-Data (D = 64 by default): every row is the sum of ``--per-row`` (default 2) distinct concepts' samples plus
-noise (0.02 per coordinate), in one of four types:
+Printed per kind (mean over seeds): the fraction of each concept type recovered, the mean F1 per type, the mean
+number of active latents on rows of each type (rows holding one concept: does L0 adapt to the concept?), held-out
+FVU and L0, dead latents, and the fraction recovered by the dictionary the run STARTS from (one step at lr 1e-12:
+SpaDE starts at data rows, which on one-concept rows already lie on the rays). Every kind trains with its default
+settings (only latents, k and the row budget given) on the same rows; its seed is the data's, the concepts come
+from seed + ATOM_SEED_OFFSET.
 
-- ray (1-d): ``c u`` with a unit direction u and c ~ LogNormal(0, 0.3) (a planted atom);
-- subspace (2-d or 3-d): ``U a`` with an orthonormal basis U [D, d] and a ~ N(0, I_d) (every direction of the
-  subspace, either sign);
-- core (a ball): ``m + 0.25 r V g`` with a centre m of norm r = 1.5, V an orthonormal 2-d basis orthogonal to m
-  and g ~ N(0, I_2) -- a small disk around m;
-- shell: ``m + r V e`` with e a uniform unit vector of the plane, the ring of radius r around the SAME centre m
-  as its core. A core is separable from its shell only by a disk: every half-space that holds the core holds
-  an arc of the shell too.
-
-Recovery, per concept type (the table reports the fraction recovered per type):
-
-- ray: some decoder direction has cosine >= 0.9 with u (the planted-atom criterion of synthetic_recovery);
-- subspace: the decoder directions that lie in the subspace (|projection| >= 0.9 of their norm) span >= 90%
-  of the concept's variance (so 1 latent cannot recover a 2-d subspace, and d well-placed ones can);
-- core and shell: a latent DETECTS the concept: on held-out rows it fires on >= 50% of the rows that hold the
-  concept, and >= 90% of the rows it fires on hold it (a region concept has no single direction to match, so
-  it is recovered when some latent's receptive field is that region).
-
-Every kind trains with its default settings (only latents, k and the row budget given) on the same rows.
-
-    .venv/bin/python bench/concept_geometry.py                               # topk batchtopk jumprelu matryoshka spade
-    .venv/bin/python bench/concept_geometry.py --kinds topk spade --batches 100 --seeds 0 1
+    .venv/bin/python bench/concept_geometry.py --small --seeds 0 1          # ~1-2 min on one core
+    .venv/bin/python bench/concept_geometry.py --seeds 0 1 --per-row 2      # two concepts summed per row
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import statistics
 import time
-from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
 from conceptdict.saes import TrainConfig, train
+from conceptdict.saes.geometry import TYPES, GeometrySpec, active_per_type, concept_batch, plant, score_concepts
 
-TYPES = ("ray", "subspace", "core", "shell")
-
-
-class Concepts(NamedTuple):
-    types: list[str]  # one per concept
-    bases: list[Tensor]  # ray: [1, D] direction; subspace: [d, D]; core/shell: [2, D] plane
-    centres: list[Tensor | None]  # core/shell: [D] centre, else None
+KINDS = ("relu", "topk", "batchtopk", "jumprelu", "matryoshka", "spade")
+SMALL = dict(d=32, rays=8, subspaces=4, regions=4)
 
 
-def plant(D: int, n_rays: int, n_sub: int, n_regions: int, gen: torch.Generator) -> Concepts:
-    """Random concepts; every basis vector and centre is a column of one random orthogonal matrix, so that
-    the concepts are mutually orthogonal (needs n_rays + 2.5 n_sub + 3 n_regions <= D)."""
-    dims = [1] * n_rays + [2 + i % 2 for i in range(n_sub)]
-    need = sum(dims) + 3 * n_regions
-    if need > D:
-        raise ValueError(f"{need} orthogonal directions do not fit in D={D}; lower the counts or raise --d")
-    Q = torch.linalg.qr(torch.randn(D, D, generator=gen))[0].T  # rows orthonormal
-    types, bases, centres, at = [], [], [], 0
-    for d in dims:
-        types.append("ray" if d == 1 else "subspace")
-        bases.append(Q[at : at + d])
-        centres.append(None)
-        at += d
-    for _ in range(n_regions):
-        for t in ("core", "shell"):
-            types.append(t)
-            bases.append(Q[at + 1 : at + 3])
-            centres.append(1.5 * Q[at])
-        at += 3
-    return Concepts(types, bases, centres)
+def fit(kind: str, spec: GeometrySpec, data: list, a, lr: float | None = None, batches: int | None = None):
+    n = batches or len(data)
+    cfg = TrainConfig(latents=a.latents, k=a.k, kind=kind, tokens=(n - a.eval_batches - 2) * a.batch_size,
+                      eval_batches=a.eval_batches, log_every=10**9, checkpoint_every=0, seed=spec.seed, lr=lr)
+    return train(cfg, [x for x, _ in data[:n]])
 
 
-def sample(c: Concepts, j: int, n: int, gen: torch.Generator) -> Tensor:
-    """n samples [n, D] of concept j."""
-    t, B = c.types[j], c.bases[j]
-    if t == "ray":
-        return torch.exp(0.3 * torch.randn(n, 1, generator=gen)) * B
-    if t == "subspace":
-        return torch.randn(n, B.shape[0], generator=gen) @ B
-    if t == "core":
-        return c.centres[j] + 0.25 * 1.5 * torch.randn(n, 2, generator=gen) @ B
-    e = torch.nn.functional.normalize(torch.randn(n, 2, generator=gen), dim=1)
-    return c.centres[j] + 1.5 * e @ B
-
-
-def rows(c: Concepts, n: int, per_row: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """n rows [n, D] and which concepts each holds (bool [n, C])."""
-    C, D = len(c.types), c.bases[0].shape[1]
-    pick = torch.rand(n, C, generator=gen).argsort(dim=1)[:, :per_row]
-    held = torch.zeros(n, C, dtype=torch.bool).scatter_(1, pick, True)
-    x = 0.02 * torch.randn(n, D, generator=gen)
-    for j in range(C):
-        r = held[:, j].nonzero().flatten()
-        if r.numel():
-            x[r] += sample(c, j, r.numel(), gen)
-    return x, held
-
-
-def recovered(c: Concepts, directions: Tensor, codes: Tensor, held: Tensor) -> list[bool]:
-    """Per concept, the criterion of its type (module docstring). directions [L, D]; codes [N, L] on held-out
-    rows; held [N, C]."""
-    d = directions / directions.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    fires = codes > 0
-    out = []
-    for j, t in enumerate(c.types):
-        B = c.bases[j]
-        if t == "ray":
-            out.append(bool((d @ B[0]).abs().max() >= 0.9))
-        elif t == "subspace":
-            inside = d[(d @ B.T).norm(dim=1) >= 0.9]
-            if inside.shape[0] == 0:
-                out.append(False)
-                continue
-            span = torch.linalg.qr((inside @ B.T).T)[0]  # [dim, r] orthonormal span, in the subspace's coordinates
-            s = torch.randn(2000, B.shape[0])  # the concept's (isotropic) variance explained by the span
-            out.append(bool((s @ span).norm().square() / s.norm().square() >= 0.9))
-        else:
-            h = held[:, j]
-            recall = (fires & h[:, None]).sum(dim=0) / h.sum().clamp_min(1)
-            precision = (fires & h[:, None]).sum(dim=0) / fires.sum(dim=0).clamp_min(1)
-            out.append(bool(((recall >= 0.5) & (precision >= 0.9)).any()))
-    return out
-
-
-def run(kind: str, a, seed: int) -> dict:
-    gen = torch.Generator().manual_seed(seed)
-    c = plant(a.d, a.rays, a.subspaces, a.regions, gen)
-    data = [rows(c, a.batch_size, a.per_row, gen) for _ in range(a.batches)]
-    cfg = TrainConfig(latents=a.latents, k=a.k, kind=kind, tokens=(a.batches - 6) * a.batch_size, eval_batches=4,
-                      log_every=10**9, checkpoint_every=0, seed=seed)
-    t0 = time.perf_counter()
-    model = train(cfg, [x for x, _ in data])
-    seconds = time.perf_counter() - t0
-    x_held = torch.cat([x for x, _ in data[:4]])
-    held = torch.cat([h for _, h in data[:4]])
+def scores(model, concepts, data, eval_batches: int):
+    x = torch.cat([x for x, _ in data[:eval_batches]])
+    held = torch.cat([h for _, h in data[:eval_batches]])
     with torch.no_grad():
-        codes = model.encode(x_held)
-    ok = recovered(c, model.decoder_directions(), codes, held)
+        codes = model.encode(x)
+    return score_concepts(concepts, model.decoder_directions(), codes, held), active_per_type(concepts, codes, held)
+
+
+def run(kind: str, spec: GeometrySpec, a) -> dict:
+    concepts = plant(spec)
+    data = [concept_batch(spec, concepts, i, a.batch_size) for i in range(a.batches)]
+    start, _ = scores(fit(kind, spec, data, a, lr=1e-12, batches=a.eval_batches + 3), concepts, data, a.eval_batches)
+    t0 = time.perf_counter()
+    model = fit(kind, spec, data, a)
+    seconds = time.perf_counter() - t0
+    sc, active = scores(model, concepts, data, a.eval_batches)
     ev = model.training_summary["heldout_eval"]
-    per_type = {t: statistics.mean(o for o, tt in zip(ok, c.types) if tt == t) for t in TYPES}
-    return {"kind": kind, "seed": seed, **per_type, "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead_fraction"],
-            "seconds": seconds}
+    out = {"kind": kind, "seed": spec.seed, "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead_fraction"],
+           "seconds": seconds, "at_start": statistics.mean(s.recovered for s in start)}
+    for t in TYPES:
+        mine = [s for s, tt in zip(sc, concepts.types) if tt == t]
+        out[t] = statistics.mean(s.recovered for s in mine)
+        out[f"start_{t}"] = statistics.mean(s.recovered for s, tt in zip(start, concepts.types) if tt == t)
+        out[f"f1_{t}"] = statistics.mean(s.f1 for s in mine)
+        out[f"l0_{t}"] = active[t]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk", "jumprelu", "matryoshka", "spade"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--d", type=int, default=64)
-    p.add_argument("--rays", type=int, default=16)
-    p.add_argument("--subspaces", type=int, default=6, help="half 2-d, half 3-d")
-    p.add_argument("--regions", type=int, default=8, help="core/shell pairs")
-    p.add_argument("--per-row", type=int, default=2)
-    p.add_argument("--latents", type=int, default=256)
-    p.add_argument("--k", type=int, default=6)
-    p.add_argument("--batches", type=int, default=150)
-    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--small", action="store_true",
+                   help=f"{SMALL}, L=128, k=4, 80 batches of 512 rows (default: D=64, 16 rays, 6 subspaces, "
+                        "8 regions, L=256, k=6, 150 batches of 1024 rows)")
+    p.add_argument("--per-row", type=int, default=1, help="concepts summed per row (1: the paper's toy setting)")
+    p.add_argument("--latents", type=int, default=None)
+    p.add_argument("--k", type=int, default=None)
+    p.add_argument("--batches", type=int, default=None, help="batches, the held-out ones included")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--json", type=str, default=None)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dims = SMALL if a.small else {}
+    a.latents = a.latents or (128 if a.small else 256)
+    a.k = a.k or (4 if a.small else 6)
+    a.batches = a.batches or (80 if a.small else 150)
+    a.batch_size = a.batch_size or (512 if a.small else 1024)
+    specs = [GeometrySpec(**dims, per_row=a.per_row, seed=s) for s in a.seeds]
+    print(f"{dataclasses.asdict(specs[0])} (seeds {a.seeds}); L={a.latents}, k={a.k}, {a.batches} batches of "
+          f"{a.batch_size} rows", flush=True)
+    print("recovered fraction | mean F1 | active latents on one-concept rows, per concept type (mean over seeds)")
+    head = (f"{'kind':<11}" + "".join(f"{t:>9}" for t in TYPES) + " |" + "".join(f"{t:>9}" for t in TYPES) + " |"
+            + "".join(f"{t:>9}" for t in TYPES) + f"{'fvu':>7}{'l0':>7}{'dead':>7}{'start':>7}{'s':>5}")
+    print(head, flush=True)
     results = []
-    head = f"{'kind':<12}" + "".join(f"{t:>10}" for t in TYPES) + f"{'fvu':>8}{'l0':>7}{'dead':>7}{'s':>6}"
-    print("recovered fraction per concept type (mean over seeds)\n" + head, flush=True)
     for kind in a.kinds:
-        rs = [run(kind, a, s) for s in a.seeds]
+        rs = [run(kind, spec, a) for spec in specs]
         results += rs
-        mean = {key: statistics.mean(r[key] for r in rs) for key in (*TYPES, "fvu", "l0", "dead", "seconds")}
-        print(f"{kind:<12}" + "".join(f"{mean[t]:>10.0%}" for t in TYPES)
-              + f"{mean['fvu']:>8.3f}{mean['l0']:>7.2f}{mean['dead']:>7.1%}{mean['seconds']:>6.0f}", flush=True)
+        m = {key: statistics.mean(r[key] for r in rs) for key in rs[0] if key not in ("kind", "seed")}
+        print(f"{kind:<11}" + "".join(f"{m[t]:>9.0%}" for t in TYPES) + " |"
+              + "".join(f"{m['f1_' + t]:>9.2f}" for t in TYPES) + " |"
+              + "".join(f"{m['l0_' + t]:>9.2f}" if not math.isnan(m["l0_" + t]) else f"{'-':>9}" for t in TYPES)
+              + f"{m['fvu']:>7.3f}{m['l0']:>7.2f}{m['dead']:>7.1%}{m['at_start']:>7.0%}{m['seconds']:>5.0f}",
+              flush=True)
+        if m["at_start"] > 0:
+            print(f"{'  at start':<11}" + "".join(f"{m['start_' + t]:>9.0%}" for t in TYPES), flush=True)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"args": vars(a), "runs": results}, fh, indent=2)

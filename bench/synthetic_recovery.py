@@ -9,7 +9,8 @@ setting and seed, and is evaluated on held-out rows.
 
 Each dictionary trains with seed ``synthetic.spec.seed``, not the data's seed: with the data's seed its
 initial decoder would already hold the atoms (the recovery by the initial decoder is printed per setting; it
-must be about 0). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean
+must be about 0; a kind that initialises from the data, spade, also prints the recovery of the dictionary it
+starts from, one step at lr 1e-12). Printed per run: atom recovery (share of atoms with a decoder direction at |cos| > 0.9), mean
 best cosine, held-out FVU, inference L0, dead fraction (no firing on the held-out rows), the alive latents that match no
 atom and their share of the firings (what the latents beyond the atoms do), wall time; and recovery and FVU
 as ratios to the BASELINE of the same setting and seed, measured in the same invocation: the first of --kinds.
@@ -38,6 +39,7 @@ import torch
 
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes import SparseCoder
+from conceptdict.saes.model import kind_spec
 from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
 
 BASE = dict(n_atoms=1024, d=128, active=6.0, noise=0.02)
@@ -70,7 +72,18 @@ def recovery_at_init(spec: SyntheticSpec, cfg: TrainConfig) -> float:
     return atom_recovery(model.decoder_directions(), planted_atoms(spec)).fraction
 
 
+def recovery_at_start(spec: SyntheticSpec, cfg: TrainConfig) -> float | None:
+    """Atom recovery of the dictionary a kind with a data-dependent initialisation (spade: prototypes at data rows)
+    starts from: one step at lr 1e-12; None for kinds whose start is :func:`recovery_at_init`'s."""
+    if kind_spec(cfg.kind).init is None:
+        return None
+    probe = dataclasses.replace(cfg, lr=1e-12, tokens=spec.batch_size)
+    return atom_recovery(train(probe, functools.partial(synthetic_batches, spec)).decoder_directions(),
+                         planted_atoms(spec)).fraction
+
+
 def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
+    start = recovery_at_start(spec, cfg)
     t0 = time.perf_counter()
     model = train(cfg, functools.partial(synthetic_batches, spec))
     seconds = time.perf_counter() - t0
@@ -79,7 +92,7 @@ def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
     n_unmatched, share = unmatched_alive(model, spec, cfg.eval_batches)
     return {"kind": cfg.kind, "seed": spec.seed, "recovery": rec.fraction, "mean_best_cos": rec.mean_best_cos,
             "fvu": held["fvu"], "l0": held["l0"], "k": cfg.k, "dead": held["dead_fraction"], "seconds": seconds,
-            "unmatched_alive": n_unmatched, "unmatched_firing_share": share}
+            "unmatched_alive": n_unmatched, "unmatched_firing_share": share, "at_start": start}
 
 
 KIND_CHOICES = ("topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "jumprelu-relative", "matryoshka",
@@ -195,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"fvu {r['fvu']:.4f}  "
                       f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  unmatched alive {r['unmatched_alive']} "
                       f"({r['unmatched_firing_share']:.1%} of firings)  {r['seconds']:6.1f}s  "
-                      f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)
+                      + (f"recovery at its start {r['at_start']:.1%}  " if r["at_start"] is not None else "")
+                      + f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)
     labels = list(dict.fromkeys(r["label"] for r in results))
     print("\n".join(["", "mean over seeds [worst seed]:", *summary(results, a.settings, labels)]))
     if a.json:
