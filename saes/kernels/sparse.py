@@ -49,6 +49,10 @@ class Backend(NamedTuple):
     count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
     how many there are. When present, a chunked BatchTopK collects the rows after the first chunk with
     a cutoff guessed from it instead of selecting 4k candidates per row (``select.above_candidates``)."""
+    row_above_floor: Callable[..., tuple[Tensor, Tensor]] | None = None
+    """Optional (pre [B, L], bias [L], floor [L], cap) -> indices [B, cap], count [B]: per row the columns
+    with pre + bias > floor in column order, the first cap of them (0-padded), and how many there are.
+    When present, ``select_above`` tests each chunk in one pass instead of a compare and a nonzero."""
 
 
 # ---------------------------------------------------------------- the portable (torch) backend
@@ -303,6 +307,64 @@ def _full_rows(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor | None, ro
     return (value if scale is None else value * scale.to(value.dtype)), value
 
 
+def pack_rows(rows: Tensor, cols: Tensor, B: int) -> tuple[Tensor, Tensor]:
+    """(row, column) pairs sorted by row -> (indices [B, K], kept [B, K]) in the pairs' order per row, padded
+    with (0, False) to K = the largest row count (at least 1)."""
+    counts = torch.bincount(rows, minlength=B)
+    K = max(int(counts.max()) if B else 0, 1)
+    pos = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    indices = torch.zeros(B, K, dtype=torch.long, device=rows.device)
+    kept = torch.zeros(B, K, dtype=torch.bool, device=rows.device)
+    indices[rows, pos] = cols
+    kept[rows, pos] = True
+    return indices, kept
+
+
+# select_above: slots per row of the first pass, in units of k (a row with more is tested again, wider)
+ABOVE_FLOOR_SLOTS = 4
+
+
+def select_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
+                 backend: Backend) -> tuple[Tensor, Tensor]:
+    """The entries of x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order, as (indices
+    [B, K], kept [B, K]) padded with (0, False) to the largest row count; no autograd. On CPU the matmul runs
+    ROW_CHUNK rows at a time into one reused buffer; a backend with ``row_above_floor`` adds b_enc and tests
+    each chunk in one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as
+    many slots as the chunk's longest), else a compare and a nonzero per chunk. ``k`` only sizes the slots."""
+    B, L = x.shape[0], W_enc.shape[1]
+    cpu = x.device.type == "cpu"
+    step = ROW_CHUNK if cpu else max(B, 1)
+    with torch.no_grad():
+        if not cpu or backend.row_above_floor is None:
+            rows, cols = [], []
+            for s in range(0, B, step):
+                r, c = (torch.addmm(b_enc, x[s : s + step], W_enc) > floor).nonzero(as_tuple=True)
+                rows.append(r + s)
+                cols.append(c)
+            if not B:
+                return torch.zeros(0, 1, dtype=torch.long, device=x.device), torch.zeros(0, 1, dtype=torch.bool,
+                                                                                           device=x.device)
+            return pack_rows(torch.cat(rows), torch.cat(cols), B)
+        buf = x.new_empty(min(step, B), L)
+        slots = min(L, ABOVE_FLOOR_SLOTS * max(k, 1))
+        parts, counts = [], []
+        for s in range(0, B, step):
+            pre = torch.mm(x[s : s + step], W_enc, out=buf[: min(step, B - s)])
+            idx, count = backend.row_above_floor(pre, b_enc, floor, slots)
+            over = torch.nonzero(count > slots).flatten()
+            if over.numel():  # rows with more entries than slots: again, as wide as the longest
+                wide, _ = backend.row_above_floor(pre[over], b_enc, floor, int(count.max()))
+                idx = torch.nn.functional.pad(idx, (0, wide.shape[1] - slots))
+                idx[over] = wide
+            parts.append(idx)
+            counts.append(count)
+        count = torch.cat(counts) if counts else torch.zeros(0, dtype=torch.long)
+        K = max(int(count.max()) if B else 0, 1)
+        indices = torch.cat([torch.nn.functional.pad(p, (0, max(0, K - p.shape[1])))[:, :K] for p in parts]) \
+            if parts else torch.zeros(0, K, dtype=torch.long)
+        return indices, torch.arange(K) < count[:, None]
+
+
 def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
     """Exact batch top-k of acts [B, L] (already >= 0); values differentiable in acts (by gather)."""
     with torch.no_grad():
@@ -314,7 +376,7 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> 
 
 def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
-    sparse_decode, encode_aux, gather_pre), with the signatures of ``reference.py``."""
+    sparse_decode, encode_aux, gather_pre, select_above), with the signatures of ``reference.py``."""
 
     def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux)
@@ -336,4 +398,7 @@ def make_ops(backend: Backend):
     def _gather_pre(x, W_enc, indices):
         return gather_pre(x, W_enc, indices, backend)
 
-    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre
+    def _select_above(x, W_enc, b_enc, floor, k):
+        return select_above(x, W_enc, b_enc, floor, k, backend)
+
+    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre, _select_above
