@@ -70,13 +70,14 @@ def test_gather_pre_values_and_grads(impl):
 
 @pytest.mark.parametrize("impl", FAST)
 @pytest.mark.parametrize("k", [1, 8])  # 1: most rows hold more entries than the first pass's slots
-def test_select_above_equals_the_dense_selection(impl, k):
+def test_encode_above_selects_the_dense_selection(impl, k):
     x, W, b, _ = _inputs(B=70, L=300)
     floor = 2.0 * torch.rand(W.shape[0], generator=torch.Generator().manual_seed(3))
-    want = kernels.select_above(x, W.t(), b, floor, k, impl="reference")
-    got = kernels.select_above(x, W.t(), b, floor, k, impl=impl)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert int(want[1].sum(dim=1).max()) > 4 * k  # the wider second pass ran
+    want = kernels.encode_above(x, W.t(), b, floor, k, impl="reference")
+    got = kernels.encode_above(x, W.t(), b, floor, k, impl=impl)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[0] * got[2], want[0] * want[2], rtol=1e-5, atol=1e-5)
+    assert int(want[2].sum(dim=1).max()) > 4 * k  # the wider second pass ran
 
 
 @pytest.mark.parametrize("impl", FAST)

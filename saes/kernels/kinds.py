@@ -1,8 +1,7 @@
-"""Sparse operations of the JumpReLU, Matryoshka and SpaDE kinds, built on the ``gather_pre`` and
-``sparse_decode`` kernels so that nothing after the one encoder matmul is dense [B, L] with autograd.
+"""Sparse operations of the Matryoshka and SpaDE kinds (JumpReLU's ``encode_above`` is an op of its own), built
+on the ``gather_pre`` and ``sparse_decode`` kernels so that nothing after the one encoder matmul is dense [B, L]
+with autograd.
 
-- ``encode_above``: the pre-activations above a per-latent floor (JumpReLU: its active entries and those in
-  the threshold's rectangle window), as a packed code whose values are differentiable through those entries.
 - ``encode_sparsemax``: sparsemax over a row's affine scores (SpaDE); the support is found from the top
   ``n_candidates`` scores of each row (the whole row is sorted only where the support may be larger), and
   the output is packed, so its decode is a sparse decode.
@@ -36,19 +35,6 @@ def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str) -> Tensor:
     from . import gather_pre
 
     return gather_pre(x, W_enc, indices, impl=impl)
-
-
-def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
-                 impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
-    """The entries of pre = x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order:
-    (pre there [B, K], indices [B, K], kept [B, K]); the values are differentiable in x, W_enc and b_enc.
-    The entries come from ``select_above`` (``k``, the expected entries per row, sizes its buffers)."""
-    if _is_reference(impl, x.device):
-        return reference.encode_above(x, W_enc, b_enc, floor)
-    from . import select_above
-
-    indices, kept = select_above(x, W_enc, b_enc, floor, k, impl=impl)
-    return _gather_pre(x, W_enc, indices, impl) + b_enc[indices], indices, kept
 
 
 def _support(z: Tensor, m: int) -> tuple[Tensor, Tensor]:

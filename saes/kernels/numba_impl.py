@@ -79,13 +79,14 @@ def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
 
 
-def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple[Tensor, Tensor]:
+def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
     _check_cpu(pre)
     B = pre.shape[0]
+    values = np.empty((B, cap), np.float32)
     indices = np.empty((B, cap), np.int64)
     count = np.empty(B, np.int64)
-    nk.row_above_floor(_f32(pre), _f32(bias), _f32(floor), cap, indices, count)
-    return torch.from_numpy(indices), torch.from_numpy(count)
+    nk.row_above_floor(_f32(pre), _f32(bias), _f32(floor), cap, values, indices, count)
+    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
 
 
 def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
@@ -126,4 +127,4 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor)
-encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, select_above = make_ops(BACKEND)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

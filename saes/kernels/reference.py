@@ -133,15 +133,9 @@ def pack(mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(kept, order, 0), kept
 
 
-def select_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(indices, kept) [B, K] of the entries of x W_enc + b_enc above ``floor`` [L], by the dense matmul
-    (``k`` only sizes the fast implementations' buffers)."""
-    with torch.no_grad():
-        return pack(pre_activations(x, W_enc, b_enc) > floor)
-
-
-def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The entries of pre = x W_enc + b_enc above ``floor`` [L]: (pre there [B, K], indices, kept [B, K])."""
+def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of pre = x W_enc + b_enc above ``floor`` [L]: (pre there [B, K], indices, kept [B, K]), by the
+    dense matmul (``k`` only sizes the fast implementations' buffers)."""
     pre = pre_activations(x, W_enc, b_enc)
     indices, kept = pack(pre > floor)
     return pre.gather(1, indices), indices, kept
