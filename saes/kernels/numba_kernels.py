@@ -336,7 +336,7 @@ def row_above_floor(pre, bias, floor, cap, out_val, out_idx, count):
     """Per row, the columns c with pre[b, c] + bias[c] > floor[c] (a floor per column), in column order: the
     first ``cap`` into out_idx and their pre[b, c] (without bias) into out_val (the rest of the slots zeroed),
     and how many there are into count[b]
-    (> cap: the row holds more than its slots). JumpReLU's selection (``sparse.select_above``): a
+    (> cap: the row holds more than its slots). JumpReLU's selection (``sparse.encode_above``): a
     branch-free count per SCAN_BLOCK columns, scalar work only on blocks holding an entry above its floor."""
     B, L = pre.shape
     for b in prange(B):
