@@ -18,8 +18,10 @@ have a value or a gradient, so the step works on the packed code of those entrie
 ``impl="reference"`` computes.
 
 Departures from the paper, all for short runs: theta starts at the (N k)-th largest pre-activation over the
-first N rows (so the first step runs at L0 ~ k) instead of 0.001, and eps is 0.05 in training units (rows of
-mean norm sqrt(D); the paper's 0.001 for rows of unit mean squared norm is ~0.01 here). Decoder rows are kept
+first N rows (so the first step runs at L0 ~ k) instead of 0.001; eps is 0.05 in training units (rows of
+mean norm sqrt(D); the paper's 0.001 for rows of unit mean squared norm is ~0.01 here); and the trained
+parameter is log(theta) / THRESHOLD_RATE, so Adam moves the thresholds 10x faster than SAELens's log(theta)
+would (without it the L0 sank to 3-4 for k = 6 and never came back within a benchmark run). Decoder rows are kept
 at unit norm like every kind here. Inference is the import-only kind's rule, ``relu(z) * (relu(z) > threshold)``,
 so the dictionary exports to SAELens (``jumprelu``) unchanged.
 
@@ -27,7 +29,8 @@ so the dictionary exports to SAELens (``jumprelu``) unchanged.
 docs/batchtopk.md): z = (x - b_dec) W_enc / s(x) + b_enc is compared with theta_j and the kept values are
 multiplied back by s(x). With absolute thresholds, heavy-tailed row norms break JumpReLU the way they break the
 published BatchTopK (one threshold cannot separate interference in large rows from signal in small ones):
-on ``bench/synthetic_recovery.py --settings heavy`` ``jumprelu`` ends at held-out FVU 1.82 with L0 0.93. Its
+on ``bench/synthetic_recovery.py --small --settings heavy`` ``jumprelu`` recovers 0% of the atoms at held-out FVU
+0.31 (``batchtopk-absolute`` too), ``jumprelu-relative`` 53.5% (docs/kinds.md). Its
 inference is ``batchtopk``'s rule with a per-latent threshold, so it does not export to SAELens.
 """
 
@@ -44,6 +47,14 @@ from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, fired_from_code, 
                     threshold_encode)
 
 DEFAULT_BANDWIDTH = 0.05
+
+THRESHOLD_RATE = 10.0
+"""theta = exp(THRESHOLD_RATE * scaled_log_threshold): Adam moves each parameter by about the learning rate per
+step, so this multiplies the thresholds' step by 10 (about 4.5% of theta per step at the default lr of L=512).
+At rate 1 (log theta itself as the parameter, as SAELens) theta moves 0.45% per step while the encoder moves the
+pre-activations several percent: on bench/synthetic_recovery.py --small the L0 sank to 2-4 for k=6 and the
+quadratic target could not pull it back within 182 steps (jumprelu-relative ended at L0 4.2, jumprelu at 3.3-3.8);
+at rate 10 both hold L0 at 5.8-6.4 (docs/kinds.md)."""
 
 
 def _rectangle(u: Tensor) -> Tensor:
@@ -90,10 +101,10 @@ def sparsity_penalty(l0: Tensor, k: int, rule: str) -> Tensor:
 def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = False) -> TrainOutput:
     cfg = inputs.settings
     eps = cfg.jumprelu_bandwidth if cfg is not None else DEFAULT_BANDWIDTH
-    theta = model.log_threshold.exp()
+    theta = threshold_of(model)
     s = row_scale(model, x) if relative else None
     z, idx, kept = kernels.encode_above((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc,
-                                        model.b_enc, (theta - eps / 2).detach(), impl=model.kernel_impl)
+                                        model.b_enc, (theta - eps / 2).detach(), model.k, impl=model.kernel_impl)
     th = theta[idx]
     f = JumpReLU.apply(z, th, eps) * kept
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
@@ -112,7 +123,12 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
 
 
 def _train_params(model: SparseCoder) -> dict[str, Tensor]:
-    return {"log_threshold": torch.full((model.n_latents,), math.log(1e-3))}
+    return {"scaled_log_threshold": torch.full((model.n_latents,), math.log(1e-3) / THRESHOLD_RATE)}
+
+
+def threshold_of(model: SparseCoder) -> Tensor:
+    """The training thresholds theta [L] = exp(THRESHOLD_RATE * scaled_log_threshold), differentiable."""
+    return (THRESHOLD_RATE * model.scaled_log_threshold).exp()
 
 
 def _train_relative(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
@@ -129,12 +145,12 @@ def _init(model: SparseCoder, rows: Tensor) -> None:
     pre = torch.relu(centred @ model.W_enc + model.b_enc).flatten()
     keep = min(pre.numel(), max(1, rows.shape[0] * model.k))
     theta = max(float(pre.topk(keep, sorted=False).values.min()), 1e-3)
-    model.log_threshold.fill_(math.log(theta))
+    model.scaled_log_threshold.fill_(math.log(theta) / THRESHOLD_RATE)
 
 
 @torch.no_grad()
 def _finish(model: SparseCoder) -> None:
-    model.threshold.copy_(model.log_threshold.exp())
+    model.threshold.copy_(threshold_of(model))
 
 
 KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=False, uses_threshold=True, train_params=_train_params,

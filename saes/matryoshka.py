@@ -12,8 +12,9 @@ than the atoms it must reconstruct turns its latents into blends of atoms -- and
 absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
 groups leave no trace in the saved dictionary (config.json records them under ``training.config``).
 
-A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_decodes`` compacts the code per group
-and decodes each entry once, so no [B, L] code is ever decoded densely.
+A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_errors`` compacts the code per group,
+decodes each entry once (no [B, L] code is ever decoded densely) and returns the whole reconstruction and the
+inner prefixes' squared errors without building the inner reconstructions.
 
 Which BatchTopK: ``matryoshka`` uses the row-relative rule of ``batchtopk`` (docs/batchtopk.md),
 ``matryoshka-absolute`` the published one. Measured on bench/synthetic_recovery.py (docs/kinds.md): the
@@ -58,9 +59,9 @@ def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) 
     weight = settings.matryoshka_inner_weight if settings is not None else 1.0
     bounds = prefix_bounds(model.n_latents, groups)
     c = train_code(model, x, inputs, batch=True, relative=relative)
-    recons = kernels.prefix_decodes(c.values, c.indices, model.W_dec, model.b_dec, bounds, impl=model.kernel_impl)
-    x_hat = recons[-1]
-    extra = weight * sum(((x - r).pow(2).sum() for r in recons[:-1]), x.new_zeros(())) / inputs.stats.total_var
+    x_hat, inner = kernels.prefix_errors(c.values, c.indices, model.W_dec, model.b_dec, bounds, x,
+                                         impl=model.kernel_impl)
+    extra = weight * sum(inner, x.new_zeros(())) / inputs.stats.total_var
     return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
 
 

@@ -6,8 +6,9 @@ implementations registered in ``IMPLS``. ``"auto"`` is resolved at call time fro
 
 Operations: ``encode`` (the fused training encoder: one matmul, TopK or BatchTopK selection and the AuxK
 code, sparse backward), ``encode_topk``, ``batch_topk``, ``encode_aux``, ``sparse_decode`` and ``gather_pre``
-(pre-activations at given entries, sparse backward); ``kinds.py`` builds the JumpReLU, Matryoshka and
-SpaDE operations on them (``encode_above``, ``prefix_decodes``, ``encode_sparsemax``).
+(pre-activations at given entries, sparse backward) and ``encode_above`` (the entries above a per-latent
+floor, JumpReLU's); ``kinds.py`` builds the JumpReLU, Matryoshka and
+SpaDE operations on them (``prefix_decodes``, ``prefix_errors``, ``encode_sparsemax``).
 Implementations (``sparse.py`` holds the shared sparse autograd, ``select.py`` the selection):
 
 - ``torch``     embedding_bag / index_add / bmm in chunks; any device and dtype (``torch_impl.py``).
@@ -39,7 +40,7 @@ from . import reference
 from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
-OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre")
+OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -124,6 +125,15 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec, skip_zero_grads)
 
 
+def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
+                 impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of pre = x W_enc + b_enc above ``floor`` [L] (one floor per latent), per row in latent order:
+    (pre there [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
+    differentiable in x, W_enc and b_enc through those entries (JumpReLU: its active entries and those in the
+    threshold's window). ``k``, the expected entries per row, sizes buffers only."""
+    return _fn("encode_above", impl, x.device)(x, W_enc, b_enc, floor, k)
+
+
 def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto") -> Tensor:
     """(x W_enc) at indices [B, K] -> [B, K] without the [B, L] product; differentiable in x and W_enc through
     those entries only (no ReLU mask: every entry carries its gradient)."""
@@ -160,9 +170,9 @@ def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int
     return SparseCode(values, indices)
 
 
-from .kinds import encode_above, encode_sparsemax, prefix_decodes  # noqa: E402  (they use the ops above)
+from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402  (they use the ops above)
 
 __all__ = [
     "IMPLS", "Encoded", "SparseCode", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
-    "encode_topk", "gather_pre", "prefix_decodes", "resolve_impl", "sparse_decode",
+    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "resolve_impl", "sparse_decode",
 ]

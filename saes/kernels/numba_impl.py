@@ -79,6 +79,16 @@ def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
 
 
+def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
+    _check_cpu(pre)
+    B = pre.shape[0]
+    values = np.empty((B, cap), np.float32)
+    indices = np.empty((B, cap), np.int64)
+    count = np.empty(B, np.int64)
+    nk.row_above_floor(_f32(pre), _f32(bias), _f32(floor), cap, values, indices, count)
+    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
+
+
 def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
     _check_cpu(W)
     D = W.shape[1]
@@ -116,5 +126,5 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     return torch.from_numpy(grad_x), torch.from_numpy(grad_W)
 
 
-BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above)
-encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre = make_ops(BACKEND)
+BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

@@ -329,3 +329,39 @@ def row_above(pre, tau, cap, bias, scale, out_val, out_idx, count):
             out_val[b, j] = 0.0
             out_idx[b, j] = 0
         count[b] = n
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def row_above_floor(pre, bias, floor, cap, out_val, out_idx, count):
+    """Per row, the columns c with pre[b, c] + bias[c] > floor[c] (a floor per column), in column order: the
+    first ``cap`` into out_idx and their pre[b, c] (without bias) into out_val (the rest of the slots zeroed),
+    and how many there are into count[b]
+    (> cap: the row holds more than its slots). JumpReLU's selection (``sparse.encode_above``): a
+    branch-free count per SCAN_BLOCK columns, scalar work only on blocks holding an entry above its floor."""
+    B, L = pre.shape
+    for b in prange(B):
+        row = pre[b]
+        n = 0
+        c0 = 0
+        while c0 + SCAN_BLOCK <= L:
+            hits = 0
+            for u in range(SCAN_BLOCK):
+                hits += row[c0 + u] + bias[c0 + u] > floor[c0 + u]
+            if hits > 0:
+                for u in range(SCAN_BLOCK):
+                    if row[c0 + u] + bias[c0 + u] > floor[c0 + u]:
+                        if n < cap:
+                            out_val[b, n] = row[c0 + u]
+                            out_idx[b, n] = c0 + u
+                        n += 1
+            c0 += SCAN_BLOCK
+        for c in range(c0, L):
+            if row[c] + bias[c] > floor[c]:
+                if n < cap:
+                    out_val[b, n] = row[c]
+                    out_idx[b, n] = c
+                n += 1
+        for j in range(min(n, cap), cap):
+            out_val[b, j] = 0.0
+            out_idx[b, j] = 0
+        count[b] = n

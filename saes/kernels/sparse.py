@@ -49,6 +49,11 @@ class Backend(NamedTuple):
     count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
     how many there are. When present, a chunked BatchTopK collects the rows after the first chunk with
     a cutoff guessed from it instead of selecting 4k candidates per row (``select.above_candidates``)."""
+    row_above_floor: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+    """Optional (pre [B, L], bias [L], floor [L], cap) -> pre there [B, cap], indices [B, cap], count [B]: per
+    row the columns with pre + bias > floor in column order, the first cap of them (0-padded), and how many
+    there are. When present, ``encode_above`` tests each chunk in one pass instead of a compare and a nonzero,
+    and takes the values from it instead of gathering them again."""
 
 
 # ---------------------------------------------------------------- the portable (torch) backend
@@ -159,9 +164,11 @@ class _SparseGather(torch.autograd.Function):
     backward, with no ReLU mask (the consumer decides which entries carry gradient)."""
 
     @staticmethod
-    def forward(ctx, x, W_enc, indices, backend):
+    def forward(ctx, x, W_enc, indices, backend, given=None):
         ctx.backend = backend
         ctx.save_for_backward(x, W_enc, indices)
+        if given is not None:  # the values, already computed by the selection (``encode_above``)
+            return given.clone()
         return backend.gather_dot(indices, x, W_enc.t(), None).to(x.dtype)
 
     @staticmethod
@@ -169,7 +176,7 @@ class _SparseGather(torch.autograd.Function):
         x, W_enc, indices = ctx.saved_tensors
         grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc)
         return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
-                grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None)
+                grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
 
 
 def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend) -> Tensor:
@@ -303,6 +310,74 @@ def _full_rows(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor | None, ro
     return (value if scale is None else value * scale.to(value.dtype)), value
 
 
+def pack_rows(rows: Tensor, cols: Tensor, B: int) -> tuple[Tensor, Tensor]:
+    """(row, column) pairs sorted by row -> (indices [B, K], kept [B, K]) in the pairs' order per row, padded
+    with (0, False) to K = the largest row count (at least 1)."""
+    counts = torch.bincount(rows, minlength=B)
+    K = max(int(counts.max()) if B else 0, 1)
+    pos = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    indices = torch.zeros(B, K, dtype=torch.long, device=rows.device)
+    kept = torch.zeros(B, K, dtype=torch.bool, device=rows.device)
+    indices[rows, pos] = cols
+    kept[rows, pos] = True
+    return indices, kept
+
+
+# encode_above: slots per row of the first pass, in units of k (a row with more is tested again, wider)
+ABOVE_FLOOR_SLOTS = 4
+
+
+def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
+                 backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of pre = x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order: (pre there
+    [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
+    differentiable in x, W_enc and b_enc through those entries (no ReLU mask). On CPU the matmul runs ROW_CHUNK
+    rows at a time into one reused buffer; a backend with ``row_above_floor`` adds b_enc, tests each chunk in
+    one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as many slots as the
+    chunk's longest) and returns the values with the entries; else a compare and a nonzero per chunk and a
+    gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
+    B, L = x.shape[0], W_enc.shape[1]
+    cpu = x.device.type == "cpu"
+    step = ROW_CHUNK if cpu else max(B, 1)
+    given = None
+    with torch.no_grad():
+        if not cpu or backend.row_above_floor is None or not B:
+            rows, cols = [], []
+            for s in range(0, B, step):
+                r, c = (torch.addmm(b_enc, x[s : s + step], W_enc) > floor).nonzero(as_tuple=True)
+                rows.append(r + s)
+                cols.append(c)
+            indices, kept = pack_rows(torch.cat(rows), torch.cat(cols), B) if B else (
+                torch.zeros(0, 1, dtype=torch.long, device=x.device), torch.zeros(0, 1, dtype=torch.bool,
+                                                                                  device=x.device))
+        else:
+            buf = x.new_empty(min(step, B), L)
+            slots = min(L, ABOVE_FLOOR_SLOTS * max(k, 1))
+            parts, counts = [], []
+            for s in range(0, B, step):
+                pre = torch.mm(x[s : s + step], W_enc, out=buf[: min(step, B - s)])
+                val, idx, count = backend.row_above_floor(pre, b_enc, floor, slots)
+                over = torch.nonzero(count > slots).flatten()
+                if over.numel():  # rows with more entries than slots: again, as wide as the longest
+                    wide_val, wide_idx, _ = backend.row_above_floor(pre[over], b_enc, floor, int(count.max()))
+                    pad = (0, wide_idx.shape[1] - slots)
+                    val, idx = torch.nn.functional.pad(val, pad), torch.nn.functional.pad(idx, pad)
+                    val[over], idx[over] = wide_val, wide_idx
+                parts.append((val, idx))
+                counts.append(count)
+            count = torch.cat(counts)
+            K = max(int(count.max()), 1)
+
+            def width(t: Tensor) -> Tensor:
+                return torch.nn.functional.pad(t, (0, max(0, K - t.shape[1])))[:, :K]
+
+            given = torch.cat([width(v) for v, _ in parts])
+            indices = torch.cat([width(i) for _, i in parts])
+            kept = torch.arange(K) < count[:, None]
+    z = _SparseGather.apply(x, W_enc, indices.contiguous(), backend, given)
+    return z + b_enc[indices], indices, kept
+
+
 def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
     """Exact batch top-k of acts [B, L] (already >= 0); values differentiable in acts (by gather)."""
     with torch.no_grad():
@@ -314,7 +389,7 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> 
 
 def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
-    sparse_decode, encode_aux, gather_pre), with the signatures of ``reference.py``."""
+    sparse_decode, encode_aux, gather_pre, encode_above), with the signatures of ``reference.py``."""
 
     def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux)
@@ -336,4 +411,7 @@ def make_ops(backend: Backend):
     def _gather_pre(x, W_enc, indices):
         return gather_pre(x, W_enc, indices, backend)
 
-    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre
+    def _encode_above(x, W_enc, b_enc, floor, k=1):
+        return encode_above(x, W_enc, b_enc, floor, k, backend)
+
+    return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre, _encode_above

@@ -5,4 +5,4 @@ from __future__ import annotations
 from .sparse import make_ops, torch_backend
 
 BACKEND = torch_backend()
-encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre = make_ops(BACKEND)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

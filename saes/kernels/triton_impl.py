@@ -132,4 +132,4 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
 
 
 BACKEND = Backend(torch_row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward)
-encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre = make_ops(BACKEND)
+encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)
