@@ -31,8 +31,8 @@ from torch import Tensor
 
 from . import kernels
 from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, relative_encode, relative_scores, relu_scores,
-                    threshold_encode, train_code)
+from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, code_l1_penalty, relative_encode, relative_scores,
+                    relu_scores, threshold_encode, train_code)
 
 
 def default_groups(latents: int) -> list[int]:
@@ -62,6 +62,9 @@ def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) 
     x_hat, inner = kernels.prefix_errors(c.values, c.indices, model.W_dec, model.b_dec, bounds, x,
                                          impl=model.kernel_impl)
     extra = weight * sum(inner, x.new_zeros(())) / inputs.stats.total_var
+    penalty = code_l1_penalty(c.values, inputs) if relative else None  # the row-relative kinds' tie-break
+    if penalty is not None:
+        extra = extra + penalty
     return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
 
 

@@ -204,9 +204,15 @@ def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> Tra
     c = train_code(model, x, inputs, batch=True, relative=True)
     x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
+    return TrainOutput(x_hat, c.fired, c.l0, code_l1_penalty(c.values, inputs), c.smallest, c.aux)
+
+
+def code_l1_penalty(values: Tensor, inputs: StepInputs) -> Tensor | None:
+    """``TrainConfig.code_l1`` x the lr's schedule factor x the L1 norm of this process's kept codes ``values``
+    [B_r, K], per row of the whole batch and over its RMS norm of x - mean; None when the weight is 0 (or
+    outside a training run): BatchTopK's tie-break, docs/batchtopk.md."""
     coeff = inputs.settings.code_l1 * inputs.schedule if inputs.settings is not None else 0.0
-    penalty = coeff * c.values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach() if coeff else None
-    return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
+    return coeff * values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach() if coeff else None
 
 
 def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
