@@ -78,7 +78,7 @@ class TrainConfig:
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     code_l1: float = 0.05
-    """batchtopk and matryoshka (the row-relative BatchTopK kinds): weight of an L1 penalty on the kept codes
+    """batchtopk, matryoshka and jumprelu-relative (the row-relative kinds): weight of an L1 penalty on the kept codes
     (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like
     ``l1_coeff``), times the learning rate's schedule factor, so it is gone by the end of the run and leaves no
     shrinkage in the final codes; 0 trains them as before. The selection fixes the L0; the penalty breaks a tie

@@ -183,12 +183,21 @@ def test_matryoshka_inner_weight_scales_the_inner_prefix_losses():
     x = torch.randn(96, 12)
     outs = {}
     for w in (1.0, 0.25, 0.0):
-        cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=w)
+        cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=w, code_l1=0.0)
         outs[w] = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg))
     assert float(outs[1.0].sparsity_loss) > 0
     torch.testing.assert_close(outs[0.25].sparsity_loss, 0.25 * outs[1.0].sparsity_loss)
     assert float(outs[0.0].sparsity_loss) == 0.0
     torch.testing.assert_close(outs[0.25].x_hat, outs[1.0].x_hat)
+    # the tie-break (TrainConfig.code_l1, docs/batchtopk.md) adds code_l1 x the lr schedule x the kept codes' L1
+    # per row over the batch's RMS norm
+    from conceptdict.saes.model import train_code
+
+    cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=0.0, code_l1=0.05)
+    inputs = local_inputs(x)._replace(settings=cfg, schedule=0.5)
+    values = train_code(model, x, inputs, batch=True, relative=True).values
+    expected = 0.05 * 0.5 * values.sum() / 96 / inputs.stats.row_var.sqrt()
+    torch.testing.assert_close(model.spec.train_forward(model, x, inputs).sparsity_loss, expected)
 
 
 SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=14, seed=3)

@@ -24,7 +24,7 @@ D, B, STEPS, T = 8, 256, 400, 0.5
 def trained_pair(code_l1: float) -> float:
     """Best cosine to the atom of the split pair after STEPS steps on rows c * a (log-normal c)."""
     a, u = torch.eye(D)[0], torch.eye(D)[1]
-    model = SparseCoder(D, 3, 2, "batchtopk", kernel_impl="torch")  # a third latent, orthogonal to the rows, never fires
+    model = SparseCoder(D, 3, 2, "batchtopk", kernel_impl="torch")  # latent 3 is orthogonal to the rows: never fires
     with torch.no_grad():
         model.reset_parameters(generator=torch.Generator().manual_seed(0))
         model.W_dec.copy_(torch.stack([math.cos(T) * a + math.sin(T) * u, math.cos(T) * a - math.sin(T) * u,
@@ -32,8 +32,8 @@ def trained_pair(code_l1: float) -> float:
         model.W_enc.copy_(model.W_dec.t() / (2 * math.cos(T)))
     cfg = TrainConfig(latents=3, k=2, kind="batchtopk", code_l1=code_l1, lr=3e-3, warmup_steps=1,
                       decay_fraction=0.0, tokens=STEPS * B, b_dec_init="zero")
-    run = Run(model, torch.Generator(), make_optimizer(model, 3e-3), TrainState(since_fired=torch.zeros(3, dtype=torch.long)),
-              resolve(cfg, model, STEPS, B))
+    state = TrainState(since_fired=torch.zeros(3, dtype=torch.long))
+    run = Run(model, torch.Generator(), make_optimizer(model, 3e-3), state, resolve(cfg, model, STEPS, B))
     gen = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         c = torch.exp(torch.randn(B, 1, generator=gen)) * math.sqrt(D)
