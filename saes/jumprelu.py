@@ -43,7 +43,7 @@ from torch import Tensor
 
 from . import kernels
 from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, code_l1_penalty, fired_from_code, relative_encode,
+from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, fired_from_code, relative_encode,
                     row_scale, threshold_encode)
 
 DEFAULT_BANDWIDTH = 0.05
@@ -118,9 +118,8 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     # L0, which summed over processes is the gradient of P(L0 of the whole batch)
     whole = sparsity_penalty(l0_all, model.k, rule)
     penalty = coeff * (whole / inputs.comm.size + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
-    tie_break = code_l1_penalty(f * s, inputs) if relative else None  # as the row-relative BatchTopK kinds'
-    if tie_break is not None:
-        penalty = penalty + tie_break
+    if relative:
+        penalty = add_code_l1(penalty, f * s, inputs)
     fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
     return TrainOutput(x_hat, fired, l0_rows, penalty, None, None)
 

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import kernels
 from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, code_l1_penalty, relative_encode, relative_scores,
+from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, relative_encode, relative_scores,
                     relu_scores, threshold_encode, train_code)
 
 
@@ -62,9 +62,8 @@ def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) 
     x_hat, inner = kernels.prefix_errors(c.values, c.indices, model.W_dec, model.b_dec, bounds, x,
                                          impl=model.kernel_impl)
     extra = weight * sum(inner, x.new_zeros(())) / inputs.stats.total_var
-    penalty = code_l1_penalty(c.values, inputs) if relative else None  # the row-relative kinds' tie-break
-    if penalty is not None:
-        extra = extra + penalty
+    if relative:
+        extra = add_code_l1(extra, c.values, inputs)
     return TrainOutput(x_hat, c.fired, c.l0, extra, c.smallest, c.aux)
 
 

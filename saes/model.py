@@ -120,12 +120,13 @@ class TrainCode(NamedTuple):
 
 
 def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
-                         scale: Tensor | None = None, relative: bool = False) -> TrainOutput:
-    """:func:`train_code`, then the sparse decode of the code."""
+                         scale: Tensor | None = None, relative: bool = False, tie_break: bool = False) -> TrainOutput:
+    """:func:`train_code`, then the sparse decode of the code; ``tie_break``: with :func:`add_code_l1`'s penalty."""
     c = train_code(model, x, inputs, batch=batch, scale=scale, relative=relative)
     x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
-    return TrainOutput(x_hat, c.fired, c.l0, None, c.smallest, c.aux)
+    penalty = add_code_l1(None, c.values, inputs) if tie_break else None
+    return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
 
 
 def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
@@ -199,20 +200,19 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
-    """Row-relative BatchTopK plus ``TrainConfig.code_l1`` times the learning rate's schedule factor times the
-    kept codes' L1 norm per row of the whole batch, over its RMS norm (the tie-break of docs/batchtopk.md)."""
-    c = train_code(model, x, inputs, batch=True, relative=True)
-    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
-                                  skip_zero_grads=True)
-    return TrainOutput(x_hat, c.fired, c.l0, code_l1_penalty(c.values, inputs), c.smallest, c.aux)
+    return sparse_train_forward(model, x, inputs, batch=True, relative=True, tie_break=True)
 
 
-def code_l1_penalty(values: Tensor, inputs: StepInputs) -> Tensor | None:
-    """``TrainConfig.code_l1`` x the lr's schedule factor x the L1 norm of this process's kept codes ``values``
-    [B_r, K], per row of the whole batch and over its RMS norm of x - mean; None when the weight is 0 (or
-    outside a training run): BatchTopK's tie-break, docs/batchtopk.md."""
+def add_code_l1(loss: Tensor | None, values: Tensor, inputs: StepInputs) -> Tensor | None:
+    """``loss`` (None: none yet) plus ``TrainConfig.code_l1`` x the lr's schedule factor x the L1 norm of this
+    process's kept codes ``values`` [B_r, K], per row of the whole batch and over its RMS norm of x - mean;
+    ``loss`` unchanged when that weight is 0 (or outside a training run). The row-relative kinds' tie-break
+    (batchtopk, matryoshka, jumprelu-relative): docs/batchtopk.md."""
     coeff = inputs.settings.code_l1 * inputs.schedule if inputs.settings is not None else 0.0
-    return coeff * values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach() if coeff else None
+    if not coeff:
+        return loss
+    penalty = coeff * values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach()
+    return penalty if loss is None else loss + penalty
 
 
 def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
