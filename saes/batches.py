@@ -75,6 +75,53 @@ def picked(batches: Batches, source: int | None) -> Batches:
     return (x[:, source] for x in batches)
 
 
+class SharedReads:
+    """``batches`` as a function start_batch -> iterator that several readers share, so that each batch is
+    produced once: a sweep's dictionaries each read their held-out and first batches, then the loop reads on
+    from the first training batch (``train_sweep``). Producing a batch may be a model's forward
+    (``activations.live_batches``), which costs as much as the training steps.
+
+    One iterator over ``batches`` is open at a time; a reader at its position takes the next batch from it, a
+    reader elsewhere reads a batch kept earlier, or else reopens the iterator there (seeking as ``open_at``
+    does: a resumed sweep's dictionaries skip to their own positions). Batches are kept until :meth:`read_on` opens the last reader."""
+
+    def __init__(self, batches: Batches):
+        self.batches = batches
+        self.kept: dict[int, Tensor] = {}
+        self.keeping = True
+        self.it: Iterator[Tensor] | None = None
+        self.at = 0
+        """Position of the next batch ``it`` yields."""
+        self.end: int | None = None
+        """Position where the data ended (None: not seen yet)."""
+
+    def __call__(self, start: int) -> Iterator[Tensor]:
+        pos = start
+        while self.end is None or pos < self.end:
+            x = self.kept[pos] if pos in self.kept and pos != self.at else self._next(pos)
+            if x is None:
+                return
+            yield x
+            pos += 1
+
+    def _next(self, pos: int) -> Tensor | None:
+        if self.it is None or self.at != pos:
+            self.it, self.at = open_at(self.batches, pos), pos
+        x = next(self.it, None)
+        if x is None:
+            self.end = pos
+            return None
+        if self.keeping:
+            self.kept[pos] = x
+        self.at += 1
+        return x
+
+    def read_on(self, start: int) -> Iterator[Tensor]:
+        """The last reader: the batches from ``start`` on, keeping no more of them (those kept are still served)."""
+        self.keeping = False
+        return self(start)
+
+
 def shape_of(x: Tensor) -> tuple[int, int]:
     """(S, D) of a batch [B, D] or [B, S, D]."""
     return (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])

@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import kernels
-from .batches import (Batches, TrainingData, checked, geometric_median, normalisation_scale, open_at,
+from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
@@ -348,11 +348,12 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
                          "a function start_batch -> iterable (e.g. activations.stream_batches(start_batch=...))")
     outs_ = [Path(o) if o is not None else None for o in outs]
     picks = picks or [None] * n
-    jobs = [_open_job(c, picked(batches, picks[i]), o, resume, (sinks or [None] * n)[i], source, comm,
+    shared = SharedReads(batches) if n > 1 else batches  # each batch produced once, however many read it
+    jobs = [_open_job(c, picked(shared, picks[i]), o, resume, (sinks or [None] * n)[i], source, comm,
                       (names or [""] * n)[i]) for i, (c, o) in enumerate(zip(cfgs, outs_))]
     first = min(j.run.state.position for j in jobs)
     data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1  # the (picked) stream it opened
-            else checked(open_at(batches, first), first, source))
+            else checked(shared.read_on(first), first, source))
     for job, p in zip(jobs, picks if n > 1 else [None]):
         job.pick = p
     _loop(jobs, enumerate(data, first), comm)

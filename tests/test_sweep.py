@@ -60,6 +60,23 @@ def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_sweep_produces_each_batch_once(tmp_path):
+    """Every dictionary reads its held-out and first batches, the loop the rest: each batch is made once (making
+    one may be a model's forward), as often as in the separate run that reads the most."""
+    made = []
+
+    def counted(start):
+        for i, x in enumerate(DATA(start), start):
+            made.append(i)
+            yield x
+
+    train(CFGS[1], counted, out=tmp_path / "alone")
+    alone, made[:] = sorted(made), []
+    train_sweep(CFGS, counted, outs=[tmp_path / "sweep" / str(i) for i in range(len(CFGS))])
+    assert sorted(made) == alone == list(range(SPEC.n_batches))
+
+
+@pytest.mark.unit
 def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     outs = [tmp_path / "full" / str(i) for i in range(len(CFGS))]
     cut = [tmp_path / "cut" / str(i) for i in range(len(CFGS))]

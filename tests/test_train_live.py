@@ -9,6 +9,8 @@ hookpoint of a single forward); under torchrun --nproc_per_node=2 it trains the 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import random
 from collections import Counter
@@ -122,6 +124,35 @@ def test_killed_at_a_random_batch_and_resumed_ends_as_the_uninterrupted_run(docs
         assert all(torch.equal(full[k], cut[k]) for k in full), f"{hp}: resumed weights differ (crash at {at})"
     assert not torch.equal(load_file(tmp_path / "full" / HPS[0] / "weights.safetensors")["W_dec"],
                            load_file(tmp_path / "full" / HPS[1] / "weights.safetensors")["W_dec"])
+
+
+@pytest.mark.integration
+def test_a_sweep_from_the_model_equals_its_separate_runs_and_runs_each_forward_once(docs, tmp_path, monkeypatch):
+    """`train --model ... --sweep k=A,B --sweep kind=topk,batchtopk`: four dictionaries from one pass over the
+    model's forward, each equal bit for bit (weights, metrics, held-out evaluation) to its separate run with the
+    same seed; the sweep runs the model over each forward batch as often as ONE separate run does."""
+    from test_sweep import _same_run
+
+    model_dir, dataset, _ = docs
+    calls, original = [0], models.capture
+    monkeypatch.setattr(models, "capture", lambda *a, **k: (calls.__setitem__(0, calls[0] + 1), original(*a, **k))[1])
+    # no read-ahead thread, so that the forwards counted are the ones the training needs, whatever the timing
+    monkeypatch.setattr(live_mod, "live_batches", functools.partial(live_mod.live_batches, prefetch=0))
+    base = ["train", "--model", str(model_dir), "--hookpoint", HPS[1], "--dataset", str(dataset), "--context-length",
+            "32", "--forward-batch-size", "4", "--latents", "48", "--batch-size", "32", "--tokens", str(32 * 20),
+            "--eval-batches", "2", "--buffer-rows", "160", "--seed", "2", "--init-rows", "64", "--kernel-impl",
+            "torch", "--device", "cpu", "--log-every", "3"]
+    forwards = {}
+    for k, kind in itertools.product((3, 5), ("topk", "batchtopk")):
+        calls[0] = 0
+        assert main([*base, "--k", str(k), "--kind", kind, "--out", str(tmp_path / f"alone-{k}-{kind}")]) == 0
+        forwards[kind] = calls[0]
+    calls[0] = 0
+    assert main([*base, "--k", "3", "--sweep", "k=3,5", "--sweep", "kind=topk,batchtopk", "--out",
+                 str(tmp_path / "sweep")]) == 0
+    for k, kind in itertools.product((3, 5), ("topk", "batchtopk")):
+        _same_run(tmp_path / f"alone-{k}-{kind}", tmp_path / "sweep" / f"k-{k}_kind-{kind}")
+    assert calls[0] == max(forwards.values()), (calls[0], forwards)  # batchtopk holds out 2 more batches
 
 
 @pytest.mark.integration
