@@ -78,12 +78,13 @@ def picked(batches: Batches, source: int | None) -> Batches:
 class SharedReads:
     """``batches`` as a function start_batch -> iterator that several readers share, so that each batch is
     produced once: a sweep's dictionaries each read their held-out and first batches, then the loop reads on
-    from the first training batch (``train_sweep``). Producing a batch may be a model's forward
-    (``activations.live_batches``), which costs as much as the training steps.
+    from the first training batch (``train_sweep``). Producing a batch may cost more than a step: a model's
+    forward (``activations.live_batches``).
 
     One iterator over ``batches`` is open at a time; a reader at its position takes the next batch from it, a
     reader elsewhere reads a batch kept earlier, or else reopens the iterator there (seeking as ``open_at``
-    does: a resumed sweep's dictionaries skip to their own positions). Batches are kept until :meth:`read_on` opens the last reader."""
+    does: a resumed sweep's dictionaries skip to their own positions). Batches are kept until :meth:`read_on`
+    opens the last reader."""
 
     def __init__(self, batches: Batches):
         self.batches = batches

@@ -335,9 +335,9 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
 
     Dictionaries may differ in anything that does not change the batches (kind, latents, k, lr, seed of the
     initialisation, ...). Those whose held-out count differs (a thresholded kind also holds out its
-    ``calibration_batches``) start training at different batches of the same stream. Each reads its own
-    held-out and initialisation batches (the first few); training batches are read once for all. With more
-    than one dictionary, ``batches`` must be re-readable: a list or a function start_batch -> iterable.
+    ``calibration_batches``) start training at different batches of the same stream. All read through one
+    ``SharedReads`` (each its held-out and first batches, then the loop), so every batch is made once (e.g. one
+    forward); with several dictionaries ``batches`` must be a list or a function start_batch -> iterable.
     ``picks[i]``: dictionary i trains on source ``picks[i]`` of every [B, S, D] batch (several hookpoints of one
     forward feed one dictionary each); None: on the whole batch."""
     n = len(cfgs)
