@@ -35,7 +35,7 @@ def _metrics(path):
     return [{k: v for k, v in json.loads(ln).items() if k != "tok_s"} for ln in path.read_text().splitlines()]
 
 
-def _same_run(a, b):
+def same_run(a, b):
     wa, wb = (load_file(str(p / "weights.safetensors")) for p in (a, b))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
     assert _metrics(a / "metrics.jsonl") == _metrics(b / "metrics.jsonl")
@@ -51,7 +51,7 @@ def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
                          names=[str(i) for i in range(len(CFGS))])
     assert [m.kind for m in models] == [c.kind for c in CFGS]
     for i in range(len(CFGS)):
-        _same_run(tmp_path / "alone" / str(i), tmp_path / "sweep" / str(i))
+        same_run(tmp_path / "alone" / str(i), tmp_path / "sweep" / str(i))
     steps = [json.loads((tmp_path / "sweep" / str(i) / "config.json").read_text())["training"]["steps"]
              for i in range(len(CFGS))]
     assert steps == [14, 12, 14, 14, 14, 12, 14]  # batchtopk and matryoshka hold out 2 calibration batches too
@@ -87,7 +87,7 @@ def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     assert positions == [11, 10, 11, 11, 11, 10, 11]  # the last checkpoint (every 3 steps) of each: steps 9 or 6
     train_sweep(CFGS, DATA, outs=cut, resume=True)
     for a, b in zip(outs, cut):
-        _same_run(a, b)
+        same_run(a, b)
 
 
 @pytest.mark.unit
@@ -117,7 +117,7 @@ def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, plante
         alone = tmp_path / f"alone-{k}-{kind}"
         assert main(["train", "--store", str(planted_store), "--out", str(alone), *FAST, "--k", str(k),
                      "--kind", kind]) == 0
-        _same_run(alone, tmp_path / "sweep" / f"k-{k}_kind-{kind}")
+        same_run(alone, tmp_path / "sweep" / f"k-{k}_kind-{kind}")
         assert main(["eval", str(tmp_path / "sweep" / f"k-{k}_kind-{kind}")]) == 0  # held-out batches found
 
 

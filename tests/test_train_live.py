@@ -131,7 +131,7 @@ def test_a_sweep_from_the_model_equals_its_separate_runs_and_runs_each_forward_o
     """`train --model ... --sweep k=A,B --sweep kind=topk,batchtopk`: four dictionaries from one pass over the
     model's forward, each equal bit for bit (weights, metrics, held-out evaluation) to its separate run with the
     same seed; the sweep runs the model over each forward batch as often as ONE separate run does."""
-    from test_sweep import _same_run
+    from test_sweep import same_run
 
     model_dir, dataset, _ = docs
     calls, original = [0], models.capture
@@ -151,7 +151,7 @@ def test_a_sweep_from_the_model_equals_its_separate_runs_and_runs_each_forward_o
     assert main([*base, "--k", "3", "--sweep", "k=3,5", "--sweep", "kind=topk,batchtopk", "--out",
                  str(tmp_path / "sweep")]) == 0
     for k, kind in itertools.product((3, 5), ("topk", "batchtopk")):
-        _same_run(tmp_path / f"alone-{k}-{kind}", tmp_path / "sweep" / f"k-{k}_kind-{kind}")
+        same_run(tmp_path / f"alone-{k}-{kind}", tmp_path / "sweep" / f"k-{k}_kind-{kind}")
     assert calls[0] == max(forwards.values()), (calls[0], forwards)  # batchtopk holds out 2 more batches
 
 
