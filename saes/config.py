@@ -77,18 +77,18 @@ class TrainConfig:
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
-    code_l1: float = 0.05
-    """batchtopk, matryoshka and jumprelu-relative (the row-relative kinds): weight of an L1 penalty on the kept codes
-    (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like
-    ``l1_coeff``), times the learning rate's schedule factor, so it is gone by the end of the run and leaves no
-    shrinkage in the final codes; 0 trains them as before. The selection fixes the L0; the penalty breaks a tie
-    that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it
-    equally well at every t, and the global cut of BatchTopK, unlike the per-row cut of TopK, rarely drops the
-    weaker one, so atoms stayed split between two latents at cosine ~0.85. Their summed codes are smallest at
-    t = 0: the penalty turns them onto the atom. 0.05 measured on bench/synthetic_recovery.py --small, 4
-    settings x 2 seeds (0.01 / 0.03 / 0.05 / 0.1 compared; at 0.1 the plain setting's FVU is 15% worse), and
-    on the sentence embeddings of three real corpora (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1
-    tie-break"."""
+    code_l1: float = 0.1
+    """topk, batchtopk, matryoshka and jumprelu-relative: weight of an L1 penalty on the kept codes (sum of the
+    selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
+    times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the
+    final codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the
+    reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it equally
+    well at every t, and a cut with room to spare keeps both halves (BatchTopK's global cut; TopK's per-row cut
+    on every row that holds fewer than k atoms), so atoms stayed split between two latents at cosine ~0.85.
+    Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
+    bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs
+    FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break"."""
     l0_coeff: float = 1.0
     """jumprelu: weight of the L0 penalty, with the L0 counted by a straight-through estimator (Rajamanoharan
     et al. 2024). With ``jumprelu_penalty`` target: l0_coeff * (L0 / k - 1)^2, which holds the mean L0 near k;

@@ -189,7 +189,7 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
 
 
 def _topk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
-    return sparse_train_forward(model, x, inputs, batch=False)
+    return sparse_train_forward(model, x, inputs, batch=False, tie_break=True)
 
 
 def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
@@ -206,8 +206,8 @@ def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> Tra
 def add_code_l1(loss: Tensor | None, values: Tensor, inputs: StepInputs) -> Tensor | None:
     """``loss`` (None: none yet) plus ``TrainConfig.code_l1`` x the lr's schedule factor x the L1 norm of this
     process's kept codes ``values`` [B_r, K], per row of the whole batch and over its RMS norm of x - mean;
-    ``loss`` unchanged when that weight is 0 (or outside a training run). The row-relative kinds' tie-break
-    (batchtopk, matryoshka, jumprelu-relative): docs/batchtopk.md."""
+    ``loss`` unchanged when that weight is 0 (or outside a training run). The tie-break of the selection kinds
+    (topk, batchtopk, matryoshka, jumprelu-relative): docs/batchtopk.md."""
     coeff = inputs.settings.code_l1 * inputs.schedule if inputs.settings is not None else 0.0
     if not coeff:
         return loss
