@@ -88,7 +88,7 @@ class TrainConfig:
     Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
     bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs
     FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
-    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break"."""
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too"."""
     l0_coeff: float = 1.0
     """jumprelu: weight of the L0 penalty, with the L0 counted by a straight-through estimator (Rajamanoharan
     et al. 2024). With ``jumprelu_penalty`` target: l0_coeff * (L0 / k - 1)^2, which holds the mean L0 near k;
