@@ -128,7 +128,7 @@ class StepInputs(NamedTuple):
     """Warm-up factor in (0, 1] of the kind's sparsity coefficient at this step (JumpReLU)."""
     schedule: float = 1.0
     """The learning rate's schedule factor at this step (its lr over the base lr: warm-up, then 1, then the final
-    decay to 0), for penalties that follow it (BatchTopK's ``code_l1``)."""
+    decay to 0), for penalties that follow it (the ``code_l1`` tie-break of the selection kinds)."""
 
 
 def local_inputs(x: Tensor, **kw) -> StepInputs:
