@@ -64,21 +64,24 @@ class TrainConfig:
     aux_k: int | None = None
     """Dead latents used by the AuxK loss per row; None: min(S*D/2, L/2) (dictionary_learning's d_in/2;
     OpenAI used 512)."""
-    aux_alpha: float = 1 / 32
-    """Weight of the AuxK loss (OpenAI)."""
+    aux_alpha: float | None = None
+    """Weight of the AuxK loss; None: the kind's default (:data:`KIND_DEFAULTS`): 1/4 for batchtopk, OpenAI's
+    1/32 for every other kind."""
     dead_tokens: int | None = None
     """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
-    None: ``default_dead_tokens``: a tenth of the run, at least 50 and at most 5000 firing periods (a latent
-    used uniformly fires every L/k rows) and at most OpenAI's 10M, so AuxK engages on short and long runs alike
-    (the former window, 5000 L/k rows, was longer than a whole 2M-row run at L/k = 256, and 20% of the
-    latents ended dead). Without a known run length: min(10M, max(100k, 5000 L/k))."""
+    None: ``default_dead_tokens``: a share of the run (a tenth; a 64th for batchtopk, :data:`KIND_DEFAULTS`),
+    at least 50 and at most 5000 firing periods (a latent used uniformly fires every L/k rows) and at most
+    OpenAI's 10M, so AuxK engages on short and long runs alike (the former window, 5000 L/k rows, was longer
+    than a whole 2M-row run at L/k = 256, and 20% of the latents ended dead). Without a known run length:
+    min(10M, max(100k, 5000 L/k))."""
     l1_coeff: float = 0.4
     """relu and crosscoder-l1 kinds (for crosscoder-l1 it is the paper's lambda; bench/crosscoder_diff.py uses 1.5):
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
-    code_l1: float = 0.1
-    """topk, batchtopk, matryoshka and jumprelu-relative: weight of an L1 penalty on the kept codes (sum of the
+    code_l1: float | None = None
+    """topk, batchtopk, matryoshka and jumprelu-relative; None: the kind's default (:data:`KIND_DEFAULTS`), 0.2
+    for batchtopk, 0.1 for the others. Weight of an L1 penalty on the kept codes (sum of the
     selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
     times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the
     final codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the
@@ -88,7 +91,15 @@ class TrainConfig:
     Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
     bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs
     FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
-    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too"."""
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too";
+    batchtopk's 0.2 with its TopK start: "BatchTopK starts as TopK"."""
+    topk_start: float | None = None
+    """batchtopk: the share of the run's steps that select per row (TopK, k per row) before the batch's selection
+    takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3 for batchtopk (no other kind reads it).
+    Early in training the batch's cut spends the budget on the rows it already fits and splits atoms between
+    pairs of latents; a per-row start learns the atoms first. 0 trains BatchTopK as published. Measured with
+    batchtopk's other defaults on bench/synthetic_recovery.py (docs/batchtopk.md, "BatchTopK starts as TopK").
+    Needs the run's length (``tokens`` or a finite dataset); without it there is no TopK start."""
     l0_coeff: float = 1.0
     """jumprelu: weight of the L0 penalty, with the L0 counted by a straight-through estimator (Rajamanoharan
     et al. 2024). With ``jumprelu_penalty`` target: l0_coeff * (L0 / k - 1)^2, which holds the mean L0 near k;
@@ -168,6 +179,11 @@ class TrainConfig:
             raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         if not 0 <= self.threshold_momentum < 1:
             raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
+        for name in ("aux_alpha", "code_l1"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (or None for the kind's default)")
+        if self.topk_start is not None and not 0 <= self.topk_start <= 1:
+            raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if not self.jumprelu_bandwidth > 0:
             raise ValueError(f"jumprelu_bandwidth={self.jumprelu_bandwidth} must be positive")
         if not self.matryoshka_inner_weight >= 0:
@@ -202,15 +218,38 @@ def default_lr(latents: int) -> float:
     return 1.6e-3 / math.sqrt(latents / 4096)
 
 
-def default_dead_tokens(latents: int, k: int, run_rows: int | None = None) -> int:
+KIND_DEFAULTS: dict[str, dict[str, float]] = {
+    "batchtopk": {"code_l1": 0.2, "aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
+}
+"""The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
+the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's four
+were measured together on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds) and on the
+sentence embeddings of three real corpora (bench/cbm_accuracy.py): with the TopK start, the stronger tie-break
+merges the split pairs the batch's cut leaves, and the shorter window with the stronger AuxK revives the latents
+that lose them (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised its dead
+latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's."""
+
+GENERAL_DEFAULTS: dict[str, float] = {"code_l1": 0.1, "aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
+"""The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""
+
+
+def kind_default(cfg: TrainConfig, name: str) -> float:
+    """``cfg.<name>`` when set, else the default of ``cfg.kind`` (:data:`KIND_DEFAULTS`, :data:`GENERAL_DEFAULTS`)."""
+    value = getattr(cfg, name, None)
+    if value is not None:
+        return value
+    return KIND_DEFAULTS.get(cfg.kind, {}).get(name, GENERAL_DEFAULTS[name])
+
+
+def default_dead_tokens(latents: int, k: int, run_rows: int | None = None, share: float = 0.1) -> int:
     """Dead window in rows. A latent used uniformly fires every L/k rows (its period). With the run's length
-    known: a tenth of the run (AuxK then has the other nine tenths to revive what died), at least 50 periods
-    (a latent merely rarer than average is not dead) and at most 5000 periods and 10M rows (OpenAI's window).
-    Unknown length: 5000 periods in [100k, 10M]."""
+    known: ``share`` of the run (a tenth by default: AuxK then has the other nine tenths to revive what died),
+    at least 50 periods (a latent merely rarer than average is not dead) and at most 5000 periods and 10M rows
+    (OpenAI's window). Unknown length: 5000 periods in [100k, 10M]."""
     period = latents / k
     if run_rows is None:
         return int(min(10_000_000, max(100_000, 5000 * period)))
-    return int(min(10_000_000, 5000 * period, max(50 * period, run_rows // 10)))
+    return int(min(10_000_000, 5000 * period, max(50 * period, run_rows * share)))
 
 
 def calibration_batch_count(cfg: TrainConfig) -> int:
@@ -246,6 +285,13 @@ class Resolved:
     """Rows without firing after which a latent is dead (``TrainConfig.dead_tokens`` or :func:`default_dead_tokens`)."""
     aux_k: int
     """Dead latents per row in the AuxK code (``TrainConfig.aux_k`` or min(S*D/2, L/2))."""
+    aux_alpha: float
+    """Weight of the AuxK loss (``TrainConfig.aux_alpha`` or the kind's default, :func:`kind_default`)."""
+    code_l1: float
+    """Weight of the selection kinds' L1 tie-break (``TrainConfig.code_l1`` or the kind's default)."""
+    topk_steps: int
+    """batchtopk: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the kind's
+    default share); 0 without a known run length."""
     threshold_start_step: int
     """First step of the BatchTopK threshold estimate (``TrainConfig.threshold_start_step`` or min(1000, 3/4 run))."""
     total_steps: int | None
@@ -264,8 +310,11 @@ def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None, batch_rows:
         warmup_steps=cfg.warmup_steps if cfg.warmup_steps is not None else
         (min(1000, max(1, total // 20)) if total else 100),
         dead_tokens=cfg.dead_tokens if cfg.dead_tokens is not None else
-        default_dead_tokens(cfg.latents, cfg.k, run_rows),
+        default_dead_tokens(cfg.latents, cfg.k, run_rows, kind_default(cfg, "dead_share")),
         aux_k=cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
+        aux_alpha=kind_default(cfg, "aux_alpha"),
+        code_l1=kind_default(cfg, "code_l1"),
+        topk_steps=round(kind_default(cfg, "topk_start") * total) if total else 0,
         threshold_start_step=cfg.threshold_start_step if cfg.threshold_start_step is not None else
         (min(1000, 3 * total // 4) if total else 1000),
         total_steps=total,

@@ -200,15 +200,18 @@ def _topk_encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def _batchtopk_train(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
-    return sparse_train_forward(model, x, inputs, batch=True, relative=True, tie_break=True)
+    """Row-relative BatchTopK with the tie-break; per row (TopK) while ``inputs.per_row`` (the run's TopK start,
+    ``TrainConfig.topk_start``)."""
+    return sparse_train_forward(model, x, inputs, batch=not inputs.per_row, relative=True, tie_break=True)
 
 
 def add_code_l1(loss: Tensor | None, values: Tensor, inputs: StepInputs) -> Tensor | None:
-    """``loss`` (None: none yet) plus ``TrainConfig.code_l1`` x the lr's schedule factor x the L1 norm of this
-    process's kept codes ``values`` [B_r, K], per row of the whole batch and over its RMS norm of x - mean;
-    ``loss`` unchanged when that weight is 0 (or outside a training run). The tie-break of the selection kinds
-    (topk, batchtopk, matryoshka, jumprelu-relative): docs/batchtopk.md."""
-    coeff = inputs.settings.code_l1 * inputs.schedule if inputs.settings is not None else 0.0
+    """``loss`` (None: none yet) plus ``inputs.code_l1`` (the run's ``TrainConfig.code_l1`` or its kind's default)
+    x the lr's schedule factor x the L1 norm of this process's kept codes ``values`` [B_r, K], per row of the
+    whole batch and over its RMS norm of x - mean; ``loss`` unchanged when that weight is 0 (its value outside a
+    training run). The tie-break of the selection kinds (topk, batchtopk, matryoshka, jumprelu-relative):
+    docs/batchtopk.md."""
+    coeff = inputs.code_l1 * inputs.schedule
     if not coeff:
         return loss
     penalty = coeff * values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach()

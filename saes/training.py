@@ -172,7 +172,8 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     use_aux = model.spec.uses_aux and bool(dead.any())
     warm = cfg.sparsity_warmup_steps if cfg.sparsity_warmup_steps is not None else r.warmup_steps
     inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k, cfg,
-                        min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0, lr / r.lr if r.lr else 1.0)
+                        min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0, lr / r.lr if r.lr else 1.0,
+                        r.code_l1, st.step < r.topk_steps)
     out = model.spec.train_forward(model, x, inputs)
     err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
@@ -180,7 +181,7 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     aux = x.new_zeros(())
     if out.aux is not None:
         aux = aux_loss(out.aux, model.W_dec, err.detach(), model.kernel_impl, comm)
-        loss = loss + cfg.aux_alpha * aux
+        loss = loss + r.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
     apply_update(model, run.opt, loss, lr, cfg.grad_clip, comm)

@@ -193,8 +193,8 @@ def test_matryoshka_inner_weight_scales_the_inner_prefix_losses():
     # per row over the batch's RMS norm
     from conceptdict.saes.model import train_code
 
-    cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=0.0, code_l1=0.05)
-    inputs = local_inputs(x)._replace(settings=cfg, schedule=0.5)
+    cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=0.0)
+    inputs = local_inputs(x)._replace(settings=cfg, schedule=0.5, code_l1=0.05)
     values = train_code(model, x, inputs, batch=True, relative=True).values
     expected = 0.05 * 0.5 * values.sum() / 96 / inputs.stats.row_var.sqrt()
     torch.testing.assert_close(model.spec.train_forward(model, x, inputs).sparsity_loss, expected)
