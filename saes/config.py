@@ -79,9 +79,8 @@ class TrainConfig:
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
-    code_l1: float | None = None
-    """topk, batchtopk, matryoshka and jumprelu-relative; None: the kind's default (:data:`KIND_DEFAULTS`), 0.2
-    for batchtopk, 0.1 for the others. Weight of an L1 penalty on the kept codes (sum of the
+    code_l1: float = 0.1
+    """topk, batchtopk, matryoshka and jumprelu-relative: weight of an L1 penalty on the kept codes (sum of the
     selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
     times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the
     final codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the
@@ -91,8 +90,9 @@ class TrainConfig:
     Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
     bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs
     FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
-    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too";
-    batchtopk's 0.2 with its TopK start: "BatchTopK starts as TopK"."""
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too". With
+    batchtopk's TopK start, 0.2 recovers more planted atoms than TopK but costs 14-35% FVU on the real corpora
+    ("BatchTopK starts as TopK"), so it stays 0.1."""
     topk_start: float | None = None
     """batchtopk: the share of the run's steps that select per row (TopK, k per row) before the batch's selection
     takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3 for batchtopk (no other kind reads it).
@@ -179,9 +179,10 @@ class TrainConfig:
             raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         if not 0 <= self.threshold_momentum < 1:
             raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
-        for name in ("aux_alpha", "code_l1"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (or None for the kind's default)")
+        if not self.code_l1 >= 0:
+            raise ValueError(f"code_l1={self.code_l1} must be >= 0 (0 trains the selection kinds as published)")
+        if self.aux_alpha is not None and not self.aux_alpha >= 0:
+            raise ValueError(f"aux_alpha={self.aux_alpha} must be >= 0 (or None for the kind's default)")
         if self.topk_start is not None and not 0 <= self.topk_start <= 1:
             raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if not self.jumprelu_bandwidth > 0:
@@ -219,17 +220,18 @@ def default_lr(latents: int) -> float:
 
 
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
-    "batchtopk": {"code_l1": 0.2, "aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
+    "batchtopk": {"aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
 }
 """The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
-the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's four
+the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's three
 were measured together on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds) and on the
-sentence embeddings of three real corpora (bench/cbm_accuracy.py): with the TopK start, the stronger tie-break
-merges the split pairs the batch's cut leaves, and the shorter window with the stronger AuxK revives the latents
-that lose them (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised its dead
-latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's."""
+sentence embeddings of three real corpora (bench/cbm_accuracy.py): the TopK start learns the atoms before the
+batch's cut takes over (lower FVU, more atoms), and the shorter window with the stronger AuxK revives the latents
+the batch's cut starves (20% -> about 5% dead on the heavy-tailed settings; neither alone does); on the real
+corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised
+its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's."""
 
-GENERAL_DEFAULTS: dict[str, float] = {"code_l1": 0.1, "aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
+GENERAL_DEFAULTS: dict[str, float] = {"aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
 """The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""
 
 
@@ -287,8 +289,6 @@ class Resolved:
     """Dead latents per row in the AuxK code (``TrainConfig.aux_k`` or min(S*D/2, L/2))."""
     aux_alpha: float
     """Weight of the AuxK loss (``TrainConfig.aux_alpha`` or the kind's default, :func:`kind_default`)."""
-    code_l1: float
-    """Weight of the selection kinds' L1 tie-break (``TrainConfig.code_l1`` or the kind's default)."""
     topk_steps: int
     """batchtopk: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the kind's
     default share); 0 without a known run length."""
@@ -313,7 +313,6 @@ def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None, batch_rows:
         default_dead_tokens(cfg.latents, cfg.k, run_rows, kind_default(cfg, "dead_share")),
         aux_k=cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
         aux_alpha=kind_default(cfg, "aux_alpha"),
-        code_l1=kind_default(cfg, "code_l1"),
         topk_steps=round(kind_default(cfg, "topk_start") * total) if total else 0,
         threshold_start_step=cfg.threshold_start_step if cfg.threshold_start_step is not None else
         (min(1000, 3 * total // 4) if total else 1000),
