@@ -227,7 +227,7 @@ the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERA
 were measured together on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds) and on the
 sentence embeddings of three real corpora (bench/cbm_accuracy.py): the TopK start learns the atoms before the
 batch's cut takes over (lower FVU, more atoms), and the shorter window with the stronger AuxK revives the latents
-the batch's cut starves (20% -> about 5% dead on the heavy-tailed settings; neither alone does); on the real
+the batch's cut starves (20-23% -> 5-10% dead on the heavy-tailed settings; neither alone does); on the real
 corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised
 its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's."""
 
