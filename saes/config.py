@@ -243,7 +243,8 @@ def kind_default(cfg: TrainConfig, name: str) -> float:
     return KIND_DEFAULTS.get(cfg.kind, {}).get(name, GENERAL_DEFAULTS[name])
 
 
-def default_dead_tokens(latents: int, k: int, run_rows: int | None = None, share: float = 0.1) -> int:
+def default_dead_tokens(latents: int, k: int, run_rows: int | None = None,
+                        share: float = GENERAL_DEFAULTS["dead_share"]) -> int:
     """Dead window in rows. A latent used uniformly fires every L/k rows (its period). With the run's length
     known: ``share`` of the run (a tenth by default: AuxK then has the other nine tenths to revive what died),
     at least 50 periods (a latent merely rarer than average is not dead) and at most 5000 periods and 10M rows
