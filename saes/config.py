@@ -94,12 +94,14 @@ class TrainConfig:
     batchtopk's TopK start, 0.2 recovers more planted atoms than TopK but costs 14-35% FVU on the real corpora
     ("BatchTopK starts as TopK"), so it stays 0.1."""
     topk_start: float | None = None
-    """batchtopk: the share of the run's steps that select per row (TopK, k per row) before the batch's selection
-    takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3 for batchtopk (no other kind reads it).
-    Early in training the batch's cut spends the budget on the rows it already fits and splits atoms between
-    pairs of latents; a per-row start learns the atoms first. 0 trains BatchTopK as published. Measured with
-    batchtopk's other defaults on bench/synthetic_recovery.py (docs/batchtopk.md, "BatchTopK starts as TopK").
-    Needs the run's length (``tokens`` or a finite dataset); without it there is no TopK start."""
+    """batchtopk and jumprelu (both rules): the share of the run's steps that select per row (TopK, k per row)
+    before the kind's own rule takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3 for batchtopk and
+    jumprelu, 0 for jumprelu-relative (no other kind reads it). Early in training the batch's cut spends the budget
+    on the rows it already fits and splits atoms between pairs of latents, and an absolute threshold fires on the
+    large rows only; a per-row start learns the atoms first. 0 trains them as published. Measured on
+    bench/synthetic_recovery.py: batchtopk with its other defaults at the default size (docs/batchtopk.md,
+    "BatchTopK starts as TopK"), jumprelu at --small (docs/kinds.md, "JumpReLU starts as TopK"). Needs the run's
+    length (``tokens`` or a finite dataset); without it there is no TopK start."""
     l0_coeff: float = 1.0
     """jumprelu: weight of the L0 penalty, with the L0 counted by a straight-through estimator (Rajamanoharan
     et al. 2024). With ``jumprelu_penalty`` target: l0_coeff * (L0 / k - 1)^2, which holds the mean L0 near k;
@@ -221,6 +223,7 @@ def default_lr(latents: int) -> float:
 
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
     "batchtopk": {"aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
+    "jumprelu": {"topk_start": 0.3},
 }
 """The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
 the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's three
@@ -229,7 +232,10 @@ sentence embeddings of three real corpora (bench/cbm_accuracy.py): the TopK star
 batch's cut takes over (lower FVU, more atoms), and the shorter window with the stronger AuxK revives the latents
 the batch's cut starves (20-23% -> 5-10% dead on the heavy-tailed settings; neither alone does); on the real
 corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised
-its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's."""
+its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's. jumprelu's TopK start (absolute
+thresholds: 0-1% -> 32-47% of the atoms on the heavy-tailed settings, 85% -> 98% on plain rows) was measured on
+bench/synthetic_recovery.py --small, 4 settings x 2 seeds (docs/kinds.md, "JumpReLU starts as TopK");
+jumprelu-relative keeps none (it lost 1-6 points with it on three of the four settings)."""
 
 GENERAL_DEFAULTS: dict[str, float] = {"aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
 """The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""
@@ -291,8 +297,8 @@ class Resolved:
     aux_alpha: float
     """Weight of the AuxK loss (``TrainConfig.aux_alpha`` or the kind's default, :func:`kind_default`)."""
     topk_steps: int
-    """batchtopk: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the kind's
-    default share); 0 without a known run length."""
+    """batchtopk, jumprelu: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the
+    kind's default share); 0 without a known run length."""
     threshold_start_step: int
     """First step of the BatchTopK threshold estimate (``TrainConfig.threshold_start_step`` or min(1000, 3/4 run))."""
     total_steps: int | None

@@ -1,6 +1,6 @@
 """BatchTopK's defaults of its own (``saes.config.KIND_DEFAULTS``): the TopK start (``TrainConfig.topk_start``)
 and the shorter dead window with the stronger AuxK (docs/batchtopk.md, "BatchTopK starts
-as TopK")."""
+as TopK"); JumpReLU's TopK start (docs/kinds.md, "JumpReLU starts as TopK")."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from conceptdict.saes import SparseCoder, TrainConfig
 from conceptdict.saes.checkpoint import TrainState
 from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.config import default_dead_tokens, resolve
+from conceptdict.saes.jumprelu import threshold_of
 from conceptdict.saes.model import row_scale
 from conceptdict.saes.training import Run, make_optimizer, step
 
@@ -30,6 +31,8 @@ def test_batchtopk_resolves_its_own_defaults_and_the_other_kinds_keep_theirs():
     for kind in ("matryoshka", "jumprelu-relative", "crosscoder"):
         r = _resolved(kind)
         assert (r.aux_alpha, r.topk_steps) == (1 / 32, 0), kind
+    jr = _resolved("jumprelu")
+    assert (jr.aux_alpha, jr.topk_steps, jr.dead_tokens) == (1 / 32, 300, 102400)  # only the start differs
     # a value given wins; no length, no TopK start
     given = _resolved("batchtopk", aux_alpha=1 / 32, topk_start=0.5, dead_tokens=5000)
     assert (given.aux_alpha, given.topk_steps, given.dead_tokens) == (1 / 32, 500, 5000)
@@ -78,3 +81,60 @@ def test_the_loop_selects_per_row_for_the_first_topk_steps_only():
     for i in range(10):
         step(run, torch.randn(32, 16), cfg, 1e-3)
         assert run.state.threshold_updates == max(0, i + 1 - 3)
+
+
+def _kth_mean(pre: torch.Tensor, k: int) -> float:
+    """Mean over rows of each row's k-th largest positive pre-activation (its smallest positive one if fewer)."""
+    top = pre.detach().relu().topk(k, dim=1).values
+    kth = top.masked_fill(top <= 0, float("inf")).min(dim=1).values
+    return float(kth[torch.isfinite(kth)].mean())
+
+
+def _theta(model: SparseCoder) -> float:
+    """The common threshold of a jumprelu whose latents all share one (as the start sets them)."""
+    theta = threshold_of(model).detach()
+    assert torch.allclose(theta, theta[0].expand_as(theta)), "the start sets one threshold for every latent"
+    return float(theta[0])
+
+
+@pytest.mark.unit
+def test_jumprelu_start_selects_per_row_and_sets_theta_where_the_rule_keeps_k():
+    torch.manual_seed(0)
+    model = SparseCoder(16, 64, 4, "jumprelu", kernel_impl="torch")
+    model.reset_parameters(generator=torch.Generator().manual_seed(0))
+    model.add_train_params()
+    x = torch.randn(32, 16) * torch.exp(torch.randn(32, 1))
+    cfg = TrainConfig(latents=64, k=4, kind="jumprelu")
+    out = model.spec.train_forward(model, x, local_inputs(x)._replace(per_row=True, settings=cfg, code_l1=0.1))
+    pre = (x - model.b_dec) @ model.W_enc + model.b_enc
+    top = pre.topk(4, dim=1)
+    dense = torch.zeros_like(pre).scatter_(1, top.indices, top.values.relu())
+    torch.testing.assert_close(out.x_hat, dense @ model.W_dec + model.b_dec)
+    assert _theta(model) == pytest.approx(_kth_mean(pre, 4), rel=1e-5)
+    (x - out.x_hat).square().sum().add(out.sparsity_loss).backward()
+    assert model.scaled_log_threshold.grad is None  # the threshold is set, not trained, during the start
+    # the rule that takes over keeps about k per row on these rows at that theta
+    after = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg))
+    assert 2 <= float(after.l0) <= 8
+
+
+@pytest.mark.unit
+def test_the_loop_trains_jumprelus_threshold_after_its_start_only():
+    torch.manual_seed(0)
+    model = SparseCoder(16, 64, 4, "jumprelu", kernel_impl="torch")
+    model.reset_parameters(generator=torch.Generator().manual_seed(0))
+    model.add_train_params()
+    cfg = TrainConfig(latents=64, k=4, kind="jumprelu", tokens=10 * 32, batch_size=32, b_dec_init="zero")
+    r = resolve(cfg, model, 10, 32)
+    assert r.topk_steps == 3
+    run = Run(model, torch.Generator(), make_optimizer(model, 1e-3), TrainState(since_fired=torch.zeros(
+        64, dtype=torch.long)), r)
+    for i in range(10):
+        x = torch.randn(32, 16)
+        with torch.no_grad():
+            expected = _kth_mean((x - model.b_dec) @ model.W_enc + model.b_enc, 4)
+        step(run, x, cfg, 1e-3)
+        if i < 3:
+            assert _theta(model) == pytest.approx(expected, rel=1e-5), i
+        else:  # trained by its estimator from here on: the latents' thresholds part
+            assert threshold_of(model).detach().std() > 0, i
