@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cbm_corpora import CORPORA, HOOKPOINT, embedded  # noqa: E402
+from cbm_corpora import CORPORA, HOOKPOINT, default_model, embedded  # noqa: E402
 
-from conceptdict.activations import DEFAULT_MODEL_DIR, embed_texts, load_model  # noqa: E402
+from conceptdict.activations import embed_texts  # noqa: E402
 from conceptdict.naming import CbmConfig, class_concepts, concept_activations, train_cbm, vocab_names  # noqa: E402
 from conceptdict.naming.vocab import embed_vocabulary, load_vocabulary  # noqa: E402
 from conceptdict.saes import TrainConfig, train  # noqa: E402
@@ -100,12 +100,7 @@ def measure(name: str, model, args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    handle = {}
-
-    def model():
-        if "m" not in handle:
-            handle["m"] = load_model(str(DEFAULT_MODEL_DIR()))
-        return handle["m"]
+    model = default_model()
 
     rows = []
     for name in args.corpus or ["manpages", "debian", "pydocs"]:

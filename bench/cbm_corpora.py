@@ -173,6 +173,21 @@ CORPORA = {"manpages": manpages, "debian": debian, "pydocs": pydocs, "stdlib": s
 HOOKPOINT = "sentence.mean_normalized"
 
 
+def default_model():
+    """A function returning the default model (all-MiniLM-L6-v2, the embedded package), loaded on its first call
+    only: a run whose corpora are all cached never loads it."""
+    from conceptdict.activations import DEFAULT_MODEL_DIR, load_model
+
+    handle = {}
+
+    def model():
+        if "m" not in handle:
+            handle["m"] = load_model(str(DEFAULT_MODEL_DIR()))
+        return handle["m"]
+
+    return model
+
+
 def embedded(name: str, model, cache: Path, max_length: int = 128):
     """(x [N, D] at ``sentence.mean_normalized``, labels [N], texts [N]) of corpus ``name``, embedded once
     under ``cache`` (keyed by the texts) and reused. ``model()`` returns the model handle (loaded lazily)."""

@@ -35,10 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cbm_accuracy import batches  # noqa: E402
-from cbm_corpora import embedded  # noqa: E402
+from cbm_corpora import default_model, embedded  # noqa: E402
 from synthetic_recovery import kind_variant  # noqa: E402
 
-from conceptdict.activations import DEFAULT_MODEL_DIR, load_model  # noqa: E402
 from conceptdict.saes import TrainConfig, train  # noqa: E402
 from conceptdict.saes.config import calibration_batch_count  # noqa: E402
 
@@ -122,12 +121,7 @@ def main(argv=None) -> int:
     ks = sorted(set(a.frontier or [max(1, a.k // 2), a.k, a.k * 3 // 2, 2 * a.k, 3 * a.k, 4 * a.k]))
     if len(ks) < 2:
         raise SystemExit(f"--frontier {ks}: give at least two k values (TopK's frontier needs two points)")
-    handle = {}
-
-    def model():
-        if "m" not in handle:
-            handle["m"] = load_model(str(DEFAULT_MODEL_DIR()))
-        return handle["m"]
+    model = default_model()
 
     rows = []
     for name in a.corpus or ["manpages", "debian", "pydocs"]:

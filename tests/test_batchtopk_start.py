@@ -90,6 +90,15 @@ def _kth_mean(pre: torch.Tensor, k: int) -> float:
     return float(kth[torch.isfinite(kth)].mean())
 
 
+def _jumprelu() -> SparseCoder:
+    """A freshly initialised jumprelu (D=16, L=64, k=4) with its training parameters, torch's RNG at seed 0."""
+    torch.manual_seed(0)
+    model = SparseCoder(16, 64, 4, "jumprelu", kernel_impl="torch")
+    model.reset_parameters(generator=torch.Generator().manual_seed(0))
+    model.add_train_params()
+    return model
+
+
 def _theta(model: SparseCoder) -> float:
     """The common threshold of a jumprelu whose latents all share one (as the start sets them)."""
     theta = threshold_of(model).detach()
@@ -99,10 +108,7 @@ def _theta(model: SparseCoder) -> float:
 
 @pytest.mark.unit
 def test_jumprelu_start_selects_per_row_and_sets_theta_where_the_rule_keeps_k():
-    torch.manual_seed(0)
-    model = SparseCoder(16, 64, 4, "jumprelu", kernel_impl="torch")
-    model.reset_parameters(generator=torch.Generator().manual_seed(0))
-    model.add_train_params()
+    model = _jumprelu()
     x = torch.randn(32, 16) * torch.exp(torch.randn(32, 1))
     cfg = TrainConfig(latents=64, k=4, kind="jumprelu")
     out = model.spec.train_forward(model, x, local_inputs(x)._replace(per_row=True, settings=cfg, code_l1=0.1))
@@ -120,10 +126,7 @@ def test_jumprelu_start_selects_per_row_and_sets_theta_where_the_rule_keeps_k():
 
 @pytest.mark.unit
 def test_the_loop_trains_jumprelus_threshold_after_its_start_only():
-    torch.manual_seed(0)
-    model = SparseCoder(16, 64, 4, "jumprelu", kernel_impl="torch")
-    model.reset_parameters(generator=torch.Generator().manual_seed(0))
-    model.add_train_params()
+    model = _jumprelu()
     cfg = TrainConfig(latents=64, k=4, kind="jumprelu", tokens=10 * 32, batch_size=32, b_dec_init="zero")
     r = resolve(cfg, model, 10, 32)
     assert r.topk_steps == 3
