@@ -132,7 +132,8 @@ def main(argv=None) -> int:
         front = [heldout("topk", {}, k, parts, a) for k in ks]
         points = [(r["l0"], r["fvu"]) for r in front]
         for k, r in zip(ks, front):
-            print(f"  topk k={k:<4} (frontier)  fvu {r['fvu']:.4f}  l0 {r['l0']:6.2f}  dead {r['dead']:6.1%}", flush=True)
+            print(f"  topk k={k:<4} (frontier)  fvu {r['fvu']:.4f}  l0 {r['l0']:6.2f}  dead {r['dead']:6.1%}",
+                  flush=True)
         for label, kind, fields in variants:
             r = heldout(kind, fields, a.k, parts, a)
             base = frontier_fvu(points, r["l0"])
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
                   f"[topk at this L0: {base:.4f}, fvu x{r['fvu'] / base:.2f}]", flush=True)
     print(f"\n{'corpus':<10}{'kind':<34}{'fvu':>8}{'l0':>8}{'dead':>8}{'x topk':>8}")
     for r in rows:
-        print(f"{r['corpus']:<10}{r['kind']:<34}{r['fvu']:>8.4f}{r['l0']:>8.2f}{r['dead']:>8.1%}{r['fvu_vs_topk']:>8.2f}")
+        print(f"{r['corpus']:<10}{r['kind']:<34}{r['fvu']:>8.4f}{r['l0']:>8.2f}{r['dead']:>8.1%}"
+              f"{r['fvu_vs_topk']:>8.2f}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=2) + "\n")

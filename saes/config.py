@@ -233,7 +233,7 @@ batch's cut takes over (lower FVU, more atoms), and the shorter window with the 
 the batch's cut starves (20-23% -> 5-10% dead on the heavy-tailed settings; neither alone does); on the real
 corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised
 its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's. jumprelu's TopK start (absolute
-thresholds: 0-1% -> 32-47% of the atoms on the heavy-tailed settings, 85% -> 98% on plain rows) was measured on
+thresholds: 0-1% -> 31-48% of the atoms on the heavy-tailed settings, 85% -> 98% on plain rows) was measured on
 bench/synthetic_recovery.py --small, 4 settings x 2 seeds (docs/kinds.md, "JumpReLU starts as TopK");
 jumprelu-relative keeps none (it lost 1-6 points with it on three of the four settings)."""
 
