@@ -220,6 +220,7 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     from conceptdict.saes import SparseCoder, TrainConfig
     from conceptdict.saes.comm import local_inputs
+    from conceptdict.saes.config import kind_default
     from conceptdict.saes.training import apply_update, make_optimizer
 
     kind = name.split("-", 1)[1]
@@ -233,7 +234,7 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
     opt = make_optimizer(model, 1e-4)
 
     def step(x):
-        inputs = local_inputs(x)._replace(settings=cfg, code_l1=cfg.code_l1)
+        inputs = local_inputs(x)._replace(settings=cfg, code_l1=kind_default(cfg, "code_l1"))
         out = model.spec.train_forward(model, x, inputs)
         loss = (x - out.x_hat).pow(2).sum() / inputs.stats.total_var
         if out.sparsity_loss is not None:

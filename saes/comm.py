@@ -130,7 +130,7 @@ class StepInputs(NamedTuple):
     """The learning rate's schedule factor at this step (its lr over the base lr: warm-up, then 1, then the final
     decay to 0), for penalties that follow it (the ``code_l1`` tie-break of the selection kinds)."""
     code_l1: float = 0.0
-    """Weight of the selection kinds' L1 tie-break (the run's ``TrainConfig.code_l1``); 0 outside a training run."""
+    """Weight of the selection kinds' L1 tie-break (the run's resolved ``code_l1``); 0 outside a training run."""
     per_row: bool = False
     """batchtopk, jumprelu: select per row (TopK) at this step, the run's TopK start (``TrainConfig.topk_start``)."""
 

@@ -79,20 +79,21 @@ class TrainConfig:
     weight of the L1 penalty sum_j f_j sum_s ||d_j^s||, divided by the batch's RMS norm of
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
-    code_l1: float = 0.1
-    """topk, batchtopk, matryoshka and jumprelu-relative: weight of an L1 penalty on the kept codes (sum of the
-    selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
-    times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the
-    final codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the
-    reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it equally
-    well at every t, and a cut with room to spare keeps both halves (BatchTopK's global cut; TopK's per-row cut
-    on every row that holds fewer than k atoms), so atoms stayed split between two latents at cosine ~0.85.
-    Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
-    bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs
-    FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
-    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too". With
-    batchtopk's TopK start, 0.2 recovers more planted atoms than TopK but costs 14-35% FVU on the real corpora
-    ("BatchTopK starts as TopK"), so it stays 0.1."""
+    code_l1: float | None = None
+    """topk, batchtopk, matryoshka, jumprelu-relative (and jumprelu's TopK start); None: the kind's default
+    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, 0.1 for the others. Weight of an L1 penalty on the kept codes (sum of
+    the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
+    times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the final
+    codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the reconstruction
+    leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it equally well at every t, and a
+    cut with room to spare keeps both halves (BatchTopK's global cut; TopK's per-row cut on every row that holds fewer
+    than k atoms), so atoms stayed split between two latents at cosine ~0.85. Their summed codes are smallest at t = 0:
+    the penalty turns them onto the atom. 0.1 measured on bench/synthetic_recovery.py at its default size (4 settings x
+    2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs FVU, 0.05 leaves atoms split) and --small, and on the sentence
+    embeddings of three real corpora (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the
+    tie-break too". With batchtopk's TopK start, 0.15 recovers about as many planted atoms as TopK with few dead latents
+    at a held-out FVU within 1.3% of 0.1's on the real corpora (0.2: more atoms, but 1.7-3.7% FVU and more dead latents
+    there): bench/real_heldout.py, docs/batchtopk.md "A tie-break of 0.15 for BatchTopK"."""
     topk_start: float | None = None
     """batchtopk and jumprelu (both rules): the share of the run's steps that select per row (TopK, k per row)
     before the kind's own rule takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3 for batchtopk and
@@ -181,10 +182,10 @@ class TrainConfig:
             raise ValueError(f"decay_fraction={self.decay_fraction} must lie in [0, 1]")
         if not 0 <= self.threshold_momentum < 1:
             raise ValueError(f"threshold_momentum={self.threshold_momentum} must lie in [0, 1)")
-        if not self.code_l1 >= 0:
-            raise ValueError(f"code_l1={self.code_l1} must be >= 0 (0 trains the selection kinds as published)")
-        if self.aux_alpha is not None and not self.aux_alpha >= 0:
-            raise ValueError(f"aux_alpha={self.aux_alpha} must be >= 0 (or None for the kind's default)")
+        for name in ("aux_alpha", "code_l1"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 trains the kind as published; None "
+                                 "for the kind's default)")
         if self.topk_start is not None and not 0 <= self.topk_start <= 1:
             raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if not self.jumprelu_bandwidth > 0:
@@ -222,22 +223,25 @@ def default_lr(latents: int) -> float:
 
 
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
-    "batchtopk": {"aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
+    "batchtopk": {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3},
     "jumprelu": {"topk_start": 0.3},
 }
 """The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
-the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's three
-were measured together on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds) and on the
-sentence embeddings of three real corpora (bench/cbm_accuracy.py): the TopK start learns the atoms before the
-batch's cut takes over (lower FVU, more atoms), and the shorter window with the stronger AuxK revives the latents
-the batch's cut starves (20-23% -> 5-10% dead on the heavy-tailed settings; neither alone does); on the real
-corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised
-its dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's. jumprelu's TopK start (absolute
-thresholds: 0-1% -> 31-48% of the atoms on the heavy-tailed settings, 85% -> 98% on plain rows) was measured on
-bench/synthetic_recovery.py --small, 4 settings x 2 seeds (docs/kinds.md, "JumpReLU starts as TopK");
-jumprelu-relative keeps none (it lost 1-6 points with it on three of the four settings)."""
+the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's start, AuxK
+weight and window were measured together on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds)
+and on the sentence embeddings of three real corpora (bench/cbm_accuracy.py): the TopK start learns the atoms before
+the batch's cut takes over (lower FVU, more atoms), and the shorter window with the stronger AuxK revives the
+latents the batch's cut starves (20-23% -> 5-10% dead on the heavy-tailed settings; neither alone does); on the real
+corpora both are neutral (docs/batchtopk.md, "BatchTopK starts as TopK"). The same AuxK setting on topk raised its
+dead latents (2.1% -> 8.8%, heavy, seed 0), so topk keeps OpenAI's. batchtopk's tie-break of 0.15 (0.1 before)
+merges the split pairs its batch's cut leaves: more planted atoms and fewer dead latents on the heavy-tailed
+settings, at a held-out FVU within 1.3% of 0.1's on the real corpora (bench/real_heldout.py; docs/batchtopk.md, "A
+tie-break of 0.15 for BatchTopK"). jumprelu's TopK start (absolute thresholds: 0-1% -> 31-48% of the atoms on the
+heavy-tailed settings, 85% -> 98% on plain rows) was measured on bench/synthetic_recovery.py --small, 4 settings x 2
+seeds (docs/kinds.md, "JumpReLU starts as TopK"); jumprelu-relative keeps none (it lost 1-6 points with it on three
+of the four settings)."""
 
-GENERAL_DEFAULTS: dict[str, float] = {"aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
+GENERAL_DEFAULTS: dict[str, float] = {"code_l1": 0.1, "aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
 """The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""
 
 
@@ -296,6 +300,8 @@ class Resolved:
     """Dead latents per row in the AuxK code (``TrainConfig.aux_k`` or min(S*D/2, L/2))."""
     aux_alpha: float
     """Weight of the AuxK loss (``TrainConfig.aux_alpha`` or the kind's default, :func:`kind_default`)."""
+    code_l1: float
+    """Weight of the selection kinds' L1 tie-break (``TrainConfig.code_l1`` or the kind's default)."""
     topk_steps: int
     """batchtopk, jumprelu: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the
     kind's default share); 0 without a known run length."""
@@ -320,6 +326,7 @@ def resolve(cfg: TrainConfig, model: SparseCoder, total: int | None, batch_rows:
         default_dead_tokens(cfg.latents, cfg.k, run_rows, kind_default(cfg, "dead_share")),
         aux_k=cfg.aux_k if cfg.aux_k is not None else max(1, min(width // 2, cfg.latents // 2)),
         aux_alpha=kind_default(cfg, "aux_alpha"),
+        code_l1=kind_default(cfg, "code_l1"),
         topk_steps=round(kind_default(cfg, "topk_start") * total) if total else 0,
         threshold_start_step=cfg.threshold_start_step if cfg.threshold_start_step is not None else
         (min(1000, 3 * total // 4) if total else 1000),

@@ -173,7 +173,7 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     warm = cfg.sparsity_warmup_steps if cfg.sparsity_warmup_steps is not None else r.warmup_steps
     inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k, cfg,
                         min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0, lr / r.lr if r.lr else 1.0,
-                        cfg.code_l1, st.step < r.topk_steps)
+                        r.code_l1, st.step < r.topk_steps)
     out = model.spec.train_forward(model, x, inputs)
     err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var

@@ -1,5 +1,5 @@
 """BatchTopK's defaults of its own (``saes.config.KIND_DEFAULTS``): the TopK start (``TrainConfig.topk_start``)
-and the shorter dead window with the stronger AuxK (docs/batchtopk.md, "BatchTopK starts
+the stronger tie-break, and the shorter dead window with the stronger AuxK (docs/batchtopk.md, "BatchTopK starts
 as TopK"); JumpReLU's TopK start (docs/kinds.md, "JumpReLU starts as TopK")."""
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ def _resolved(kind: str, total: int | None = 1000, **kw):
 @pytest.mark.unit
 def test_batchtopk_resolves_its_own_defaults_and_the_other_kinds_keep_theirs():
     bt, tk = _resolved("batchtopk"), _resolved("topk")
-    assert (bt.aux_alpha, bt.topk_steps) == (0.25, 300)
+    assert (bt.code_l1, bt.aux_alpha, bt.topk_steps) == (0.15, 0.25, 300)
     assert bt.dead_tokens == default_dead_tokens(2048, 8, 1000 * 1024, 1 / 64) == 16000
-    assert (tk.aux_alpha, tk.topk_steps) == (1 / 32, 0)
+    assert (tk.code_l1, tk.aux_alpha, tk.topk_steps) == (0.1, 1 / 32, 0)
     assert tk.dead_tokens == 102400  # a tenth of the run
     for kind in ("matryoshka", "jumprelu-relative", "crosscoder"):
         r = _resolved(kind)
-        assert (r.aux_alpha, r.topk_steps) == (1 / 32, 0), kind
+        assert (r.code_l1, r.aux_alpha, r.topk_steps) == (0.1, 1 / 32, 0), kind
     jr = _resolved("jumprelu")
-    assert (jr.aux_alpha, jr.topk_steps, jr.dead_tokens) == (1 / 32, 300, 102400)  # only the start differs
+    assert (jr.code_l1, jr.aux_alpha, jr.topk_steps, jr.dead_tokens) == (0.1, 1 / 32, 300, 102400)  # its start only
     # a value given wins; no length, no TopK start
-    given = _resolved("batchtopk", aux_alpha=1 / 32, topk_start=0.5, dead_tokens=5000)
-    assert (given.aux_alpha, given.topk_steps, given.dead_tokens) == (1 / 32, 500, 5000)
+    given = _resolved("batchtopk", code_l1=0.0, aux_alpha=1 / 32, topk_start=0.5, dead_tokens=5000)
+    assert (given.code_l1, given.aux_alpha, given.topk_steps, given.dead_tokens) == (0.0, 1 / 32, 500, 5000)
     assert _resolved("batchtopk", total=None).topk_steps == 0
 
 
