@@ -3,7 +3,10 @@
 Data (``conceptdict.saes.synthetic``): unit atoms in D dimensions, rows that are sparse positive combinations
 of them plus an offset and noise. The settings below go from the easy problem to what real activations look
 like -- heavy-tailed (log-normal) coefficients so row norms vary by an order of magnitude, heavy-tailed row
-scales, Zipf-like atom frequencies, correlated atoms -- always with more latents than atoms. Every kind
+scales, Zipf-like atom frequencies, correlated atoms -- always with more latents than atoms -- and a
+hierarchical set (``hierarchy``: families of a parent and 3 children, a child only ever active with its
+parent), on which the run also prints how often the parent's latent is silent on rows that hold one of its
+children (feature absorption, Chanin et al. 2024: what Matryoshka's nested losses are meant to prevent). Every kind
 trains with its DEFAULT settings (only latents, k and the row budget given) on the same rows of each
 setting and seed, and is evaluated on held-out rows.
 
@@ -40,7 +43,8 @@ import torch
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.model import kind_spec
-from conceptdict.saes.synthetic import SyntheticSpec, atom_recovery, planted_atoms, synthetic_batches
+from conceptdict.saes.synthetic import (SyntheticSpec, absorption, atom_recovery, planted_atoms,
+                                        synthetic_batch_and_atoms, synthetic_batches)
 
 BASE = dict(n_atoms=1024, d=128, active=6.0, noise=0.02)
 SETTINGS: dict[str, dict] = {
@@ -48,10 +52,12 @@ SETTINGS: dict[str, dict] = {
     "heavy": dict(coef_sigma=1.0),
     "heavy-rows": dict(coef_sigma=0.8, row_sigma=0.5),
     "zipf-corr": dict(coef_sigma=1.0, freq_exponent=0.5, correlated=0.1, correlation=0.5),
+    "hierarchy": dict(coef_sigma=0.5, children=3, child_prob=0.5),
 }
 """Generator settings (fields of SyntheticSpec) over BASE; the command line overrides any field."""
 
-FIELDS = ("n_atoms", "d", "active", "noise", "coef_sigma", "row_sigma", "freq_exponent", "correlated", "correlation")
+FIELDS = ("n_atoms", "d", "active", "noise", "coef_sigma", "row_sigma", "freq_exponent", "correlated", "correlation",
+          "children", "child_prob")
 
 
 @torch.no_grad()
@@ -90,9 +96,16 @@ def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
     rec = atom_recovery(model.decoder_directions(), planted_atoms(spec))
     held = model.training_summary["heldout_eval"]
     n_unmatched, share = unmatched_alive(model, spec, cfg.eval_batches)
+    absorbed = None
+    if spec.children:  # the held-out rows are the first eval_batches batches
+        with torch.no_grad():
+            rows = [synthetic_batch_and_atoms(spec, i) for i in range(cfg.eval_batches)]
+            fired = torch.cat([model.encode(x) > 0 for x, _ in rows])
+        absorbed = absorption(spec, model.decoder_directions(), fired, torch.cat([m for _, m in rows]))._asdict()
     return {"kind": cfg.kind, "seed": spec.seed, "recovery": rec.fraction, "mean_best_cos": rec.mean_best_cos,
             "fvu": held["fvu"], "l0": held["l0"], "k": cfg.k, "dead": held["dead_fraction"], "seconds": seconds,
-            "unmatched_alive": n_unmatched, "unmatched_firing_share": share, "at_start": start}
+            "unmatched_alive": n_unmatched, "unmatched_firing_share": share, "at_start": start,
+            "absorption": absorbed}
 
 
 KIND_CHOICES = ("topk", "batchtopk", "batchtopk-absolute", "relu", "jumprelu", "jumprelu-relative", "matryoshka",
@@ -125,7 +138,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--small", action="store_true", help="the test-sized problem (256 atoms in D=128, 3 active, k=6)")
     for f in FIELDS:
-        p.add_argument("--" + f.replace("_", "-"), type=float if f not in ("n_atoms", "d") else int, default=None,
+        p.add_argument("--" + f.replace("_", "-"), type=int if f in ("n_atoms", "d", "children") else float,
+                       default=None,
                        help=f"override SyntheticSpec.{f} in every setting")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="TrainConfig fields for every run (a JSON value: --set matryoshka_inner_weight=0.25)")
@@ -213,9 +227,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"l0 {r['l0']:6.2f}  dead {r['dead']:6.2%}  unmatched alive {r['unmatched_alive']} "
                       f"({r['unmatched_firing_share']:.1%} of firings)  {r['seconds']:6.1f}s  "
                       + (f"recovery at its start {r['at_start']:.1%}  " if r["at_start"] is not None else "")
+                      + (f"parents {r['absorption']['parent_recovery']:.1%} children "
+                         f"{r['absorption']['child_recovery']:.1%} absorbed {r['absorption']['absorbed']:.1%} "
+                         f"(alone: silent {r['absorption']['missed']:.1%})  " if r.get("absorption") else "")
                       + f"[vs {a.kinds[0]}: recovery {ratio}, fvu x{r['fvu'] / base['fvu']:.2f}]", flush=True)
     labels = list(dict.fromkeys(r["label"] for r in results))
     print("\n".join(["", "mean over seeds [worst seed]:", *summary(results, a.settings, labels)]))
+    for label in labels:
+        ab = [r["absorption"] for r in results if r["label"] == label and r.get("absorption")]
+        if ab:
+            mean = {f: statistics.mean(x[f] for x in ab) for f in ab[0]}
+            print(f"hierarchy   {label:<40} parents {mean['parent_recovery']:.1%}  children "
+                  f"{mean['child_recovery']:.1%}  absorbed {mean['absorbed']:.1%} (silent without a child "
+                  f"{mean['missed']:.1%})")
     for label in (lb for lb in labels if lb.startswith("batchtopk@")):
         kind = label.split("@", 1)[1]
         for setting in a.settings:

@@ -72,13 +72,12 @@ class TorchComm:
         return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(x.device)
 
     def reduce_grads(self, model: torch.nn.Module) -> None:
-        """Sum every parameter's gradient over processes, in place (a missing gradient counts as zeros); each
-        process's loss is its part of the global loss, so every process then holds the one-process gradient."""
+        """Sum every parameter's gradient over processes, in place (``training.apply_update`` gives each
+        trainable parameter one); each process's loss is its part of the global loss, so every process then
+        holds the one-process gradient."""
         for p in model.parameters():
             if not p.requires_grad:
                 continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
             if self._nccl or p.grad.device.type == "cpu":
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             else:

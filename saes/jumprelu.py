@@ -50,8 +50,8 @@ from torch import Tensor
 
 from . import kernels
 from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, fired_from_code, relative_encode,
-                    row_scale, threshold_encode, train_code)
+from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, decode_train_code, fired_from_code,
+                    relative_encode, row_scale, threshold_encode, train_code)
 
 DEFAULT_BANDWIDTH = 0.05
 
@@ -107,11 +107,10 @@ def sparsity_penalty(l0: Tensor, k: int, rule: str) -> Tensor:
 
 def _topk_start(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) -> TrainOutput:
     """A step of the run's TopK start (``TrainConfig.topk_start``): TopK per row (on the kind's scale) with the
-    tie-break, the threshold untrained; theta is set to the mean over the batch's rows of their k-th largest
-    pre-activation, so the threshold rule takes over at L0 ~ k with an encoder that already holds the atoms."""
+    tie-break, the threshold out of the loss (its gradient is zero); theta is set to the mean over the batch's rows
+    of their k-th largest pre-activation, so the threshold rule takes over at L0 ~ k with an encoder that already
+    holds the atoms."""
     c = train_code(model, x, inputs, batch=False, relative=relative)
-    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
-                                  skip_zero_grads=True)
     with torch.no_grad():
         z = c.values.detach() / row_scale(model, x) if relative else c.values.detach()
         kth = z.masked_fill(z <= 0, math.inf).min(dim=1).values
@@ -120,10 +119,8 @@ def _topk_start(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: boo
         if total[1] > 0:
             theta = max(float(total[0] / total[1]), 1e-3)
             model.scaled_log_threshold.fill_(math.log(theta) / THRESHOLD_RATE)
-    # the threshold takes a zero gradient, as it does when several processes sum their gradients (a missing one
-    # counts as zeros there), so that Adam's state for it is the same in one process and in several
-    untrained = 0.0 * model.scaled_log_threshold.sum()
-    return TrainOutput(x_hat, c.fired, c.l0, add_code_l1(untrained, c.values, inputs), None, None)
+    # the threshold is not in the loss: the loop gives it a zero gradient (training.apply_update)
+    return decode_train_code(model, c, inputs, tie_break=True)
 
 
 def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = False) -> TrainOutput:

@@ -121,8 +121,13 @@ class TrainCode(NamedTuple):
 
 def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
                          scale: Tensor | None = None, relative: bool = False, tie_break: bool = False) -> TrainOutput:
-    """:func:`train_code`, then the sparse decode of the code; ``tie_break``: with :func:`add_code_l1`'s penalty."""
-    c = train_code(model, x, inputs, batch=batch, scale=scale, relative=relative)
+    """:func:`train_code`, then :func:`decode_train_code`."""
+    return decode_train_code(model, train_code(model, x, inputs, batch=batch, scale=scale, relative=relative), inputs,
+                             tie_break=tie_break)
+
+
+def decode_train_code(model: "SparseCoder", c: "TrainCode", inputs: StepInputs, *, tie_break: bool) -> TrainOutput:
+    """The sparse decode of a training code ``c``; ``tie_break``: with :func:`add_code_l1`'s penalty."""
     x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
     penalty = add_code_l1(None, c.values, inputs) if tie_break else None

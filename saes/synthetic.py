@@ -13,8 +13,9 @@ bench/crosscoder_diff.py).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple
 
 import torch
@@ -55,11 +56,33 @@ class SyntheticSpec:
     """Fraction of the atoms built as a near neighbour of another atom."""
     correlation: float = 0.7
     """Cosine between a correlated atom and the atom it was built from."""
+    children: int = 0
+    """> 0: the atoms form families of one parent and ``children`` children (``n_atoms`` a multiple of
+    children + 1; the first n_atoms / (children + 1) atoms are the parents, parent i's children follow them at
+    n_parents + i * children + j). A child is only ever active with its parent: in a row where a parent is
+    active, one of its children, drawn uniformly, is active too with probability ``child_prob`` (the setting of
+    feature absorption, Chanin et al. 2024: "short" implies "starts with s", and a dictionary that folds the
+    parent into the child's latent saves a latent per row). ``active`` and the frequencies apply to the parents'
+    families: a row holds ``active`` atoms on average, parents and children counted."""
+    child_prob: float = 0.5
+    """With ``children``: probability that an active parent's row also holds one of its children."""
+
+    def __post_init__(self) -> None:
+        if self.children < 0 or (self.children and self.n_atoms % (self.children + 1)):
+            raise ValueError(f"children={self.children} must be >= 0 and children + 1 must divide "
+                             f"n_atoms={self.n_atoms}")
+        if not 0 <= self.child_prob <= 1:
+            raise ValueError(f"child_prob={self.child_prob} must lie in [0, 1]")
+
+    @property
+    def n_parents(self) -> int:
+        """Atoms that are parents (every atom without ``children``)."""
+        return self.n_atoms // (self.children + 1)
 
     @property
     def plain(self) -> bool:
         """True for the easy problem (the original generator, whose batches every older test pins)."""
-        return self.coef_sigma == 0 and self.row_sigma == 0 and self.freq_exponent == 0
+        return self.coef_sigma == 0 and self.row_sigma == 0 and self.freq_exponent == 0 and self.children == 0
 
 
 ATOM_SEED_OFFSET = 1_000_003
@@ -88,7 +111,11 @@ def planted_atoms(spec: SyntheticSpec) -> Tensor:
 
 @functools.lru_cache(maxsize=8)
 def atom_probabilities(spec: SyntheticSpec) -> Tensor:
-    """Probability [n_atoms] that each atom is active in a row; sums to ``active`` (up to the ``max_prob`` cap)."""
+    """Probability [n_atoms] that each atom is active in a row; sums to ``active`` (up to the ``max_prob`` cap).
+    With ``children``: [n_parents], the parents' probabilities (their families hold ``active`` atoms per row)."""
+    if spec.children:
+        return atom_probabilities(replace(spec, n_atoms=spec.n_parents, children=0,
+                                          active=spec.active / (1 + spec.child_prob)))
     if spec.freq_exponent == 0:
         return torch.full((spec.n_atoms,), spec.active / spec.n_atoms)
     w = torch.arange(1, spec.n_atoms + 1, dtype=torch.float64).pow(-spec.freq_exponent)
@@ -114,8 +141,24 @@ def _offset(spec: SyntheticSpec) -> Tensor:
     return spec.offset * v / v.norm()
 
 
+def _family_mask(spec: SyntheticSpec, g: torch.Generator) -> Tensor:
+    """bool [B, n_atoms] of the active atoms with ``children``: parents, then each active parent's one child
+    (with probability ``child_prob``)."""
+    B, P, C = spec.batch_size, spec.n_parents, spec.children
+    parents = torch.rand(B, P, generator=g) < atom_probabilities(spec)
+    with_child = parents & (torch.rand(B, P, generator=g) < spec.child_prob)
+    which = torch.randint(0, C, (B, P, 1), generator=g)
+    kids = torch.zeros(B, P, C, dtype=torch.bool).scatter_(2, which, with_child.unsqueeze(2))
+    return torch.cat([parents, kids.reshape(B, P * C)], dim=1)
+
+
 def synthetic_batch(spec: SyntheticSpec, index: int, atoms: Tensor | None = None) -> Tensor:
     """Batch ``index`` [batch_size, D] (deterministic: the same index always gives the same rows)."""
+    return synthetic_batch_and_atoms(spec, index, atoms)[0]
+
+
+def synthetic_batch_and_atoms(spec: SyntheticSpec, index: int, atoms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Batch ``index`` [batch_size, D] and which atoms each of its rows holds (bool [batch_size, n_atoms])."""
     atoms = planted_atoms(spec) if atoms is None else atoms
     g = torch.Generator().manual_seed(spec.seed + 1 + index)
     B, A = spec.batch_size, spec.n_atoms
@@ -123,15 +166,15 @@ def synthetic_batch(spec: SyntheticSpec, index: int, atoms: Tensor | None = None
         mask = torch.rand(B, A, generator=g) < spec.active / A
         coef = torch.rand(B, A, generator=g) + 0.5
         x = (coef * mask) @ atoms + _offset(spec)
-        return x + spec.noise * torch.randn(B, spec.d, generator=g)
-    mask = torch.rand(B, A, generator=g) < atom_probabilities(spec)
+        return x + spec.noise * torch.randn(B, spec.d, generator=g), mask
+    mask = _family_mask(spec, g) if spec.children else torch.rand(B, A, generator=g) < atom_probabilities(spec)
     if spec.coef_sigma > 0:
         coef = torch.exp(spec.coef_sigma * torch.randn(B, A, generator=g))
     else:
         coef = torch.rand(B, A, generator=g) + 0.5
     rows = torch.exp(spec.row_sigma * torch.randn(B, 1, generator=g)) if spec.row_sigma > 0 else 1.0
     x = rows * ((coef * mask) @ atoms) + _offset(spec)
-    return x + spec.noise * torch.randn(B, spec.d, generator=g)
+    return x + spec.noise * torch.randn(B, spec.d, generator=g), mask
 
 
 def synthetic_batches(spec: SyntheticSpec, start: int = 0) -> Iterator[Tensor]:
@@ -154,6 +197,51 @@ def atom_recovery(directions: Tensor, atoms: Tensor, threshold: float = 0.9) -> 
     for chunk in range(0, d.shape[0], 4096):
         best = torch.maximum(best, (atoms @ d[chunk:chunk + 4096].T).max(dim=1).values)
     return Recovery(float((best > threshold).float().mean()), float(best.mean()), best)
+
+
+@torch.no_grad()
+def alive_recovery(model, spec: SyntheticSpec, eval_batches: int = 1, threshold: float = 0.9) -> Recovery:
+    """Atom recovery by the latents of ``model`` (a SparseCoder) that fire on the first ``eval_batches`` batches of
+    ``spec`` (the held-out ones of a run with that many ``eval_batches``): a dead latent's direction does not count."""
+    alive = sum((model.encode(x) > 0).any(dim=0).int() for x in itertools.islice(synthetic_batches(spec), eval_batches))
+    return atom_recovery(model.decoder_directions()[alive > 0], planted_atoms(spec), threshold)
+
+
+class Absorption(NamedTuple):
+    absorbed: float  # mean over parents: share of their rows WITH a child where the parent's latent is silent
+    missed: float  # the same on their rows without a child
+    parent_recovery: float  # share of the parents some decoder direction matches (cos > 0.9)
+    child_recovery: float  # the same for the children
+
+
+def absorption(spec: SyntheticSpec, directions: Tensor, fired: Tensor, mask: Tensor,
+               threshold: float = 0.9) -> Absorption:
+    """Feature absorption on a hierarchical planted set (``spec.children`` > 0): each parent's latent is the
+    decoder direction closest to it (``directions`` [L, D]); on rows ``fired`` (bool [N, L], which latents fire)
+    with atoms ``mask`` (bool [N, n_atoms], :func:`synthetic_batch_and_atoms`), ``absorbed`` is the share of the
+    parent's rows that also hold one of its children where its latent does not fire: the child's latent has taken
+    the parent's direction in (Chanin et al. 2024), and Matryoshka's nested losses are meant to prevent it.
+    ``missed`` is the same share on the parent's rows without a child, the baseline a silent latent has anyway.
+    Means over the parents with at least 10 rows of each kind."""
+    if not spec.children:
+        raise ValueError("absorption needs a hierarchical planted set: SyntheticSpec(children=...) > 0")
+    atoms = planted_atoms(spec)
+    d = directions / directions.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    cos = atoms @ d.T
+    P, C = spec.n_parents, spec.children
+    latent = cos[:P].argmax(dim=1)
+    parent = mask[:, :P]
+    child = mask[:, P:].reshape(-1, P, C).any(dim=2)
+    silent = ~fired[:, latent]  # [N, P]
+    with_child, alone = parent & child, parent & ~child
+    keep = (with_child.sum(0) >= 10) & (alone.sum(0) >= 10)
+    if not keep.any():
+        raise ValueError(f"too few rows ({mask.shape[0]}) to measure absorption: no parent has 10 rows with a child "
+                         "and 10 without; evaluate on more rows")
+    rate = lambda rows: ((silent & rows).sum(0) / rows.sum(0).clamp_min(1))[keep].mean()
+    best = cos.max(dim=1).values > threshold
+    return Absorption(float(rate(with_child)), float(rate(alone)), float(best[:P].float().mean()),
+                      float(best[P:].float().mean()))
 
 
 # --------------------------------------------------------------------------- planted two-model data

@@ -120,13 +120,19 @@ def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: s
 
 def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
                  comm: Comm = LOCAL) -> None:
-    """Backpropagate ``loss``, sum the gradients over processes, remove the decoder-gradient component
-    parallel to each row, clip, take the Adam step at ``lr`` and renormalise the decoder rows."""
+    """Backpropagate ``loss`` (a parameter it does not reach gets a zero gradient), sum the gradients over
+    processes, remove the decoder-gradient component parallel to each row, clip, take the Adam step at ``lr`` and
+    renormalise the decoder rows."""
     for group in opt.param_groups:
         group["lr"] = lr
     opt.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
     loss.backward()
+    for p in model.parameters():
+        # a trainable parameter the step's loss did not reach takes a zero gradient, in one process as in
+        # several (the processes' sum needs one), so that Adam's state never depends on the process count
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
     comm.reduce_grads(model)
     unit = model.spec.unit_decoder
     if unit:
