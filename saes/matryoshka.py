@@ -5,10 +5,12 @@ The latents are split into nested groups; prefix i holds the first i groups. One
 over all latents, and EACH prefix reconstructs x from the code's entries in it:
 ``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the full reconstruction's FVU (the loop's own
 term) plus ``TrainConfig.matryoshka_inner_weight`` times the sum of the inner prefixes' FVUs (the kind's extra
-loss), plus AuxK on the full residual. Departure: the papers weight every prefix 1 (inner_weight 1.0); the
-default 0.1 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
+loss), plus AuxK on the full residual. Departures: the papers weight every prefix 1 (inner_weight 1.0); the
+default 0.03 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
 than the atoms it must reconstruct turns its latents into blends of atoms -- and lose 12 points of recovery
-(up to 21) against BatchTopK (docs/kinds.md). Early latents must reconstruct on their own, so general concepts are not
+(up to 21) against BatchTopK, and 0.1 still loses 3-7 points on heavy-tailed rows (docs/kinds.md). And the kind
+trains with BatchTopK's defaults (``config.KIND_DEFAULTS``), its TopK start included: the first steps select
+per row (``StepInputs.per_row``). Early latents must reconstruct on their own, so general concepts are not
 absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
 groups leave no trace in the saved dictionary (config.json records them under ``training.config``).
 
@@ -58,7 +60,7 @@ def _forward(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool) 
     groups = settings.matryoshka_groups if settings is not None else None
     weight = settings.matryoshka_inner_weight if settings is not None else 1.0
     bounds = prefix_bounds(model.n_latents, groups)
-    c = train_code(model, x, inputs, batch=True, relative=relative)
+    c = train_code(model, x, inputs, batch=not inputs.per_row, relative=relative)
     x_hat, inner = kernels.prefix_errors(c.values, c.indices, model.W_dec, model.b_dec, bounds, x,
                                          impl=model.kernel_impl)
     extra = weight * sum(inner, x.new_zeros(())) / inputs.stats.total_var

@@ -23,12 +23,14 @@ def _resolved(kind: str, total: int | None = 1000, **kw):
 
 @pytest.mark.unit
 def test_batchtopk_resolves_its_own_defaults_and_the_other_kinds_keep_theirs():
-    bt, tk = _resolved("batchtopk"), _resolved("topk")
-    assert (bt.code_l1, bt.aux_alpha, bt.topk_steps) == (0.15, 0.25, 300)
-    assert bt.dead_tokens == default_dead_tokens(2048, 8, 1000 * 1024, 1 / 64) == 16000
+    tk = _resolved("topk")
+    for kind in ("batchtopk", "matryoshka"):  # matryoshka is batchtopk with nested prefixes: the same defaults
+        bt = _resolved(kind)
+        assert (bt.code_l1, bt.aux_alpha, bt.topk_steps) == (0.15, 0.25, 300), kind
+        assert bt.dead_tokens == default_dead_tokens(2048, 8, 1000 * 1024, 1 / 64) == 16000
     assert (tk.code_l1, tk.aux_alpha, tk.topk_steps) == (0.1, 1 / 32, 0)
     assert tk.dead_tokens == 102400  # a tenth of the run
-    for kind in ("matryoshka", "jumprelu-relative", "crosscoder"):
+    for kind in ("batchtopk-absolute", "matryoshka-absolute", "jumprelu-relative", "crosscoder"):
         r = _resolved(kind)
         assert (r.code_l1, r.aux_alpha, r.topk_steps) == (0.1, 1 / 32, 0), kind
     jr = _resolved("jumprelu")
@@ -48,9 +50,10 @@ def test_bad_values_name_the_field(field, value):
 
 
 @pytest.mark.unit
-def test_per_row_selects_the_rows_own_top_k_of_the_relative_scores():
+@pytest.mark.parametrize("kind", ["batchtopk", "matryoshka"])
+def test_per_row_selects_the_rows_own_top_k_of_the_relative_scores(kind):
     torch.manual_seed(0)
-    model = SparseCoder(16, 64, 4, "batchtopk", kernel_impl="torch")
+    model = SparseCoder(16, 64, 4, kind, kernel_impl="torch")
     model.reset_parameters(generator=torch.Generator().manual_seed(0))
     x = torch.randn(32, 16) * torch.exp(torch.randn(32, 1))  # row norms over an order of magnitude
     per_row = model.spec.train_forward(model, x, local_inputs(x)._replace(per_row=True))
