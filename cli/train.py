@@ -277,6 +277,10 @@ def threshold_line(summary: dict, k: int) -> str | None:
     info = (summary or {}).get("threshold")
     if not info:
         return None
+    if info["rule"].startswith("learned per latent"):
+        how = (f"scaled by one factor {info['factor']:.4g} for mean L0 = k = {k} on {info['calibrated_on_rows']} rows "
+               "never trained on" if info.get("calibrated_on_rows") else "as trained (not calibrated)")
+        return f"inference thresholds learned per latent (mean {info['mean']:.6g}), {how}"
     if info.get("calibrated_on_rows"):
         return (f"inference threshold {info['value']:.6g}: calibrated for mean L0 = k = {k} on "
                 f"{info['calibrated_on_rows']} rows never trained on (running estimate {info['running_estimate']:.6g})")

@@ -1,5 +1,6 @@
 """The inference threshold of the thresholded kinds (BatchTopK, crosscoders, Matryoshka), set at the end of training on
-batches it never trained on, so that the mean L0 on unseen rows is k."""
+batches it never trained on, so that the mean L0 on unseen rows is k; for JumpReLU, whose thresholds are learned per
+latent, one factor on all of them does the same."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ log = logging.getLogger(__name__)
 def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
     """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
     ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
-    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N)."""
+    scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N). A kind
+    with learned thresholds per latent (``KindSpec.scales_thresholds``: its scores are the ratios to them) has
+    every threshold multiplied by theta instead."""
     spec = model.spec
     if spec.scores is None:
         raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
@@ -36,16 +39,32 @@ def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 
     theta = float(top.min()) if top.numel() >= keep else 0.0
     # inference keeps scores strictly above theta: step just below the (N k)-th score so that it is kept too
     theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
-    model.threshold.fill_(theta)
+    if theta == 0:
+        log.warning("fewer than k = %d latents per row are positive on the %d calibration rows: the threshold is 0 "
+                    "(every positive activation fires)", model.k, n)
+    if spec.scales_thresholds:
+        # inference compares z with theta * threshold_j, not z / threshold_j with theta: a relative margin of 1e-6
+        # keeps the (N k)-th entry through that product's rounding
+        theta *= 1 - 1e-6
+        model.threshold.mul_(theta)
+    else:
+        model.threshold.fill_(theta)
     return theta, n
 
 
 def threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
     """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps
-    (kinds whose threshold is learned per latent, like JumpReLU, keep what training learned)."""
-    if model.spec.scores is None:
+    (kinds whose threshold is learned per latent, like JumpReLU, keep what training learned, times one factor when
+    calibrated)."""
+    if model.spec.scores is None or model.spec.scales_thresholds:
+        factor, n = calibrate_threshold(model, calibration) if calibration else (1.0, 0)
+        if n:
+            log.info("thresholds scaled by %.4g on %d unseen rows so that their mean L0 is k", factor, n)
         t = model.threshold
-        return {"rule": "learned per latent", "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
+        return {"rule": "learned per latent" + (", scaled by one factor: mean L0 = k on rows never trained on"
+                                                 if n else ""),
+                "factor": factor, "calibrated_on_rows": n,
+                "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
     running = float(model.threshold[0])
     if not calibration:
         return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,

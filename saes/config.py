@@ -145,11 +145,13 @@ class TrainConfig:
     """BatchTopK: theta <- m * theta + (1 - m) * smallest kept activation of the batch (the running estimate,
     replaced at the end by the calibrated one when ``calibration_batches`` > 0)."""
     calibration_batches: int = 2
-    """Thresholded kinds (batchtopk, crosscoder): batches after the held-out ones, never trained on, on which the
-    inference threshold is set at the end so that their mean L0 is k (the threshold is the (N k)-th largest
-    score over their N rows). The running estimate comes from training rows, which a dictionary fits better
-    than unseen ones: the demo's sentence dictionary ran at L0 35 for k = 16 on unseen rows. 0: keep the
-    running estimate; other kinds hold none out."""
+    """Thresholded kinds (batchtopk, matryoshka, crosscoder, jumprelu with the target penalty): batches after the
+    held-out ones, never trained on, on which the inference threshold is set at the end so that their mean L0 is
+    k (the threshold is the (N k)-th largest score over their N rows; JumpReLU's learned thresholds are all
+    multiplied by one factor, found the same way). The running estimate comes from training rows, which a
+    dictionary fits better than unseen ones: the demo's sentence dictionary ran at L0 35 for k = 16 on unseen rows,
+    and JumpReLU at 2-4.5x k on three small real corpora. 0: keep the running estimate (JumpReLU: the learned
+    thresholds); other kinds hold none out."""
     eval_batches: int = 4
     """Batches from the start of the data held out of training and evaluated at the end (0: none); the
     command line's stream leaves their rows out of every later epoch."""
@@ -278,7 +280,10 @@ def default_dead_tokens(latents: int, k: int, run_rows: int | None = None,
 
 def calibration_batch_count(cfg: TrainConfig) -> int:
     """How many batches after the ``eval_batches`` held-out ones a run sets aside to calibrate its threshold."""
-    return cfg.calibration_batches if kind_spec(cfg.kind).scores is not None else 0
+    spec = kind_spec(cfg.kind)
+    if spec.scores is None or (spec.scales_thresholds and cfg.jumprelu_penalty != "target"):
+        return 0  # no threshold, or a JumpReLU whose L0 follows its penalty's coefficient rather than k
+    return cfg.calibration_batches
 
 
 def heldout_batch_count(cfg: TrainConfig) -> int:

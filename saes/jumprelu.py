@@ -51,7 +51,7 @@ from torch import Tensor
 from . import kernels
 from .comm import StepInputs
 from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, decode_train_code, fired_from_code,
-                    relative_encode, row_scale, threshold_encode, train_code)
+                    relative_encode, relative_scores, relu_scores, row_scale, threshold_encode, train_code)
 
 DEFAULT_BANDWIDTH = 0.05
 
@@ -182,7 +182,15 @@ def _finish(model: SparseCoder) -> None:
     model.threshold.copy_(threshold_of(model))
 
 
+def _ratio_scores(model: SparseCoder, x: Tensor) -> Tensor:
+    """relu(pre) / theta_j [B, L] (on the row-relative scale for jumprelu-relative): a latent fires where this
+    exceeds 1, so one factor c on every threshold moves the mean L0 as BatchTopK's cut does (``calibration``)."""
+    acts = relative_scores(model, x) if model.spec.relative else relu_scores(model, x)
+    return acts / model.threshold.clamp_min(1e-12)
+
+
 KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=False, uses_threshold=True, train_params=_train_params,
-                             init=_init, finish=_finish)
+                             init=_init, finish=_finish, scores=_ratio_scores, scales_thresholds=True)
 KINDS["jumprelu-relative"] = KindSpec(_train_relative, relative_encode, uses_aux=False, uses_threshold=True,
-                                      train_params=_train_params, init=_init, finish=_finish, relative=True)
+                                      train_params=_train_params, init=_init, finish=_finish, relative=True,
+                                      scores=_ratio_scores, scales_thresholds=True)

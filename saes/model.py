@@ -54,6 +54,9 @@ class KindSpec:
     scores: Callable[["SparseCoder", Tensor], Tensor] | None = None
     """Thresholded kinds: (model, x_flat [B, S*D]) -> [B, L], the quantity inference compares with ``threshold``
     (used to calibrate the threshold so that L0 on unseen rows matches k)."""
+    scales_thresholds: bool = False
+    """Kinds whose threshold per latent is learned (JumpReLU): ``scores`` are the activations over their latent's
+    threshold, and calibration multiplies every threshold by one factor, so their learned ratios are kept."""
     relative: bool = False
     """Whether codes and the threshold are relative to each row's centred norm (:func:`row_scale`); such a
     model keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""

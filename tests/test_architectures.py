@@ -257,7 +257,7 @@ def test_row_relative_jumprelu_holds_up_on_heavy_tailed_rows(tmp_path):
     back = load_dictionary(tmp_path / "jumprelu-relative")
     x = next(iter(synthetic_batches(heavy)))
     torch.testing.assert_close(back.encode(x), model.encode(x))
-    assert back.training_summary["threshold"]["rule"] == "learned per latent"
+    assert back.training_summary["threshold"]["rule"].startswith("learned per latent")
 
 
 def test_jumprelu_saves_its_learned_thresholds_and_exports_to_saelens(tmp_path):
@@ -265,8 +265,9 @@ def test_jumprelu_saves_its_learned_thresholds_and_exports_to_saelens(tmp_path):
 
     model = train(_cfg("jumprelu", checkpoint_every=0), functools.partial(synthetic_batches, SPEC), out=tmp_path / "d")
     assert not hasattr(model, "scaled_log_threshold") and float(model.threshold.min()) > 0
-    assert model.training_summary["threshold"]["rule"] == "learned per latent"
-    assert model.threshold.unique().numel() > 1  # one threshold per latent, not one calibrated cut
+    info = model.training_summary["threshold"]
+    assert info["rule"].startswith("learned per latent") and info["calibrated_on_rows"] == 2 * SPEC.batch_size
+    assert model.threshold.unique().numel() > 1  # one threshold per latent (times one factor), not one cut
     back = load_dictionary(tmp_path / "d")
     x = next(iter(synthetic_batches(SPEC)))
     torch.testing.assert_close(back.encode(x), model.encode(x))
@@ -349,8 +350,9 @@ def test_cli_help_lists_the_new_kinds(capsys):
 RECOVERY = SyntheticSpec(n_atoms=256, d=128, active=3, noise=0.02, batch_size=1024, n_batches=120, seed=0)
 NOT_YET = pytest.mark.xfail(strict=True, reason=(
     "issue 14, not met: from a random start (saes.synthetic.ATOM_SEED_OFFSET) the absolute-threshold jumprelu "
-    "recovers 89.5% of these atoms with its TopK start (84-88% before it), below the 0.9 bar; batchtopk recovers "
-    "99.6% here (docs/kinds.md, \"JumpReLU starts as TopK\")"))
+    "recovers 87.5% of these atoms with its TopK start and 2 batches held out for its calibration (89.5% without "
+    "them, 84-88% before the start), below the 0.9 bar; batchtopk recovers 99.6% here (docs/kinds.md, \"JumpReLU "
+    "starts as TopK\")"))
 
 
 @pytest.mark.integration

@@ -54,7 +54,7 @@ def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
         same_run(tmp_path / "alone" / str(i), tmp_path / "sweep" / str(i))
     steps = [json.loads((tmp_path / "sweep" / str(i) / "config.json").read_text())["training"]["steps"]
              for i in range(len(CFGS))]
-    assert steps == [14, 12, 14, 14, 14, 12, 14]  # batchtopk and matryoshka hold out 2 calibration batches too
+    assert steps == [14, 12, 14, 14, 12, 12, 14]  # batchtopk, jumprelu and matryoshka hold out 2 calibration batches
 
 
 
@@ -84,7 +84,7 @@ def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     with pytest.raises(Crash):
         train_sweep(CFGS, crashing(DATA, 11), outs=cut)
     positions = [torch.load(p / "checkpoint.pt", weights_only=True)["position"] for p in cut]
-    assert positions == [11, 10, 11, 11, 11, 10, 11]  # the last checkpoint (every 3 steps) of each: steps 9 or 6
+    assert positions == [11, 10, 11, 11, 10, 10, 11]  # the last checkpoint (every 3 steps) of each: steps 9 or 6
     train_sweep(CFGS, DATA, outs=cut, resume=True)
     for a, b in zip(outs, cut):
         same_run(a, b)

@@ -78,6 +78,21 @@ def test_two_hookpoints_train_a_crosscoder(tmp_path, array_store, capsys):
     assert len(cfg["training"]["heldout_eval"]["per_source_fvu"]) == 2
 
 
+@pytest.mark.integration
+def test_jumprelu_thresholds_are_calibrated_and_reported(tmp_path, array_store, capsys):
+    """JumpReLU's learned thresholds are scaled by one factor on rows never trained on, and both train and eval
+    say so (with the same held-out figures)."""
+    out = tmp_path / "jr"
+    assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "64", "--k", "4",
+                 "--kind", "jumprelu", "--out", str(out), *FAST]) == 0
+    text = capsys.readouterr().out
+    assert "inference thresholds learned per latent" in text and "for mean L0 = k = 4 on 512 rows" in text
+    info = load_dictionary_config(out)["training"]["threshold"]
+    assert info["calibrated_on_rows"] == 512 and info["factor"] > 0
+    assert main(["eval", str(out)]) == 0
+    assert "scaled by one factor" in capsys.readouterr().out
+
+
 @pytest.mark.unit
 def test_train_cli_refusals(tmp_path, array_store, capsys):
     assert main(["train", "--store", str(array_store), "--latents", "8", "--k", "8", "--out", str(tmp_path)]) == 1

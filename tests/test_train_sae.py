@@ -14,6 +14,7 @@ from conceptdict.saes.kernels import SparseCode
 from conceptdict.saes.training import (TrainState, aux_loss, calibrate_threshold, default_dead_tokens, lr_at,
                                        update_threshold)
 from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch, synthetic_batches
+from conceptdict.saes.config import calibration_batch_count
 from crashing import Crash, crashing
 
 pytestmark = pytest.mark.unit
@@ -116,6 +117,28 @@ def test_calibrated_threshold_gives_mean_l0_k_on_its_rows():
     assert n == 150 and theta > 0 and torch.all(m.threshold == theta)
     l0 = torch.cat([(m.encode(x) > 0).sum(dim=1) for x in rows]).float().mean()
     assert float(l0) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("kind", ["jumprelu", "jumprelu-relative"])
+def test_calibration_scales_learned_thresholds_by_one_factor(kind):
+    """A kind with a threshold per latent keeps their ratios: one factor on all of them sets the mean L0 to k."""
+    m = SparseCoder(6, 20, 3, kind)
+    m.reset_parameters(torch.Generator().manual_seed(0))
+    learned = torch.rand(20, generator=torch.Generator().manual_seed(1)) * 0.5 + 0.05
+    m.threshold.copy_(learned)
+    rows = [torch.randn(50, 6, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    factor, n = calibrate_threshold(m, rows, chunk=16)
+    assert n == 150 and factor > 0
+    torch.testing.assert_close(m.threshold, learned * factor, rtol=2e-6, atol=0)
+    l0 = torch.cat([(m.encode(x) > 0).sum(dim=1) for x in rows]).float().mean()
+    assert float(l0) == pytest.approx(3.0)
+
+
+def test_jumprelu_is_calibrated_only_when_its_penalty_targets_k():
+    assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="jumprelu")) == 2
+    # the paper's linear penalty sets the L0 through its coefficient, not k: nothing to calibrate to
+    assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="jumprelu", jumprelu_penalty="linear")) == 0
+    assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="topk")) == 0
 
 
 def test_training_calibrates_the_threshold_on_rows_it_never_trained_on():
