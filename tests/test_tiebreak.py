@@ -1,4 +1,4 @@
-"""The L1 tie-break of TopK and BatchTopK (``TrainConfig.code_l1``, docs/batchtopk.md).
+"""The L1 tie-break of TopK, BatchTopK and JumpReLU (``TrainConfig.code_l1``, docs/batchtopk.md).
 
 Two latents d = cos(t) a +- sin(t) u that co-fire on every row of atom a reconstruct it exactly at every t: the
 reconstruction cannot tell a split atom from a learned one, and a cut with room to spare keeps both halves
@@ -32,6 +32,7 @@ def trained_pair(code_l1: float | None, kind: str = "batchtopk") -> float:
         model.W_dec.copy_(torch.stack([math.cos(T) * a + math.sin(T) * u, math.cos(T) * a - math.sin(T) * u,
                                        torch.eye(D)[2]]))
         model.W_enc.copy_(model.W_dec.t() / (2 * math.cos(T)))
+    model.add_train_params()  # jumprelu's threshold
     cfg = TrainConfig(latents=3, k=2, kind=kind, code_l1=code_l1, lr=3e-3, warmup_steps=1,
                       decay_fraction=0.0, tokens=STEPS * B, b_dec_init="zero")
     state = TrainState(since_fired=torch.zeros(3, dtype=torch.long))
@@ -44,13 +45,15 @@ def trained_pair(code_l1: float | None, kind: str = "batchtopk") -> float:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["topk", "batchtopk"])
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "jumprelu", "jumprelu-relative"])
 def test_the_l1_tie_break_turns_a_split_atom_onto_the_atom(kind):
-    # the defaults, topk 0.1: 0.9991; batchtopk 0.15 with its TopK start: 0.99994
+    # the defaults, topk 0.1: 0.9991; batchtopk 0.15 with its TopK start: 0.99994; jumprelu 0.1 (its start, then
+    # its thresholds): 0.9990; jumprelu-relative 0.1: 0.9995
     assert trained_pair(None, kind) > 0.98
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["topk", "batchtopk"])
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "jumprelu", "jumprelu-relative"])
 def test_without_the_tie_break_the_split_stays(kind):
-    assert trained_pair(0.0, kind) < 0.92  # topk 0.908, batchtopk 0.902: the start is 0.878
+    # topk 0.908, batchtopk 0.902, jumprelu 0.908, jumprelu-relative 0.902: the start is 0.878
+    assert trained_pair(0.0, kind) < 0.92
