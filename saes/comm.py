@@ -132,7 +132,8 @@ class StepInputs(NamedTuple):
     code_l1: float = 0.0
     """Weight of the selection kinds' L1 tie-break (the run's resolved ``code_l1``); 0 outside a training run."""
     per_row: bool = False
-    """batchtopk, matryoshka, jumprelu: select per row (TopK) at this step, the run's TopK start (``TrainConfig.topk_start``)."""
+    """batchtopk, matryoshka, jumprelu: select per row (TopK) at this step, the run's TopK start
+    (``TrainConfig.topk_start``)."""
 
 
 def local_inputs(x: Tensor, **kw) -> StepInputs:

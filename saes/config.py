@@ -65,8 +65,8 @@ class TrainConfig:
     """Dead latents used by the AuxK loss per row; None: min(S*D/2, L/2) (dictionary_learning's d_in/2;
     OpenAI used 512)."""
     aux_alpha: float | None = None
-    """Weight of the AuxK loss; None: the kind's default (:data:`KIND_DEFAULTS`): 1/4 for batchtopk and matryoshka, OpenAI's
-    1/32 for every other kind."""
+    """Weight of the AuxK loss; None: the kind's default (:data:`KIND_DEFAULTS`): 1/4 for batchtopk and
+    matryoshka, OpenAI's 1/32 for every other kind."""
     dead_tokens: int | None = None
     """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
     None: ``default_dead_tokens``: a share of the run (a tenth; a 64th for batchtopk and matryoshka,
@@ -82,8 +82,9 @@ class TrainConfig:
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     code_l1: float | None = None
     """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative (not the -absolute rules); None: the kind's default
-    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk and matryoshka, 0.1 for the others. Weight of an L1 penalty on the kept codes (sum of
-    the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``),
+    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk and matryoshka, 0.1 for the others. Weight of an L1 penalty on the
+    kept codes (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free,
+    like ``l1_coeff``),
     times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the final
     codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the reconstruction
     leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it equally well at every t, and a
