@@ -323,8 +323,8 @@ class Resolved:
     code_l1: float
     """Weight of the selection kinds' L1 tie-break (``TrainConfig.code_l1`` or the kind's default)."""
     topk_steps: int
-    """batchtopk, matryoshka, jumprelu: the first steps that select per row (``TrainConfig.topk_start`` of the run, or the
-    kind's default share); 0 without a known run length."""
+    """batchtopk, matryoshka, jumprelu: the first steps that select per row (``TrainConfig.topk_start`` of the run,
+    or the kind's default share); 0 without a known run length."""
     threshold_start_step: int
     """First step of the BatchTopK threshold estimate (``TrainConfig.threshold_start_step`` or min(1000, 3/4 run))."""
     total_steps: int | None
