@@ -137,7 +137,9 @@ class TrainConfig:
     settings of bench/synthetic_recovery.py --small at a lower or equal FVU, and 0.1 recovers 3-7 points fewer
     on the heavy-tailed ones; on the hierarchical setting, where the nested losses are meant to help, every
     weight below 1 leaves the parents' latents about as absorbed as batchtopk's (docs/kinds.md, "Matryoshka
-    takes BatchTopK's defaults"). 1.0 reproduces the paper."""
+    takes BatchTopK's defaults"). Under a budget as tight as the atoms per row (k = 3, one seed) the trade turns:
+    0.3 recovers the most atoms and 1.0 halves the absorption, where 0.03 behaves like batchtopk; set 0.3-1.0 when
+    absorption is the concern (docs/kinds.md, "The inner weight under a tight budget"). 1.0 reproduces the paper."""
     spade_coeff: float = 0.1
     """spade: weight of the distance-weighted L1 penalty sum_j f_j |x - p_j|^2 (the paper's code: 0.1), on the
     same scale as the FVU term (divided by the batch's mean squared distance to its mean)."""
