@@ -56,8 +56,9 @@ def threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str
     """Calibrate the threshold on the calibration rows when there are any; say which estimate the model keeps
     (kinds whose threshold is learned per latent, like JumpReLU, keep what training learned, times one factor when
     calibrated)."""
-    if model.spec.scores is None or model.spec.scales_thresholds:
-        factor, n = calibrate_threshold(model, calibration) if calibration else (1.0, 0)
+    if not model.spec.estimates_threshold:
+        scaled = bool(calibration) and model.spec.scales_thresholds
+        factor, n = calibrate_threshold(model, calibration) if scaled else (1.0, 0)
         if n:
             log.info("thresholds scaled by %.4g on %d unseen rows so that their mean L0 is k", factor, n)
         t = model.threshold

@@ -421,9 +421,7 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
 def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: Comm) -> None:
     """A threshold kind whose run ended before ``threshold_start_step`` estimates it from the last batch."""
     model, st = run.model, run.state
-    spec = model.spec
-    if not spec.uses_threshold or spec.scores is None or spec.scales_thresholds or st.threshold_updates \
-            or last_x is None:
+    if not model.spec.estimates_threshold or st.threshold_updates or last_x is None:
         return
     if is_main(comm):
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
