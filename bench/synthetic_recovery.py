@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import itertools
 import json
 import logging
 import statistics
@@ -60,13 +59,12 @@ FIELDS = ("n_atoms", "d", "active", "noise", "coef_sigma", "row_sigma", "freq_ex
           "children", "child_prob")
 
 
-@torch.no_grad()
-def unmatched_alive(model, spec: SyntheticSpec, eval_batches: int) -> tuple[int, float]:
-    """Latents that fire on the held-out rows without matching any atom (|cos| <= 0.9), and their share of all
-    firings there: what the latents beyond the atoms do when they are not dead."""
+def unmatched_alive(model, spec: SyntheticSpec, fired: torch.Tensor) -> tuple[int, float]:
+    """Latents that fire on the held-out rows (``fired``, bool [N, L]) without matching any atom (|cos| <= 0.9), and
+    their share of all firings there: what the latents beyond the atoms do when they are not dead."""
     d = model.decoder_directions().reshape(model.n_latents, -1)
     best = (d / d.norm(dim=1, keepdim=True).clamp_min(1e-12) @ planted_atoms(spec).T).abs().max(dim=1).values
-    counts = sum((model.encode(x) > 0).sum(dim=0) for x in itertools.islice(synthetic_batches(spec), eval_batches))
+    counts = fired.sum(dim=0)
     unmatched = best <= 0.9
     return int(((counts > 0) & unmatched).sum()), float(counts[unmatched].sum() / counts.sum().clamp_min(1))
 
@@ -95,12 +93,12 @@ def run_one(spec: SyntheticSpec, cfg: TrainConfig) -> dict:
     seconds = time.perf_counter() - t0
     rec = atom_recovery(model.decoder_directions(), planted_atoms(spec))
     held = model.training_summary["heldout_eval"]
-    n_unmatched, share = unmatched_alive(model, spec, cfg.eval_batches)
+    rows = [synthetic_batch_and_atoms(spec, i) for i in range(cfg.eval_batches)]  # the held-out batches
+    with torch.no_grad():
+        fired = torch.cat([model.encode(x) > 0 for x, _ in rows])
+    n_unmatched, share = unmatched_alive(model, spec, fired)
     absorbed = None
-    if spec.children:  # the held-out rows are the first eval_batches batches
-        with torch.no_grad():
-            rows = [synthetic_batch_and_atoms(spec, i) for i in range(cfg.eval_batches)]
-            fired = torch.cat([model.encode(x) > 0 for x, _ in rows])
+    if spec.children:
         absorbed = absorption(spec, model.decoder_directions(), fired, torch.cat([m for _, m in rows]))._asdict()
     return {"kind": cfg.kind, "seed": spec.seed, "recovery": rec.fraction, "mean_best_cos": rec.mean_best_cos,
             "fvu": held["fvu"], "l0": held["l0"], "k": cfg.k, "dead": held["dead_fraction"], "seconds": seconds,
