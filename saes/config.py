@@ -65,11 +65,11 @@ class TrainConfig:
     """Dead latents used by the AuxK loss per row; None: min(S*D/2, L/2) (dictionary_learning's d_in/2;
     OpenAI used 512)."""
     aux_alpha: float | None = None
-    """Weight of the AuxK loss; None: the kind's default (:data:`KIND_DEFAULTS`): 1/4 for batchtopk and
-    matryoshka, OpenAI's 1/32 for every other kind."""
+    """Weight of the AuxK loss; None: the kind's default (:data:`KIND_DEFAULTS`): 1/4 for batchtopk, matryoshka
+    and both jumprelu rules, OpenAI's 1/32 for every other kind."""
     dead_tokens: int | None = None
     """A latent is dead after this many rows (tokens) without firing, counted in rows, not steps;
-    None: ``default_dead_tokens``: a share of the run (a tenth; a 64th for batchtopk and matryoshka,
+    None: ``default_dead_tokens``: a share of the run (a tenth; a 64th for batchtopk, matryoshka and jumprelu,
     :data:`KIND_DEFAULTS`),
     at least 50 and at most 5000 firing periods (a latent used uniformly fires every L/k rows) and at most
     OpenAI's 10M, so AuxK engages on short and long runs alike (the former window, 5000 L/k rows, was longer
@@ -82,7 +82,7 @@ class TrainConfig:
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     code_l1: float | None = None
     """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative (not the -absolute rules); None: the kind's default
-    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk and matryoshka, 0.1 for the others. Weight of an L1 penalty on the
+    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk. Weight of an L1 penalty on the
     kept codes (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free,
     like ``l1_coeff``),
     times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the final
@@ -98,7 +98,9 @@ class TrainConfig:
     there): bench/real_heldout.py, docs/batchtopk.md "A tie-break of 0.15 for BatchTopK". jumprelu (absolute) at 0.1:
     +15-16 points of planted atoms on the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real
     corpora (15-23% without it); 0.3 recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and
-    raises the dead latents on the real corpora (docs/kinds.md, "JumpReLU gets the tie-break")."""
+    raises the dead latents on the real corpora (docs/kinds.md, "JumpReLU gets the tie-break"). Both jumprelu rules
+    take 0.15 together with batchtopk's AuxK (docs/kinds.md, "JumpReLU with AuxK"): without AuxK 0.15 lost 6-8 points
+    of planted atoms on the heavy-tailed settings, with it 0.15 gains 3-6 over 0.1."""
     topk_start: float | None = None
     """batchtopk, matryoshka and jumprelu (both rules of each): the share of the run's steps that select per row
     (TopK, k per row) before the kind's own rule takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3
@@ -237,11 +239,13 @@ def default_lr(latents: int) -> float:
 
 
 _BATCHTOPK_DEFAULTS = {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3}
+_JUMPRELU_DEFAULTS = {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64}
 
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
     "batchtopk": _BATCHTOPK_DEFAULTS,
     "matryoshka": _BATCHTOPK_DEFAULTS,
-    "jumprelu": {"topk_start": 0.3},
+    "jumprelu": {**_JUMPRELU_DEFAULTS, "topk_start": 0.3},
+    "jumprelu-relative": _JUMPRELU_DEFAULTS,
 }
 """The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
 the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's start, AuxK
@@ -258,7 +262,12 @@ heavy-tailed settings, 85% -> 98% on plain rows) was measured on bench/synthetic
 seeds (docs/kinds.md, "JumpReLU starts as TopK"); jumprelu-relative keeps none (it lost 1-6 points with it on three
 of the four settings). matryoshka is batchtopk with nested prefixes and takes all of batchtopk's defaults: with its
 inner weight at 0.03 it then recovers at least as many planted atoms as batchtopk (docs/kinds.md, "Matryoshka takes
-BatchTopK's defaults"); matryoshka-absolute, like batchtopk-absolute, trains as published."""
+BatchTopK's defaults"); matryoshka-absolute, like batchtopk-absolute, trains as published. Both jumprelu rules take
+batchtopk's AuxK weight, window and tie-break (their own dead-latent rule lowers a dead latent's threshold so that AuxK
+can revive it, saes/jumprelu.py): on bench/synthetic_recovery.py --small (5 settings x 2 seeds) jumprelu-relative then
+recovers more planted atoms than batchtopk on the four heavy-tailed and hierarchical settings and ends with 0-1% dead
+latents (23-35% before), and jumprelu 5-11 points more than before with 0-0.1% dead; on the real corpora both stay
+within 1-2% of TopK's FVU at the same L0 (docs/kinds.md, "JumpReLU with AuxK")."""
 
 GENERAL_DEFAULTS: dict[str, float] = {"code_l1": 0.1, "aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
 """The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""

@@ -10,7 +10,16 @@ straight-through estimators with a rectangle kernel K(u) = 1{|u| < 1/2} of bandw
 Loss: FVU + c * P(L0) with the L0 averaged over the batch's rows and c warmed up linearly
 (``TrainConfig.sparsity_warmup_steps``); P is ``(L0 / k - 1)^2`` (``jumprelu_penalty="target"``, the default:
 it holds the L0 near k so the run compares with TopK at the same k, as dictionary_learning's target_l0) or
-``L0 / k`` (``"linear"``: the paper's penalty, divided by k). No AuxK (as in the paper).
+``L0 / k`` (``"linear"``: the paper's penalty, divided by k).
+
+Dead latents (a departure: the paper has no AuxK): both rules take the AuxK loss over the loop's dead latents
+(``KindSpec.uses_aux``, batchtopk's weight 1/4 and window of a 64th of the run, :data:`saes.config.KIND_DEFAULTS`),
+and each step a dead latent's threshold comes down to the largest pre-activation it reaches on the batch
+(:func:`lower_dead_thresholds`). AuxK alone cannot revive a JumpReLU latent: its threshold was trained up while it
+fired and stays there once it stops, so the encoder AuxK trains never reaches it. Without the rule a quarter to a
+third of the latents ended dead on bench/synthetic_recovery.py --small; with it 0-1%, and jumprelu-relative
+recovers more planted atoms than batchtopk on the heavy-tailed and hierarchical settings (docs/kinds.md, "JumpReLU
+with AuxK").
 
 Sparse form: only entries with z_j > theta_j - eps/2 (the active ones and those inside the kernel's window)
 have a value or a gradient, so the step works on the packed code of those entries
@@ -130,15 +139,38 @@ def _topk_start(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: boo
     return decode_train_code(model, c, inputs, tie_break=True)
 
 
+@torch.no_grad()
+def lower_dead_thresholds(model: SparseCoder, centred: Tensor, inputs: StepInputs) -> None:
+    """Each dead latent (``inputs.dead``) whose threshold lies above every pre-activation it reaches on the whole
+    batch (``centred``: this process's rows on the kind's scale) gets the largest of them as its threshold, so its
+    best row falls inside the estimator's window and the reconstruction decides from there whether it fires. A
+    threshold only comes down here. Why: a threshold trained up while its latent fired stays where it was once the
+    latent stops firing (the estimators reach only entries within eps / 2 of it), so AuxK, which trains the dead
+    latents' encoders, could not bring them back: on bench/synthetic_recovery.py --small a quarter of
+    jumprelu-relative's latents ended dead with thresholds 3x the alive ones' median and activations at a third of
+    them (docs/kinds.md, "JumpReLU with AuxK")."""
+    cols = inputs.dead.nonzero().flatten()
+    if cols.numel() == 0:
+        return
+    best = -inputs.comm.all_min(-(centred @ model.W_enc[:, cols] + model.b_enc[cols]).max(dim=0).values)
+    theta = threshold_of(model)[cols]
+    low = (best > 0) & (best < theta)
+    if low.any():
+        model.scaled_log_threshold[cols[low]] = best[low].log() / THRESHOLD_RATE
+
+
 def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = False) -> TrainOutput:
     if inputs.per_row:
         return _topk_start(model, x, inputs, relative)
     cfg = inputs.settings
     eps = cfg.jumprelu_bandwidth if cfg is not None else DEFAULT_BANDWIDTH
-    theta = threshold_of(model)
     s = row_scale(model, x) if relative else None
-    z, idx, kept = kernels.encode_above((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc,
-                                        model.b_enc, (theta - eps / 2).detach(), model.k, impl=model.kernel_impl)
+    centred = (x - model.b_dec) / s if relative else x - model.b_dec
+    if inputs.dead is not None:  # the loop's dead latents (uses_aux): their thresholds come down, AuxK trains them
+        lower_dead_thresholds(model, centred, inputs)
+    theta = threshold_of(model)
+    z, idx, kept = kernels.encode_above(centred, model.W_enc, model.b_enc, (theta - eps / 2).detach(), model.k,
+                                        impl=model.kernel_impl)
     th = theta[idx]
     f = JumpReLU.apply(z, th, eps) * kept
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
@@ -154,7 +186,12 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     penalty = coeff * (whole / inputs.comm.size + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
     penalty = add_code_l1(penalty, f * s if relative else f, inputs)
     fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
-    return TrainOutput(x_hat, fired, l0_rows, penalty, None, None)
+    aux = None
+    if inputs.dead is not None:  # AuxK over the dead latents, on the kind's scale (the loop asks when uses_aux)
+        aux = kernels.encode_aux(centred, model.W_enc, model.b_enc, inputs.dead, inputs.k_aux, impl=model.kernel_impl)
+        if relative:
+            aux = kernels.SparseCode(aux.values * s, aux.indices)
+    return TrainOutput(x_hat, fired, l0_rows, penalty, None, aux)
 
 
 def _train_params(model: SparseCoder) -> dict[str, Tensor]:
@@ -195,8 +232,8 @@ def _ratio_scores(model: SparseCoder, x: Tensor) -> Tensor:
     return acts / model.threshold.clamp_min(1e-12)
 
 
-KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=False, uses_threshold=True, train_params=_train_params,
+KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=True, uses_threshold=True, train_params=_train_params,
                              init=_init, finish=_finish, scores=_ratio_scores, scales_thresholds=True)
-KINDS["jumprelu-relative"] = KindSpec(_train_relative, relative_encode, uses_aux=False, uses_threshold=True,
+KINDS["jumprelu-relative"] = KindSpec(_train_relative, relative_encode, uses_aux=True, uses_threshold=True,
                                       train_params=_train_params, init=_init, finish=_finish, relative=True,
                                       scores=_ratio_scores, scales_thresholds=True)

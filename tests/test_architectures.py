@@ -356,8 +356,9 @@ def test_planted_atoms_are_recovered(kind):
     """The test-sized problem of tests/test_sae_recovery.py with default settings. SpaDE (measured 2026-12-01:
     93.8% at FVU 0.078, L0 22, 25% dead; it learned 0% before its prototypes started at data rows in row units,
     saes/spade.py) keeps more latents dead than the TopK kinds: with L = 2 x atoms and codes that sum to 1,
-    the spare prototypes sit away from the rows. jumprelu (2026-12-02): 97.7% at FVU 0.077, L0 6.12, 34% dead, with
-    its TopK start and the tie-break after it (87.5% without the tie-break, 84-88% before the start)."""
+    the spare prototypes sit away from the rows. jumprelu (2026-12-02, with AuxK and its dead-latent rule): 97.7% at
+    FVU 0.078, L0 6.08, 3.3% dead (34% dead before them), with its TopK start and the tie-break after it (87.5% without
+    the tie-break, 84-88% before the start)."""
     cfg = TrainConfig(latents=512, k=6, kind=kind, tokens=116 * 1024, log_every=20)
     model = train(cfg, functools.partial(synthetic_batches, RECOVERY))
     rec = atom_recovery(model.decoder_directions(), planted_atoms(RECOVERY), threshold=0.9)
@@ -367,9 +368,9 @@ def test_planted_atoms_are_recovered(kind):
         assert held["dead_fraction"] < 0.35 and held["fvu"] < 0.12, held
         return
     assert rec.fraction >= 0.9, rec
-    # the 256 latents beyond the atoms have nothing to represent on these rows and may die (jumprelu has no AuxK,
-    # as in the paper: a third die; matryoshka with batchtopk's short dead window: 12.5%, as batchtopk in
-    # tests/test_sae_recovery.py); the atoms' own latents must stay alive
+    # the 256 latents beyond the atoms have nothing to represent on these rows and may die (matryoshka with
+    # batchtopk's short dead window: 12.5%, as batchtopk in tests/test_sae_recovery.py; jumprelu 3.3%, a third
+    # before its dead-latent rule); the atoms' own latents must stay alive
     assert held["dead_fraction"] <= 1 - RECOVERY.n_atoms / cfg.latents
     assert alive_recovery(model, RECOVERY).fraction >= 0.9  # on the held-out batch
     assert held["fvu"] < 0.1

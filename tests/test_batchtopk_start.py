@@ -1,6 +1,7 @@
 """BatchTopK's defaults of its own (``saes.config.KIND_DEFAULTS``): the TopK start (``TrainConfig.topk_start``)
 the stronger tie-break, and the shorter dead window with the stronger AuxK (docs/batchtopk.md, "BatchTopK starts
-as TopK"); JumpReLU's TopK start (docs/kinds.md, "JumpReLU starts as TopK")."""
+as TopK"); JumpReLU's TopK start (docs/kinds.md, "JumpReLU starts as TopK") and its share of batchtopk's AuxK
+defaults (docs/kinds.md, "JumpReLU with AuxK")."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ def test_batchtopk_resolves_its_own_defaults_and_the_other_kinds_keep_theirs():
         assert bt.dead_tokens == default_dead_tokens(2048, 8, 1000 * 1024, 1 / 64) == 16000
     assert (tk.code_l1, tk.aux_alpha, tk.topk_steps) == (0.1, 1 / 32, 0)
     assert tk.dead_tokens == 102400  # a tenth of the run
-    for kind in ("batchtopk-absolute", "matryoshka-absolute", "jumprelu-relative", "crosscoder"):
+    for kind in ("batchtopk-absolute", "matryoshka-absolute", "crosscoder"):
         r = _resolved(kind)
         assert (r.code_l1, r.aux_alpha, r.topk_steps) == (0.1, 1 / 32, 0), kind
-    jr = _resolved("jumprelu")
-    assert (jr.code_l1, jr.aux_alpha, jr.topk_steps, jr.dead_tokens) == (0.1, 1 / 32, 300, 102400)  # its start only
+    # jumprelu: batchtopk's AuxK, window and tie-break, and only the absolute rule starts as TopK
+    for kind, start in (("jumprelu", 300), ("jumprelu-relative", 0)):
+        jr = _resolved(kind)
+        assert (jr.code_l1, jr.aux_alpha, jr.topk_steps, jr.dead_tokens) == (0.15, 0.25, start, 16000), kind
     # a value given wins; no length, no TopK start
     given = _resolved("batchtopk", code_l1=0.0, aux_alpha=1 / 32, topk_start=0.5, dead_tokens=5000)
     assert (given.code_l1, given.aux_alpha, given.topk_steps, given.dead_tokens) == (0.0, 1 / 32, 500, 5000)
