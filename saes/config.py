@@ -82,22 +82,22 @@ class TrainConfig:
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     code_l1: float | None = None
     """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative (not the -absolute rules); None: the kind's default
-    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk. Weight of an L1 penalty on the
-    kept codes (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x - mean: scale-free,
-    like ``l1_coeff``),
-    times the learning rate's schedule factor, so it is gone by the end of the run and leaves no shrinkage in the final
-    codes; 0 trains them as published. The selection fixes the L0; the penalty breaks a tie that the reconstruction
-    leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a reconstruct it equally well at every t, and a
-    cut with room to spare keeps both halves (BatchTopK's global cut; TopK's per-row cut on every row that holds fewer
-    than k atoms), so atoms stayed split between two latents at cosine ~0.85. Their summed codes are smallest at t = 0:
-    the penalty turns them onto the atom. 0.1 measured on bench/synthetic_recovery.py at its default size (4 settings x
-    2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs FVU, 0.05 leaves atoms split) and --small, and on the sentence
-    embeddings of three real corpora (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the
-    tie-break too". With batchtopk's TopK start, 0.15 recovers about as many planted atoms as TopK with few dead latents
-    at a held-out FVU within 1.3% of 0.1's on the real corpora (0.2: more atoms, but 1.7-3.7% FVU and more dead latents
-    there): bench/real_heldout.py, docs/batchtopk.md "A tie-break of 0.15 for BatchTopK". jumprelu (absolute) at 0.1:
-    +15-16 points of planted atoms on the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real
-    corpora (15-23% without it); 0.3 recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and
+    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk. Weight of an L1
+    penalty on the kept codes (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x -
+    mean: scale-free, like ``l1_coeff``), times the learning rate's schedule factor, so it is gone by the end of the
+    run and leaves no shrinkage in the final codes; 0 trains them as published. The selection fixes the L0; the
+    penalty breaks a tie that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a
+    reconstruct it equally well at every t, and a cut with room to spare keeps both halves (BatchTopK's global cut;
+    TopK's per-row cut on every row that holds fewer than k atoms), so atoms stayed split between two latents at
+    cosine ~0.85. Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
+    bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs FVU,
+    0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too". With
+    batchtopk's TopK start, 0.15 recovers about as many planted atoms as TopK with few dead latents at a held-out FVU
+    within 1.3% of 0.1's on the real corpora (0.2: more atoms, but 1.7-3.7% FVU and more dead latents there):
+    bench/real_heldout.py, docs/batchtopk.md "A tie-break of 0.15 for BatchTopK". jumprelu (absolute) at 0.1: +15-16
+    points of planted atoms on the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real corpora
+    (15-23% without it); 0.3 recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and
     raises the dead latents on the real corpora (docs/kinds.md, "JumpReLU gets the tie-break"). Both jumprelu rules
     take 0.15 together with batchtopk's AuxK (docs/kinds.md, "JumpReLU with AuxK"): without AuxK 0.15 lost 6-8 points
     of planted atoms on the heavy-tailed settings, with it 0.15 gains 3-6 over 0.1."""
@@ -264,10 +264,11 @@ of the four settings). matryoshka is batchtopk with nested prefixes and takes al
 inner weight at 0.03 it then recovers at least as many planted atoms as batchtopk (docs/kinds.md, "Matryoshka takes
 BatchTopK's defaults"); matryoshka-absolute, like batchtopk-absolute, trains as published. Both jumprelu rules take
 batchtopk's AuxK weight, window and tie-break (their own dead-latent rule lowers a dead latent's threshold so that AuxK
-can revive it, saes/jumprelu.py): on bench/synthetic_recovery.py --small (5 settings x 2 seeds) jumprelu-relative then
-recovers more planted atoms than batchtopk on the four heavy-tailed and hierarchical settings and ends with 0-1% dead
-latents (23-35% before), and jumprelu 5-11 points more than before with 0-0.1% dead; on the real corpora both stay
-within 1-2% of TopK's FVU at the same L0 (docs/kinds.md, "JumpReLU with AuxK")."""
+can revive it, saes/jumprelu.py): on bench/synthetic_recovery.py --small (5 settings x 3 seeds) jumprelu-relative then
+recovers 1.8-6.8 points more planted atoms than batchtopk on the four heavy-tailed and hierarchical settings, is level
+on plain rows, and ends with 0-1.2% dead latents (17-35% before); jumprelu 3.7-10.8 points more than before on the
+heavy-tailed settings (2 seeds) with at most 0.2% dead; on the three real corpora both stay at x0.99-1.02 of TopK's
+held-out FVU at the same L0 (bench/real_heldout.py; docs/kinds.md, "JumpReLU with AuxK")."""
 
 GENERAL_DEFAULTS: dict[str, float] = {"code_l1": 0.1, "aux_alpha": 1 / 32, "dead_share": 0.1, "topk_start": 0.0}
 """The defaults of the kinds :data:`KIND_DEFAULTS` does not list (where each comes from: the fields' docstrings)."""
