@@ -266,7 +266,7 @@ BatchTopK's defaults"); matryoshka-absolute, like batchtopk-absolute, trains as 
 batchtopk's AuxK weight, window and tie-break (their own dead-latent rule lowers a dead latent's threshold so that AuxK
 can revive it, saes/jumprelu.py): on bench/synthetic_recovery.py --small (5 settings x 3 seeds) jumprelu-relative then
 recovers 1.8-6.8 points more planted atoms than batchtopk on the four heavy-tailed and hierarchical settings, is level
-on plain rows, and ends with 0-1.2% dead latents (17-35% before); jumprelu 3.7-10.8 points more than before on the
+on plain rows, and ends with 0-1.2% dead latents (27-34% before); jumprelu 3.7-10.8 points more than before on the
 heavy-tailed settings (2 seeds) with at most 0.2% dead; on the three real corpora both stay at x0.99-1.02 of TopK's
 held-out FVU at the same L0 (bench/real_heldout.py; docs/kinds.md, "JumpReLU with AuxK")."""
 
