@@ -57,12 +57,6 @@ class KindSpec:
     scales_thresholds: bool = False
     """Kinds whose threshold per latent is learned (JumpReLU): ``scores`` are the activations over their latent's
     threshold, and calibration multiplies every threshold by one factor, so their learned ratios are kept."""
-
-    @property
-    def estimates_threshold(self) -> bool:
-        """Whether training keeps a running estimate of one threshold (from ``TrainOutput.smallest``), which
-        calibration replaces; False for the kinds whose thresholds are learned per latent (or absent)."""
-        return self.uses_threshold and self.scores is not None and not self.scales_thresholds
     relative: bool = False
     """Whether codes and the threshold are relative to each row's centred norm (:func:`row_scale`); such a
     model keeps the folded normalisation in its ``norm_scale`` buffer, saved with the weights."""
@@ -87,6 +81,12 @@ class KindSpec:
     the reconstruction targets the output (:meth:`SparseCoder.split`). The weights are single-source."""
     skip: bool = False
     """Adds a linear skip path ``x W_skip`` [D, D] from the input to the reconstruction (initialised to zero)."""
+
+    @property
+    def estimates_threshold(self) -> bool:
+        """Whether training keeps a running estimate of one threshold (from ``TrainOutput.smallest``), which
+        calibration replaces; False for the kinds whose thresholds are learned per latent (or absent)."""
+        return self.uses_threshold and self.scores is not None and not self.scales_thresholds
 
 
 def _pre(model: "SparseCoder", x: Tensor) -> Tensor:
