@@ -99,8 +99,9 @@ class TrainConfig:
     points of planted atoms on the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real corpora
     (15-23% without it); 0.3 recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and
     raises the dead latents on the real corpora (docs/kinds.md, "JumpReLU gets the tie-break"). Both jumprelu rules
-    take 0.15 together with batchtopk's AuxK (docs/kinds.md, "JumpReLU with AuxK"): without AuxK 0.15 lost 6-8 points
-    of planted atoms on the heavy-tailed settings, with it 0.15 gains 3-6 over 0.1."""
+    take 0.15 together with batchtopk's AuxK (docs/kinds.md, "JumpReLU with AuxK"; jumprelu-relative, --small, heavy
+    and zipf-corr, 2 seeds): without AuxK 0.15 recovered 1-3 points fewer planted atoms than 0.1 and left 36-38% of
+    the latents dead; with AuxK it recovers 5-9 points more than 0.1."""
     topk_start: float | None = None
     """batchtopk, matryoshka and jumprelu (both rules of each): the share of the run's steps that select per row
     (TopK, k per row) before the kind's own rule takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3
@@ -239,13 +240,12 @@ def default_lr(latents: int) -> float:
 
 
 _BATCHTOPK_DEFAULTS = {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64, "topk_start": 0.3}
-_JUMPRELU_DEFAULTS = {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64}
 
 KIND_DEFAULTS: dict[str, dict[str, float]] = {
     "batchtopk": _BATCHTOPK_DEFAULTS,
     "matryoshka": _BATCHTOPK_DEFAULTS,
-    "jumprelu": {**_JUMPRELU_DEFAULTS, "topk_start": 0.3},
-    "jumprelu-relative": _JUMPRELU_DEFAULTS,
+    "jumprelu": _BATCHTOPK_DEFAULTS,
+    "jumprelu-relative": {**_BATCHTOPK_DEFAULTS, "topk_start": 0.0},
 }
 """The defaults that differ by kind, for the :class:`TrainConfig` fields left None (``dead_share`` is the share of
 the run :func:`default_dead_tokens` uses); a kind not listed takes :data:`GENERAL_DEFAULTS`. batchtopk's start, AuxK
