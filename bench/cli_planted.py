@@ -35,6 +35,25 @@ import numpy as np
 import torch
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` scaled to unit norm (zero rows stay zero)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def unit_atoms(g: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """n random unit atoms in d dimensions [n, d]."""
+    atoms = g.standard_normal((n, d))
+    return atoms / np.linalg.norm(atoms, axis=1, keepdims=True)
+
+
+def power_law(g: np.random.Generator, n: int, args: argparse.Namespace) -> np.ndarray:
+    """Each atom's firing probability: (1 + rank)^-freq_exponent in a random rank order, scaled so that a row
+    holds ``active`` atoms on average, at most 0.5."""
+    rank = g.permutation(n)  # the frequency order is independent of the atoms' index
+    probs = (1.0 + rank) ** -args.freq_exponent
+    return np.minimum(probs * (args.active / probs.sum()), 0.5)
+
+
 def generate(n_rows: int, args: argparse.Namespace, seed: int, atoms_and_probs=None):
     """Rows [n_rows, d] float32, the unit atoms [atoms, d], each atom's firing probability, and the two marked
     subsets (rare atoms, atoms with a close partner). The atoms and probabilities depend on ``seed`` only, so the
@@ -42,8 +61,7 @@ def generate(n_rows: int, args: argparse.Namespace, seed: int, atoms_and_probs=N
     if atoms_and_probs is None:
         g = np.random.default_rng(10_000 + seed)
         n, d = args.atoms, args.d
-        atoms = g.standard_normal((n, d))
-        atoms /= np.linalg.norm(atoms, axis=1, keepdims=True)
+        atoms = unit_atoms(g, n, d)
         # close pairs: atom 2i+1 of the first `close` pairs is moved towards atom 2i until their cosine is args.close_cos
         n_close = int(args.close_share * n) // 2
         for i in range(n_close):
@@ -51,10 +69,7 @@ def generate(n_rows: int, args: argparse.Namespace, seed: int, atoms_and_probs=N
             b = b - (b @ a) * a
             b /= np.linalg.norm(b)
             atoms[2 * i + 1] = args.close_cos * a + np.sqrt(1 - args.close_cos ** 2) * b
-        rank = g.permutation(n)  # the frequency order is independent of the atoms' index
-        probs = (1.0 + rank) ** -args.freq_exponent
-        probs *= args.active / probs.sum()
-        probs = np.minimum(probs, 0.5)
+        probs = power_law(g, n, args)
         # co-firing partners: the last `cofire` atoms each follow one other atom (fire with it with prob 0.5)
         n_co = int(args.cofire_share * n)
         leaders = g.choice(n - n_co, size=n_co, replace=False)
@@ -92,8 +107,7 @@ def generate_pair(n_rows: int, args: argparse.Namespace, seed: int, pair=None):
     if pair is None:
         g = np.random.default_rng(20_000 + seed)
         n, d = args.atoms, args.d
-        atoms = g.standard_normal((n, d))
-        atoms /= np.linalg.norm(atoms, axis=1, keepdims=True)
+        atoms = unit_atoms(g, n, d)
         counts = [int(round(share * n)) for share in args.pair_shares]
         counts[0] += n - sum(counts)
         kinds = np.array(sum(([kind] * c for kind, c in zip(PAIR_KINDS, counts)), []))
@@ -107,8 +121,7 @@ def generate_pair(n_rows: int, args: argparse.Namespace, seed: int, pair=None):
             u = g.standard_normal(d)
             u -= (u @ atoms[i]) * atoms[i]
             a[i] = np.cos(angle) * atoms[i] + np.sin(angle) * u / np.linalg.norm(u)
-        rank = g.permutation(n)
-        probs = np.minimum((1.0 + rank) ** -args.freq_exponent * args.active / ((1.0 + rank) ** -args.freq_exponent).sum(), 0.5)
+        probs = power_law(g, n, args)
         offsets = g.standard_normal((2, d)) * args.offset / np.sqrt(d)
         pair = (a.astype(np.float32), b.astype(np.float32), kinds, probs, offsets)
     a, b, kinds, probs, offsets = pair
@@ -132,12 +145,7 @@ def score_diff(out: Path, pair) -> dict:
     records = json.loads((out / "diff.json").read_text())["latents"]
     dirs = load_dictionary(out / "crosscoder").decoder_directions().numpy()  # [L, 2, D]
 
-    def cos(dec, atoms):
-        dn = dec / np.maximum(np.linalg.norm(dec, axis=1, keepdims=True), 1e-12)
-        an = atoms / np.maximum(np.linalg.norm(atoms, axis=1, keepdims=True), 1e-12)
-        return np.abs(dn @ an.T)  # [L, atoms]
-
-    cos_b, cos_a = cos(dirs[:, 1], b), cos(dirs[:, 0], a)
+    cos_b, cos_a = (np.abs(unit_rows(dirs[:, s]) @ unit_rows(atoms).T) for s, atoms in ((1, b), (0, a)))  # [L, atoms]
     learned = {kind: float((np.where(kind == "a_only", cos_a, cos_b)[:, kinds == kind].max(0) > 0.9).mean())
                for kind in PAIR_KINDS if (kinds == kind).any()}
     b_only = np.flatnonzero(kinds == "b_only")
@@ -145,10 +153,9 @@ def score_diff(out: Path, pair) -> dict:
     for name, pick in (("tag", lambda r: r["tag"] == "B-only"), ("ls", lambda r: bool(r.get("model_specific")))):
         predicted = [r["latent"] for r in records if pick(r)]
         best = cos_b[predicted].argmax(1) if predicted else np.array([], dtype=int)
-        ok = [j for j, atom in zip(predicted, best) if cos_b[j, atom] > 0.9 and kinds[atom] == "b_only"]
-        hit = {int(cos_b[j].argmax()) for j in ok}
-        res[name] = dict(n=len(predicted), precision=len(ok) / len(predicted) if predicted else float("nan"),
-                         recall=len(hit & set(b_only.tolist())) / len(b_only))
+        hits = [int(atom) for j, atom in zip(predicted, best) if cos_b[j, atom] > 0.9 and kinds[atom] == "b_only"]
+        res[name] = dict(n=len(predicted), precision=len(hits) / len(predicted) if predicted else float("nan"),
+                         recall=len(set(hits)) / len(b_only))
     return res
 
 
@@ -186,8 +193,8 @@ def run_diff(args: argparse.Namespace) -> list[dict]:
 
 
 def recovery(directions: np.ndarray, atoms: np.ndarray, subset=None) -> float:
-    d = directions / np.maximum(np.linalg.norm(directions, axis=1, keepdims=True), 1e-12)
-    best = np.abs(atoms @ d.T).max(axis=1)
+    """Share of the (unit) atoms, or of ``subset`` of them, that some decoder direction matches at |cos| > 0.9."""
+    best = np.abs(atoms @ unit_rows(directions).T).max(axis=1)
     if subset is not None:
         best = best[subset]
     return float((best > 0.9).mean())
@@ -233,7 +240,8 @@ def evaluate_dir(out: Path, held: np.ndarray, atoms_and_probs) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", default=["topk", "batchtopk"], help="first one is the baseline")
+    p.add_argument("--kinds", nargs="+", default=None,
+                   help="first one is the baseline; default topk batchtopk (--diff: crosscoder)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--atoms", type=int, default=768)
     p.add_argument("--d", type=int, default=96)
@@ -264,9 +272,9 @@ def main() -> None:
 
     env_threads = {} if not args.threads else {"OMP_NUM_THREADS": str(args.threads)}
     os.environ.update(env_threads)
+    if args.kinds is None:
+        args.kinds = ["crosscoder"] if args.diff else ["topk", "batchtopk"]
     if args.diff:
-        if args.kinds == ["topk", "batchtopk"]:
-            args.kinds = ["crosscoder"]
         results = run_diff(args)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
