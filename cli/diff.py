@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import evaluate, train
     from conceptdict.saes.diffing import SOURCE_NAMES, diff_crosscoder
-    from conceptdict.saes.config import heldout_batch_count
+    from conceptdict.saes.config import fit_to_store, heldout_batch_count
     from conceptdict.saes.training import resolve_device
 
     cfg = _diff_config(args)
@@ -213,10 +213,10 @@ def run(args: argparse.Namespace) -> int:
     paths = cache_both(cfg, device) if cfg.models else list(cfg.stores)
     stores = [ActivationStore(p) for p in paths]
     stores, hookpoint, hookpoint_b = pair_hookpoints(stores, cfg.hookpoint, cfg.hookpoint_b)
-    tcfg = _train_config(args, stores[0].d_in(hookpoint))
+    tcfg = fit_to_store(_train_config(args, stores[0].d_in(hookpoint)), min(s.num_rows for s in stores))
     write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
                           "diff_config.json")
-    epochs = None if tcfg.tokens else 1
+    epochs = None  # tokens is set (fit_to_store): the stream repeats only when it asks for more than one pass
 
     def batches(start: int):
         return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start,

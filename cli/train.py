@@ -99,30 +99,6 @@ def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
         raise FileExistsError(f"{out} already holds a dictionary; pass --overwrite to replace it or --resume")
 
 
-MIN_BATCH = 8  # smaller batches make BatchTopK's per-batch selection and the held-out metrics meaningless
-
-
-def _sized(cfg, rows: int):
-    """Clamp the batch size to what the store holds and default tokens to one pass over the training rows."""
-    from conceptdict.saes.config import heldout_batch_count
-
-    held = heldout_batch_count(cfg)
-    need = (held + 1) * cfg.batch_size
-    if rows < need:
-        batch = rows // (held + 4)
-        if batch < MIN_BATCH:
-            raise ConfigError(f"the store has {rows} rows, too few to train on: {held} batches are held out (for "
-                              f"evaluation and threshold calibration) and batches need at least {MIN_BATCH} rows, "
-                              f"so it needs at least {(held + 4) * MIN_BATCH} rows; cache more (--tokens), or lower "
-                              f"--eval-batches / --calibration-batches")
-        log.warning("store has %d rows, fewer than (held-out batches %d + 1) * batch_size = %d; using batch_size %d",
-                    rows, held, need, batch)
-        cfg = dataclasses.replace(cfg, batch_size=batch)
-    if cfg.tokens is None:
-        cfg = dataclasses.replace(cfg, tokens=(rows // cfg.batch_size - held) * cfg.batch_size)
-    return cfg
-
-
 SWEEP_FIXED = ("batch_size", "tokens", "seed", "eval_batches", "device")
 """TrainConfig fields a sweep cannot vary: they change the batches (the stream's seed is the run's seed)."""
 
@@ -166,7 +142,7 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     returns (their output directories, the trained dictionaries)."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
-    from conceptdict.saes.config import resolve_device
+    from conceptdict.saes.config import fit_to_store, resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
 
@@ -176,9 +152,10 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     outs = [cmd.out / name if name else cmd.out for name, _ in points]
     for out in outs:
         _check_out(out, cmd.resume, cmd.overwrite)
-    cfgs = [_sized(cfg, rows) for _, cfg in points]
+    cfgs = [fit_to_store(cfg, rows) for _, cfg in points]
     smallest = min(c.batch_size for c in cfgs)  # a small store clamps the batch by the held-out count
-    cfgs = [c if c.batch_size == smallest else _sized(dataclasses.replace(c, batch_size=smallest), rows) for c in cfgs]
+    cfgs = [c if c.batch_size == smallest else fit_to_store(dataclasses.replace(c, batch_size=smallest), rows)
+            for c in cfgs]
     epochs, held = _stream_plan(cfgs, rows)
     first, w = cfgs[0], ranks.current()
     device = resolve_device(first.device)
@@ -220,7 +197,7 @@ def train_from_model(cmd: TrainCommand, live, points: list[tuple[str, object]]):
     from conceptdict.activations.data import describe_dataset
     from conceptdict.activations.live import level_of, live_batches, open_model
     from conceptdict.cli import ranks
-    from conceptdict.saes.config import resolve_device
+    from conceptdict.saes.config import default_batch_size, resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
 
@@ -236,7 +213,8 @@ def train_from_model(cmd: TrainCommand, live, points: list[tuple[str, object]]):
     outs = [cmd.out / name if name else cmd.out for name, _, _ in runs]
     for out in outs:
         _check_out(out, cmd.resume, cmd.overwrite)
-    cfgs = [cfg for _, cfg, _ in runs]
+    cfgs = [cfg if cfg.batch_size else dataclasses.replace(cfg, batch_size=default_batch_size(cfg.tokens))
+            for _, cfg, _ in runs]
     first, w, comm = cfgs[0], ranks.current(), process_group_comm()
     model = open_model(live, cmd.hookpoints, resolve_device(first.device))
 
