@@ -139,12 +139,19 @@ def _topk_start(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: boo
     return decode_train_code(model, c, inputs, tie_break=True)
 
 
+DEAD_MARGIN = 1e-3
+"""A lowered threshold sits this fraction below the best pre-activation, so that row fires on every machine: at
+the pre-activation itself, exp(log(z)) and the encoder's own matmul round either way by an ulp, and whether the
+row fired depended on the CPU's libm (tests/test_golden.py's jumprelu entry moved by one entry's L0 between two
+machines)."""
+
+
 @torch.no_grad()
 def lower_dead_thresholds(model: SparseCoder, centred: Tensor, inputs: StepInputs) -> None:
     """Each dead latent (``inputs.dead``) whose threshold lies above every pre-activation it reaches on the whole
-    batch (``centred``: this process's rows on the kind's scale) gets the largest of them as its threshold, so its
-    best row falls inside the estimator's window and the reconstruction decides from there whether it fires. A
-    threshold only comes down here. Why: a threshold trained up while its latent fired stays where it was once the
+    batch (``centred``: this process's rows on the kind's scale) gets the largest of them, less
+    :data:`DEAD_MARGIN`, as its threshold: its best row fires and lies inside the estimator's window, and the
+    reconstruction decides from there whether it keeps firing. A threshold only comes down here. Why: a threshold trained up while its latent fired stays where it was once the
     latent stops firing (the estimators reach only entries within eps / 2 of it), so AuxK, which trains the dead
     latents' encoders, could not bring them back: on bench/synthetic_recovery.py --small a quarter of
     jumprelu-relative's latents ended dead with thresholds 3x the alive ones' median and activations at a third of
@@ -156,7 +163,7 @@ def lower_dead_thresholds(model: SparseCoder, centred: Tensor, inputs: StepInput
     theta = threshold_of(model)[cols]
     low = (best > 0) & (best < theta)
     if low.any():
-        model.scaled_log_threshold[cols[low]] = best[low].log() / THRESHOLD_RATE
+        model.scaled_log_threshold[cols[low]] = (best[low] * (1 - DEAD_MARGIN)).log() / THRESHOLD_RATE
 
 
 def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = False) -> TrainOutput:
