@@ -14,7 +14,7 @@ it holds the L0 near k so the run compares with TopK at the same k, as dictionar
 
 Dead latents (a departure: the paper has no AuxK): both rules take the AuxK loss over the loop's dead latents
 (``KindSpec.uses_aux``, batchtopk's weight 1/4 and window of a 64th of the run, :data:`saes.config.KIND_DEFAULTS`),
-and each step a dead latent's threshold comes down to the largest pre-activation it reaches on the batch
+and each step a dead latent's threshold comes down to just below the largest pre-activation it reaches on the batch
 (:func:`lower_dead_thresholds`). AuxK alone cannot revive a JumpReLU latent: its threshold was trained up while it
 fired and stays there once it stops, so the encoder AuxK trains never reaches it. Without the rule a quarter to a
 third of the latents ended dead on bench/synthetic_recovery.py --small; with it 0-1%, and jumprelu-relative
