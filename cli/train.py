@@ -136,13 +136,27 @@ def _stream_plan(cfgs: list, rows: int) -> tuple[int | None, int]:
     return (None if repeat else 1), max(helds)
 
 
+def _one_pass(cfg, rows: int):
+    """``cfg`` reading one pass over the store's training rows: a sweep whose dictionaries hold out different numbers
+    of batches cannot repeat the stream (its later passes leave out every held-out row, so a dictionary would differ
+    from its separate run), so their default length (``saes.config.default_tokens``) falls back to one pass."""
+    from conceptdict.saes.config import heldout_batch_count
+
+    tokens = (rows // cfg.batch_size - heldout_batch_count(cfg)) * cfg.batch_size
+    if tokens < cfg.tokens:
+        log.warning("%s: one pass over the store (%d rows, not the default %d): this sweep's dictionaries hold out "
+                    "different numbers of batches; for more passes give --tokens and --calibration-batches 0",
+                    cfg.kind, tokens, cfg.tokens)
+    return dataclasses.replace(cfg, tokens=tokens)
+
+
 def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``
     (one dictionary, or one per sweep point, each in OUT/NAME; over the process group's seam under torchrun);
     returns (their output directories, the trained dictionaries)."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
-    from conceptdict.saes.config import fit_to_store, resolve_device
+    from conceptdict.saes.config import fit_to_store, heldout_batch_count, resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
 
@@ -152,10 +166,10 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     outs = [cmd.out / name if name else cmd.out for name, _ in points]
     for out in outs:
         _check_out(out, cmd.resume, cmd.overwrite)
-    cfgs = [fit_to_store(cfg, rows) for _, cfg in points]
-    smallest = min(c.batch_size for c in cfgs)  # a small store clamps the batch by the held-out count
-    cfgs = [c if c.batch_size == smallest else fit_to_store(dataclasses.replace(c, batch_size=smallest), rows)
-            for c in cfgs]
+    smallest = min(fit_to_store(cfg, rows).batch_size for _, cfg in points)  # a small store clamps it by the held-out
+    cfgs = [fit_to_store(dataclasses.replace(cfg, batch_size=smallest), rows) for _, cfg in points]
+    if len({heldout_batch_count(c) for c in cfgs}) > 1:
+        cfgs = [_one_pass(c, rows) if cfg.tokens is None else c for c, (_, cfg) in zip(cfgs, points)]
     epochs, held = _stream_plan(cfgs, rows)
     first, w = cfgs[0], ranks.current()
     device = resolve_device(first.device)

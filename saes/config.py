@@ -36,11 +36,14 @@ class TrainConfig:
     skip one plus a linear x W_skip; two hookpoints: input, then output; saes/transcoder.py). Why batchtopk is
     row-relative: docs/batchtopk.md; the newer kinds: docs/kinds.md."""
     tokens: int | None = None
-    """Stop after this many training rows; None: one pass over the data."""
+    """Stop after this many training rows; None (a store): one pass over its training rows, or more passes when one
+    pass takes fewer than 2000 steps, up to 2000 steps and at most 100 passes (:func:`default_tokens`; one pass over
+    a 200k-row store learns 5-7% of bench/cli_planted.py's planted atoms, ten passes 97%: docs/batchtopk.md, "The
+    default batch size")."""
     batch_size: int | None = None
     """Rows per step (used by the command line when it builds the data stream); None: :func:`default_batch_size`
     of the run's rows, 4096 (SAELens's default), halved down to 1024 while the run would take fewer than 2000 steps,
-    so a run of 1-8M rows still takes about 2000 steps. Recovery of planted atoms follows the number of steps, not
+    so a run of 1-8M rows still takes about 2000 steps, and down to 256 while the store holds fewer than 64 batches. Recovery of planted atoms follows the number of steps, not
     the rows (bench/cli_planted.py, 768 atoms, L = 1536, k = 8: 1M rows in batches of 4096, 244 steps, recover
     37-41% of the atoms; the same rows in batches of 1024, 976 steps, 86-87%): docs/batchtopk.md, "The default
     batch size"."""
@@ -199,7 +202,7 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:
-            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for one pass)")
+            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for the default, saes.config.default_tokens)")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be positive")
         if not 0 <= self.decay_fraction <= 1:
@@ -244,30 +247,52 @@ def sweep_configs(base: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[s
 DEFAULT_BATCH = 4096
 """The default batch size of a long run (SAELens's train_batch_size_tokens)."""
 SMALLEST_DEFAULT_BATCH = 1024
-"""The default batch size never falls below this (the in-repo planted benchmark's batch)."""
+"""A short run's default batch does not fall below this (the in-repo planted benchmark's batch)."""
+SMALL_STORE_BATCH = 256
+"""A small store's default batch does not fall below this (the demo's sentence dictionary and bench/real_heldout.py
+train at 256)."""
+STORE_BATCHES = 64
+"""The default batch halves (down to :data:`SMALL_STORE_BATCH`) while the store holds fewer batches than this, so
+the held-out batches (4 to 6) stay under a tenth of a small store."""
 TARGET_STEPS = 2000
-"""The default batch halves while a run would take fewer steps than this."""
+"""The default batch halves while a run would take fewer steps than this, and ``tokens`` None runs this many steps
+when one pass over the store is shorter (at most :data:`MAX_PASSES` passes)."""
+MAX_PASSES = 100
+"""``tokens`` None reads a small store at most this many times."""
 MIN_BATCH = 8
 """Smaller batches make BatchTopK's per-batch selection and the held-out metrics meaningless."""
 
 
-def default_batch_size(run_rows: int | None) -> int:
-    """Rows per step for a run of ``run_rows`` training rows (None: unknown): :data:`DEFAULT_BATCH`, halved while
-    the run would take fewer than :data:`TARGET_STEPS` steps, down to :data:`SMALLEST_DEFAULT_BATCH`."""
+def default_batch_size(run_rows: int | None, store_rows: int | None = None) -> int:
+    """Rows per step for a run of ``run_rows`` training rows (None: unknown) over a store of ``store_rows`` rows
+    (None: a stream without an end): :data:`DEFAULT_BATCH`, halved while the run would take fewer than
+    :data:`TARGET_STEPS` steps, down to :data:`SMALLEST_DEFAULT_BATCH`, then while the store holds fewer than
+    :data:`STORE_BATCHES` batches, down to :data:`SMALL_STORE_BATCH`."""
     batch = DEFAULT_BATCH
     while run_rows is not None and batch > SMALLEST_DEFAULT_BATCH and run_rows < TARGET_STEPS * batch:
         batch //= 2
+    while store_rows is not None and batch > SMALL_STORE_BATCH and store_rows < STORE_BATCHES * batch:
+        batch //= 2
     return batch
+
+
+def default_tokens(pass_rows: int, batch: int) -> int:
+    """Training rows of a run that leaves ``tokens`` None, over a store whose training rows (the held-out batches
+    left out) are ``pass_rows``: one pass when it takes at least :data:`TARGET_STEPS` steps of ``batch`` rows,
+    else more passes up to that many steps, at most :data:`MAX_PASSES` passes. Measured (docs/batchtopk.md, "The
+    default batch size"): ten passes over a 200k-row planted store recover as many atoms as one pass over 2M fresh
+    rows, and more passes over the small real corpora lower their held-out FVU."""
+    return max(pass_rows, min(TARGET_STEPS * batch, MAX_PASSES * pass_rows))
 
 
 def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
     """``cfg`` for a store of ``rows`` rows: the default batch size filled in (:func:`default_batch_size` of
     ``tokens``, or of one pass over the store), the batch clamped to what the store holds beside its held-out
-    batches, and ``tokens`` None turned into one pass over the training rows. Raises ValueError for a store too
-    small to train on, saying how many rows it needs."""
+    batches, and ``tokens`` None filled in by :func:`default_tokens`. Raises ValueError for a store too small to
+    train on, saying how many rows it needs."""
     held = heldout_batch_count(cfg)
     if cfg.batch_size is None:
-        cfg = replace(cfg, batch_size=default_batch_size(cfg.tokens or rows))
+        cfg = replace(cfg, batch_size=default_batch_size(cfg.tokens or rows, rows))
     need = (held + 1) * cfg.batch_size
     if rows < need:
         batch = rows // (held + 4)
@@ -280,7 +305,7 @@ def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
                     rows, held, need, batch)
         cfg = replace(cfg, batch_size=batch)
     if cfg.tokens is None:
-        cfg = replace(cfg, tokens=(rows // cfg.batch_size - held) * cfg.batch_size)
+        cfg = replace(cfg, tokens=default_tokens((rows // cfg.batch_size - held) * cfg.batch_size, cfg.batch_size))
     return cfg
 
 

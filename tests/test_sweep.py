@@ -115,8 +115,12 @@ def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, plante
     assert capsys.readouterr().out.count("\ndictionary: ") == 4
     for k, kind in ((4, "batchtopk"), (3, "topk")):
         alone = tmp_path / f"alone-{k}-{kind}"
+        # the sweep's points hold out different counts, so its default length is one pass (cli.train._one_pass),
+        # where a run alone would read the small store many times (saes.config.default_tokens): give the same
+        tokens = json.loads((tmp_path / "sweep" / f"k-{k}_kind-{kind}" / "train_config.json").read_text())
+        tokens = tokens["train"]["tokens"]
         assert main(["train", "--store", str(planted_store), "--out", str(alone), *FAST, "--k", str(k),
-                     "--kind", kind]) == 0
+                     "--kind", kind, "--tokens", str(tokens)]) == 0
         same_run(alone, tmp_path / "sweep" / f"k-{k}_kind-{kind}")
         assert main(["eval", str(tmp_path / "sweep" / f"k-{k}_kind-{kind}")]) == 0  # held-out batches found
 

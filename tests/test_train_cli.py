@@ -35,10 +35,11 @@ def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
     assert "held-out evaluation" in text and "FVU (textbook)" in text and "L0 (inference)" in text
     cfg = load_dictionary_config(out)
     assert cfg["hookpoints"] == ["acts"] and cfg["stores"] == [str(array_store.resolve())]
-    # default tokens: one pass minus the held-out batches (2 for evaluation, 2 to calibrate the threshold)
-    assert cfg["training"]["rows"] == (3072 // 256 - 4) * 256
+    # default tokens: 100 passes over the training rows (2 batches held out for evaluation, 2 to calibrate the
+    # threshold, 8 to train on: fewer than saes.config.TARGET_STEPS in 100 passes)
+    assert cfg["training"]["rows"] == 100 * (3072 // 256 - 4) * 256
     assert json.loads((out / "train_config.json").read_text())["train"]["k"] == 4
-    assert (out / "metrics.jsonl").read_text().count("\n") == 1  # 8 steps, a line every 5
+    assert (out / "metrics.jsonl").read_text().count("\n") == 800 // 5  # 800 steps, a line every 5
 
     # by default eval rebuilds training's held-out batches: the same rows, so the same numbers
     assert main(["eval", str(out)]) == 0
