@@ -18,6 +18,7 @@ and recovery and FVU as ratios to the first kind of --kinds, measured in the sam
     .venv/bin/python bench/cli_planted.py                                   # topk batchtopk, seed 0
     .venv/bin/python bench/cli_planted.py --kinds topk batchtopk matryoshka jumprelu-relative --seeds 0 1
     .venv/bin/python bench/cli_planted.py --atoms 2048 --d 256 --latents 4096 --k 16 --tokens 2000000
+    .venv/bin/python bench/cli_planted.py --store-rows 200000 --tokens 0   # a small store, train's default length
 """
 
 from __future__ import annotations
@@ -255,7 +256,10 @@ def main() -> None:
     p.add_argument("--close-cos", type=float, default=0.5)
     p.add_argument("--noise", type=float, default=0.03)
     p.add_argument("--offset", type=float, default=3.0, help="norm of the constant offset added to every row")
-    p.add_argument("--tokens", type=int, default=400_000, help="training rows (conceptdict train --tokens)")
+    p.add_argument("--tokens", type=int, default=400_000,
+                   help="training rows (conceptdict train --tokens); 0: the command's default length")
+    p.add_argument("--store-rows", type=int, default=None,
+                   help="rows in the store (default: --tokens): a smaller store is read several times")
     p.add_argument("--held-out", type=int, default=16_384)
     p.add_argument("--threads", type=int, default=0, help="torch threads of each training process (0: torch's)")
     p.add_argument("--json", type=Path)
@@ -283,14 +287,15 @@ def main() -> None:
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="cli-planted-") as tmp:
             tmp = Path(tmp)
-            rows, ap = generate(args.tokens, args, seed)
+            rows, ap = generate(args.store_rows or args.tokens, args, seed)
             held, _ = generate(args.held_out, args, seed + 1_000_000, ap)
             np.save(tmp / "rows.npy", rows)
             del rows
             cli("store", "import", str(tmp / "rows.npy"), "--out", str(tmp / "store"))
             norms = np.linalg.norm(held - held.mean(0), axis=1)
             print(f"seed {seed}: {args.atoms} atoms in D={args.d}, L={args.latents}, k={args.k}, "
-                  f"{args.tokens} rows; held-out row norms p10/p50/p90 "
+                  f"{args.store_rows or args.tokens} rows in the store, --tokens {args.tokens or 'default'}; "
+                  f"held-out row norms p10/p50/p90 "
                   f"{np.percentile(norms, 10):.2f}/{np.percentile(norms, 50):.2f}/{np.percentile(norms, 90):.2f}",
                   flush=True)
             base = None
@@ -298,12 +303,15 @@ def main() -> None:
                 out = tmp / f"dict-{kind}"
                 t0 = time.perf_counter()
                 cli("train", "--store", str(tmp / "store"), "--out", str(out), "--kind", kind,
-                    "--latents", str(args.latents), "--k", str(args.k), "--tokens", str(args.tokens),
-                    "--seed", str(seed), *extra_flags(args))
-                r = dict(kind=kind, seed=seed, seconds=time.perf_counter() - t0, **evaluate_dir(out, held, ap))
+                    "--latents", str(args.latents), "--k", str(args.k),
+                    *(["--tokens", str(args.tokens)] if args.tokens else []), "--seed", str(seed), *extra_flags(args))
+                run = json.loads((out / "train_config.json").read_text())["train"]
+                r = dict(kind=kind, seed=seed, seconds=time.perf_counter() - t0, batch=run["batch_size"],
+                         steps=run["tokens"] // run["batch_size"], **evaluate_dir(out, held, ap))
                 base = base or r
                 results.append(r)
-                print(f"  {kind:18s} recovery {r['recovery']:.1%} (rare {r['rare']:.1%}, close {r['close']:.1%})  "
+                print(f"  {kind:18s} {r['steps']} steps of {r['batch']}: "
+                      f"recovery {r['recovery']:.1%} (rare {r['rare']:.1%}, close {r['close']:.1%})  "
                       f"FVU {r['fvu']:.3f}  L0 {r['l0']:.2f}  dead {r['dead']:.1%}  {r['seconds']:.0f}s  "
                       f"x{r['recovery'] / max(base['recovery'], 1e-9):.3f} recovery, "
                       f"x{r['fvu'] / base['fvu']:.3f} FVU vs {base['kind']}", flush=True)
