@@ -188,13 +188,20 @@ def _diff_config(args: argparse.Namespace) -> DiffConfig:
 
 
 def _train_config(args: argparse.Namespace, d_in: int):
-    """TrainConfig from the flags; --latents defaults to 8 x D and --k to min(32, latents / 8)."""
+    """TrainConfig from the flags; --latents defaults to 8 x D and --k to min(32, latents / 8, D / 8).
+
+    Why D / 8: the former min(32, latents / 8) is min(32, D) at the default width, so a narrow model's code was
+    as wide as half its input (k = 32 at D = 64) and the crosscoder split each atom over ~2.4 latents (median best
+    cosine 0.76): on bench/cli_planted.py --diff (256 atoms in D = 64, ~6 per row, 400k rows) B-only recall was
+    0.06 / 0.12 at k = 32 and 0.88 / 0.97 at k = 8 (775 steps, seeds 0 / 1), and on bench/crosscoder_diff.py 0.31 /
+    0.28 at k = 32 and 1.00 / 1.00 at k = 8 (docs/batchtopk.md, "Crosscoders through conceptdict diff"). Models of
+    width 256 and more keep k = 32."""
     from conceptdict.saes import TrainConfig
 
     if args.latents is None:
         args.latents = 8 * d_in
     if args.k is None:
-        args.k = max(1, min(32, args.latents // 8))
+        args.k = max(1, min(32, args.latents // 8, d_in // 8))
     return build_config(TrainConfig, args)
 
 
