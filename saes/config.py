@@ -39,14 +39,14 @@ class TrainConfig:
     """Stop after this many training rows; None (a store): one pass over its training rows, or more passes when one
     pass takes fewer than 2000 steps, up to 2000 steps and at most 100 passes (:func:`default_tokens`; one pass over
     a 200k-row store learns 5-7% of bench/cli_planted.py's planted atoms, ten passes 97%: docs/batchtopk.md, "The
-    default batch size")."""
+    default batch size and run length")."""
     batch_size: int | None = None
     """Rows per step (used by the command line when it builds the data stream); None: :func:`default_batch_size`
     of the run's rows, 4096 (SAELens's default), halved down to 1024 while the run would take fewer than 2000 steps,
-    so a run of 1-8M rows still takes about 2000 steps, and down to 256 while the store holds fewer than 64 batches. Recovery of planted atoms follows the number of steps, not
-    the rows (bench/cli_planted.py, 768 atoms, L = 1536, k = 8: 1M rows in batches of 4096, 244 steps, recover
-    37-41% of the atoms; the same rows in batches of 1024, 976 steps, 86-87%): docs/batchtopk.md, "The default
-    batch size"."""
+    so a run of 1-8M rows still takes about 2000 steps, and down to 256 while the store holds fewer than 64
+    batches. Recovery of planted atoms follows the number of steps, not the rows (bench/cli_planted.py, 768 atoms,
+    L = 1536, k = 8: 1M rows in batches of 4096, 244 steps, recover 37-41% of the atoms; the same rows in batches of
+    1024, 976 steps, 86-87%): docs/batchtopk.md, "The default batch size and run length"."""
     lr: float | None = None
     """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096), the literature's 1/sqrt(L) scaling (2e-4 / sqrt(L / 2^14),
     dictionary_learning / sparsify) with a 4x larger constant for short runs. Measured (2026-12-01, after the
@@ -202,7 +202,8 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:
-            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for the default, saes.config.default_tokens)")
+            raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for the default, "
+                             f"saes.config.default_tokens)")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be positive")
         if not 0 <= self.decay_fraction <= 1:
