@@ -89,12 +89,12 @@ class TrainConfig:
     x - mean (so it does not depend on the scale of x). On the 256-atom recovery problem (k=6 for TopK):
     0.4 gives L0 12.8 at FVU 0.380, 0.1 gives L0 32.8 at FVU 0.119 (TopK: L0 6, FVU 0.061)."""
     code_l1: float | None = None
-    """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative (not the -absolute rules); None: the kind's default
-    (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk. Weight of an L1
-    penalty on the kept codes (sum of the selected f_j over the batch / B, divided by the batch's RMS norm of x -
-    mean: scale-free, like ``l1_coeff``), times the learning rate's schedule factor, so it is gone by the end of the
-    run and leaves no shrinkage in the final codes; 0 trains them as published. The selection fixes the L0; the
-    penalty breaks a tie that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a
+    """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative, crosscoder (not the -absolute rules); None: the kind's
+    default (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk and
+    crosscoder. Weight of an L1 penalty on the kept codes (sum of the selected f_j over the batch / B, divided by
+    the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``), times the learning rate's schedule factor, so
+    it is gone by the end of the run and leaves no shrinkage in the final codes; 0 trains them as published. The
+    selection fixes the L0; the penalty breaks a tie that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a
     reconstruct it equally well at every t, and a cut with room to spare keeps both halves (BatchTopK's global cut;
     TopK's per-row cut on every row that holds fewer than k atoms), so atoms stayed split between two latents at
     cosine ~0.85. Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on

@@ -154,8 +154,15 @@ def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> Train
     """Kind ``crosscoder``: BatchTopK ranked by f_j sum_s |d_j^s| relative to each row's norm (the row-relative
     rule of ``batchtopk``, saes.model.row_scale), the AuxK code over the dead latents from the same
     pre-activations, and the scaled threshold estimate. bench/crosscoder_diff.py with heavy-tailed codes
-    (D=64, 224 atoms, L=512): B-only recall 0.25 with the absolute ranking, 0.94 with the relative one."""
-    return sparse_train_forward(model, x, inputs, batch=True, scale=_ranking_weight(model), relative=True)
+    (D=64, 224 atoms, L=512): B-only recall 0.25 with the absolute ranking, 0.94 with the relative one.
+
+    With the L1 tie-break of ``batchtopk`` on the kept codes f (``TrainConfig.code_l1``, 0.1): at k = 32 for ~6 atoms
+    per row the cut keeps room for an atom's split halves, and without it B-only recall was 0.28-0.31 on
+    bench/crosscoder_diff.py and 0.38-0.47 through ``conceptdict diff`` (bench/cli_planted.py --diff); with it 1.00
+    (docs/batchtopk.md, "The crosscoder takes the tie-break"). A version with batchtopk's other defaults (TopK start,
+    AuxK 1/4, a short dead window) and the penalty weighted by sum_s |d_j^s| lost precision (0.78-0.84)."""
+    return sparse_train_forward(model, x, inputs, batch=True, scale=_ranking_weight(model), relative=True,
+                                tie_break=True)
 
 
 def _absolute_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
