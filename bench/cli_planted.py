@@ -287,14 +287,15 @@ def main() -> None:
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="cli-planted-") as tmp:
             tmp = Path(tmp)
-            rows, ap = generate(args.store_rows or args.tokens, args, seed)
+            store_rows = args.store_rows or args.tokens
+            rows, ap = generate(store_rows, args, seed)
             held, _ = generate(args.held_out, args, seed + 1_000_000, ap)
             np.save(tmp / "rows.npy", rows)
             del rows
             cli("store", "import", str(tmp / "rows.npy"), "--out", str(tmp / "store"))
             norms = np.linalg.norm(held - held.mean(0), axis=1)
             print(f"seed {seed}: {args.atoms} atoms in D={args.d}, L={args.latents}, k={args.k}, "
-                  f"{args.store_rows or args.tokens} rows in the store, --tokens {args.tokens or 'default'}; "
+                  f"{store_rows} rows in the store, --tokens {args.tokens or 'default'}; "
                   f"held-out row norms p10/p50/p90 "
                   f"{np.percentile(norms, 10):.2f}/{np.percentile(norms, 50):.2f}/{np.percentile(norms, 90):.2f}",
                   flush=True)

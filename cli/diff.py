@@ -223,10 +223,8 @@ def run(args: argparse.Namespace) -> int:
     tcfg = fit_to_store(_train_config(args, stores[0].d_in(hookpoint)), min(s.num_rows for s in stores))
     write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
                           "diff_config.json")
-    epochs = None  # tokens is set (fit_to_store): the stream repeats only when it asks for more than one pass
-
     def batches(start: int):
-        return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=epochs, start_batch=start,
+        return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=None, start_batch=start,
                               holdout_batches=heldout_batch_count(tcfg))
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))

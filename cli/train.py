@@ -123,11 +123,10 @@ def sweep_points(cmd: TrainCommand, cfg) -> list[tuple[str, object]]:
 
 def _stream_plan(cfgs: list, rows: int) -> tuple[int | None, int]:
     """(epochs, held-out batches) of the one stream every dictionary of the run reads."""
-    from conceptdict.saes.config import heldout_batch_count
+    from conceptdict.saes.config import heldout_batch_count, one_pass_rows
 
     helds = {heldout_batch_count(c) for c in cfgs}
-    per_epoch = rows // cfgs[0].batch_size
-    repeat = any(c.tokens > (per_epoch - heldout_batch_count(c)) * c.batch_size for c in cfgs)
+    repeat = any(c.tokens > one_pass_rows(c, rows) for c in cfgs)
     if repeat and len(helds) > 1:
         raise ConfigError(f"these dictionaries hold out different numbers of batches ({sorted(helds)}: thresholded "
                           f"kinds add --calibration-batches) and --tokens asks for more than one pass over the store, "
@@ -140,9 +139,9 @@ def _one_pass(cfg, rows: int):
     """``cfg`` reading one pass over the store's training rows: a sweep whose dictionaries hold out different numbers
     of batches cannot repeat the stream (its later passes leave out every held-out row, so a dictionary would differ
     from its separate run), so their default length (``saes.config.default_tokens``) falls back to one pass."""
-    from conceptdict.saes.config import heldout_batch_count
+    from conceptdict.saes.config import one_pass_rows
 
-    tokens = (rows // cfg.batch_size - heldout_batch_count(cfg)) * cfg.batch_size
+    tokens = one_pass_rows(cfg, rows)
     if tokens < cfg.tokens:
         log.warning("%s: one pass over the store (%d rows, not the default %d): this sweep's dictionaries hold out "
                     "different numbers of batches; for more passes give --tokens and --calibration-batches 0",
@@ -166,8 +165,10 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     outs = [cmd.out / name if name else cmd.out for name, _ in points]
     for out in outs:
         _check_out(out, cmd.resume, cmd.overwrite)
-    smallest = min(fit_to_store(cfg, rows).batch_size for _, cfg in points)  # a small store clamps it by the held-out
-    cfgs = [fit_to_store(dataclasses.replace(cfg, batch_size=smallest), rows) for _, cfg in points]
+    cfgs = [fit_to_store(cfg, rows) for _, cfg in points]
+    smallest = min(c.batch_size for c in cfgs)  # a small store clamps the batch by the held-out count
+    cfgs = [c if c.batch_size == smallest else fit_to_store(dataclasses.replace(cfg, batch_size=smallest), rows)
+            for c, (_, cfg) in zip(cfgs, points)]
     if len({heldout_batch_count(c) for c in cfgs}) > 1:
         cfgs = [_one_pass(c, rows) if cfg.tokens is None else c for c, (_, cfg) in zip(cfgs, points)]
     epochs, held = _stream_plan(cfgs, rows)

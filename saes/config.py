@@ -91,25 +91,25 @@ class TrainConfig:
     code_l1: float | None = None
     """topk, batchtopk, matryoshka, jumprelu, jumprelu-relative, crosscoder (not the -absolute rules); None: the kind's
     default (:data:`KIND_DEFAULTS`), 0.15 for batchtopk, matryoshka and both jumprelu rules, 0.1 for topk and
-    crosscoder. Weight of an L1 penalty on the kept codes (sum of the selected f_j over the batch / B, divided by
-    the batch's RMS norm of x - mean: scale-free, like ``l1_coeff``), times the learning rate's schedule factor, so
-    it is gone by the end of the run and leaves no shrinkage in the final codes; 0 trains them as published. The
-    selection fixes the L0; the penalty breaks a tie that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that co-fire on atom a
-    reconstruct it equally well at every t, and a cut with room to spare keeps both halves (BatchTopK's global cut;
-    TopK's per-row cut on every row that holds fewer than k atoms), so atoms stayed split between two latents at
-    cosine ~0.85. Their summed codes are smallest at t = 0: the penalty turns them onto the atom. 0.1 measured on
-    bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared: 0.2 costs FVU,
-    0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
-    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too". With
-    batchtopk's TopK start, 0.15 recovers about as many planted atoms as TopK with few dead latents at a held-out FVU
-    within 1.3% of 0.1's on the real corpora (0.2: more atoms, but 1.7-3.7% FVU and more dead latents there):
-    bench/real_heldout.py, docs/batchtopk.md "A tie-break of 0.15 for BatchTopK". jumprelu (absolute) at 0.1: +15-16
-    points of planted atoms on the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real corpora
-    (15-23% without it); 0.3 recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and
-    raises the dead latents on the real corpora (docs/kinds.md, "JumpReLU gets the tie-break"). Both jumprelu rules
-    take 0.15 together with batchtopk's AuxK (docs/kinds.md, "JumpReLU with AuxK"; jumprelu-relative, --small, heavy
-    and zipf-corr, 2 seeds): without AuxK 0.15 recovered 1-3 points fewer planted atoms than 0.1 and left 36-38% of
-    the latents dead; with AuxK it recovers 5-9 points more than 0.1."""
+    crosscoder. Weight of an L1 penalty on the kept codes (sum of the selected f_j over the batch / B, divided by the
+    batch's RMS norm of x - mean: scale-free, like ``l1_coeff``), times the learning rate's schedule factor, so it is
+    gone by the end of the run and leaves no shrinkage in the final codes; 0 trains them as published. The selection
+    fixes the L0; the penalty breaks a tie that the reconstruction leaves open: two latents cos(t) a +- sin(t) u that
+    co-fire on atom a reconstruct it equally well at every t, and a cut with room to spare keeps both halves
+    (BatchTopK's global cut; TopK's per-row cut on every row that holds fewer than k atoms), so atoms stayed split
+    between two latents at cosine ~0.85. Their summed codes are smallest at t = 0: the penalty turns them onto the atom.
+    0.1 measured on bench/synthetic_recovery.py at its default size (4 settings x 2 seeds; 0.05 / 0.1 / 0.2 compared:
+    0.2 costs FVU, 0.05 leaves atoms split) and --small, and on the sentence embeddings of three real corpora
+    (bench/cbm_accuracy.py): docs/batchtopk.md, "The L1 tie-break" and "TopK gets the tie-break too". With batchtopk's
+    TopK start, 0.15 recovers about as many planted atoms as TopK with few dead latents at a held-out FVU within 1.3% of
+    0.1's on the real corpora (0.2: more atoms, but 1.7-3.7% FVU and more dead latents there): bench/real_heldout.py,
+    docs/batchtopk.md "A tie-break of 0.15 for BatchTopK". jumprelu (absolute) at 0.1: +15-16 points of planted atoms on
+    the heavy-tailed settings and 1-7% above TopK's FVU at the same L0 on the real corpora (15-23% without it); 0.3
+    recovers more planted atoms there but costs 4 points and 55% FVU on plain rows and raises the dead latents on the
+    real corpora (docs/kinds.md, "JumpReLU gets the tie-break"). Both jumprelu rules take 0.15 together with batchtopk's
+    AuxK (docs/kinds.md, "JumpReLU with AuxK"; jumprelu-relative, --small, heavy and zipf-corr, 2 seeds): without AuxK
+    0.15 recovered 1-3 points fewer planted atoms than 0.1 and left 36-38% of the latents dead; with AuxK it recovers
+    5-9 points more than 0.1."""
     topk_start: float | None = None
     """batchtopk, matryoshka and jumprelu (both rules of each): the share of the run's steps that select per row
     (TopK, k per row) before the kind's own rule takes over; None: the kind's default (:data:`KIND_DEFAULTS`), 0.3
@@ -277,12 +277,18 @@ def default_batch_size(run_rows: int | None, store_rows: int | None = None) -> i
     return batch
 
 
+def one_pass_rows(cfg: TrainConfig, rows: int) -> int:
+    """Training rows of one pass over a store of ``rows`` rows in batches of ``cfg.batch_size``: its whole batches
+    less the held-out ones (:func:`heldout_batch_count`)."""
+    return (rows // cfg.batch_size - heldout_batch_count(cfg)) * cfg.batch_size
+
+
 def default_tokens(pass_rows: int, batch: int) -> int:
-    """Training rows of a run that leaves ``tokens`` None, over a store whose training rows (the held-out batches
-    left out) are ``pass_rows``: one pass when it takes at least :data:`TARGET_STEPS` steps of ``batch`` rows,
-    else more passes up to that many steps, at most :data:`MAX_PASSES` passes. Measured (docs/batchtopk.md, "The
-    default batch size"): ten passes over a 200k-row planted store recover as many atoms as one pass over 2M fresh
-    rows, and more passes over the small real corpora lower their held-out FVU."""
+    """Training rows of a run that leaves ``tokens`` None, over a store whose training rows (the held-out batches left
+    out) are ``pass_rows``: one pass when it takes at least :data:`TARGET_STEPS` steps of ``batch`` rows, else more
+    passes up to that many steps, at most :data:`MAX_PASSES` passes. Measured (docs/batchtopk.md, "The default batch
+    size and run length"): ten passes over a 200k-row planted store recover nearly as many atoms as one pass over 2M
+    fresh rows, and more passes over the small real corpora lower their held-out FVU."""
     return max(pass_rows, min(TARGET_STEPS * batch, MAX_PASSES * pass_rows))
 
 
@@ -306,7 +312,7 @@ def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
                     rows, held, need, batch)
         cfg = replace(cfg, batch_size=batch)
     if cfg.tokens is None:
-        cfg = replace(cfg, tokens=default_tokens((rows // cfg.batch_size - held) * cfg.batch_size, cfg.batch_size))
+        cfg = replace(cfg, tokens=default_tokens(one_pass_rows(cfg, rows), cfg.batch_size))
     return cfg
 
 

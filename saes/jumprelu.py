@@ -148,14 +148,14 @@ machines)."""
 
 @torch.no_grad()
 def lower_dead_thresholds(model: SparseCoder, centred: Tensor, inputs: StepInputs) -> None:
-    """Each dead latent (``inputs.dead``) whose threshold lies above every pre-activation it reaches on the whole
-    batch (``centred``: this process's rows on the kind's scale) gets the largest of them, less
-    :data:`DEAD_MARGIN`, as its threshold: its best row fires and lies inside the estimator's window, and the
-    reconstruction decides from there whether it keeps firing. A threshold only comes down here. Why: a threshold trained up while its latent fired stays where it was once the
-    latent stops firing (the estimators reach only entries within eps / 2 of it), so AuxK, which trains the dead
-    latents' encoders, could not bring them back: on bench/synthetic_recovery.py --small a quarter of
-    jumprelu-relative's latents ended dead with thresholds 3x the alive ones' median and activations at a third of
-    them (docs/kinds.md, "JumpReLU with AuxK")."""
+    """Each dead latent (``inputs.dead``) whose threshold lies above every pre-activation it reaches on the whole batch
+    (``centred``: this process's rows on the kind's scale) gets the largest of them, less :data:`DEAD_MARGIN`, as its
+    threshold: its best row fires and lies inside the estimator's window, and the reconstruction decides from there
+    whether it keeps firing. A threshold only comes down here. Why: a threshold trained up while its latent fired stays
+    where it was once the latent stops firing (the estimators reach only entries within eps / 2 of it), so AuxK, which
+    trains the dead latents' encoders, could not bring them back: on bench/synthetic_recovery.py --small a quarter of
+    jumprelu-relative's latents ended dead with thresholds 3x the alive ones' median and activations at a third of them
+    (docs/kinds.md, "JumpReLU with AuxK")."""
     cols = inputs.dead.nonzero().flatten()
     if cols.numel() == 0:
         return

@@ -33,7 +33,7 @@ def trained_pair(code_l1: float | None, kind: str = "batchtopk") -> float:
         model.reset_parameters(generator=torch.Generator().manual_seed(0))
         dirs = torch.stack([math.cos(T) * a + math.sin(T) * u, math.cos(T) * a - math.sin(T) * u, torch.eye(D)[2]])
         model.W_dec.copy_(dirs.repeat(1, S) / math.sqrt(S))
-        model.W_enc.copy_(model.W_dec.t() / (2 * math.cos(T)) * math.sqrt(S) / S)
+        model.W_enc.copy_(model.W_dec.t() / (2 * math.cos(T) * math.sqrt(S)))
     model.add_train_params()  # jumprelu's threshold
     cfg = TrainConfig(latents=3, k=2, kind=kind, code_l1=code_l1, lr=3e-3, warmup_steps=1,
                       decay_fraction=0.0, tokens=STEPS * B, b_dec_init="zero")
