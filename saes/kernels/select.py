@@ -5,8 +5,9 @@ above a floor f_b (its c = 4k largest scores, f_b the smallest of them; or, with
 from the first rows, every score above tau, f_b = tau). Let t be the (k*B)-th largest candidate. The
 true threshold is >= t, and a row with f_b <= t has nothing outside its candidates above t, so the top
 k*B of the candidates is exact. Rows with f_b > t (or more scores above tau than the candidate buffer
-holds) are recomputed, and their entries >= t join the good rows' candidates >= t in the pool; no path
-sorts or even holds all B*L values unless every row is unproven.
+holds) are recomputed, and their entries >= t join the good rows' candidates >= t in the pool (all their
+entries, where the recomputation rounded one at t below it); no path sorts or even holds all B*L values
+unless every row is unproven.
 
 Shapes: pre [B, L] (or a chunk of rows of it), outputs values / indices [B, K] zero-padded per row.
 """
@@ -138,6 +139,11 @@ def batch_from_candidates(cand: Candidates, k: int, L: int,
         g_r, g_c = torch.nonzero(g_s >= t, as_tuple=True)
         full_score, full_value = full_rows(bad)
         b_r, b_c = torch.nonzero(full_score >= t, as_tuple=True)
+        if g_r.numel() + b_r.numel() < n_keep:
+            # the rows are recomputed by another matmul than the candidates' (rows apart, addmm against mm plus
+            # the bias), which can round an entry at t to just below it: the pool then held fewer than k*B
+            # entries and topk raised. The unproven rows' entries are then all taken (a row has L >= its c).
+            b_r, b_c = torch.nonzero(full_score.new_ones(full_score.shape, dtype=torch.bool), as_tuple=True)
         pool_s = torch.cat([g_s[g_r, g_c], full_score[b_r, b_c]])
         pos = pool_s.topk(n_keep, sorted=False).indices
         rows = torch.cat([good[g_r], bad[b_r]])[pos]
