@@ -32,21 +32,19 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # tests/fixtures_models.py: the tiny LM and the word-level tokenizer
 SPECIALS = ["<|endoftext|>", "<pad>", "<unk>"]
 
 
 def word_tokenizer(texts: list[str], size: int):
-    """A lowercase word-level tokenizer over the ``size`` - 3 most frequent words (and punctuation) of ``texts``."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """The tests' word-level tokenizer (tests/fixtures_models.py) over the ``size`` - 3 most frequent words (and
+    punctuation) of ``texts``, split as it splits them."""
+    from fixtures_models import word_tokenizer as over_vocab
+    from tokenizers import normalizers, pre_tokenizers
 
     norm, pre = normalizers.Lowercase(), pre_tokenizers.Whitespace()
     counts = Counter(w for t in texts for w, _ in pre.pre_tokenize_str(norm.normalize_str(t)))
-    words = [w for w, _ in counts.most_common(size - len(SPECIALS))]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(SPECIALS + words)}, unk_token="<unk>"))
-    tok.normalizer, tok.pre_tokenizer = norm, pre
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
-                                   bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    return over_vocab(SPECIALS + [w for w, _ in counts.most_common(size - len(SPECIALS))])
 
 
 def train_lm(directory: Path, steps: int, layer: int, *, vocab: int = 2000, d_model: int = 64, context: int = 64,
@@ -111,7 +109,6 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(ROOT / "tests"))
     from fixtures_models import build_tiny_lm, build_tiny_lm_store
 
     from conceptdict.activations.cache import CacheConfig, cache_activations

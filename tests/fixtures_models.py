@@ -33,11 +33,14 @@ def _words() -> list[str]:
     return words
 
 
-def _tokenizer(wrap_cls_sep: bool):
+def word_tokenizer(vocab: list[str], wrap_cls_sep: bool = False):
+    """A lowercase word-level tokenizer (whitespace and punctuation split) over ``vocab``, whose entries include the
+    specials it uses: ``<|endoftext|>`` (bos / eos), ``<pad>``, ``<unk>``, and ``[CLS]`` / ``[SEP]`` when
+    ``wrap_cls_sep`` wraps every input in them (BERT)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + _words())}
+    vocab = {tok: i for i, tok in enumerate(vocab)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -49,6 +52,10 @@ def _tokenizer(wrap_cls_sep: bool):
                                        cls_token="[CLS]", sep_token="[SEP]")
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
                                    bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def _tokenizer(wrap_cls_sep: bool):
+    return word_tokenizer(SPECIALS + _words(), wrap_cls_sep)
 
 
 def build_tiny_lm(directory: Path, seed: int = 0) -> Path:
