@@ -8,20 +8,24 @@ from conceptdict.activations.cache import CacheConfig, cache_activations, config
 from conceptdict.activations.data import stdlib_docstrings
 from conceptdict.activations.importer import ImportConfig, import_array
 from conceptdict.activations.models import (
+    DEFAULT_HUB_ID,
     DEFAULT_MODEL_DIR,
     SENTENCE_HOOKPOINTS,
     ModelHandle,
     SpliceLosses,
     embed_texts,
+    hub_id_of,
     load_model,
     spliced_losses,
 )
 from conceptdict.activations.store import FORMAT_VERSION, ActivationStore, RowContext, StoreError
-from conceptdict.activations.stream import check_aligned, stream_batches
-from conceptdict.activations.summary import HookpointStats, StoreSummary, store_summary
+from conceptdict.activations.stream import check_aligned, first_batches, heldout_batches, heldout_recipe, stream_batches
+from conceptdict.activations.summary import HookpointStats, StoreSummary, format_summary, store_summary
 
 __all__ = [
+    "DEFAULT_HUB_ID",
     "DEFAULT_MODEL_DIR",
+    "hub_id_of",
     "FORMAT_VERSION",
     "SENTENCE_HOOKPOINTS",
     "ActivationStore",
@@ -42,5 +46,9 @@ __all__ = [
     "spliced_losses",
     "stdlib_docstrings",
     "store_summary",
+    "format_summary",
     "stream_batches",
+    "first_batches",
+    "heldout_batches",
+    "heldout_recipe",
 ]

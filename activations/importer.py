@@ -32,25 +32,19 @@ log = logging.getLogger(__name__)
 class ImportConfig:
     """Flags of ``conceptdict store import``."""
 
-    array: Path
-    """The .npy, .npz or .safetensors file to import."""
-    out: Path
-    """The store directory to create."""
-    keys: list[str] = field(default_factory=list, metadata={"flag": "key"})
-    """Arrays to import as hookpoints (repeatable); default: every floating array in the file."""
-    hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint"})
-    """Hookpoint names for the imported arrays, one per array in the order of --key (or of the file); default:
-    the array names (for a .npy file: the file's stem)."""
-    dtype: str | None = None
-    """Stored dtype: float32, float16 or bfloat16 (default: the array's own float dtype, else float32)."""
-    level: str = "token"
-    """Row level recorded in the manifest: token or sequence."""
-    shard_rows: int = 65536
-    """Rows per shard file."""
-    chunk_rows: int = 8192
-    """Rows read from the array at a time (bounds memory)."""
-    overwrite: bool = False
-    """Replace an existing store at --out."""
+    array: Path = field(metadata={"help": "The .npy, .npz or .safetensors file to import."})
+    out: Path = field(metadata={"help": "The store directory to create."})
+    keys: list[str] = field(default_factory=list, metadata={"flag": "key",
+        "help": "Arrays to import as hookpoints (repeatable); default: every floating array in the file."})
+    hookpoints: list[str] = field(default_factory=list, metadata={"flag": "hookpoint",
+        "help": ("Hookpoint names for the imported arrays, one per array in the order of --key (or of the file); "
+                 "default: the array names (for a .npy file: the file's stem).")})
+    dtype: str | None = field(default=None, metadata={
+        "help": "Stored dtype: float32, float16 or bfloat16 (default: the array's own float dtype, else float32)."})
+    level: str = field(default="token", metadata={"help": "Row level recorded in the manifest: token or sequence."})
+    shard_rows: int = field(default=65536, metadata={"help": "Rows per shard file."})
+    chunk_rows: int = field(default=8192, metadata={"help": "Rows read from the array at a time (bounds memory)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing store at --out."})
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in st.DTYPES:

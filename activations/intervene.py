@@ -110,3 +110,14 @@ def steered_embeddings(model: ModelHandle, texts: Sequence[str], hookpoint: str,
         pooled = mean_pool(got["h"].float(), mask.to(got["h"].device))
         out.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
     return torch.cat(out)
+
+
+def spliced(model: ModelHandle, hookpoint: str, edit: Edit):
+    """A context manager under which every forward of ``model`` (``model.bridge(...)`` and the functions here) has
+    ``edit`` applied at ``hookpoint`` (every position)."""
+    check_hookpoints(model, [hookpoint])
+    if hookpoint in SENTENCE_HOOKPOINTS:
+        raise ValueError(f"{hookpoint!r} is a pooled embedding, not a point inside the forward; edit the embeddings "
+                         "themselves (cd.load_model(...) then embed_texts, then the dictionary) or splice at a token "
+                         "hookpoint such as blocks.3.hook_out")
+    return model.bridge.hooks(fwd_hooks=[(hookpoint, _hook(edit))])

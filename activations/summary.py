@@ -32,6 +32,10 @@ class StoreSummary(NamedTuple):
     label_keys: list[str]
     hookpoints: list[HookpointStats]
 
+    def format(self) -> str:
+        """The lines ``conceptdict store info`` prints."""
+        return format_summary(self)
+
 
 def _norm_stats(store: ActivationStore, hookpoint: str, max_rows: int) -> HookpointStats:
     """L2-norm statistics over every row, or over 16 evenly spaced runs when there are more than ``max_rows``."""
@@ -100,3 +104,20 @@ def check_signal(store: ActivationStore, hookpoint: str, max_rows: int = 65536) 
     if rows.shape[0] > 1 and bool((rows == rows[0]).all()):
         raise StoreError(f"{where} holds the same row {rows.shape[0]} times (a constant activation): there is "
                          "nothing to learn; pick another hookpoint or check the imported array")
+
+
+def format_summary(summary: StoreSummary) -> str:
+    """The lines ``conceptdict store info`` prints for a :class:`StoreSummary`."""
+    lines = [
+        f"store       {summary.path}",
+        f"model       {summary.model}",
+        f"level       {summary.level} ({summary.rows:,} rows, {summary.shards} shards, "
+        f"{summary.size_bytes / 1e6:.1f} MB, {summary.dtype})",
+        f"dataset     {summary.dataset}",
+    ]
+    if summary.label_keys:
+        lines.append(f"labels      {', '.join(summary.label_keys)}")
+    for hp in summary.hookpoints:
+        lines.append(f"hookpoint   {hp.name}  D={hp.d}  norm mean={hp.norm_mean:.4g} std={hp.norm_std:.4g} "
+                     f"min={hp.norm_min:.4g} max={hp.norm_max:.4g} (over {hp.rows_sampled:,} rows)")
+    return "\n".join(lines)

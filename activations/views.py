@@ -72,3 +72,32 @@ class PatchRows:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)
+
+
+def pick_hookpoint(stores, wanted: str | None) -> str:
+    """The hookpoint to read from every store: ``wanted`` when all hold it, else the single one they share."""
+    common = [h for h in stores[0].hookpoints if all(h in s.hookpoints for s in stores[1:])]
+    if wanted is not None:
+        if wanted not in common:
+            raise ValueError(f"hookpoint {wanted!r} is not in both stores (common hookpoints: {common}); "
+                             f"pick one of those with --hookpoint, or name store B's with --hookpoint-b "
+                             f"(B has {stores[1].hookpoints})")
+        return wanted
+    if len(common) != 1:
+        raise ValueError(f"the stores share hookpoints {common}; choose one with --hookpoint")
+    return common[0]
+
+
+def pair_hookpoints(stores, wanted: str | None, wanted_b: str | None):
+    """(stores, A's hookpoint, B's hookpoint): store B read under A's hookpoint name when the two name it
+    differently (given as ``wanted_b``, or each store's only hookpoint), else :func:`pick_hookpoint`."""
+    a, b = stores
+    if wanted_b is None and wanted is None and len(a.hookpoints) == len(b.hookpoints) == 1 \
+            and a.hookpoints != b.hookpoints:
+        wanted, wanted_b = a.hookpoints[0], b.hookpoints[0]
+    if wanted_b is None or wanted_b == wanted:
+        hookpoint = pick_hookpoint(stores, wanted)
+        return stores, hookpoint, hookpoint
+    if wanted is None or wanted not in a.hookpoints:
+        raise ValueError(f"--hookpoint-b needs --hookpoint naming store A's hookpoint; {a.path} has {a.hookpoints}")
+    return [a, RenamedHookpoint(b, wanted_b, wanted)], wanted, wanted_b

@@ -59,7 +59,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from conceptdict.activations import ActivationStore, stream_batches
-    from conceptdict.cli import ranks
+    from conceptdict import ranks
     from conceptdict.saes import TrainConfig, train
     from conceptdict.saes.distributed import process_group_comm
 

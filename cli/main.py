@@ -3,8 +3,8 @@
 Each subcommand lives in its own module ``conceptdict.cli.<name>`` exposing::
 
     HELP: str                                  # one line for ``conceptdict --help``
-    def add_arguments(parser) -> None          # flags, mostly generated from a stage config
-    def run(args) -> int                       # the work; returns the exit status
+    def add_arguments(parser) -> None          # flags, generated from the command's settings dataclasses
+    def run(args) -> int                       # flags -> settings -> one ``conceptdict`` API call -> print
 
 Modules are imported only when their command runs, so ``conceptdict --help`` stays fast and a
 missing optional dependency of one command never breaks another.
@@ -78,7 +78,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, add_help=False)
             continue
         module = _load(name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common],
+                           usage=getattr(module, "USAGE", None))
         module.add_arguments(p)
         if name in _ADD_OVERWRITE:
             try:
@@ -110,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from conceptdict.activations.integrity import set_read_policy
-    from conceptdict.cli import outdir
+    from conceptdict import outdir, set_read_policy
     from conceptdict.cli.errors import describe_failure
 
     set_read_policy(verify_hash=not getattr(args, "no_verify", False), wait_for_writer=getattr(args, "wait", 0.0))
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conceptdict {args.command}: error: {message}", file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 1
     finally:
-        from conceptdict.cli import ranks
+        from conceptdict import ranks
 
         ranks.leave()
 

@@ -26,7 +26,9 @@ from conceptdict.naming.cbm import (
 from conceptdict.naming.concepts import (
     Concept,
     ConceptDictionary,
+    DictionaryRef,
     Example,
+    dictionary_of,
     is_concept_dir,
     load_concepts,
     save_concepts,
@@ -49,7 +51,7 @@ from conceptdict.naming.report import write_report
 from conceptdict.naming.vocab import embed_vocabulary, load_vocabulary
 
 __all__ = [
-    "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "ContextNamer", "Contribution",
+    "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "DictionaryRef", "dictionary_of", "ContextNamer", "Contribution",
     "Example", "Intervention", "LatentEvidence", "LlmConfig", "LlmNamer", "LogitLensNamer", "NameConfig",
     "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence", "concept_activations",
     "context_names", "embed_vocabulary", "explain_input", "intervene", "is_concept_dir", "load_cbm",

@@ -44,55 +44,54 @@ COVERAGE_LEVELS = (0.90, 0.95, 0.99)
 class CbmConfig:
     """Flags of ``conceptdict cbm``."""
 
-    label_column: str = "family"
-    """Label column carried by the store (``store.labels(Y)``)."""
-    dataset: str = "store"
-    """Labelled inputs: "store" (the dictionary's own store) or the directory of another activation store with
-    the same hookpoint and a label column."""
-    out: Path | None = None
-    """Directory for the CBM (cbm.json, cbm.safetensors, report/)."""
-    sae: Path | None = None
-    """Dictionary that encodes the inputs (default: the sae_dir recorded in the concept dictionary)."""
-    pooling: Literal["mean", "max", "super"] = "super"
-    """How token-level concept activations are pooled per input (sequence-level stores need none)."""
-    codes: Literal["relu", "sparse"] = "relu"
-    """What the bottleneck reads per concept: ``relu``, the encoder's activation max(0, (x - b_dec) W_enc + b_enc)
-    before the TopK / threshold keeps the largest (the bottleneck then picks its own sparse set of concepts
-    through the L1 penalty); ``sparse``, the dictionary's inference code (k per row). Default ``relu``, measured
-    with bench/cbm_accuracy.py on three corpora nothing was tuned on (MiniLM sentence.mean_normalized,
-    BatchTopK L=1024 k=16 trained on the task's rows, 400 steps of 256), CBM / probe / gap in points:
-    man pages by section (1672 texts, 6 classes) sparse 77.5 / 80.8 / +3.3, relu 79.3 / 80.8 / +1.5;
-    Debian descriptions by section (2872, 10) sparse 82.9 / 82.8 / -0.2, relu 84.7 / 82.8 / -1.9;
-    third-party docstrings by package (3591, 12) sparse 58.8 / 57.2 / -1.5, relu 61.0 / 57.2 / -3.8
-    (lambdas 0.1..10, tol 1e-5). With the defaults here (lambdas up to 30, tol 1e-4) relu gives gaps
-    +1.8 / -1.2 / -5.8 (``python bench/cbm_accuracy.py``)."""
-    super_quantile: float = 0.1
-    """SuperActivator pooling: fraction of an input's highest token activations averaged per concept."""
-    lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0, 3.0, 10.0, 30.0], metadata={"flag": "lam"})
-    """Candidate sparsity weights lambda (CE + lambda * mean|W|); the best on the validation split wins.
-    Discover-then-Name's grid plus 30: solved to optimality (no longer stopped early by a fixed Adam budget),
-    the demo's CBM (stdlib docstrings, ReLU codes) has validation accuracy 80.1 / 80.1 / 81.3 / 80.1 / 69.7%
-    at lambda 3 / 10 / 30 / 100 / 300, so 30 is the top of the grid."""
-    probe_l2: list[float] = field(default_factory=lambda: [0.0, 0.1, 1.0, 10.0], metadata={"flag": "probe-l2"})
-    """Candidate L2 weights (on mean W^2) for the raw-activation baseline probe; the best on validation wins."""
-    max_iter: int = 5000
-    """Iteration cap of the full-batch solvers (FISTA for the CBM, L-BFGS for the probe)."""
-    tol: float = 1e-4
-    """Stop when the largest violation of the optimality conditions (``solvers.kkt_residual``) is below this.
-    1e-4 halves the iterations of 1e-5 with the same validation accuracy within noise (man-page corpus,
-    bench/cbm_corpora.py, 1024 concepts: 11 s vs 20 s for the four lambdas on a loaded 2-core machine)."""
-    val_fraction: float = 0.15
-    """Share of each class held out to choose lambda."""
-    test_fraction: float = 0.2
-    """Share of each class held out for the reported accuracies."""
-    zero_tol: float = 1e-2
-    """Weights below zero_tol * max|W| are set to exactly zero after training."""
-    min_class_size: int = 5
-    """Classes with fewer labelled inputs are dropped (logged)."""
-    seed: int = 0
-    """Seed for the split."""
-    device: str = "cpu"
-    """Device for encoding and training."""
+    label_column: str | None = field(default=None, metadata={
+        "help": "The store's label column to predict; default: the store's only label column."})
+    dataset: str = field(default="store", metadata={
+        "help": ("Labelled inputs: \"store\" (the dictionary's own store) or the directory of another activation store "
+                 "with the same hookpoint and a label column.")})
+    out: Path | None = field(default=None, metadata={
+        "help": "Directory for the CBM (cbm.json, cbm.safetensors, report/)."})
+    sae: Path | None = field(default=None, metadata={
+        "help": "Dictionary that encodes the inputs (default: the sae_dir recorded in the concept dictionary)."})
+    pooling: Literal["mean", "max", "super"] = field(default="super", metadata={
+        "help": "How token-level concept activations are pooled per input (sequence-level stores need none)."})
+    # Default ``relu``, measured with bench/cbm_accuracy.py on three corpora nothing was tuned on (MiniLM
+    # sentence.mean_normalized, BatchTopK L=1024 k=16 trained on the task's rows, 400 steps of 256), CBM / probe / gap
+    # in points: man pages by section (1672 texts, 6 classes) sparse 77.5 / 80.8 / +3.3, relu 79.3 / 80.8 / +1.5;
+    # Debian descriptions by section (2872, 10) sparse 82.9 / 82.8 / -0.2, relu 84.7 / 82.8 / -1.9; third-party
+    # docstrings by package (3591, 12) sparse 58.8 / 57.2 / -1.5, relu 61.0 / 57.2 / -3.8 (lambdas 0.1..10, tol 1e-5).
+    # With the defaults here (lambdas up to 30, tol 1e-4) relu gives gaps +1.8 / -1.2 / -5.8 (``python
+    # bench/cbm_accuracy.py``).
+    codes: Literal["relu", "sparse"] = field(default="relu", metadata={
+        "help": ("What the bottleneck reads per concept: ``relu``, the encoder's activation max(0, (x - b_dec) W_enc "
+                 "+ b_enc) before the TopK / threshold keeps the largest (the bottleneck then picks its own sparse "
+                 "set of concepts through the L1 penalty); ``sparse``, the dictionary's inference code (k per row).")})
+    super_quantile: float = field(default=0.1, metadata={
+        "help": "SuperActivator pooling: fraction of an input's highest token activations averaged per concept."})
+    # Discover-then-Name's grid plus 30: solved to optimality (no longer stopped early by a fixed Adam budget), the
+    # demo's CBM (stdlib docstrings, ReLU codes) has validation accuracy 80.1 / 80.1 / 81.3 / 80.1 / 69.7% at lambda 3
+    # / 10 / 30 / 100 / 300, so 30 is the top of the grid.
+    lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0, 3.0, 10.0, 30.0], metadata={"flag": "lam",
+        "help": "Candidate sparsity weights lambda (CE + lambda * mean|W|); the best on the validation split wins."})
+    probe_l2: list[float] = field(default_factory=lambda: [0.0, 0.1, 1.0, 10.0], metadata={"flag": "probe-l2",
+        "help": ("Candidate L2 weights (on mean W^2) for the raw-activation baseline probe; the best on validation "
+                 "wins.")})
+    max_iter: int = field(default=5000, metadata={
+        "help": "Iteration cap of the full-batch solvers (FISTA for the CBM, L-BFGS for the probe)."})
+    tol: float = field(default=1e-4, metadata={
+        "help": ("Stop when the largest violation of the optimality conditions (``solvers.kkt_residual``) is below "
+                 "this. 1e-4 halves the iterations of 1e-5 with the same validation accuracy within noise (man-page "
+                 "corpus, bench/cbm_corpora.py, 1024 concepts: 11 s vs 20 s for the four lambdas on a loaded 2-core "
+                 "machine).")})
+    val_fraction: float = field(default=0.15, metadata={"help": "Share of each class held out to choose lambda."})
+    test_fraction: float = field(default=0.2, metadata={
+        "help": "Share of each class held out for the reported accuracies."})
+    zero_tol: float = field(default=1e-2, metadata={
+        "help": "Weights below zero_tol * max|W| are set to exactly zero after training."})
+    min_class_size: int = field(default=5, metadata={
+        "help": "Classes with fewer labelled inputs are dropped (logged)."})
+    seed: int = field(default=0, metadata={"help": "Seed for the split."})
+    device: str = field(default="cpu", metadata={"help": "Device for encoding and training."})
 
     def __post_init__(self) -> None:
         if not 0 < self.super_quantile <= 1:

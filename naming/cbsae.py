@@ -46,35 +46,32 @@ FORMAT = "conceptdict-cbsae"
 class CbSaeConfig:
     """Settings of ``conceptdict cbsae``."""
 
-    concepts: Path | None = None
-    """Text file of user concepts, one word or phrase per line."""
-    out: Path | None = None
-    """Output directory (dictionary/, concepts/, cbsae.json)."""
-    interpretability: str = "embedding"
-    """Scorer whose ``score`` is the interpretability (run `conceptdict score` first)."""
-    min_interpretability: float = 0.7
-    """Prune latents scoring below this (0.7 AUROC: the demo's vocab-name q25 is 0.71, so ~1/4 go)."""
-    min_steerability: float = 0.6
-    """Prune latents whose ``scores["steering"]["score"]`` is below this, where that score exists."""
-    match_cosine: float = 0.8
-    """A user concept counts as present when a kept latent's name embeds within this cosine of it."""
-    align_weight: float = 1.0
-    """Weight of the cos-cubed alignment loss against the residual FVU."""
-    fire_fraction: float = 0.1
-    """Share of rows each bottleneck latent fires on: its threshold is the (1 - this) quantile of its
-    pre-activation, re-estimated on the batch every step (our stand-in for the paper's hard sparsification)."""
-    steps: int = 3000
-    """Adam steps of the bottleneck (a fixed count: the demo's sentence store has only ~1800 training rows)."""
-    batch_size: int = 256
-    """Rows per step."""
-    lr: float = 1e-3
-    """Adam learning rate of the bottleneck."""
-    max_rows: int = 20000
-    """Store rows used for training and evaluation (a uniform sample when the store is larger)."""
-    seed: int = 0
-    """Seed of the row sample, the split and the initialisation."""
-    device: str = "cpu"
-    """Device for training."""
+    concepts: Path | None = field(default=None, metadata={
+        "help": "Text file of user concepts, one word or phrase per line."})
+    out: Path | None = field(default=None, metadata={"help": "Output directory (dictionary/, concepts/, cbsae.json)."})
+    interpretability: str = field(default="embedding", metadata={
+        "help": "Scorer whose ``score`` is the interpretability (run `conceptdict score` first)."})
+    min_interpretability: float = field(default=0.7, metadata={
+        "help": "Prune latents scoring below this (0.7 AUROC: the demo's vocab-name q25 is 0.71, so ~1/4 go)."})
+    min_steerability: float = field(default=0.6, metadata={
+        "help": "Prune latents whose ``scores[\"steering\"][\"score\"]`` is below this, where that score exists."})
+    match_cosine: float = field(default=0.8, metadata={
+        "help": "A user concept counts as present when a kept latent's name embeds within this cosine of it."})
+    align_weight: float = field(default=1.0, metadata={
+        "help": "Weight of the cos-cubed alignment loss against the residual FVU."})
+    fire_fraction: float = field(default=0.1, metadata={
+        "help": ("Share of rows each bottleneck latent fires on: its threshold is the (1 - this) quantile of its "
+                 "pre-activation, re-estimated on the batch every step (our stand-in for the paper's hard "
+                 "sparsification).")})
+    steps: int = field(default=3000, metadata={
+        "help": ("Adam steps of the bottleneck (a fixed count: the demo's sentence store has only ~1800 training "
+                 "rows).")})
+    batch_size: int = field(default=256, metadata={"help": "Rows per step."})
+    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate of the bottleneck."})
+    max_rows: int = field(default=20000, metadata={
+        "help": "Store rows used for training and evaluation (a uniform sample when the store is larger)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the row sample, the split and the initialisation."})
+    device: str = field(default="cpu", metadata={"help": "Device for training."})
 
 
 def decode_with(base, f: Tensor) -> Tensor:

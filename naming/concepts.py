@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -139,6 +139,15 @@ class ConceptDictionary:
     def names(self) -> list[str]:
         return [c.name for c in self.concepts]
 
+    def __len__(self) -> int:
+        return len(self.concepts)
+
+    def __getitem__(self, key: int | str) -> Concept | list[Concept]:
+        """``cd[12]``: the concept of latent 12; ``cd["error"]``: every concept named "error" (names may repeat)."""
+        if isinstance(key, str):
+            return [self.concepts[j] for j in self.ids_named(key)]
+        return self.concepts[key]
+
     def ids_named(self, name: str) -> list[int]:
         """Latent ids carrying ``name`` (names may repeat, as in Discover-then-Name)."""
         ids = [c.id for c in self.concepts if c.name == name]
@@ -256,3 +265,26 @@ def load_concepts(directory: str | Path) -> ConceptDictionary:
 def is_concept_dir(directory: str | Path) -> bool:
     """True when ``directory`` holds a concept dictionary."""
     return (Path(directory) / JSON_NAME).exists()
+
+
+class DictionaryRef(NamedTuple):
+    """Where a dictionary lives, and its latents' names when it was reached through a concept dictionary."""
+
+    path: Path
+    names: list[str] | None
+    concepts: ConceptDictionary | None
+
+
+def dictionary_of(path: str | Path) -> DictionaryRef:
+    """The dictionary behind ``path``: ``path`` itself when it is a dictionary directory (any format) or a hub id, or
+    the ``sae_dir`` a concept dictionary records (with its names). The one resolver every command uses."""
+    if str(path).startswith("hf:") or not is_concept_dir(path):
+        return DictionaryRef(Path(path) if not str(path).startswith("hf:") else path, None, None)
+    cd = load_concepts(path)
+    sae_dir = cd.meta.get("sae_dir")
+    if not sae_dir:
+        raise ValueError(f"concept dictionary {path} records no sae_dir; pass the dictionary directory instead")
+    if not str(sae_dir).startswith("hf:") and not Path(sae_dir).exists():
+        raise ValueError(f"concept dictionary {path} records sae_dir={sae_dir!r}, which does not exist; pass the "
+                         f"dictionary directory instead")
+    return DictionaryRef(Path(sae_dir) if not str(sae_dir).startswith("hf:") else sae_dir, list(cd.names), cd)

@@ -82,3 +82,29 @@ latents the same way, run the diff with the two models swapped.</p>
 <h2>B-only latents ({len(b_only)})</h2>{_table(b_only)}
 <h2>A-only latents ({len(a_only)})</h2>{_table(a_only)}"""
     return page(f"conceptdict diff: {models['A']} vs {models['B']}", header, body, CSS)
+
+
+DIFF_FORMAT = "conceptdict-diff"
+DIFF_VERSION = 1
+
+
+def write_diff(out: Path, summary: dict, records: list[dict]) -> dict[str, Path]:
+    """diff.json (summary + per-latent records), latents.csv, report.html in ``out``."""
+    import json
+
+    paths = {"json": out / "diff.json", "csv": out / "latents.csv", "html": out / "report.html"}
+    doc = {"format": DIFF_FORMAT, "format_version": DIFF_VERSION, **summary, "latents": records}
+    paths["json"].write_text(json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
+    write_csv(records, paths["csv"])
+    paths["html"].write_text(render_diff_report(summary, records))
+    return paths
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj

@@ -45,6 +45,7 @@ from conceptdict.saes.erasure import (
     fit_leace_switch,
     fit_midsteer,
     fit_splince,
+    load_eraser,
     one_hot,
     save_eraser,
 )
@@ -60,42 +61,36 @@ Edit = Callable[[Tensor], Tensor]
 class EraseConfig:
     """Flags of ``conceptdict erase``."""
 
-    concept_column: str = ""
-    """Label column of the store holding the concept C to erase."""
-    target_column: str | None = None
-    """Label column holding the target Y to keep (SPLINCE preserves Cov(x, Y); the Y metrics need it)."""
-    hookpoint: str | None = None
-    """Hookpoint of the store (default: its only one)."""
-    dictionary: Path | None = None
-    """Dictionary (or concept dictionary) for SAE ablation; without it that method is skipped."""
-    methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"flag": "method"})
-    """Methods to run (repeatable): none, sae-ablation, leace, splince, leace-switch, midsteer."""
-    ablate_latents: int = 8
-    """Latents SAE ablation zeroes (the most predictive of C under an L1 probe on the latents)."""
-    ablate_l1: float = 1.0
-    """L1 weight (on mean |W|) of the sparse probe that ranks the latents for SAE ablation."""
-    switch_from: str | None = None
-    """MidSteer's source class of C (default: the most frequent)."""
-    switch_to: str | None = None
-    """MidSteer's target class of C (default: the second most frequent)."""
-    test_fraction: float = 0.3
-    """Share of the rows held out for every metric."""
-    max_rows: int = 20000
-    """At most this many store rows (a seeded subset; token-level stores have many)."""
-    min_class_size: int = 5
-    """Classes of C or Y with fewer rows are dropped (logged)."""
-    model: str | None = None
-    """Causal LM to splice each map into for the CE change (default: the store's model when it is one)."""
-    contexts: int = 16
-    """Token contexts (rebuilt from the store) for the CE change; 0 skips it."""
-    mlp_epochs: int = 300
-    """Epochs of the MLP probe (naming/probes.py)."""
-    seed: int = 0
-    """Seed for the row subset, the split and the probes."""
-    out: Path | None = None
-    """Directory for erase.json, erase.html and the fitted erasers (erasers/METHOD/)."""
-    device: str = "cpu"
-    """Device for the dictionary and the model."""
+    concept_column: str = field(default="", metadata={
+        "help": "Label column of the store holding the concept C to erase."})
+    target_column: str | None = field(default=None, metadata={
+        "help": "Label column holding the target Y to keep (SPLINCE preserves Cov(x, Y); the Y metrics need it)."})
+    hookpoint: str | None = field(default=None, metadata={"help": "Hookpoint of the store (default: its only one)."})
+    dictionary: Path | None = field(default=None, metadata={
+        "help": "Dictionary (or concept dictionary) for SAE ablation; without it that method is skipped."})
+    methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"flag": "method",
+        "help": "Methods to run (repeatable): none, sae-ablation, leace, splince, leace-switch, midsteer."})
+    ablate_latents: int = field(default=8, metadata={
+        "help": "Latents SAE ablation zeroes (the most predictive of C under an L1 probe on the latents)."})
+    ablate_l1: float = field(default=1.0, metadata={
+        "help": "L1 weight (on mean |W|) of the sparse probe that ranks the latents for SAE ablation."})
+    switch_from: str | None = field(default=None, metadata={
+        "help": "MidSteer's source class of C (default: the most frequent)."})
+    switch_to: str | None = field(default=None, metadata={
+        "help": "MidSteer's target class of C (default: the second most frequent)."})
+    test_fraction: float = field(default=0.3, metadata={"help": "Share of the rows held out for every metric."})
+    max_rows: int = field(default=20000, metadata={
+        "help": "At most this many store rows (a seeded subset; token-level stores have many)."})
+    min_class_size: int = field(default=5, metadata={"help": "Classes of C or Y with fewer rows are dropped (logged)."})
+    model: str | None = field(default=None, metadata={
+        "help": "Causal LM to splice each map into for the CE change (default: the store's model when it is one)."})
+    contexts: int = field(default=16, metadata={
+        "help": "Token contexts (rebuilt from the store) for the CE change; 0 skips it."})
+    mlp_epochs: int = field(default=300, metadata={"help": "Epochs of the MLP probe (naming/probes.py)."})
+    seed: int = field(default=0, metadata={"help": "Seed for the row subset, the split and the probes."})
+    out: Path | None = field(default=None, metadata={
+        "help": "Directory for erase.json, erase.html and the fitted erasers (erasers/METHOD/)."})
+    device: str = field(default="cpu", metadata={"help": "Device for the dictionary and the model."})
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -383,3 +378,36 @@ def write_erase(doc: dict[str, Any], erasers: dict[str, Eraser], out: Path, meta
               f"{doc['n_test']} test rows</div>")
     (out / "erase.html").write_text(page("conceptdict erase", header, table))
     return out / "erase.json"
+
+
+def dictionary_at(path: Path, hookpoint: str, device: str):
+    """(dictionary, latent names or None) for SAE ablation; refuses a dictionary trained at another hookpoint and
+    crosscoders. ``path`` is a dictionary or a concept dictionary."""
+    from conceptdict.naming.concepts import dictionary_of
+    from conceptdict.saes import load_dictionary, load_dictionary_config, match_hookpoint
+
+    ref = dictionary_of(path)
+    config = load_dictionary_config(ref.path)
+    recorded = [h for h in (config.get("hookpoints") or [config.get("hookpoint")]) if h]
+    if recorded and not any(match_hookpoint(h, [hookpoint]) for h in recorded):
+        raise ValueError(f"dictionary {ref.path} was trained at hookpoint {recorded[0]!r} but the store's is "
+                         f"{hookpoint!r}; pass a dictionary of that hookpoint or the store it was trained on")
+    model = load_dictionary(ref.path, device=device)
+    if model.n_sources != 1:
+        raise ValueError(f"dictionary {ref.path} is a crosscoder ({model.n_sources} sources); SAE ablation needs an SAE")
+    return model, ref.names
+
+
+def apply_eraser(eraser_dir: Path, store, hookpoint: str, out: Path) -> Path:
+    """A new store at ``out``: ``store`` with the eraser saved at ``eraser_dir`` applied to ``hookpoint``."""
+    from conceptdict.activations.transform import map_store
+
+    eraser = load_eraser(eraser_dir)
+    fitted_at = eraser.meta.get("hookpoint")
+    if fitted_at and fitted_at != hookpoint:
+        raise ValueError(f"eraser {eraser_dir} was fitted at hookpoint {fitted_at!r} but the store's is "
+                         f"{hookpoint!r}; pass --hookpoint or an eraser fitted on this hookpoint")
+    if eraser.mean.shape[0] != store.d_in(hookpoint):
+        raise ValueError(f"eraser {eraser_dir} has D={eraser.mean.shape[0]} but {store.path} has "
+                         f"D={store.d_in(hookpoint)} at {hookpoint}; pass the store it was fitted on")
+    return map_store(store.path, out, hookpoint, eraser, note={"eraser": str(eraser_dir), "method": eraser.method})

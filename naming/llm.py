@@ -19,7 +19,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from .concepts import Example
@@ -32,36 +32,31 @@ log = logging.getLogger(__name__)
 class LlmConfig:
     """Settings of the llm namer (``--llm.url`` ...)."""
 
-    url: str = "http://127.0.0.1:8000/v1"
-    """Base URL of an OpenAI-compatible API (the part before /chat/completions)."""
-    model: str = "default"
-    """Model name sent to the endpoint."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Environment variable holding the API key (sent as a Bearer token when set)."""
-    timeout_s: float = 60.0
-    """Seconds to wait for one response."""
-    max_retries: int = 2
-    """Retries of a failed request (connection errors, HTTP 429 and 5xx)."""
-    n_explain: int = 12
-    """Top contexts shown to the explainer."""
-    n_heldout: int = 5
-    """Activating and non-activating contexts each, shown to the judge for the detection score."""
-    max_latents: int = 0
-    """Name at most this many firing latents (0: all); the rest stay unnamed."""
-    max_tokens: int = 64
-    """Longest answer requested."""
-    backoff_s: float = 0.5
-    """First wait before a retry (doubled each retry, at most 30 s; a 429's Retry-After wins)."""
-    concurrency: int = 4
-    """Requests in flight at once (the scorers' bounded pool)."""
-    n_shown: int = 5
-    """Examples per judge prompt of the detection and fuzzing scorers (delphi's n_examples_shown)."""
-    n_scored: int = 10
-    """Activating and non-activating examples each that the detection and fuzzing scorers judge per latent."""
-    usd_per_1k_prompt: float = 0.0
-    """Price of 1000 prompt tokens, for the cost line of the summary (0: not counted)."""
-    usd_per_1k_completion: float = 0.0
-    """Price of 1000 completion tokens."""
+    url: str = field(default="http://127.0.0.1:8000/v1", metadata={
+        "help": "Base URL of an OpenAI-compatible API (the part before /chat/completions)."})
+    model: str = field(default="default", metadata={"help": "Model name sent to the endpoint."})
+    api_key_env: str = field(default="OPENAI_API_KEY", metadata={
+        "help": "Environment variable holding the API key (sent as a Bearer token when set)."})
+    timeout_s: float = field(default=60.0, metadata={"help": "Seconds to wait for one response."})
+    max_retries: int = field(default=2, metadata={
+        "help": "Retries of a failed request (connection errors, HTTP 429 and 5xx)."})
+    n_explain: int = field(default=12, metadata={"help": "Top contexts shown to the explainer."})
+    n_heldout: int = field(default=5, metadata={
+        "help": "Activating and non-activating contexts each, shown to the judge for the detection score."})
+    max_latents: int = field(default=0, metadata={
+        "help": "Name at most this many firing latents (0: all); the rest stay unnamed."})
+    max_tokens: int = field(default=64, metadata={"help": "Longest answer requested."})
+    backoff_s: float = field(default=0.5, metadata={
+        "help": "First wait before a retry (doubled each retry, at most 30 s; a 429's Retry-After wins)."})
+    concurrency: int = field(default=4, metadata={"help": "Requests in flight at once (the scorers' bounded pool)."})
+    n_shown: int = field(default=5, metadata={
+        "help": "Examples per judge prompt of the detection and fuzzing scorers (delphi's n_examples_shown)."})
+    n_scored: int = field(default=10, metadata={
+        "help": ("Activating and non-activating examples each that the detection and fuzzing scorers judge per "
+                 "latent.")})
+    usd_per_1k_prompt: float = field(default=0.0, metadata={
+        "help": "Price of 1000 prompt tokens, for the cost line of the summary (0: not counted)."})
+    usd_per_1k_completion: float = field(default=0.0, metadata={"help": "Price of 1000 completion tokens."})
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import torch
@@ -37,20 +37,18 @@ _WORD = re.compile(r"[a-z][a-z0-9_]{2,}")
 class NegativeConfig:
     """Which negatives a score uses and how many of each kind."""
 
-    kinds: str = "random+hard"
-    """random, hard (similar-direction and shared-token contexts) or random+hard."""
-    n_random: int = 10
-    """Random non-activating contexts per latent."""
-    n_similar: int = 5
-    """Hard negatives from the top contexts of the latents with the most similar decoder directions."""
-    similar_latents: int = 5
-    """How many most-similar latents those contexts come from."""
-    n_token: int = 5
-    """Hard negatives sharing one of the latent's top tokens (or top words) without activating it."""
-    pool_rows: int = 50_000
-    """Store rows sampled as the pool every negative is drawn from (plus every latent's top rows)."""
-    seed: int = 0
-    """Seed for the pool and the draws."""
+    kinds: str = field(default="random+hard", metadata={
+        "help": "random, hard (similar-direction and shared-token contexts) or random+hard."})
+    n_random: int = field(default=10, metadata={"help": "Random non-activating contexts per latent."})
+    n_similar: int = field(default=5, metadata={
+        "help": "Hard negatives from the top contexts of the latents with the most similar decoder directions."})
+    similar_latents: int = field(default=5, metadata={
+        "help": "How many most-similar latents those contexts come from."})
+    n_token: int = field(default=5, metadata={
+        "help": "Hard negatives sharing one of the latent's top tokens (or top words) without activating it."})
+    pool_rows: int = field(default=50_000, metadata={
+        "help": "Store rows sampled as the pool every negative is drawn from (plus every latent's top rows)."})
+    seed: int = field(default=0, metadata={"help": "Seed for the pool and the draws."})
 
     def __post_init__(self) -> None:
         if self.kinds not in ("random", "hard", "random+hard"):

@@ -25,7 +25,7 @@ import gzip
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,16 +42,14 @@ EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc).isoformat()
 class NeuronpediaConfig:
     """What Neuronpedia needs to file a source that the concept dictionary does not record."""
 
-    model_id: str | None = None
-    """Neuronpedia model id (e.g. gpt2-small); default: the last part of the dictionary's model name."""
-    source_set: str = "conceptdict"
-    """Source set name; the source id is ``<layer>-<source_set>``."""
-    creator: str = "conceptdict"
-    """Creator name, and the user id the importing Neuronpedia files the records under."""
-    release: str = "conceptdict"
-    """Release name (a Neuronpedia URL slug)."""
-    url: str | None = None
-    """URL of the paper or repository for the release."""
+    model_id: str | None = field(default=None, metadata={
+        "help": "Neuronpedia model id (e.g. gpt2-small); default: the last part of the dictionary's model name."})
+    source_set: str = field(default="conceptdict", metadata={
+        "help": "Source set name; the source id is ``<layer>-<source_set>``."})
+    creator: str = field(default="conceptdict", metadata={
+        "help": "Creator name, and the user id the importing Neuronpedia files the records under."})
+    release: str = field(default="conceptdict", metadata={"help": "Release name (a Neuronpedia URL slug)."})
+    url: str | None = field(default=None, metadata={"help": "URL of the paper or repository for the release."})
 
 
 def _cuid(*parts: Any) -> str:

@@ -30,48 +30,43 @@ VOCAB_BATCH = 1024  # vocabulary words are short: large batches amortise the per
 class NameConfig:
     """Flags of ``conceptdict name``."""
 
-    out: Path | None = None
-    """Directory for the concept dictionary (concepts.json, concepts.safetensors, report/)."""
-    store: Path | None = None
-    """Activation store to draw evidence from (default: the store recorded in the dictionary's config.json)."""
-    namer: Literal["vocab", "context", "logit-lens", "llm"] = "vocab"
-    """How latents get their names: vocab (Discover-then-Name), context, logit-lens or llm."""
-    vocab: str = DEFAULT_VOCAB
-    """Vocabulary for the vocab namer: wordfreq:LANG:N or a word-list file (one word per line)."""
-    hookpoint: str | None = None
-    """Hookpoint the dictionary was trained on (default: from its config.json, else the store's only one)."""
-    model: str | None = None
-    """Model name or directory used to embed the vocabulary / for the logit lens (default: the store's model)."""
-    top_k: int = 20
-    """Top-activating examples kept per latent."""
-    n_bins: int = 32
-    """Activation histogram bins per latent."""
-    quantiles: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], metadata={"flag": "quantile"})
-    """Activation quantiles to draw one example from each (repeat the flag)."""
-    context_before: int = 8
-    """Tokens of context before the activating token (token-level stores)."""
-    context_after: int = 4
-    """Tokens of context after the activating token."""
-    max_chars: int = 600
-    """Longest text kept for a sequence-level example (whole inputs are truncated to this)."""
-    runner_ups: int = 4
-    """Runner-up names kept per latent."""
-    base_rows: int = 512
-    """Random rows for the context namer's base rates."""
-    logit_tokens: int = 10
-    """Top/bottom logit-lens tokens recorded per latent (token-level stores of models with an unembedding)."""
-    source: int = -1
-    """Crosscoders: which source's decoder directions are named (default the last, model B)."""
-    cache_dir: Path | None = None
-    """Where vocabulary embeddings are cached (default $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."""
-    chunk: int = 4096
-    """Store rows encoded at once."""
-    device: str = "cpu"
-    """Device for encoding and embedding."""
-    seed: int = 0
-    """Seed for sampled examples."""
-    llm: LlmConfig = field(default_factory=LlmConfig)
-    """Settings of the llm namer."""
+    out: Path | None = field(default=None, metadata={
+        "help": "Directory for the concept dictionary (concepts.json, concepts.safetensors, report/)."})
+    store: Path | None = field(default=None, metadata={
+        "help": ("Activation store to draw evidence from (default: the store recorded in the dictionary's "
+                 "config.json).")})
+    namer: Literal["vocab", "context", "logit-lens", "llm"] = field(default="vocab", metadata={
+        "help": "How latents get their names: vocab (Discover-then-Name), context, logit-lens or llm."})
+    vocab: str = field(default=DEFAULT_VOCAB, metadata={
+        "help": "Vocabulary for the vocab namer: wordfreq:LANG:N or a word-list file (one word per line)."})
+    hookpoint: str | None = field(default=None, metadata={
+        "help": ("Hookpoint the dictionary was trained on (default: from its config.json, else the store's only "
+                 "one).")})
+    model: str | None = field(default=None, metadata={
+        "help": ("Model name or directory used to embed the vocabulary / for the logit lens (default: the store's "
+                 "model).")})
+    top_k: int = field(default=20, metadata={"help": "Top-activating examples kept per latent."})
+    n_bins: int = field(default=32, metadata={"help": "Activation histogram bins per latent."})
+    quantiles: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], metadata={"flag": "quantile",
+        "help": "Activation quantiles to draw one example from each (repeat the flag)."})
+    context_before: int = field(default=8, metadata={
+        "help": "Tokens of context before the activating token (token-level stores)."})
+    context_after: int = field(default=4, metadata={"help": "Tokens of context after the activating token."})
+    max_chars: int = field(default=600, metadata={
+        "help": "Longest text kept for a sequence-level example (whole inputs are truncated to this)."})
+    runner_ups: int = field(default=4, metadata={"help": "Runner-up names kept per latent."})
+    base_rows: int = field(default=512, metadata={"help": "Random rows for the context namer's base rates."})
+    logit_tokens: int = field(default=10, metadata={
+        "help": ("Top/bottom logit-lens tokens recorded per latent (token-level stores of models with an "
+                 "unembedding).")})
+    source: int = field(default=-1, metadata={
+        "help": "Crosscoders: which source's decoder directions are named (default the last, model B)."})
+    cache_dir: Path | None = field(default=None, metadata={
+        "help": "Where vocabulary embeddings are cached (default $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."})
+    chunk: int = field(default=4096, metadata={"help": "Store rows encoded at once."})
+    device: str = field(default="cpu", metadata={"help": "Device for encoding and embedding."})
+    seed: int = field(default=0, metadata={"help": "Seed for sampled examples."})
+    llm: LlmConfig = field(default_factory=LlmConfig, metadata={"help": "Settings of the llm namer."})
 
     def __post_init__(self) -> None:
         for name in ("top_k", "n_bins", "chunk"):

@@ -12,7 +12,7 @@ Shapes: x [N, F] float, y [N] int64 in 0..C-1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -25,22 +25,20 @@ from conceptdict.naming.solvers import fit_path
 class ProbeConfig:
     """How the fresh probes are fitted."""
 
-    l2: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
-    """Candidate L2 weights (on mean W^2) of the linear probe; the best on validation wins (the CBM baseline
-    probe's grid, naming/cbm.py, without 0: an unpenalised probe on a few hundred rows overfits)."""
-    val_fraction: float = 0.2
-    """Share of the training rows held out to choose the L2 weight and the MLP's epoch."""
-    mlp_hidden: int = 64
-    """Hidden units of the MLP probe."""
-    mlp_epochs: int = 300
-    """Full-batch Adam epochs of the MLP probe (validation accuracy checked every 10)."""
-    mlp_lr: float = 1e-2
-    """Adam learning rate of the MLP probe."""
-    max_iter: int = 2000
-    """L-BFGS iteration cap of the linear probe."""
-    tol: float = 1e-4
-    """Stop the linear probe's solver below this KKT residual (the CBM's default, naming/cbm.py: same accuracy
-    as 1e-5 in half the iterations)."""
+    l2: tuple[float, ...] = field(default=(0.01, 0.1, 1.0, 10.0), metadata={
+        "help": ("Candidate L2 weights (on mean W^2) of the linear probe; the best on validation wins (the CBM "
+                 "baseline probe's grid, naming/cbm.py, without 0: an unpenalised probe on a few hundred rows "
+                 "overfits).")})
+    val_fraction: float = field(default=0.2, metadata={
+        "help": "Share of the training rows held out to choose the L2 weight and the MLP's epoch."})
+    mlp_hidden: int = field(default=64, metadata={"help": "Hidden units of the MLP probe."})
+    mlp_epochs: int = field(default=300, metadata={
+        "help": "Full-batch Adam epochs of the MLP probe (validation accuracy checked every 10)."})
+    mlp_lr: float = field(default=1e-2, metadata={"help": "Adam learning rate of the MLP probe."})
+    max_iter: int = field(default=2000, metadata={"help": "L-BFGS iteration cap of the linear probe."})
+    tol: float = field(default=1e-4, metadata={
+        "help": ("Stop the linear probe's solver below this KKT residual (the CBM's default, naming/cbm.py: same "
+                 "accuracy as 1e-5 in half the iterations).")})
     seed: int = 0
 
 

@@ -37,35 +37,33 @@ log = logging.getLogger(__name__)
 class ScoreConfig:
     """Flags of ``conceptdict score``."""
 
-    scorers: list[str] = field(default_factory=lambda: ["embedding"], metadata={"flag": "scorer"})
-    """Scorers to run (repeat the flag): embedding, detection, fuzzing (and any registered one)."""
-    namers: list[str] = field(default_factory=list, metadata={"flag": "namer"})
-    """Extra namers whose names are scored too (vocab, context, logit-lens, llm; repeat the flag); the
-    best-scoring name becomes the chosen one and the others its runner-ups."""
-    negatives: NegativeConfig = field(default_factory=NegativeConfig)
-    """Which negatives scores use (``--negatives.kinds random+hard`` ...)."""
-    control: bool = True
-    """Also score each latent with another latent's name (random-name control; should come out near 0.5)."""
-    encoder: str = "default"
-    """Sentence encoder for the embedding scorer and name agreement (default: the packaged MiniLM)."""
-    encoder_hookpoint: str = "sentence.mean_normalized"
-    """The encoder's hookpoint whose output embeds a text."""
-    store: Path | None = None
-    """Activation store for negatives (default: the one recorded in the concept dictionary)."""
-    sae_dir: Path | None = None
-    """Dictionary to check negatives with (default: the one recorded in the concept dictionary)."""
-    vocab: str = "wordfreq:en:20000"
-    """Vocabulary of the vocab namer, when it is one of --namer."""
-    max_latents: int = 0
-    """Score at most this many firing latents, lowest ids first (0: all)."""
-    batch_size: int = 256
-    """Texts embedded at once (short contexts: larger batches were ~2x faster on the demo's CPU)."""
-    device: str = "cpu"
-    """Device of the dictionary and the encoder."""
-    seed: int = 0
-    """Seed of the control derangement."""
-    llm: LlmConfig = field(default_factory=LlmConfig)
-    """Endpoint of the detection and fuzzing scorers and the llm namer (``--llm.url`` ...)."""
+    scorers: list[str] = field(default_factory=lambda: ["embedding"], metadata={"flag": "scorer",
+        "help": "Scorers to run (repeat the flag): embedding, detection, fuzzing (and any registered one)."})
+    namers: list[str] = field(default_factory=list, metadata={"flag": "namer",
+        "help": ("Extra namers whose names are scored too (vocab, context, logit-lens, llm; repeat the flag); the "
+                 "best-scoring name becomes the chosen one and the others its runner-ups.")})
+    negatives: NegativeConfig = field(default_factory=NegativeConfig, metadata={
+        "help": "Which negatives scores use (``--negatives.kinds random+hard`` ...)."})
+    control: bool = field(default=True, metadata={
+        "help": "Also score each latent with another latent's name (random-name control; should come out near 0.5)."})
+    encoder: str = field(default="default", metadata={
+        "help": "Sentence encoder for the embedding scorer and name agreement (default: the packaged MiniLM)."})
+    encoder_hookpoint: str = field(default="sentence.mean_normalized", metadata={
+        "help": "The encoder's hookpoint whose output embeds a text."})
+    store: Path | None = field(default=None, metadata={
+        "help": "Activation store for negatives (default: the one recorded in the concept dictionary)."})
+    sae_dir: Path | None = field(default=None, metadata={
+        "help": "Dictionary to check negatives with (default: the one recorded in the concept dictionary)."})
+    vocab: str = field(default="wordfreq:en:20000", metadata={
+        "help": "Vocabulary of the vocab namer, when it is one of --namer."})
+    max_latents: int = field(default=0, metadata={
+        "help": "Score at most this many firing latents, lowest ids first (0: all)."})
+    batch_size: int = field(default=256, metadata={
+        "help": "Texts embedded at once (short contexts: larger batches were ~2x faster on the demo's CPU)."})
+    device: str = field(default="cpu", metadata={"help": "Device of the dictionary and the encoder."})
+    seed: int = field(default=0, metadata={"help": "Seed of the control derangement."})
+    llm: LlmConfig = field(default_factory=LlmConfig, metadata={
+        "help": "Endpoint of the detection and fuzzing scorers and the llm namer (``--llm.url`` ...)."})
 
     def __post_init__(self) -> None:
         if isinstance(self.negatives, dict):

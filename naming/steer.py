@@ -45,34 +45,33 @@ Edit = Callable[[Tensor], Tensor]
 class SteerConfig:
     """Flags of ``conceptdict steer``."""
 
-    latents: list[str] = field(default_factory=list, metadata={"flag": "latent"})
-    """Latents to steer, by index or by name (repeatable; a name must match exactly one latent)."""
-    mode: Literal["add", "clamp", "ablate"] = "add"
-    """add alpha * d_j, clamp f_j to alpha, or ablate f_j (set it to 0); the error term is kept."""
-    alpha: float = 1.0
-    """The amount added (add) or the value clamped to (clamp), in the dictionary's code units: add mode adds
-    alpha * d_j with d_j the decoder row in raw activation units (steer.json records its norm; a dictionary
-    trained on normalised inputs has rows of norm 1 / scale, e.g. 0.051 for the demo's sentence dictionary)."""
-    prompts: list[str] = field(default_factory=list, metadata={"flag": "prompt"})
-    """Inputs to steer (repeatable): prompts to continue (causal LMs) or texts to embed (sentence encoders)."""
-    tokens: list[str] = field(default_factory=list, metadata={"flag": "token"})
-    """Causal LMs: tokens whose log-probability shift at each prompt's last position is reported."""
-    texts: list[str] = field(default_factory=list, metadata={"flag": "text"})
-    """Sentence encoders: texts to compare the steered embeddings with (default: the latents' names)."""
-    cbm: Path | None = None
-    """Sentence encoders: a CBM (``conceptdict cbm``) whose predictions before and after are reported."""
-    max_new_tokens: int = 20
-    """Causal LMs: tokens generated per continuation."""
-    temperature: float = 1.0
-    """Causal LMs: temperature of the sampled continuation (the greedy one is always made too)."""
-    random_directions: int = 8
-    """Random directions of the steering vector's norm that the sentence effect is compared with."""
-    seed: int = 0
-    """Seed of the sampled continuations and the random directions."""
-    model: str | None = None
-    """Model to steer (default: the one recorded with the dictionary)."""
-    out: Path | None = None
-    """Directory for steer.json and steer.html."""
+    latents: list[str] = field(default_factory=list, metadata={"flag": "latent",
+        "help": "Latents to steer, by index or by name (repeatable; a name must match exactly one latent)."})
+    mode: Literal["add", "clamp", "ablate"] = field(default="add", metadata={
+        "help": "add alpha * d_j, clamp f_j to alpha, or ablate f_j (set it to 0); the error term is kept."})
+    alpha: float = field(default=1.0, metadata={
+        "help": ("The amount added (add) or the value clamped to (clamp), in the dictionary's code units: add mode "
+                 "adds alpha * d_j with d_j the decoder row in raw activation units (steer.json records its norm; a "
+                 "dictionary trained on normalised inputs has rows of norm 1 / scale, e.g. 0.051 for the demo's "
+                 "sentence dictionary).")})
+    prompts: list[str] = field(default_factory=list, metadata={"flag": "prompt",
+        "help": ("Inputs to steer (repeatable): prompts to continue (causal LMs) or texts to embed (sentence "
+                 "encoders).")})
+    tokens: list[str] = field(default_factory=list, metadata={"flag": "token",
+        "help": "Causal LMs: tokens whose log-probability shift at each prompt's last position is reported."})
+    texts: list[str] = field(default_factory=list, metadata={"flag": "text",
+        "help": "Sentence encoders: texts to compare the steered embeddings with (default: the latents' names)."})
+    cbm: Path | None = field(default=None, metadata={
+        "help": "Sentence encoders: a CBM (``conceptdict cbm``) whose predictions before and after are reported."})
+    max_new_tokens: int = field(default=20, metadata={"help": "Causal LMs: tokens generated per continuation."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Causal LMs: temperature of the sampled continuation (the greedy one is always made too)."})
+    random_directions: int = field(default=8, metadata={
+        "help": "Random directions of the steering vector's norm that the sentence effect is compared with."})
+    seed: int = field(default=0, metadata={"help": "Seed of the sampled continuations and the random directions."})
+    model: str | None = field(default=None, metadata={
+        "help": "Model to steer (default: the one recorded with the dictionary)."})
+    out: Path | None = field(default=None, metadata={"help": "Directory for steer.json and steer.html."})
     device: str = "cpu"
 
 
@@ -246,3 +245,83 @@ def write_steer(doc: dict[str, Any], out: Path) -> Path:
                 for c in doc["cbm"]) + "</table>"
     (out / "steer.html").write_text(page("conceptdict steer", header, body))
     return out / "steer.json"
+
+
+def steer_model_name(given: str | None, config: dict) -> str:
+    """The model to steer: ``given``, else the one the dictionary records (its directory when it still exists)."""
+    if given:
+        return given
+    info = config.get("model") or {}
+    source = info.get("source") if isinstance(info, dict) else None
+    name = source if source and Path(source).is_dir() else (info.get("id") if isinstance(info, dict) else info)
+    if not name:
+        raise ValueError("the dictionary records no model; pass --model NAME_OR_DIR")
+    return name
+
+
+def steer_document(model, hookpoint: str, dictionary, latents: list[int], names: list[str] | None,
+                   cfg: SteerConfig, cbm=None, source: str = "") -> dict[str, Any]:
+    """Steer ``model`` at ``hookpoint`` through ``latents`` of ``dictionary`` as ``cfg`` says: continuations and
+    log-prob shifts for a causal LM at a token hookpoint, cosine shifts against texts (and a CBM's predictions)
+    for a sentence encoder; the steer.json document, with each latent's decoder norm."""
+    from conceptdict.activations import SENTENCE_HOOKPOINTS
+
+    if hookpoint not in model.hookpoints:
+        raise ValueError(f"dictionary {source} was trained at hookpoint {hookpoint!r}, which model {model.name} does "
+                         "not have; pass the model it was trained on with --model")
+    if model.d_model(hookpoint) != dictionary.d_in:
+        raise ValueError(f"dictionary d_in={dictionary.d_in} but {model.name} has D={model.d_model(hookpoint)} at "
+                         f"{hookpoint}; pass the model the dictionary was trained on")
+    edit = latent_edit(dictionary, latents, cfg.mode, cfg.alpha)
+    directions = dictionary.decoder_directions()[latents].float()
+    if model.is_causal and hookpoint not in SENTENCE_HOOKPOINTS:
+        doc = steer_lm(model, hookpoint, edit, cfg)
+    else:
+        texts = cfg.texts or [names[j] for j in latents if names and names[j]]
+        if not texts:
+            raise ValueError("no texts to compare with: pass --text TEXT, or steer named latents")
+        vector = cfg.alpha * directions.sum(0).cpu() if cfg.mode == "add" else None
+        doc = steer_sentences(model, hookpoint, edit, vector, texts, cfg, dictionary, cbm)
+    doc.update(latents=[{"id": j, "name": names[j] if names else "", "decoder_norm": n}
+                        for j, n in zip(latents, directions.norm(dim=-1).tolist())],
+               mode=cfg.mode, alpha=cfg.alpha, hookpoint=hookpoint, model=model.name, dictionary=source)
+    return doc
+
+
+def dictionary_edit(dictionary, edit=None) -> Edit:
+    """The function of activations [n, D] that splices ``dictionary`` in: ``edit`` None replaces x by its
+    reconstruction; a dict {latent: value} clamps those latents' codes to value (0 ablates) and
+    {latent: ("add", a)} adds a * d_j, keeping the error term x - x_hat; a callable maps codes [n, L] to new codes,
+    also keeping the error term."""
+    if edit is None:
+        def reconstruct(x: Tensor) -> Tensor:
+            with torch.no_grad():
+                return dictionary(x.to(dictionary.W_dec.device)).to(x.device)
+        return reconstruct
+    if callable(edit):
+        def recode(x: Tensor) -> Tensor:
+            with torch.no_grad():
+                f = dictionary.encode(x.to(dictionary.W_dec.device))
+                delta = dictionary.decode(edit(f.clone())) - dictionary.decode(f)
+            return x + delta.to(x.device, x.dtype)
+        return recode
+    adds = {int(j): float(v[1]) for j, v in edit.items() if isinstance(v, (tuple, list)) and v[0] == "add"}
+    clamps = {int(j): float(v) for j, v in edit.items() if not isinstance(v, (tuple, list))}
+    bad = [j for j, v in edit.items() if isinstance(v, (tuple, list)) and v[0] != "add"]
+    if bad:
+        raise ValueError(f"edit of latents {bad}: write {{latent: value}} to clamp (0 ablates) or {{latent: ('add', a)}}")
+
+    def change(f: Tensor) -> Tensor:
+        for j, value in clamps.items():
+            f[:, j] = value
+        return f
+
+    vector = sum((a * dictionary.decoder_directions()[j].float() for j, a in adds.items()),
+                 torch.zeros(dictionary.d_in, device=dictionary.W_dec.device))
+    clamp = dictionary_edit(dictionary, change) if clamps else None
+
+    def apply(x: Tensor) -> Tensor:
+        y = clamp(x) if clamp is not None else x
+        return y + vector.to(y.device, y.dtype)
+
+    return apply

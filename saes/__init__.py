@@ -5,7 +5,8 @@ Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``)
 """
 
 from .artifact import save_dictionary
-from .evaluation import EvalResult, ce_loss_recovered, evaluate, format_table, kl_score, with_splice_scores
+from .evaluation import (EvalResult, ce_loss_recovered, describe_dictionary, evaluate, format_table, kl_score,
+                         threshold_line, with_splice_scores)
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
 from .comm import LOCAL, Comm, LocalComm
@@ -24,5 +25,5 @@ __all__ = [
     "NullSink", "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens",
     "format_table", "import_saelens", "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config",
     "match_hookpoint", "open_dictionary", "save_dictionary", "train",
-    "with_splice_scores",
+    "with_splice_scores", "describe_dictionary", "threshold_line",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -44,22 +44,20 @@ FLAGS = ("complete_shrinkage", "latent_decoupling", "model_specific")
 class DiffAnalysisConfig:
     """Thresholds of the per-latent diffing analysis (defaults from Minder, Dumas et al. 2025)."""
 
-    b_only: float = 0.9
-    """A latent is B-only when its relative norm difference Delta is above this."""
-    a_only: float = 0.1
-    """A latent is A-only when its Delta is below this."""
-    shared_band: float = 0.1
-    """A latent is shared when |Delta - 0.5| is below this."""
-    nu_eps_max: float = 0.2
-    """A B-only latent is genuinely B-specific only if nu_eps = beta_eps_A / beta_eps_B is below this;
-    at or above it, the concept is still in A's reconstruction error (complete shrinkage)."""
-    nu_r_max: float = 0.5
-    """A B-only latent is genuinely B-specific only if nu_r = beta_r_A / beta_r_B is below this; at or above
-    it, A reconstructs the concept through other latents (latent decoupling)."""
-    source_a: int = 0
-    """Index of model A (the reference, e.g. base) among the crosscoder's sources."""
-    source_b: int = 1
-    """Index of model B (e.g. the fine-tune) among the crosscoder's sources."""
+    b_only: float = field(default=0.9, metadata={
+        "help": "A latent is B-only when its relative norm difference Delta is above this."})
+    a_only: float = field(default=0.1, metadata={"help": "A latent is A-only when its Delta is below this."})
+    shared_band: float = field(default=0.1, metadata={"help": "A latent is shared when |Delta - 0.5| is below this."})
+    nu_eps_max: float = field(default=0.2, metadata={
+        "help": ("A B-only latent is genuinely B-specific only if nu_eps = beta_eps_A / beta_eps_B is below this; at "
+                 "or above it, the concept is still in A's reconstruction error (complete shrinkage).")})
+    nu_r_max: float = field(default=0.5, metadata={
+        "help": ("A B-only latent is genuinely B-specific only if nu_r = beta_r_A / beta_r_B is below this; at or "
+                 "above it, A reconstructs the concept through other latents (latent decoupling).")})
+    source_a: int = field(default=0, metadata={
+        "help": "Index of model A (the reference, e.g. base) among the crosscoder's sources."})
+    source_b: int = field(default=1, metadata={
+        "help": "Index of model B (e.g. the fine-tune) among the crosscoder's sources."})
 
     def __post_init__(self) -> None:
         for name in ("b_only", "a_only", "shared_band"):
@@ -373,3 +371,14 @@ __all__ = [
     "tag_latents",
     "training_directions",
 ]
+
+
+def crosscoder_size(d_in: int, latents: int | None = None, k: int | None = None) -> tuple[int, int]:
+    """(latents, k) of a diff's crosscoder when not given: 8 x D latents, and k = min(32, latents / 8, D / 8).
+
+    Why D / 8: at min(32, latents / 8) a narrow model's code was as wide as half its input (k = 32 at D = 64) and
+    the crosscoder split each atom over ~2.4 latents: B-only recall 0.06-0.31 at k = 32 against 0.88-1.00 at k = 8
+    (bench/cli_planted.py --diff, bench/crosscoder_diff.py; docs/results). Models of width 256 and more keep 32."""
+    latents = 8 * d_in if latents is None else latents
+    k = max(1, min(32, latents // 8, d_in // 8)) if k is None else k
+    return latents, k

@@ -20,7 +20,7 @@ one process out of per-process parts:
 
 The training state is therefore independent of the number of processes: checkpoints (written by rank 0
 only) resume under any number of processes, or in one. Joining the job (process group, device, quiet
-ranks) is the command line's (``conceptdict.cli.ranks``); this module only talks over a group that exists.
+ranks) is the command line's (``conceptdict.ranks``); this module only talks over a group that exists.
 
 Shapes: B global batch rows, B_r this process's rows.
 """

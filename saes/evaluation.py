@@ -239,3 +239,30 @@ def format_table(result: EvalResult) -> str:
     rows.append(("density histogram", " ".join(map(str, result.density_histogram))))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def threshold_line(summary: dict, k: int) -> str | None:
+    """How a thresholded dictionary's inference threshold was set (``training.threshold`` in config.json)."""
+    info = (summary or {}).get("threshold")
+    if not info:
+        return None
+    if info["rule"].startswith("learned per latent"):
+        how = (f"scaled by one factor {info['factor']:.4g} for mean L0 = k = {k} on {info['calibrated_on_rows']} rows "
+               "never trained on" if info.get("calibrated_on_rows") else "as trained (not calibrated)")
+        return f"inference thresholds learned per latent (mean {info['mean']:.6g}), {how}"
+    if info.get("calibrated_on_rows"):
+        return (f"inference threshold {info['value']:.6g}: calibrated for mean L0 = k = {k} on "
+                f"{info['calibrated_on_rows']} rows never trained on (running estimate {info['running_estimate']:.6g})")
+    return f"inference threshold {info['value']:.6g}: running estimate from training batches (not calibrated)"
+
+
+def describe_dictionary(model) -> list[str]:
+    """Lines for people: what was trained and its held-out evaluation table."""
+    summary = model.training_summary or {}
+    lines = [f"trained {model.kind} dictionary: D={model.d_in}, L={model.n_latents}, k={model.k}, "
+             f"sources={model.n_sources}, {summary.get('steps')} steps, {summary.get('rows')} rows"]
+    held = summary.get("heldout_eval")
+    if held:
+        lines += ["held-out evaluation:", format_table(EvalResult(**held))]
+    line = threshold_line(summary, model.k)
+    return lines + ([line] if line else [])

@@ -10,7 +10,7 @@ data-parallel (``saes.train`` over ``saes.distributed.TorchComm``) on this rank'
 CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that many
 full-size forwards, once its first shard is listed (a killed rank). ``cli``: the command line
 ``conceptdict SPEC["argv"]`` (its exit status is the process's). The job is joined as the command line joins it
-(``conceptdict.cli.ranks.join``).
+(``conceptdict.ranks.join``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def run_cache(spec: dict) -> None:
     from conceptdict.activations import CacheConfig
     from conceptdict.activations import distributed as adist
     from conceptdict.activations import models
-    from conceptdict.cli import ranks
+    from conceptdict import ranks
 
     cfg = CacheConfig(**{k: Path(v) if k == "out" else v for k, v in spec["config"].items()})
     w = ranks.current()
@@ -58,7 +58,7 @@ def run_train(spec: dict) -> None:
     from safetensors.torch import save_file
 
     from conceptdict.activations import ActivationStore, stream_batches
-    from conceptdict.cli import ranks
+    from conceptdict import ranks
     from conceptdict.saes import TrainConfig, train
     from conceptdict.saes.distributed import TorchComm
 
@@ -96,7 +96,7 @@ def main() -> int:
     spec = json.loads(Path(spec_path).read_text())
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    from conceptdict.cli import ranks
+    from conceptdict import ranks
 
     ranks.join("gloo")
     try:

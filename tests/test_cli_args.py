@@ -10,31 +10,29 @@ from typing import Literal
 
 import pytest
 
-from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, field_docs, write_resolved_config
+from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, write_resolved_config
 
 pytestmark = pytest.mark.unit
 
 
+def _help(text: str, **kwargs):
+    return dataclasses.field(metadata={"help": text, **kwargs.pop("metadata", {})}, **kwargs)
+
+
 @dataclasses.dataclass
 class Inner:
-    k: int = 32
-    """Latents kept per row."""
+    k: int = _help("Latents kept per row.", default=32)
 
 
 @dataclasses.dataclass
 class Demo:
-    out: Path
-    """Where to write."""
-    hookpoints: list[str] = dataclasses.field(default_factory=list, metadata={"flag": "hookpoint"})
-    """Capture sites; repeat the flag for several."""
-    context_length: int = 128
-    """Tokens per context."""
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """Storage dtype."""
-    overwrite: bool = False
-    """Replace an existing store."""
-    sae: Inner = dataclasses.field(default_factory=Inner)
-    """Nested settings."""
+    out: Path = _help("Where to write.")
+    hookpoints: list[str] = _help("Capture sites; repeat the flag for several.", default_factory=list,
+                                  metadata={"flag": "hookpoint"})
+    context_length: int = _help("Tokens per context.", default=128)
+    dtype: Literal["float32", "float16", "bfloat16"] = _help("Storage dtype.", default="float32")
+    overwrite: bool = _help("Replace an existing store.", default=False)
+    sae: Inner = _help("Nested settings.", default_factory=Inner)
 
 
 def _parse(argv, config_file=None):
@@ -43,9 +41,7 @@ def _parse(argv, config_file=None):
     return build_config(Demo, p.parse_args(argv), config_file)
 
 
-def test_field_docstrings_become_help():
-    docs = field_docs(Demo)
-    assert docs["context_length"] == "Tokens per context."
+def test_declared_help_becomes_flag_help():
     p = argparse.ArgumentParser()
     add_dataclass_args(p, Demo)
     help_text = p.format_help()

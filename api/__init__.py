@@ -1,0 +1,65 @@
+"""conceptdict: sparse-autoencoder concept discovery. ``import conceptdict as cd``.
+
+The workflow, one function per command of the ``conceptdict`` command line (keyword names are the flags' names;
+each returns a typed result and prints nothing):
+
+    store = cd.cache(model="default", hookpoint="sentence.mean_normalized", dataset="stdlib-docstrings",
+                     tokens=600, out="runs/s")
+    sae = cd.train(store="runs/s", latents=256, k=8, out="runs/sae")
+    cd.evaluate("runs/sae").metrics.fvu
+    concepts = cd.name("runs/sae", vocab="wordfreq:en:3000", out="runs/c")
+    cd.cbm("runs/c", label_column="family", out="runs/cbm").metrics["accuracy"]
+
+    cache, import_array, train, evaluate, compare, diff, name, score, cbm, cbsae, steer, erase, export, demo
+
+The objects a notebook needs:
+
+    load(path_or_hf_id)      a dictionary in any format: .encode(x), .decode(codes), sae(x), .config
+    open_store(path)         an activation store: .rows(hookpoint, start, stop), .labels(column), .row_context(i)
+    load_model(name_or_dir)  a model as the stages use it ("default": the bundled all-MiniLM-L6-v2)
+    load_concepts(path)      a concept dictionary: concepts[12] by latent id, concepts["error"] by name
+    splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
+    store_info, verify_store
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",
+    "store_info": "store_api", "verify_store": "store_api",
+    "train": "train_api", "load": "train_api",
+    "evaluate": "eval_api", "compare": "eval_api",
+    "diff": "diff_api",
+    "name": "concept_api", "score": "concept_api", "cbm": "concept_api", "cbsae": "concept_api",
+    "export": "concept_api",
+    "steer": "edit_api", "erase": "edit_api", "splice": "edit_api",
+    "demo": "demo_api",
+    "load_concepts": ("conceptdict.naming", "load_concepts"),
+    "describe": ("conceptdict.saes", "describe_dictionary"),
+    "SparseCoder": ("conceptdict.saes", "SparseCoder"),
+    "ActivationStore": ("conceptdict.activations", "ActivationStore"),
+    "ConceptDictionary": ("conceptdict.naming", "ConceptDictionary"),
+    "TrainConfig": ("conceptdict.saes", "TrainConfig"),
+    "ConfigError": ("conceptdict.settings", "ConfigError"),
+    "set_read_policy": ("conceptdict.activations.integrity", "set_read_policy"),
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so ``import conceptdict`` (and ``conceptdict --help``) stays fast."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'conceptdict' has no attribute {name!r}")
+    module, attr = where if isinstance(where, tuple) else (f"conceptdict.{where}", name)
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

