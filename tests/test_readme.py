@@ -13,15 +13,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- readme-walkthrough -->"
+QUICKSTART = "## Quickstart: command line"
+PYTHON = "<!-- readme-python -->"
 
 
-def walkthrough_commands() -> list[list[str]]:
-    """The bash block right after the walkthrough marker, one argv per command (backslash lines joined)."""
-    text = (ROOT / "README.md").read_text()
-    assert MARK in text, "README.md lost its walkthrough marker"
-    block = re.search(r"```bash\n(.*?)```", text[text.index(MARK):], re.S)
-    assert block, "no ```bash block after the walkthrough marker"
-    joined = block.group(1).replace("\\\n", " ")
+def _block(after: str, lang: str = "bash", path: Path = ROOT / "README.md") -> str:
+    text = path.read_text()
+    assert after in text, f"{path.name} lost {after!r}"
+    block = re.search(rf"```{lang}\n(.*?)```", text[text.index(after):], re.S)
+    assert block, f"no ```{lang} block after {after!r}"
+    return block.group(1)
+
+
+def walkthrough_commands(after: str = MARK) -> list[list[str]]:
+    """The bash block right after ``after``, one argv per command (backslash lines joined)."""
+    joined = _block(after).replace("\\\n", " ")
     return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
@@ -33,20 +39,51 @@ def test_walkthrough_covers_every_stage():
         assert stage in commands, f"the README walkthrough no longer shows `conceptdict {stage}`"
 
 
-@pytest.mark.integration
-def test_walkthrough_runs(tmp_path):
+def _run_commands(commands: list[list[str]], tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("conceptdict")
     env = dict(os.environ, CONCEPTDICT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
-    for argv in walkthrough_commands():
+    for argv in commands:
         proc = subprocess.run([str(exe), *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"`{shlex.join(argv)}` failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.integration
+def test_walkthrough_runs(tmp_path):
+    _run_commands(walkthrough_commands(), tmp_path)
     quick = tmp_path / "runs" / "quick"
     assert (quick / "store" / "manifest.json").exists()
     assert (quick / "sae" / "weights.safetensors").exists() and (quick / "sae" / "eval.json").exists()
     assert (quick / "concepts" / "concepts.json").exists()
     assert (quick / "report" / "index.html").exists()
     assert (quick / "saelens" / "cfg.json").exists() and (quick / "saelens" / "sae_weights.safetensors").exists()
+
+
+@pytest.mark.integration
+def test_cli_quickstart_runs(tmp_path):
+    commands = walkthrough_commands(QUICKSTART)
+    assert len(commands) <= 10 and {argv[1] for argv in commands} >= {"cache", "train", "name", "cbm"}
+    _run_commands(commands, tmp_path)
+    assert (tmp_path / "runs" / "start" / "report" / "index.html").exists()
+
+
+@pytest.mark.integration
+def test_python_quickstart_runs(tmp_path, monkeypatch):
+    """The README's Python quickstart, executed as written (in a fresh working directory)."""
+    code = _block(PYTHON, "python")
+    assert len(code.strip().splitlines()) <= 12, "the Python quickstart grew past ten lines"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONCEPTDICT_CACHE", str(tmp_path / "cache"))
+    exec(compile(code, "README.md (Python quickstart)", "exec"), {"__name__": "__readme__"})
+    assert (tmp_path / "runs" / "py" / "cbm" / "cbm.json").exists()
+
+
+@pytest.mark.unit
+def test_both_quickstarts_come_first():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; keep it under 200 (details go to docs/guide/)"
+    for marker in (QUICKSTART, PYTHON):
+        assert next(i for i, line in enumerate(lines) if line.startswith(marker)) < 60
 
 
 IMAGES = "## Images: Discover-then-Name as published"
@@ -58,8 +95,7 @@ def test_image_recipe_parses_with_the_current_flags():
     command and flag in it must still exist."""
     from conceptdict.cli.main import build_parser
 
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"```bash\n(.*?)```", text[text.index(IMAGES):], re.S).group(1).replace("\\\n", " ")
+    block = _block(IMAGES, path=ROOT / "docs" / "guide" / "vision.md").replace("\\\n", " ")
     commands = [shlex.split(line) for line in block.splitlines() if line.strip()]
     assert [argv[1] for argv in commands] == ["cache", "train", "name", "cache", "cbm"]
     for argv in commands:
