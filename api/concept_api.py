@@ -129,7 +129,7 @@ class CbSaeResult(NamedTuple):
     summary: dict[str, Any]
 
     def format(self) -> str:
-        from conceptdict.naming.cbsae_run import summary_lines
+        from conceptdict.naming.bottleneck.cbsae_run import summary_lines
 
         return "\n".join(summary_lines(self.summary))
 
@@ -139,8 +139,8 @@ def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any
     steerability and add bottleneck latents for the user's concepts it lacks. Settings are CbSaeConfig's
     (``concepts`` = a text file of concepts, ``out`` required); ``label_column``: a store label column for CBM
     accuracy before and after."""
-    from conceptdict.naming.cbsae import CbSaeConfig, config_dict, save_cbsae
-    from conceptdict.naming.cbsae_run import build_cbsae, read_concept_list
+    from conceptdict.naming.bottleneck.cbsae import CbSaeConfig, config_dict, save_cbsae
+    from conceptdict.naming.bottleneck.cbsae_run import build_cbsae, read_concept_list
 
     cfg = config_from_dict(CbSaeConfig, settings, "cbsae")
     if cfg.out is None or cfg.concepts is None:
@@ -195,7 +195,7 @@ def export(source: str | Path, **settings: Any) -> Path:
         raise ConfigError(f"{source} is not a concept dictionary (no concepts.json); run `conceptdict name` first, "
                           f"or use --format {'|'.join(DICTIONARY_FORMATS)} for an SAE_DIR")
     if cfg.format == "neuronpedia":
-        from conceptdict.naming.neuronpedia import NeuronpediaConfig, export_neuronpedia
+        from conceptdict.naming.reports.neuronpedia import NeuronpediaConfig, export_neuronpedia
 
         np_cfg = NeuronpediaConfig(model_id=cfg.neuronpedia_model, source_set=cfg.source_set, creator=cfg.creator)
         return export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device)

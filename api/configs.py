@@ -7,10 +7,10 @@ from conceptdict.concept_api import ExportConfig
 from conceptdict.diff_api import DiffConfig
 from conceptdict.eval_api import CompareConfig, EvalConfig
 from conceptdict.naming import CbmConfig, NameConfig
-from conceptdict.naming.cbsae import CbSaeConfig
-from conceptdict.naming.erase import EraseConfig
+from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
+from conceptdict.naming.interventions.erase import EraseConfig
 from conceptdict.naming.scoring import ScoreConfig
-from conceptdict.naming.steer import SteerConfig
+from conceptdict.naming.interventions.steer import SteerConfig
 from conceptdict.saes import TrainConfig
 from conceptdict.train_api import TrainCommand
 

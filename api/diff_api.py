@@ -12,11 +12,12 @@ from typing import Any, Literal, NamedTuple
 from conceptdict.activations import ActivationStore, CacheConfig, cache_activations, stream_batches
 from conceptdict.activations.tokens import check_same_tokenizer
 from conceptdict.activations.views import pair_hookpoints
-from conceptdict.naming.diff_report import write_diff
+from conceptdict.naming.reports.diff_report import write_diff
 from conceptdict.saes import SparseCoder, TrainConfig, evaluate, train
 from conceptdict.saes.config import fit_to_store, heldout_batch_count, resolve_device
 from conceptdict.saes.crosscoder import CROSSCODER_KINDS
-from conceptdict.saes.diffing import SOURCE_NAMES, TAGS, DiffAnalysisConfig, LatentDiff, crosscoder_size, diff_crosscoder
+from conceptdict.saes.diffing import (SOURCE_NAMES, TAGS, DiffAnalysisConfig, LatentDiff, crosscoder_size,
+                                      diff_crosscoder)
 from conceptdict.settings import ConfigError, config_from_dict, split_settings, write_resolved_config
 
 
@@ -24,7 +25,8 @@ from conceptdict.settings import ConfigError, config_from_dict, split_settings, 
 class DiffConfig:
     """Settings of ``conceptdict diff`` besides the training ones (which are ``conceptdict train``'s)."""
 
-    out: Path = field(metadata={"help": "Output directory (stores/, crosscoder/, diff.json, latents.csv, report.html)."})
+    out: Path = field(metadata={
+        "help": "Output directory (stores/, crosscoder/, diff.json, latents.csv, report.html)."})
     models: list[str] = field(default_factory=list, metadata={
         "flag": "model", "help": "Two models to cache and diff: A (reference, e.g. base), then B (e.g. fine-tune)."})
     stores: list[Path] = field(default_factory=list, metadata={

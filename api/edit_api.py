@@ -9,7 +9,7 @@ from conceptdict.activations import ActivationStore, ModelHandle, load_model
 from conceptdict.activations.intervene import spliced
 from conceptdict.activations.tokens import causal_lm_source
 from conceptdict.naming import dictionary_of, load_cbm
-from conceptdict.naming.erase import (
+from conceptdict.naming.interventions.erase import (
     EraseConfig,
     apply_eraser,
     ce_change_function,
@@ -19,7 +19,7 @@ from conceptdict.naming.erase import (
     write_erase,
 )
 from conceptdict.naming.pipeline import resolve_hookpoint
-from conceptdict.naming.steer import (
+from conceptdict.naming.interventions.steer import (
     SteerConfig,
     dictionary_edit,
     resolve_latents,
@@ -60,7 +60,7 @@ class EraseResult(NamedTuple):
     paths: dict[str, Path]
 
     def format(self) -> str:
-        from conceptdict.naming.erase import format_table
+        from conceptdict.naming.interventions.erase import format_table
 
         return format_table(self.table)
 

@@ -215,7 +215,7 @@ class Comparison(NamedTuple):
     paths: dict[str, Path]
 
     def format(self) -> str:
-        from conceptdict.naming.compare import comparison_table
+        from conceptdict.naming.reports.compare import comparison_table
 
         lines = [f"{len(self.result['dictionaries'])} dictionaries on {self.result['n_rows']} rows of "
                  f"{self.result['config']['store']} ({self.rows_from}):", comparison_table(self.result)]
@@ -230,7 +230,7 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
     compare``): L0, FVU, CE/KL with ``model=``, dead/dense, weight metrics, latents matched across dictionaries,
     the FVU-L0 frontier. Settings are :class:`CompareConfig`'s; writes compare.json and index.html to ``out``."""
-    from conceptdict.naming.compare import write_comparison
+    from conceptdict.naming.reports.compare import write_comparison
     from conceptdict.saes.compare import Entry
     from conceptdict.saes.compare import compare as compare_entries
 

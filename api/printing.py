@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conceptdict.naming import ConceptDictionary
-from conceptdict.naming.report_text import format_cbm, format_concept, format_concepts, format_ranking
+from conceptdict.naming.reports.report_text import format_cbm, format_concept, format_concepts, format_ranking
 from conceptdict.naming.scoring import format_summary
 
 __all__ = ["format_cbm", "format_concept", "format_concepts", "format_ranking", "format_scores"]

@@ -1,6 +1,6 @@
 """Planted atoms as a new user meets them: a generator of its own, an .npy file, and the command line.
 
-``bench/synthetic_recovery.py`` trains in-process on ``conceptdict.saes.synthetic``, the generator the defaults
+``bench/synthetic_recovery.py`` trains in-process on ``generators.synthetic``, the generator the defaults
 were tuned on. This benchmark shares neither: its generator is written here in numpy, from the description of the
 problem that first showed BatchTopK lagging (issue 11: unit atoms, log-normal coefficients so row norms vary by an
 order of magnitude, some atoms that fire together and some whose directions are close, skewed atom frequencies,

@@ -5,7 +5,7 @@ constraint set, so an architecture sees some concept geometries and misses other
 (ReLU, TopK, JumpReLU) cannot isolate a concept separable from its neighbours only by a curved boundary, and a
 fixed number of active latents (TopK) cannot follow concepts of different intrinsic dimensionality; SpaDE's
 distance-based, adaptive-support encoder is built for both. This benchmark plants rays (1-d), subspaces (2-3-d)
-and core/shell regions (a disk inside a ring around the same centre) side by side (conceptdict.saes.geometry:
+and core/shell regions (a disk inside a ring around the same centre) side by side (generators.geometry:
 the data and the recovery criterion, a concept's latents must fire on its rows with precision >= 0.9 and F1 >=
 0.8, and for rays and subspaces lie in its span, spanning all of a subspace's dimensions).
 
@@ -33,7 +33,7 @@ import time
 import torch
 
 from conceptdict.saes import TrainConfig, train
-from conceptdict.saes.geometry import TYPES, GeometrySpec, active_per_type, concept_batch, plant, score_concepts
+from generators.geometry import TYPES, GeometrySpec, active_per_type, concept_batch, plant, score_concepts
 
 KINDS = ("relu", "topk", "batchtopk", "jumprelu", "matryoshka", "spade")
 SMALL = dict(d=32, rays=8, subspaces=4, regions=4)

@@ -1,7 +1,7 @@
 """Model diffing on planted data: BatchTopK crosscoders + Latent Scaling against the L1 crosscoder.
 
 Two synthetic "models" A and B read the same sparse codes through their own atoms
-(``conceptdict.saes.synthetic.planted_pair``): shared atoms, atoms only in B, atoms only in A, atoms in both
+(``generators.synthetic.planted_pair``): shared atoms, atoms only in B, atoms only in A, atoms in both
 but scaled down in A, atoms in both with A's direction rotated. Both crosscoder losses are trained on the
 same batches with the project's training loop; each latent is matched to its planted atom by decoder
 cosine; "predicted B-only" is either the Delta tag alone (Delta > 0.9) or Latent Scaling's
@@ -32,7 +32,7 @@ import torch
 from conceptdict.saes import TrainConfig, evaluate, train
 from conceptdict.saes.crosscoder import input_scale
 from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder
-from conceptdict.saes.synthetic import learned_by_kind, planted_batches, planted_pair, score_b_only
+from generators.synthetic import learned_by_kind, planted_batches, planted_pair, score_b_only
 
 
 def parse_args(argv=None):

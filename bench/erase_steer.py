@@ -55,7 +55,7 @@ def erase_table(root: Path, concepts: Path) -> dict:
 def steering(concepts: Path, n_latents: int, alphas=(2.0, 4.0, 8.0)) -> dict:
     from conceptdict.activations import load_model, stdlib_docstrings
     from conceptdict.naming import load_concepts
-    from conceptdict.naming.steerability import steerability
+    from conceptdict.naming.interventions.steerability import steerability
     from conceptdict.saes import load_dictionary
 
     cd = load_concepts(concepts)
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.time()
-    from conceptdict.naming.erase import format_table
+    from conceptdict.naming.interventions.erase import format_table
 
     table = erase_table(args.root, args.concepts)
     print(f"\nerasure of mentions_return (C) keeping family (Y), {table['n_train']} fit / {table['n_test']} test rows")

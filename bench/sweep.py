@@ -2,7 +2,7 @@
 
 Two sources of batches, each through the command line users run:
 
-- a store (default): ``--rows`` planted-atom rows of width ``--d`` (saes.synthetic) imported into a temporary
+- a store (default): ``--rows`` planted-atom rows of width ``--d`` (generators.synthetic) imported into a temporary
   directory; reading a batch costs ~1% of a step on CPU, so little can be saved;
 - ``--model [M]``: ``train --model M --dataset D --hookpoint H --tokens T`` (activations.live), the model's forward
   making every batch; a sweep runs it once for all N dictionaries. Default: the demo's all-MiniLM-L6-v2
@@ -48,7 +48,7 @@ from safetensors.torch import save_file
 
 def make_store(root: Path, rows: int, d: int) -> Path:
     from conceptdict.cli.main import main
-    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+    from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=4 * d, d=d, active=8, batch_size=8192, n_batches=rows // 8192, seed=0)
     save_file({"acts": torch.cat(list(synthetic_batches(spec))).contiguous()}, str(root / "acts.safetensors"))

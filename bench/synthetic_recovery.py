@@ -1,6 +1,6 @@
 """Synthetic ground-truth benchmark: how many planted atoms does each dictionary kind recover, and how well?
 
-Data (``conceptdict.saes.synthetic``): unit atoms in D dimensions, rows that are sparse positive combinations
+Data (``generators.synthetic``): unit atoms in D dimensions, rows that are sparse positive combinations
 of them plus an offset and noise. The settings below go from the easy problem to what real activations look
 like -- heavy-tailed (log-normal) coefficients so row norms vary by an order of magnitude, heavy-tailed row
 scales, Zipf-like atom frequencies, correlated atoms -- always with more latents than atoms -- and a
@@ -42,7 +42,7 @@ import torch
 from conceptdict.saes import TrainConfig, train
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.model import kind_spec
-from conceptdict.saes.synthetic import (SyntheticSpec, absorption, atom_recovery, planted_atoms,
+from generators.synthetic import (SyntheticSpec, absorption, atom_recovery, planted_atoms,
                                         synthetic_batch_and_atoms, synthetic_batches)
 
 BASE = dict(n_atoms=1024, d=128, active=6.0, noise=0.02)

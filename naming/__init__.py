@@ -7,7 +7,7 @@ bottleneck model on the named concepts; :func:`save_concepts`, :func:`save_cbm` 
 export them.
 """
 
-from conceptdict.naming.cbm import (
+from conceptdict.naming.bottleneck.cbm import (
     CbmConfig,
     CbmFeatures,
     CbmResult,
@@ -47,11 +47,12 @@ from conceptdict.naming.namers import (
     vocab_names,
 )
 from conceptdict.naming.pipeline import NameConfig, Sources, name_dictionary, open_sources
-from conceptdict.naming.report import write_report
+from conceptdict.naming.reports.report import write_report
 from conceptdict.naming.vocab import embed_vocabulary, load_vocabulary
 
 __all__ = [
-    "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "DictionaryRef", "dictionary_of", "ContextNamer", "Contribution",
+    "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "ContextNamer", "Contribution",
+    "DictionaryRef", "dictionary_of",
     "Example", "Intervention", "LatentEvidence", "LlmConfig", "LlmNamer", "LogitLensNamer", "NameConfig",
     "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence", "concept_activations",
     "context_names", "embed_vocabulary", "explain_input", "intervene", "is_concept_dir", "load_cbm",

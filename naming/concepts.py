@@ -3,7 +3,7 @@
 A directory holds ``concepts.json`` (format version, where the dictionary came from, one record per latent)
 and ``concepts.safetensors`` (``directions [L, D]`` — or ``[L, S, D]`` for a crosscoder — the decoder rows in
 raw activation units, plus ``frequency [L]``). The HTML report is written next to them by
-:func:`conceptdict.naming.report.write_report`.
+:func:`conceptdict.naming.reports.report.write_report`.
 """
 
 from __future__ import annotations

@@ -298,7 +298,7 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
     from conceptdict.activations import ActivationStore
     from conceptdict.saes import load_dictionary, load_dictionary_config
 
-    from .cbsae import is_cbsae_dir, load_cbsae
+    from conceptdict.naming.bottleneck.cbsae import is_cbsae_dir, load_cbsae
 
     sae_dir = Path(sae_dir)
     cbsae = is_cbsae_dir(sae_dir)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import llm_scorers  # noqa: F401  (registers the detection and fuzzing scorers)
-from . import steering_scorer  # noqa: F401  (registers the steering scorer)
+from conceptdict.naming.interventions import steering_scorer  # noqa: F401  (registers the steering scorer)
 from .agreement import agreement, candidate_names, choose, confidence, headline
 from .concepts import Concept, ConceptDictionary
 from .negatives import build_pool, draw_negatives

@@ -50,7 +50,7 @@ class TrainConfig:
     lr: float | None = None
     """Adam learning rate; None: 1.6e-3 / sqrt(L / 4096), the literature's 1/sqrt(L) scaling (2e-4 / sqrt(L / 2^14),
     dictionary_learning / sparsify) with a 4x larger constant for short runs. Measured (2026-12-01, after the
-    planted atoms stopped coinciding with the initial decoder, saes.synthetic.ATOM_SEED_OFFSET) on the test-sized
+    planted atoms stopped coinciding with the initial decoder, generators.synthetic.ATOM_SEED_OFFSET) on the test-sized
     planted problem (256 atoms in D=128, L=512, k=6, 116 steps of 1024 rows), recovery at cos 0.9 / held-out FVU:
     the literature's 1.13e-3: topk 0% / 0.487, batchtopk 0% / 0.495; this default 4.5e-3: 99.6% / 0.067, 97.3% /
     0.068; twice it: 100% / 0.055, 99.2% / 0.054 (more dead latents: 19% / 30%). The earlier figures behind this

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+# the planted ground truths live with the benchmarks (bench/generators), outside the installed library
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -35,7 +40,7 @@ def planted_store(tmp_path_factory):
     from safetensors.torch import save_file
 
     from conceptdict.cli.main import main
-    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+    from generators.synthetic import SyntheticSpec, synthetic_batches
 
     root = tmp_path_factory.mktemp("planted_store")
     spec = SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12, seed=5)

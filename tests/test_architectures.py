@@ -15,7 +15,7 @@ from conceptdict.saes.jumprelu import THRESHOLD_RATE, JumpReLU, Step, threshold_
 from conceptdict.saes.kernels import kinds as kind_ops
 from conceptdict.saes.kernels import sparse as sparse_ops
 from conceptdict.saes.matryoshka import default_groups, prefix_bounds
-from conceptdict.saes.synthetic import SyntheticSpec, alive_recovery, atom_recovery, planted_atoms, synthetic_batches
+from generators.synthetic import SyntheticSpec, alive_recovery, atom_recovery, planted_atoms, synthetic_batches
 from crashing import Crash, crashing
 
 pytestmark = pytest.mark.unit
@@ -189,7 +189,7 @@ def test_matryoshka_inner_weight_scales_the_inner_prefix_losses():
     torch.testing.assert_close(outs[0.25].sparsity_loss, 0.25 * outs[1.0].sparsity_loss)
     assert float(outs[0.0].sparsity_loss) == 0.0
     torch.testing.assert_close(outs[0.25].x_hat, outs[1.0].x_hat)
-    # the tie-break (TrainConfig.code_l1, docs/batchtopk.md) adds code_l1 x the lr schedule x the kept codes' L1
+    # the tie-break (TrainConfig.code_l1, docs/results/batchtopk.md) adds code_l1 x the lr schedule x the kept codes' L1
     # per row over the batch's RMS norm
     from conceptdict.saes.model import train_code
 
@@ -242,7 +242,7 @@ def test_resume_gives_bit_identical_weights(tmp_path, kind):
 
 
 def test_row_relative_jumprelu_holds_up_on_heavy_tailed_rows(tmp_path):
-    """Absolute per-latent thresholds break on rows whose norms vary by an order of magnitude (docs/batchtopk.md);
+    """Absolute per-latent thresholds break on rows whose norms vary by an order of magnitude (docs/results/batchtopk.md);
     the row-relative variant reconstructs them, and its saved dictionary encodes exactly as the trained one."""
     heavy = SyntheticSpec(n_atoms=96, d=24, active=4, batch_size=128, n_batches=40, seed=4, coef_sigma=1.0,
                           row_sigma=0.5)

@@ -1,7 +1,7 @@
 """The default batch size and run length (``TrainConfig.batch_size`` and ``tokens`` None;
 ``saes.config.default_batch_size`` and ``default_tokens``): 4096 rows on long runs, halved down to 1024 while a run
 would take fewer than 2000 steps and down to 256 on a store of fewer than 64 batches; one pass, or up to 2000 steps
-and 100 passes over a smaller store (docs/batchtopk.md, "The default batch size and run length"). ``fit_to_store``
+and 100 passes over a smaller store (docs/results/batchtopk.md, "The default batch size and run length"). ``fit_to_store``
 fills them in for ``conceptdict train`` and ``conceptdict diff``; training from a model takes the batch from
 ``--tokens``."""
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_naming_fakes import FakeCoder, FakeStore
 
-from conceptdict.naming import cbm as cbm_mod
-from conceptdict.naming.solvers import fit_linear
-from conceptdict.naming.cbm import (
+from conceptdict.naming.bottleneck import features as cbm_mod
+from conceptdict.naming.bottleneck.solvers import fit_linear
+from conceptdict.naming.bottleneck.cbm import (
     CbmConfig,
     class_concepts,
     coverage,
@@ -148,7 +148,7 @@ def test_store_features_pool_token_rows_per_input():
     assert feats.raw.tolist() == [[2.0, 0.0], [0.0, 3.0]]
     with pytest.raises(ValueError, match="label column"):
         store_features(FakeCoder(torch.eye(2), k=1), store, "hp", "nope")
-    assert cbm_mod._row_inputs(store).tolist() == [0, 0, 0, 1, 1]
+    assert cbm_mod.row_inputs(store).tolist() == [0, 0, 0, 1, 1]
 
 
 def test_concept_activations_relu_keeps_what_topk_drops():

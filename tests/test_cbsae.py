@@ -1,4 +1,4 @@
-"""CB-SAE (naming/cbsae.py, cbsae_run.py) on the planted token store of tests/test_scoring.py: the dictionary
+"""CB-SAE (naming/bottleneck/cbsae.py, cbsae_run.py) on the planted token store of tests/test_scoring.py: the dictionary
 knows words w00..w29 only; the user asks for w03 (present) and w35 (lacking)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from test_naming_fakes import FakeCoder
 from test_scoring import WORDS, bag_of_words, planted
 
-from conceptdict.naming.cbsae import CbSae, CbSaeConfig, load_cbsae, prune_mask, save_cbsae, sim3
-from conceptdict.naming.cbsae_run import build_cbsae, read_concept_list
+from conceptdict.naming.bottleneck.cbsae import CbSae, CbSaeConfig, load_cbsae, prune_mask, save_cbsae, sim3
+from conceptdict.naming.bottleneck.cbsae_run import build_cbsae, read_concept_list
 from conceptdict.naming.negatives import NegativeConfig
 from conceptdict.naming.pipeline import NameConfig, Sources, name_dictionary
 from conceptdict.naming.score_run import prepare_context, score_concepts

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conceptdict.cli.main import main
-from conceptdict.naming.compare import comparison_table, render_comparison
+from conceptdict.naming.reports.compare import comparison_table, render_comparison
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.compare import Entry, compare, frontier, max_other_cosine, split_fraction
 

@@ -11,7 +11,7 @@ import torch
 from conceptdict.saes import TrainConfig, evaluate, load_dictionary, save_dictionary, train
 from conceptdict.saes.crosscoder import input_scale
 from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder
-from conceptdict.saes.synthetic import planted_batches, planted_pair, score_b_only
+from generators.synthetic import planted_batches, planted_pair, score_b_only
 
 pytestmark = pytest.mark.integration
 

@@ -139,7 +139,7 @@ def test_diff_flags_are_validated(tmp_path, capsys):
 
 @pytest.mark.unit
 def test_report_escapes_every_data_string():
-    from conceptdict.naming.diff_report import render_diff_report as render_report
+    from conceptdict.naming.reports.diff_report import render_diff_report as render_report
 
     evil = "<script>alert(1)</script>"
     summary = {"sources": {"A": evil, "B": "b&b"}, "hookpoint": "<h>", "kind": "crosscoder", "n_latents": 2, "k": 1,

@@ -20,7 +20,7 @@ from conceptdict.saes.diffing import (
     scaling_sums,
     tag_latents,
 )
-from conceptdict.saes.synthetic import planted_batches, planted_pair
+from generators.synthetic import planted_batches, planted_pair
 
 pytestmark = pytest.mark.unit
 

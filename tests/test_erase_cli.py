@@ -141,7 +141,7 @@ def test_erase_on_the_default_sentence_encoder(tmp_path, capsys):
 
 def test_a_saved_eraser_applies_to_a_store(planted, capsys):
     from conceptdict.activations import ActivationStore
-    from conceptdict.saes.erasure import cross_covariance, load_eraser, one_hot
+    from conceptdict.naming.interventions.erasure import cross_covariance, load_eraser, one_hot
 
     tmp, store, _, _ = planted
     out = tmp / "fitted"

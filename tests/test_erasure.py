@@ -1,4 +1,4 @@
-"""The guarantees of the closed-form erasers and steerers (saes/erasure.py) on synthetic data with known
+"""The guarantees of the closed-form erasers and steerers (naming/interventions/erasure.py) on synthetic data with known
 structure, and LEACE against EleutherAI's concept-erasure package when it is installed."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.naming.probes import ProbeConfig, linear_probe, majority_rate, mlp_probe
-from conceptdict.saes.erasure import (
+from conceptdict.naming.bottleneck.probes import ProbeConfig, linear_probe, majority_rate, mlp_probe
+from conceptdict.naming.interventions.erasure import (
     cross_covariance,
     fit_leace,
     fit_leace_switch,

@@ -1,4 +1,4 @@
-"""The planted concept-geometry data (saes.geometry, bench/concept_geometry.py): the concepts, the rows, the
+"""The planted concept-geometry data (generators.geometry, bench/concept_geometry.py): the concepts, the rows, the
 separation from a dictionary's initialisation, and the recovery criterion on hand-built dictionaries."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conceptdict.saes import SparseCoder
-from conceptdict.saes.geometry import GeometrySpec, active_per_type, concept_batch, plant, score_concepts
+from generators.geometry import GeometrySpec, active_per_type, concept_batch, plant, score_concepts
 
 pytestmark = pytest.mark.unit
 

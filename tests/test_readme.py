@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -57,6 +58,9 @@ def test_walkthrough_runs(tmp_path):
     assert (quick / "concepts" / "concepts.json").exists()
     assert (quick / "report" / "index.html").exists()
     assert (quick / "saelens" / "cfg.json").exists() and (quick / "saelens" / "sae_weights.safetensors").exists()
+    # the default model is named by its hub id in what other tools read, not by the bundled copy's path
+    saelens_cfg = json.loads((quick / "saelens" / "cfg.json").read_text())
+    assert saelens_cfg["metadata"]["model_name"] == "sentence-transformers/all-MiniLM-L6-v2"
 
 
 @pytest.mark.integration

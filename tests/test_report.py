@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import torch
 
-from conceptdict.naming.cbm import CbmConfig, train_cbm
+from conceptdict.naming.bottleneck.cbm import CbmConfig, train_cbm
 from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
-from conceptdict.naming.report import esc, histogram_svg, write_report
+from conceptdict.naming.reports.report import esc, histogram_svg, write_report
 
 EVIL = "<script>alert('x')</script>"
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from test_report import EVIL, OFFLINE_FLAGS, _dictionary, chromium_binary
 
-from conceptdict.naming.report import write_report
+from conceptdict.naming.reports.report import write_report
 
 SCORES = [0.95, 0.7, 0.5, None, 0.85, 0.65, None]
 

@@ -2,7 +2,7 @@
 
 256 unit atoms in D=128, 3 active per row on average (positive coefficients, offset, noise 0.02); the SAE has
 L=512 latents, k=6, and trains with the DEFAULT TrainConfig (only latents, k and the token budget given) from its
-random start (the atoms come from a seed the initialisation never uses: saes.synthetic.ATOM_SEED_OFFSET).
+random start (the atoms come from a seed the initialisation never uses: generators.synthetic.ATOM_SEED_OFFSET).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 import pytest
 
 from conceptdict.saes import TrainConfig, train
-from conceptdict.saes.synthetic import SyntheticSpec, alive_recovery, atom_recovery, planted_atoms, synthetic_batches
+from generators.synthetic import SyntheticSpec, alive_recovery, atom_recovery, planted_atoms, synthetic_batches
 
 SPEC = SyntheticSpec(n_atoms=256, d=128, active=3, noise=0.02, batch_size=1024, n_batches=120, seed=0)
 
@@ -26,7 +26,7 @@ def test_planted_atoms_are_recovered_with_default_settings(kind):
     held = model.training_summary["heldout_eval"]
     assert rec.fraction >= 0.9, rec
     assert held["fvu"] < 0.1
-    # the 256 latents beyond the atoms have nothing to represent on these rows and may die (docs/batchtopk.md,
+    # the 256 latents beyond the atoms have nothing to represent on these rows and may die (docs/results/batchtopk.md,
     # "Dead latents when the dictionary is larger than the data's atoms"; batchtopk ends at 20.5% dead here, 6.4%
     # before its TopK start and short dead window); the atoms' own latents must stay alive
     assert held["dead_fraction"] <= 1 - SPEC.n_atoms / cfg.latents

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conceptdict.naming.solvers import fit_linear, fit_path, kkt_residual, objective
+from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path, kkt_residual, objective
 
 pytestmark = pytest.mark.unit
 

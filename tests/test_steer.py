@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conceptdict.cli.main import main
-from conceptdict.naming.steer import latent_edit, resolve_latents
+from conceptdict.naming.interventions.steer import latent_edit, resolve_latents
 
 D = 32
 
@@ -110,7 +110,7 @@ def test_steer_a_sentence_encoder_beats_random_directions(tmp_path, tiny_bert_di
 @pytest.mark.integration
 def test_steerability_scores_on_both_model_kinds(tmp_path, tiny_lm_dir, tiny_bert_dir):
     from conceptdict.activations import embed_texts, load_model
-    from conceptdict.naming.steerability import steerability
+    from conceptdict.naming.interventions.steerability import steerability
 
     lm, sae_dir = _lm_dictionary(tmp_path, tiny_lm_dir)
     from conceptdict.saes import load_dictionary
@@ -146,7 +146,7 @@ def test_the_steering_scorer_stores_steerability_with_a_headline_score(tmp_path,
     from conceptdict.naming.negatives import NegativeConfig
     from conceptdict.naming.pipeline import Sources
     from conceptdict.naming.scoring import ScoreConfig, ScoringContext, get_scorer
-    from conceptdict.naming.steering_scorer import headline
+    from conceptdict.naming.interventions.steering_scorer import headline
     from conceptdict.saes import load_dictionary
 
     _, sae_dir = _lm_dictionary(tmp_path, tiny_lm_dir)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conceptdict.saes import TrainConfig, train
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+from generators.synthetic import SyntheticSpec, synthetic_batches
 from conceptdict.saes.training import train_sweep
 from crashing import Crash, crashing
 

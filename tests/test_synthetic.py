@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.saes.synthetic import (SyntheticSpec, absorption, atom_probabilities, planted_atoms, synthetic_batch,
+from generators.synthetic import (SyntheticSpec, absorption, atom_probabilities, planted_atoms, synthetic_batch,
                                         synthetic_batch_and_atoms)
 
 FAMILIES = SyntheticSpec(n_atoms=64, d=32, active=3.0, batch_size=4096, seed=2, coef_sigma=0.5, children=3,

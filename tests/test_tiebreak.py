@@ -1,4 +1,4 @@
-"""The L1 tie-break of TopK, BatchTopK, JumpReLU and the crosscoder (``TrainConfig.code_l1``, docs/batchtopk.md).
+"""The L1 tie-break of TopK, BatchTopK, JumpReLU and the crosscoder (``TrainConfig.code_l1``, docs/results/batchtopk.md "The L1 tie-break").
 
 Two latents d = cos(t) a +- sin(t) u that co-fire on every row of atom a reconstruct it exactly at every t: the
 reconstruction cannot tell a split atom from a learned one, and a cut with room to spare keeps both halves

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from conceptdict.cli.main import main
 from conceptdict.saes import load_dictionary, load_dictionary_config
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+from generators.synthetic import SyntheticSpec, synthetic_batches
 
 SPEC = SyntheticSpec(n_atoms=64, d=16, active=3, batch_size=256, n_batches=12, seed=5)
 FAST = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--log-every", "5"]

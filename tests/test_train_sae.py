@@ -13,7 +13,7 @@ from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
 from conceptdict.saes.kernels import SparseCode
 from conceptdict.saes.training import (TrainState, aux_loss, calibrate_threshold, default_dead_tokens, lr_at,
                                        update_threshold)
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch, synthetic_batches
+from generators.synthetic import SyntheticSpec, synthetic_batch, synthetic_batches
 from conceptdict.saes.config import calibration_batch_count
 from crashing import Crash, crashing
 

@@ -13,7 +13,7 @@ from conceptdict.saes import KINDS, SparseCoder, TrainConfig, evaluate, load_dic
 from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.formats import open_dictionary
 from conceptdict.saes.formats.export import export_dictionary
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batch
+from generators.synthetic import SyntheticSpec, synthetic_batch
 from crashing import Crash, crashing
 
 KINDS_HERE = ("transcoder", "skip-transcoder")

@@ -4,7 +4,7 @@
     .venv/bin/python tests/golden/make_golden.py --check  # compares only (what tests/test_golden.py does)
 
 Every kind of ``saes.KINDS`` that trains runs ``STEPS`` steps of ``saes.train`` on planted-atom data from
-``saes.synthetic`` (two sources for crosscoder kinds), with the dense reference kernels on CPU, one torch
+``generators.synthetic`` (two sources for crosscoder kinds), with the dense reference kernels on CPU, one torch
 thread, and settings chosen so that every term is active in a few steps: warm-up and the final decay of the
 learning rate, AuxK over latents dead after two batches, the BatchTopK threshold estimate, the L1 penalty.
 The numbers are what ``tests/test_golden.py`` holds the training loop to (relative tolerance ``RTOL``).
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/generators: the planted data
+
 GOLDEN = Path(__file__).with_name("training.json")
 STEPS = 8
 RTOL = 1e-5
@@ -48,7 +50,7 @@ def _batches(kind: str, start: int):
     two as (input, output)."""
     from conceptdict.saes import KINDS
     from conceptdict.saes.crosscoder import CROSSCODER_KINDS
-    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+    from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
     for x in synthetic_batches(spec, start):

@@ -9,11 +9,11 @@ rows and applied to both:
 - ``sae-ablation``: the ``ablate_latents`` dictionary latents a sparse (L1) probe on the latents ranks most
   predictive of C are set to zero, keeping the dictionary's error term: ``x' = x - sum_{j in S} f_j(x) d_j``;
 - ``leace``, ``splince`` (needs Y), ``leace-switch``, ``midsteer``: the closed-form maps of
-  :mod:`conceptdict.saes.erasure` (formulas there). MidSteer switches class ``switch_from`` to ``switch_to``
+  :mod:`conceptdict.naming.interventions.erasure` (formulas there). MidSteer switches class ``switch_from`` to ``switch_to``
   (default: the most frequent concept class to the second).
 
 Metrics per method, on the test rows: ``concept_linear_acc`` and ``concept_mlp_acc`` (fresh probes for C fitted on
-the edited fit rows, :mod:`conceptdict.naming.probes`), ``concept_chance`` (majority-class rate),
+the edited fit rows, :mod:`conceptdict.naming.bottleneck.probes`), ``concept_chance`` (majority-class rate),
 ``target_acc_before`` / ``target_acc_after`` (a fresh linear probe for Y), ``target_cov_change`` (relative
 Frobenius change of Cov(x, one-hot Y); ``target_cov_change_fit`` on the fit rows, where SPLINCE keeps it
 exactly), ``displacement`` (mean squared ||x' - x||^2), ``switch_rate`` for the steering methods (share of
@@ -34,10 +34,10 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from conceptdict.naming.probes import ProbeConfig, linear_classifier, linear_probe, majority_rate, mlp_probe
-from conceptdict.naming.report import esc, page
-from conceptdict.naming.solvers import fit_path
-from conceptdict.saes.erasure import (
+from conceptdict.naming.bottleneck.probes import ProbeConfig, linear_classifier, linear_probe, majority_rate, mlp_probe
+from conceptdict.naming.reports.report import esc, page
+from conceptdict.naming.bottleneck.solvers import fit_path
+from conceptdict.naming.interventions.erasure import (
     Eraser,
     check_classes,
     cross_covariance,
@@ -86,7 +86,7 @@ class EraseConfig:
         "help": "Causal LM to splice each map into for the CE change (default: the store's model when it is one)."})
     contexts: int = field(default=16, metadata={
         "help": "Token contexts (rebuilt from the store) for the CE change; 0 skips it."})
-    mlp_epochs: int = field(default=300, metadata={"help": "Epochs of the MLP probe (naming/probes.py)."})
+    mlp_epochs: int = field(default=300, metadata={"help": "Epochs of the MLP probe (naming/bottleneck/probes.py)."})
     seed: int = field(default=0, metadata={"help": "Seed for the row subset, the split and the probes."})
     out: Path | None = field(default=None, metadata={
         "help": "Directory for erase.json, erase.html and the fitted erasers (erasers/METHOD/)."})

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from conceptdict.activations.intervene import SentenceSteerer, edited_logits, encode_prompts, steered_embeddings
 from conceptdict.activations.models import SENTENCE_HOOKPOINTS
-from conceptdict.naming.steer import random_direction
+from conceptdict.naming.interventions.steer import random_direction
 
 ALPHAS = (1.0, 2.0, 4.0)
 """Default alphas, in code units: the added vector is alpha * d_j with d_j the decoder row in raw activation

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .synthetic import ATOM_SEED_OFFSET
+from generators.synthetic import ATOM_SEED_OFFSET
 
 TYPES = ("ray", "subspace", "core", "shell")
 MIN_F1 = 0.8

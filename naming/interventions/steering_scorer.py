@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .pipeline import model_id_of, model_loader
-from .scoring import ScoringContext, register_scorer
-from .steerability import ALPHAS, steerability
+from conceptdict.naming.pipeline import model_id_of, model_loader
+from conceptdict.naming.scoring import ScoringContext, register_scorer
+from conceptdict.naming.interventions.steerability import ALPHAS, steerability
 
 TEXTS = 32
 """Inputs steered per run (the demo's sentence dictionary: 32 docstrings)."""

@@ -1,7 +1,7 @@
 """The report of ``conceptdict compare``: a text table, an HTML page (the same table, the FVU-L0 frontier as an
 inline SVG, the cross-dictionary matches, the names only one dictionary found). Rendered with the concept
 report's page skeleton (naming.report); every string from data goes through
-:func:`~conceptdict.naming.report.esc`; no script and no network."""
+:func:`~conceptdict.naming.reports.report.esc`; no script and no network."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report import esc, page
+from conceptdict.naming.reports.report import esc, page
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("name", "dictionary"), ("kind", "kind"), ("n_latents", "L"), ("k", "k"), ("metrics.l0", "L0"),

@@ -1,7 +1,7 @@
 """The report of ``conceptdict diff``: the per-latent table as CSV and an HTML page (counts per tag and flag,
 histograms of Delta and the decoder cosine, the B-only latents with their Latent Scaling flags, the A-only
 latents). Rendered with the concept report's one page skeleton and one histogram (naming.report); every
-string that comes from data goes through :func:`~conceptdict.naming.report.esc`."""
+string that comes from data goes through :func:`~conceptdict.naming.reports.report.esc`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from conceptdict.saes.diffing import SOURCE_NAMES, histogram
 
-from .report import esc, histogram_svg, page
+from conceptdict.naming.reports.report import esc, histogram_svg, page
 
 REPORT_COLUMNS = ("latent", "tag", "delta", "cosine", "norm_a", "norm_b", "nu_eps", "nu_r", "beta_eps_a",
                   "beta_eps_b", "fires", "model_specific", "complete_shrinkage", "latent_decoupling")

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .concepts import ConceptDictionary
+from conceptdict.naming.concepts import ConceptDictionary
 
 FORMAT = "conceptdict-cbsae"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .concepts import Concept, ConceptDictionary
-from .report_scores import key_of, scorer_names
+from conceptdict.naming.concepts import Concept, ConceptDictionary
+from conceptdict.naming.reports.report_scores import key_of, scorer_names
 
 BARS = " ▁▂▃▄▅▆▇█"
 

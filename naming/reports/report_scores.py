@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .concepts import Concept, ConceptDictionary
-from .report import esc, page
+from conceptdict.naming.concepts import Concept, ConceptDictionary
+from conceptdict.naming.reports.report import esc, page
 
 BANDS = (("hi", "≥ 0.8", 0.8), ("mid", "0.6 – 0.8", 0.6), ("lo", "< 0.6", -math.inf))
 CSS = (

@@ -35,8 +35,8 @@ from conceptdict.activations.intervene import (
     generate,
     steered_embeddings,
 )
-from conceptdict.naming.cbm import concept_activations
-from conceptdict.naming.report import esc, page
+from conceptdict.naming.bottleneck.cbm import concept_activations
+from conceptdict.naming.reports.report import esc, page
 
 Edit = Callable[[Tensor], Tensor]
 

@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .cbm import CbmResult, class_concepts
-from .concepts import Concept, ConceptDictionary, Example
-from .images import shown_examples
+from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts
+from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
+from conceptdict.naming.images import shown_examples
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def write_report(
     if cbm is not None:
         _write_cbm_pages(cbm, directory, header, where)
     if any(c.scores for c in cd.concepts):
-        from .report_scores import write_score_pages  # it imports this module's page skeleton
+        from conceptdict.naming.reports.report_scores import write_score_pages  # it imports this module's page skeleton
 
         write_score_pages(cd, directory, header, where)
     log.info("report: %s (%d pages)", directory / "index.html", len(pages))

@@ -21,7 +21,7 @@ from typing import Iterator, NamedTuple
 import torch
 from torch import Tensor
 
-from .diffing import LatentDiff
+from conceptdict.saes.diffing import LatentDiff
 
 
 @dataclass(frozen=True)

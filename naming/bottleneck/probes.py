@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from conceptdict.naming.solvers import fit_path
+from conceptdict.naming.bottleneck.solvers import fit_path
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ProbeConfig:
 
     l2: tuple[float, ...] = field(default=(0.01, 0.1, 1.0, 10.0), metadata={
         "help": ("Candidate L2 weights (on mean W^2) of the linear probe; the best on validation wins (the CBM "
-                 "baseline probe's grid, naming/cbm.py, without 0: an unpenalised probe on a few hundred rows "
+                 "baseline probe's grid, naming/bottleneck/cbm.py, without 0: an unpenalised probe on a few hundred rows "
                  "overfits).")})
     val_fraction: float = field(default=0.2, metadata={
         "help": "Share of the training rows held out to choose the L2 weight and the MLP's epoch."})
@@ -37,7 +37,7 @@ class ProbeConfig:
     mlp_lr: float = field(default=1e-2, metadata={"help": "Adam learning rate of the MLP probe."})
     max_iter: int = field(default=2000, metadata={"help": "L-BFGS iteration cap of the linear probe."})
     tol: float = field(default=1e-4, metadata={
-        "help": ("Stop the linear probe's solver below this KKT residual (the CBM's default, naming/cbm.py: same "
+        "help": ("Stop the linear probe's solver below this KKT residual (the CBM's default, naming/bottleneck/cbm.py: same "
                  "accuracy as 1e-5 in half the iterations).")})
     seed: int = 0
 

@@ -1,5 +1,5 @@
 """``build_cbsae``: a scored concept dictionary + a user concept list -> a CB-SAE, its named and scored concept
-dictionary, and the before/after numbers (naming/cbsae.py says what a CB-SAE is)."""
+dictionary, and the before/after numbers (naming/bottleneck/cbsae.py says what a CB-SAE is)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from .cbm import CbmConfig, store_features, train_cbm
-from .cbsae import CbSae, decode_with, CbSaeConfig, fvu, lacking_concepts, prune_mask, sim3, train_bottleneck
-from .concepts import ConceptDictionary
-from .pipeline import NameConfig, Sources, TruncatingContextCache, name_dictionary
-from .score_run import prepare_context, score_concepts
-from .scoring import ScoreConfig, ScoringContext, TextEmbedder, auroc, model_embedder
+from conceptdict.naming.bottleneck.cbm import CbmConfig, store_features, train_cbm
+from conceptdict.naming.bottleneck.cbsae import (CbSae, CbSaeConfig, decode_with, fvu, lacking_concepts, prune_mask,
+                                                 sim3, train_bottleneck)
+from conceptdict.naming.concepts import ConceptDictionary
+from conceptdict.naming.pipeline import NameConfig, Sources, TruncatingContextCache, name_dictionary
+from conceptdict.naming.score_run import prepare_context, score_concepts
+from conceptdict.naming.scoring import ScoreConfig, ScoringContext, TextEmbedder, auroc, model_embedder
 
 log = logging.getLogger(__name__)
 
