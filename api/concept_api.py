@@ -26,6 +26,8 @@ from conceptdict.naming import (
     train_cbm,
     write_report,
 )
+from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
+from conceptdict.naming.scoring import ScoreConfig
 from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
 
 
@@ -49,7 +51,6 @@ def score(concepts: str | Path, **settings: Any) -> ConceptDictionary:
     """Score every concept's name (``conceptdict score``): embedding AUROC, LLM detection / fuzzing, against random
     and hard negatives; the scores are written into the concept dictionary in place. Settings are ScoreConfig's."""
     from conceptdict.naming.score_run import prepare_context, score_concepts
-    from conceptdict.naming.scoring import ScoreConfig
 
     cfg = config_from_dict(ScoreConfig, settings, "score")
     cd = load_concepts(concepts)
@@ -139,7 +140,7 @@ def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any
     steerability and add bottleneck latents for the user's concepts it lacks. Settings are CbSaeConfig's
     (``concepts`` = a text file of concepts, ``out`` required); ``label_column``: a store label column for CBM
     accuracy before and after."""
-    from conceptdict.naming.bottleneck.cbsae import CbSaeConfig, config_dict, save_cbsae
+    from conceptdict.naming.bottleneck.cbsae import config_dict, save_cbsae
     from conceptdict.naming.bottleneck.cbsae_run import build_cbsae, read_concept_list
 
     cfg = config_from_dict(CbSaeConfig, settings, "cbsae")

@@ -3,7 +3,7 @@
 import conceptdict as cd
 from conceptdict import ranks
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import CacheConfig
+from conceptdict.store_api import CacheConfig
 
 USAGE = "conceptdict cache --model M --hookpoint H [--hookpoint H2 ...] --dataset D --out STORE [options]"
 HELP = "cache a model's activations at one or more hookpoints over a dataset into a store"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import ConfigError, add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import CbmConfig
+from conceptdict.concept_api import CbmConfig
 from conceptdict.printing import format_cbm
 
 USAGE = "conceptdict cbm DICT_DIR [--label-column Y] [--dataset store|STORE] --out CBM_DIR [options]"

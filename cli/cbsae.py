@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import CbSaeConfig
+from conceptdict.concept_api import CbSaeConfig
 
 USAGE = "conceptdict cbsae DICT_DIR --concepts FILE --out DIR [options]"
 HELP = "CB-SAE: prune low-interpretability/steerability latents and add bottleneck latents for lacking concepts"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import CompareConfig
+from conceptdict.eval_api import CompareConfig
 
 USAGE = "conceptdict compare DICT [DICT ...] --store STORE --out DIR [options]"
 HELP = "compare dictionaries on the same rows: L0, FVU, CE/KL, dead/dense, weight metrics, shared and unique latents"

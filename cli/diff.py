@@ -3,7 +3,7 @@ both models' activations, per-latent Delta tags and Latent Scaling flags."""
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import DiffConfig, TrainConfig
+from conceptdict.diff_api import DiffConfig, TrainConfig
 
 USAGE = ("conceptdict diff (--model A --model B --hookpoint H | --store A --store B) --out DIR "
          "[training options]")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import EraseConfig
+from conceptdict.edit_api import EraseConfig
 
 USAGE = "conceptdict erase --store STORE --concept-column C [--target-column Y] --out DIR [options]"
 HELP = "erase or switch a labelled concept with SAE ablation, LEACE, SPLINCE, LEACE-Switch and MidSteer; one table"

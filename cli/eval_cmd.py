@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import EvalConfig
+from conceptdict.eval_api import EvalConfig
 
 USAGE = "conceptdict eval SAE_DIR [--store STORE] [--model M] [options]"
 HELP = "evaluate a dictionary on a store: L0, FVU, explained variance, dead/dense latents, CE loss recovered"

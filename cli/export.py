@@ -5,7 +5,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_dataclass_args, settings_from
-from conceptdict.configs import ExportConfig
+from conceptdict.concept_api import ExportConfig
 
 USAGE = "conceptdict export DICT_DIR|SAE_DIR --format FORMAT --out DIR [options]"
 HELP = ("export a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify, "

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import ConfigError, add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import NameConfig
+from conceptdict.concept_api import NameConfig
 from conceptdict.printing import format_concepts
 
 USAGE = ("conceptdict name SAE_DIR [--store STORE] [--namer vocab|context|logit-lens|llm] --out "

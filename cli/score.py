@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import ScoreConfig
+from conceptdict.concept_api import ScoreConfig
 from conceptdict.printing import format_scores
 
 USAGE = "conceptdict score DICT_DIR [--scorer NAME ...] [--namer NAME ...] [options]"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import ConfigError, add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import SteerConfig
+from conceptdict.edit_api import SteerConfig
 
 USAGE = "conceptdict steer DICT_DIR --latent ID_OR_NAME [--prompt TEXT ...] --out DIR [options]"
 HELP = "steer a model through dictionary latents (add, clamp, ablate): continuations, log-probs, similarities"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import ImportConfig
+from conceptdict.store_api import ImportConfig
 
 HELP = "inspect (info), check (verify) or create from arrays (import) an activation store"
 

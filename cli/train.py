@@ -5,7 +5,7 @@ from pathlib import Path
 import conceptdict as cd
 from conceptdict import ranks
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.configs import LiveConfig, TrainCommand, TrainConfig
+from conceptdict.train_api import LiveConfig, TrainCommand, TrainConfig
 
 USAGE = ("conceptdict train (--store STORE | --model M --dataset D --tokens N) [--hookpoint H] "
          "--latents L --k K [--kind KIND] --out DIR [options]")
