@@ -98,8 +98,8 @@ def add_dataclass_args(
         if dataclasses.is_dataclass(tp):
             add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}.")
             continue
-        help_text = docs.get(f.name, "")
-        default = _default_of(f)
+        help_text = f.metadata.get("help") or docs.get(f.name, "")
+        default = f.metadata.get("default", _default_of(f))
         if default is not dataclasses.MISSING and not isinstance(default, (list, dict)):
             help_text += f" (default: {default})"
         kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text.replace("%", "%%")}
@@ -221,6 +221,27 @@ def build_config(cls: type, ns: argparse.Namespace, config_file: Path | None = N
         check_keys(data, cls, str(config_file))
     data = _merge(data, _values_from_namespace(ns, cls))
     return config_from_dict(cls, data)
+
+
+def train_flags() -> type:
+    """The flat training settings (``saes.flat_train_fields``) as a dataclass of optional fields, for the flags
+    and ``--config`` files of ``conceptdict train`` / ``diff``; unset ones stay None (the kind's defaults)."""
+    from conceptdict.saes import flat_train_fields
+
+    def flag(f):
+        kinds = f"{', '.join(f.kinds)}: " if f.kinds else ""
+        meta = {"help": kinds + f.help, **({} if f.default is dataclasses.MISSING else {"default": f.default})}
+        return f.name, f.type, dataclasses.field(default=None, metadata=meta)
+
+    return dataclasses.make_dataclass("TrainFlags", [flag(f) for f in flat_train_fields()])
+
+
+def train_config_from_flags(ns: argparse.Namespace, config_file: Path | None = None) -> Any:
+    """``saes.train_config`` of the flags over ``config_file`` (flat keys): the settings given, and no others."""
+    from conceptdict.saes import train_config
+
+    flags = build_config(train_flags(), ns, config_file)
+    return train_config(**{k: v for k, v in dataclasses.asdict(flags).items() if v is not None})
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from conceptdict.cli.args import ConfigError, add_dataclass_args, build_config, to_jsonable, write_resolved_config
+from conceptdict.cli.args import (ConfigError, add_dataclass_args, build_config, to_jsonable, train_config_from_flags,
+                                  train_flags, write_resolved_config)
 
 HELP = "diff two models: crosscoder over both models' activations, per-latent Delta tags and Latent Scaling flags"
 DIFF_FORMAT = "conceptdict-diff"
@@ -95,11 +96,9 @@ class DiffConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from conceptdict.saes import TrainConfig
-
     add_dataclass_args(parser, DiffConfig)
     group = parser.add_argument_group("training (as `conceptdict train`; default --kind crosscoder)")
-    add_dataclass_args(group, TrainConfig, skip=TRAIN_SKIP)
+    add_dataclass_args(group, train_flags(), skip=TRAIN_SKIP)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -174,7 +173,7 @@ def write_outputs(out: Path, summary: dict, records: list[dict]) -> dict[str, Pa
 
 def _diff_config(args: argparse.Namespace) -> DiffConfig:
     """DiffConfig from the flags; also defaults --kind to crosscoder and refuses non-crosscoder kinds."""
-    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+    from conceptdict.saes import KINDS, is_crosscoder
 
     try:
         cfg = build_config(DiffConfig, args)
@@ -182,8 +181,9 @@ def _diff_config(args: argparse.Namespace) -> DiffConfig:
         raise ConfigError(f"{e}; `conceptdict diff` needs --out and two --model (with --hookpoint) or two --store")
     if args.kind is None:
         args.kind = "crosscoder"
-    if args.kind not in CROSSCODER_KINDS:
-        raise ConfigError(f"--kind {args.kind} is not a crosscoder kind; use one of {list(CROSSCODER_KINDS)}")
+    if args.kind not in KINDS or not is_crosscoder(args.kind):
+        raise ConfigError(f"--kind {args.kind} is not a crosscoder kind; use one of "
+                          f"{[k for k in KINDS if is_crosscoder(k)]}")
     return cfg
 
 
@@ -196,18 +196,16 @@ def _train_config(args: argparse.Namespace, d_in: int):
     0.06 / 0.12 at k = 32 and 0.88 / 0.97 at k = 8 (775 steps, seeds 0 / 1), and on bench/crosscoder_diff.py 0.31 /
     0.28 at k = 32 and 1.00 / 1.00 at k = 8 (docs/batchtopk.md, "Crosscoders through conceptdict diff"). Models of
     width 256 and more keep k = 32."""
-    from conceptdict.saes import TrainConfig
-
     if args.latents is None:
         args.latents = 8 * d_in
     if args.k is None:
         args.k = max(1, min(32, args.latents // 8, d_in // 8))
-    return build_config(TrainConfig, args)
+    return train_config_from_flags(args)
 
 
 def run(args: argparse.Namespace) -> int:
     from conceptdict.activations import ActivationStore, stream_batches
-    from conceptdict.saes import evaluate, train
+    from conceptdict.saes import evaluate, to_flat, train
     from conceptdict.saes.diffing import SOURCE_NAMES, diff_crosscoder
     from conceptdict.saes.config import fit_to_store, heldout_batch_count
     from conceptdict.saes.training import resolve_device
@@ -221,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     stores = [ActivationStore(p) for p in paths]
     stores, hookpoint, hookpoint_b = pair_hookpoints(stores, cfg.hookpoint, cfg.hookpoint_b)
     tcfg = fit_to_store(_train_config(args, stores[0].d_in(hookpoint)), min(s.num_rows for s in stores))
-    write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
+    write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": to_flat(tcfg)}, cfg.out,
                           "diff_config.json")
     def batches(start: int):
         return stream_batches(stores, hookpoint, tcfg.batch_size, seed=tcfg.seed, epochs=None, start_batch=start,

@@ -14,6 +14,8 @@ from conceptdict.cli.args import (
     build_config,
     read_config_file,
     to_jsonable,
+    train_config_from_flags,
+    train_flags,
     write_resolved_config,
 )
 
@@ -48,23 +50,20 @@ class TrainCommand:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conceptdict.activations.live import LiveConfig
-    from conceptdict.saes import TrainConfig
 
     parser.add_argument("--config", type=Path, default=None,
                         help="JSON file of dictionary settings (the TrainConfig fields; flags override it)")
     add_dataclass_args(parser, TrainCommand)
-    add_dataclass_args(parser, TrainConfig)
+    add_dataclass_args(parser, train_flags())
     add_dataclass_args(parser.add_argument_group("training from a model (no --store)"), LiveConfig)
 
 
 def _train_config(args: argparse.Namespace):
-    from conceptdict.saes import TrainConfig
-
     given = read_config_file(args.config) if args.config else {}
     missing = [f"--{n}" for n in ("latents", "k") if getattr(args, n, None) is None and n not in given]
     if missing:
         raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32)")
-    return build_config(TrainConfig, args, args.config)
+    return train_config_from_flags(args, args.config)
 
 
 def open_training_data(stores: list[Path], hookpoints: list[str]):
@@ -106,12 +105,11 @@ SWEEP_FIXED = ("batch_size", "tokens", "seed", "eval_batches", "device")
 def sweep_points(cmd: TrainCommand, cfg) -> list[tuple[str, object]]:
     """[(name, TrainConfig)]: the one config without ``--sweep``, else every combination of its values."""
     from conceptdict.cli.args import parse_field_values
-    from conceptdict.saes import TrainConfig
     from conceptdict.saes.config import sweep_configs
 
     if not cmd.sweep:
         return [("", cfg)]
-    grid = dict(parse_field_values(TrainConfig, spec, "--sweep") for spec in cmd.sweep)
+    grid = dict(parse_field_values(train_flags(), spec, "--sweep") for spec in cmd.sweep)
     fixed = sorted(set(grid) & set(SWEEP_FIXED))
     if fixed:
         raise ConfigError(f"--sweep {fixed[0]}: {', '.join(SWEEP_FIXED)} change the batches every dictionary of a "
@@ -155,6 +153,7 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
     returns (their output directories, the trained dictionaries)."""
     from conceptdict.activations import stream_batches
     from conceptdict.cli import ranks
+    from conceptdict.saes import to_flat
     from conceptdict.saes.config import fit_to_store, heldout_batch_count, resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
@@ -186,7 +185,7 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
             "model": stores[0].manifest.get("model", {}), "level": stores[0].level}
     if w.main:
         for out, cfg in zip(outs, cfgs):
-            write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(cfg)}, out, "train_config.json")
+            write_resolved_config({"command": to_jsonable(cmd), "train": to_flat(cfg)}, out, "train_config.json")
     return outs, train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=[meta] * len(cfgs),
                              names=[name for name, _ in points], source=desc, comm=process_group_comm())
 
@@ -194,10 +193,9 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, object]]):
 def _live_runs(cmd: TrainCommand, points: list[tuple[str, object]]) -> list[tuple[str, object, int | None]]:
     """[(name, TrainConfig, source)]: every sweep point on every hookpoint (a dictionary each, in OUT/HOOKPOINT),
     or on all of them at once for a kind that reads several (crosscoder, transcoder)."""
-    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
-    from conceptdict.saes.model import kind_spec
+    from conceptdict.saes import reads_several_sources
 
-    multi = {c.kind in CROSSCODER_KINDS or kind_spec(c.kind).transcodes for _, c in points}
+    multi = {reads_several_sources(c.kind) for _, c in points}
     if len(cmd.hookpoints) == 1 or multi == {True}:
         return [(name, cfg, None) for name, cfg in points]
     if multi != {False}:
@@ -212,6 +210,7 @@ def train_from_model(cmd: TrainCommand, live, points: list[tuple[str, object]]):
     from conceptdict.activations.data import describe_dataset
     from conceptdict.activations.live import level_of, live_batches, open_model
     from conceptdict.cli import ranks
+    from conceptdict.saes import to_flat
     from conceptdict.saes.config import default_batch_size, resolve_device
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
@@ -243,7 +242,7 @@ def train_from_model(cmd: TrainCommand, live, points: list[tuple[str, object]]):
               "live": to_jsonable(live)} for _, _, s in runs]
     if w.main:
         for out, cfg in zip(outs, cfgs):
-            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live), "train": to_jsonable(cfg)},
+            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live), "train": to_flat(cfg)},
                                   out, "train_config.json")
     desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
     return outs, train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=metas,
