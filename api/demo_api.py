@@ -71,9 +71,9 @@ def _fit(store: str, hookpoint: str, out: Path, kind: str, latents: int, k: int,
     # 2 batches held out for evaluation and, for the thresholded kind, 1 on which the threshold is calibrated
     settings = dict(latents=latents, k=k, kind=kind, batch_size=batch_size, eval_batches=2, calibration_batches=1,
                     checkpoint_every=0)
-    from conceptdict.saes import TrainConfig
+    from conceptdict.saes import train_config
 
-    per_epoch = max(1, rows // batch_size - heldout_batch_count(TrainConfig(**settings, tokens=1)))
+    per_epoch = max(1, rows // batch_size - heldout_batch_count(train_config(**settings, tokens=1)))
     model = train(store=[store], hookpoint=[hookpoint], out=out, overwrite=True, tokens=per_epoch * batch_size * epochs,
                   **settings)
     return [f"{out} ({hookpoint}):", *describe_dictionary(model)]

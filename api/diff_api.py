@@ -13,12 +13,13 @@ from conceptdict.activations import ActivationStore, CacheConfig, cache_activati
 from conceptdict.activations.tokens import check_same_tokenizer
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming.reports.diff_report import write_diff
-from conceptdict.saes import SparseCoder, TrainConfig, evaluate, train
+from conceptdict.saes import SparseCoder, evaluate, is_crosscoder, to_flat, train, train_config
 from conceptdict.saes.config import fit_to_store, heldout_batch_count, resolve_device
-from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+from conceptdict.saes.kinds import KINDS
 from conceptdict.saes.diffing import (SOURCE_NAMES, TAGS, DiffAnalysisConfig, LatentDiff, crosscoder_size,
                                       diff_crosscoder)
 from conceptdict.settings import ConfigError, config_from_dict, split_settings, write_resolved_config
+from conceptdict.train_api import train_settings
 
 
 @dataclass
@@ -115,9 +116,9 @@ def diff(**settings: Any) -> DiffResult:
     stores, hookpoint, hookpoint_b = pair_hookpoints([ActivationStore(p) for p in paths], cfg.hookpoint,
                                                      cfg.hookpoint_b)
     latents, k = crosscoder_size(stores[0].d_in(hookpoint), train_settings.get("latents"), train_settings.get("k"))
-    tcfg = config_from_dict(TrainConfig, {**train_settings, "latents": latents, "k": k}, "diff")
+    tcfg = train_config(**{**train_settings, "latents": latents, "k": k})
     tcfg = fit_to_store(tcfg, min(s.num_rows for s in stores))
-    write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": tcfg}, cfg.out,
+    write_resolved_config({"diff": dataclasses.replace(cfg, hookpoint=hookpoint), "train": to_flat(tcfg)}, cfg.out,
                           "diff_config.json")
 
     def batches(start: int):
@@ -147,14 +148,16 @@ def diff(**settings: Any) -> DiffResult:
 
 def diff_configs(**settings: Any) -> tuple[DiffConfig, dict[str, Any]]:
     """(DiffConfig, the training settings) from keyword settings; the kind defaults to crosscoder."""
-    own, training = split_settings(settings, DiffConfig, TrainConfig, where="diff")
+    own, training = split_settings(settings, DiffConfig, train_settings(), where="diff")
     if "d_in" in training:
         raise ConfigError("diff takes D from the stores; drop d_in")
     cfg = config_from_dict(DiffConfig, own, "diff")
-    training = {k: v for k, v in training.items() if v is not None or k not in ("latents", "k")}
+    training = {k: v for k, v in dataclasses.asdict(config_from_dict(train_settings(), training, "diff")).items()
+                if v is not None}
     training.setdefault("kind", "crosscoder")
-    if training["kind"] not in CROSSCODER_KINDS:
-        raise ConfigError(f"--kind {training['kind']} is not a crosscoder kind; use one of {list(CROSSCODER_KINDS)}")
+    if not is_crosscoder(training["kind"]):
+        crosscoders = [k for k in KINDS if is_crosscoder(k)]
+        raise ConfigError(f"--kind {training['kind']} is not a crosscoder kind; use one of {crosscoders}")
     return cfg, training
 
 

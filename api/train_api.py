@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from conceptdict import ranks
 from conceptdict.activations import ActivationStore, heldout_recipe, stream_batches
 from conceptdict.activations.live import LiveConfig
 from conceptdict.activations.summary import check_signal
-from conceptdict.saes import SparseCoder, TrainConfig
+from conceptdict.saes import SparseCoder, TrainConfig, flat_train_fields, to_flat, train_config
 from conceptdict.saes.artifact import CONFIG_FILE
 from conceptdict.saes.config import default_batch_size, resolve_device
 from conceptdict.saes.distributed import process_group_comm
@@ -48,6 +49,20 @@ class TrainCommand:
                                  "the data, each in OUT/FIELD-VALUE_..."})
 
 
+@functools.cache
+def train_settings() -> type:
+    """The training settings every kind reads or one kind reads (``saes.flat_train_fields``), as one dataclass whose
+    fields are all optional (None: the default, which may depend on the kind): the flags of ``conceptdict train``
+    and ``diff`` and the keywords of :func:`train` are its fields."""
+    def entry(f):
+        owners = f"{', '.join(f.kinds)}: " if f.kinds else ""  # the kinds that read it
+        meta = {"help": owners + f.help, "kinds": f.kinds,
+                **({} if f.default is dataclasses.MISSING else {"default": f.default})}
+        return f.name, f.type | None if f.default is dataclasses.MISSING else f.type, field(default=None, metadata=meta)
+
+    return dataclasses.make_dataclass("TrainSettings", [entry(f) for f in flat_train_fields()])
+
+
 def train(**settings: Any) -> SparseCoder | dict[str, SparseCoder]:
     """Train a dictionary (``conceptdict train``): on ``store=`` (one or several activation stores) or straight from
     ``model=`` over ``dataset=`` (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
@@ -66,14 +81,16 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
     sweep = settings.pop("sweep", None) or []
     if isinstance(sweep, str):
         sweep = [sweep]
-    command, train_part, live_part = split_settings(settings, TrainCommand, TrainConfig, LiveConfig, where="train")
+    command, train_part, live_part = split_settings(settings, TrainCommand, train_settings(), LiveConfig,
+                                                    where="train")
     missing = [f"--{n}" for n in ("latents", "k") if train_part.get(n) is None]
     if missing:
         raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32; in Python "
                           f"latents= and k=)")
     cmd = config_from_dict(TrainCommand, {**command, "sweep": [str(s) for s in sweep]
                                           if not isinstance(sweep, dict) else []}, "train")
-    cfg = config_from_dict(TrainConfig, train_part, "train")
+    cfg = train_config(**{k: v for k, v in dataclasses.asdict(config_from_dict(train_settings(), train_part,
+                                                                                "train")).items() if v is not None})
     live = config_from_dict(LiveConfig, live_part, "train")
     if live.dataset and not live.model:
         raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
@@ -84,9 +101,9 @@ def sweep_grid(sweep: list[str] | dict[str, list[Any]]) -> dict[str, list[Any]]:
     """field -> values of a sweep given as ``["FIELD=V1,V2", ...]`` or as a dict."""
     if isinstance(sweep, dict):
         grid = {k.replace("-", "_"): list(v) for k, v in sweep.items()}
-        check_keys(grid, TrainConfig, "sweep")
+        check_keys(grid, train_settings(), "sweep")
         return grid
-    grid = dict(parse_field_values(TrainConfig, spec, "--sweep") for spec in sweep)
+    grid = dict(parse_field_values(train_settings(), spec, "--sweep") for spec in sweep)
     if len(sweep) != len(grid):
         raise ConfigError(f"--sweep names a field twice ({', '.join(sweep)}); give each field once")
     return grid
@@ -160,7 +177,8 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
              for c in plan.cfgs]
     if w.main:
         for out, c in zip(outs, plan.cfgs):
-            write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(c)}, out, "train_config.json")
+            write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(to_flat(c))}, out,
+                                  "train_config.json")
     models = train_sweep(plan.cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
                          comm=process_group_comm())
     return list(zip(names, outs, models))
@@ -198,8 +216,8 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
               "live": to_jsonable(live)} for _, _, s in runs]
     if w.main:
         for out, cfg in zip(outs, cfgs):
-            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live), "train": to_jsonable(cfg)},
-                                  out, "train_config.json")
+            write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live),
+                                   "train": to_jsonable(to_flat(cfg))}, out, "train_config.json")
     desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
     models = train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
                          comm=comm, picks=[s for _, _, s in runs])

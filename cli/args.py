@@ -27,8 +27,12 @@ from conceptdict.settings import (
     write_resolved_config,
 )
 
-__all__ = ["ConfigError", "add_config_flag", "add_dataclass_args", "build_config", "settings_from",
+__all__ = ["ConfigError", "add_config_flag", "add_dataclass_args", "add_train_settings", "build_config", "settings_from",
            "write_resolved_config"]
+
+HELP_ALL = "--help-all"
+SHOW_ALL = False
+"""True when the command line asked for ``--help-all``: every flag's help, not only the common ones'."""
 
 
 def _flag_name(f: dataclasses.Field, prefix: str) -> str:
@@ -43,9 +47,12 @@ def _default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collection[str] = ()) -> None:
+def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collection[str] = (),
+                       brief: typing.Collection[str] | None = None) -> list[str]:
     """Add one flag per field of ``cls``. Defaults stay unset (None), so that a config file can fill them and the
-    API applies the dataclass's own defaults."""
+    API applies the dataclass's own defaults. With ``brief``, ``--help`` describes only those fields (every flag
+    still works; ``--help-all`` describes all); returns the flags it left undescribed."""
+    hidden: list[str] = []
     hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
@@ -55,11 +62,12 @@ def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collect
             add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}.")
             continue
         help_text = field_help(f)
-        default = _default_of(f)
-        if default is not dataclasses.MISSING and default is not None and not isinstance(default, (list, dict)):
+        quiet = brief is not None and f.name not in brief and not SHOW_ALL
+        default = f.metadata.get("default", _default_of(f))
+        if default is not dataclasses.MISSING and default not in (None, False) and not isinstance(default, (list, dict)):
             help_text += f" (default: {default})"
         kwargs: dict[str, Any] = {"dest": f"{prefix}{f.name}".replace(".", "__"), "default": None,
-                                  "help": help_text.replace("%", "%%")}
+                                  "help": argparse.SUPPRESS if quiet else help_text.replace("%", "%%")}
         origin = get_origin(tp)
         if origin is Literal:
             kwargs["choices"] = list(get_args(tp))
@@ -76,6 +84,9 @@ def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collect
         if "metavar" not in kwargs:
             kwargs["metavar"] = _metavar(tp if origin not in (list, tuple) else (get_args(tp) or (str,))[0], f.name)
         parser.add_argument(_flag_name(f, prefix), **kwargs)
+        if quiet:
+            hidden.append(_flag_name(f, prefix))
+    return hidden
 
 
 def _metavar(tp: Any, name: str) -> str:
@@ -87,6 +98,31 @@ def _metavar(tp: Any, name: str) -> str:
     if tp is Path:
         return "PATH"
     return name.upper() if len(name) <= 8 else "S"
+
+
+BRIEF = ("latents", "k", "kind", "tokens", "batch_size", "lr", "seed", "device", "eval_batches", "calibration_batches",
+         "model", "dataset")
+"""The training settings ``--help`` describes; ``--help-all`` describes every one (docs/guide/train.md)."""
+
+
+def add_train_settings(parser, skip: typing.Collection[str] = ()) -> None:
+    """The dictionary's settings (``conceptdict train`` and ``diff``): the common ones described, the others listed
+    by name, a kind's own settings with the kinds that read them (``--help-all``: every one described)."""
+    from conceptdict.train_api import train_settings
+
+    cls = train_settings()
+    kinds = {f.name: f.metadata.get("kinds") for f in dataclasses.fields(cls)}
+    group = parser.add_argument_group("the dictionary")
+    more = add_dataclass_args(group, cls, skip=[*skip, *(n for n, k in kinds.items() if k)], brief=BRIEF)
+    if more:
+        group.description = f"also: {' '.join(more)}"
+    own = parser.add_argument_group("kind settings")
+    listed = add_dataclass_args(own, cls, skip=[*skip, *(n for n, k in kinds.items() if not k)], brief=())
+    by_kinds: dict[tuple, list[str]] = {}
+    for flag in listed:
+        by_kinds.setdefault(kinds[flag[2:].replace("-", "_")], []).append(flag)
+    if by_kinds:
+        own.description = "; ".join(f"{', '.join(k)}: {' '.join(flags)}" for k, flags in by_kinds.items())
 
 
 def add_config_flag(parser) -> None:

@@ -2,8 +2,9 @@
 both models' activations, per-latent Delta tags and Latent Scaling flags."""
 
 import conceptdict as cd
-from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.diff_api import DiffConfig, TrainConfig
+from conceptdict.cli.args import add_config_flag, add_dataclass_args, add_train_settings, settings_from
+from conceptdict.diff_api import DiffConfig
+from conceptdict.train_api import train_settings
 
 USAGE = ("conceptdict diff (--model A --model B --hookpoint H | --store A --store B) --out DIR "
          "[training options]")
@@ -13,10 +14,9 @@ HELP = "diff two models: crosscoder over both models' activations, per-latent De
 def add_arguments(parser) -> None:
     add_config_flag(parser)
     add_dataclass_args(parser, DiffConfig)
-    group = parser.add_argument_group("training (as `conceptdict train`; default --kind crosscoder)")
-    add_dataclass_args(group, TrainConfig, skip=("d_in",))
+    add_train_settings(parser, skip=("d_in",))  # as `conceptdict train`'s; --kind defaults to crosscoder here
 
 
 def run(args) -> int:
-    print(cd.diff(**settings_from(args, DiffConfig, TrainConfig)).format())
+    print(cd.diff(**settings_from(args, DiffConfig, train_settings())).format())
     return 0

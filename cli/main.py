@@ -55,13 +55,29 @@ def _common() -> argparse.ArgumentParser:
     """Flags every command takes (before or after the command name)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback of an error instead of one line")
+                        help="show the full traceback of an error")
     common.add_argument("--no-verify", action="store_true", default=argparse.SUPPRESS,
-                        help="skip the sha256 check of each store shard on first read (header and size are "
-                             "still checked); for stores you checked with `conceptdict store verify`")
+                        help="skip the shards' sha256 check (for stores `store verify` checked)")
     common.add_argument("--wait", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
-                        help="wait up to SECONDS for another process writing a store to finish before reading it")
+                        help="wait this long for another process writing a store")
+    common.add_argument("--help-all", action="store_true", default=argparse.SUPPRESS,
+                        help="describe every flag, not only the common ones")
     return common
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help layout, without breaking a flag name at its hyphens."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -79,7 +95,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         module = _load(name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common],
-                           usage=getattr(module, "USAGE", None))
+                           usage=getattr(module, "USAGE", None), formatter_class=Formatter)
         module.add_arguments(p)
         if name in _ADD_OVERWRITE:
             try:
@@ -92,6 +108,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from conceptdict.cli import args as flags
+
+    flags.SHOW_ALL = flags.HELP_ALL in argv
+    argv = ["--help" if a == flags.HELP_ALL else a for a in argv]
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None

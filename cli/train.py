@@ -4,8 +4,8 @@ from pathlib import Path
 
 import conceptdict as cd
 from conceptdict import ranks
-from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
-from conceptdict.train_api import LiveConfig, TrainCommand, TrainConfig
+from conceptdict.cli.args import BRIEF, add_config_flag, add_dataclass_args, add_train_settings, settings_from
+from conceptdict.train_api import LiveConfig, TrainCommand, train_settings
 
 USAGE = ("conceptdict train (--store STORE | --model M --dataset D --tokens N) [--hookpoint H] "
          "--latents L --k K [--kind KIND] --out DIR [options]")
@@ -16,12 +16,15 @@ HELP = ("train a sparse dictionary (SAE, crosscoder, transcoder) on activation s
 def add_arguments(parser) -> None:
     add_config_flag(parser)
     add_dataclass_args(parser, TrainCommand)
-    add_dataclass_args(parser.add_argument_group("the dictionary"), TrainConfig)
-    add_dataclass_args(parser.add_argument_group("training from a model (no --store)"), LiveConfig)
+    add_train_settings(parser)
+    live = parser.add_argument_group("training from a model (no --store)")
+    more = add_dataclass_args(live, LiveConfig, brief=BRIEF)
+    if more:
+        live.description = f"also `cache`'s data flags: {' '.join(more)}"
 
 
 def run(args) -> int:
-    settings = settings_from(args, TrainCommand, LiveConfig, TrainConfig)
+    settings = settings_from(args, TrainCommand, LiveConfig, train_settings())
     trained = cd.train(**settings)
     if ranks.current().main:
         many = trained if isinstance(trained, dict) else {"": trained}

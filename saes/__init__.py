@@ -1,5 +1,5 @@
 """Stage 2: sparse dictionaries (TopK, BatchTopK, ReLU, JumpReLU, Matryoshka, SpaDE, crosscoders, transcoders),
-training, evals, save/load.
+training, evals, save/load. The kinds: saes/kinds/ (one module each, listed in its registry).
 
 Pure tensor code: torch, einops, safetensors (numba only under ``saes.kernels``).
 """
@@ -8,22 +8,18 @@ from .artifact import save_dictionary
 from .evaluation import (EvalResult, ce_loss_recovered, describe_dictionary, evaluate, format_table, kl_score,
                          threshold_line, with_splice_scores)
 from .metrics import JsonlSink, MetricsSink, NullSink
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput, kind_spec
+from .kinds import KINDS, KindSpec, TrainOutput, is_crosscoder, kind_spec, reads_several_sources, register, unregister
+from .model import SparseCoder
 from .comm import LOCAL, Comm, LocalComm
+from .flat import FlatField, flat_train_fields, to_flat, train_config
 from .training import TrainConfig, train
 from .formats import (FormatError, export_saelens, import_saelens, load_dictionary, load_dictionary_config,
                       match_hookpoint, open_dictionary)
 
-from . import crosscoder as _crosscoder  # noqa: E402,F401  (registers the crosscoder kinds in KINDS)
-from . import jumprelu as _jumprelu  # noqa: E402,F401  (registers jumprelu)
-from . import matryoshka as _matryoshka  # noqa: E402,F401  (registers matryoshka, matryoshka-absolute)
-from . import spade as _spade  # noqa: E402,F401  (registers spade)
-from . import transcoder as _transcoder  # noqa: E402,F401  (registers the transcoder kinds in KINDS)
-
 __all__ = [
-    "KINDS", "LOCAL", "Comm", "EvalResult", "FormatError", "JsonlSink", "KindSpec", "LocalComm", "MetricsSink",
-    "NullSink", "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate", "export_saelens",
-    "format_table", "import_saelens", "kind_spec", "kl_score", "load_dictionary", "load_dictionary_config",
-    "match_hookpoint", "open_dictionary", "save_dictionary", "train",
-    "with_splice_scores", "describe_dictionary", "threshold_line",
+    "KINDS", "LOCAL", "Comm", "EvalResult", "FlatField", "FormatError", "JsonlSink", "KindSpec", "LocalComm",
+    "MetricsSink", "NullSink", "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate",
+    "export_saelens", "flat_train_fields", "format_table", "import_saelens", "is_crosscoder", "kind_spec", "kl_score",
+    "load_dictionary", "load_dictionary_config", "match_hookpoint", "open_dictionary", "reads_several_sources",
+    "register", "save_dictionary", "describe_dictionary", "threshold_line", "to_flat", "train", "train_config", "unregister", "with_splice_scores",
 ]

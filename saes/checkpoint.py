@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +11,17 @@ from torch import Tensor
 
 from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
+from .flat import flat_train_fields, to_flat
 from .model import SparseCoder
 
+SKIP = ("checkpoint_every", "log_every", "device", "kernel_impl")
+"""Settings a resumed run may change (logging and IO cadence, where it runs)."""
+
+
 def config_key(cfg: TrainConfig) -> dict[str, Any]:
-    """The settings a resumed run must share with the checkpoint (everything except logging/IO cadence)."""
-    skip = {"checkpoint_every", "log_every", "device", "kernel_impl"}
-    return {k: v for k, v in asdict(cfg).items() if k not in skip}
+    """The settings a checkpoint records: every flat setting (``saes.to_flat(every_kind=True)``, as written before
+    kinds owned their settings) except :data:`SKIP`."""
+    return {k: v for k, v in to_flat(cfg, every_kind=True).items() if k not in SKIP}
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -50,16 +55,19 @@ def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainSt
     }
 
 
-def _with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's settings with the fields added to TrainConfig after it was written at their defaults."""
-    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
-    return {**{k: v for k, v in defaults.items() if k in config_key(TrainConfig(latents=2, k=1))}, **saved}
+def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(checkpoint, now): the settings ``cfg``'s kind reads, from a checkpoint's record (a setting added after it was
+    written at its default; other kinds' settings, which older runs recorded too, left out) and from ``cfg``."""
+    defaults = {f.name: f.default for f in flat_train_fields() if f.default is not MISSING}
+    now = {k: v for k, v in to_flat(cfg).items() if k not in SKIP}
+    merged = {**defaults, **saved}
+    return {k: merged.get(k) for k in now}, now
 
 
 def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> TrainState:
-    saved = _with_defaults(ck["config"])
-    if saved != config_key(cfg):
-        diff = {k: (saved.get(k), v) for k, v in config_key(cfg).items() if saved.get(k) != v}
+    saved, now = _resumed_settings(ck["config"], cfg)
+    if saved != now:
+        diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         raise ValueError(f"--resume with settings that differ from the checkpoint (checkpoint, now): {diff}; "
                          f"use the original settings or start a new run without --resume")
     if list(ck["shape"]) != [model.n_sources, model.d_in]:

@@ -109,21 +109,20 @@ def batch_stats(x: Tensor, comm: Comm) -> BatchStats:
 
 
 class StepInputs(NamedTuple):
-    """What the loop hands a kind's training forward besides the model and this process's rows."""
+    """What the loop hands a kind's training forward besides the model and this process's rows (built by
+    keyword)."""
 
     stats: BatchStats
     """The whole batch's statistics."""
     comm: Comm
     """The seam, for kinds whose selection spans the batch (BatchTopK's global cut)."""
-    l1_coeff: float = 0.0
-    """Weight of the kind's sparsity penalty, for kinds that have one."""
     dead: Tensor | None = None
     """bool [L]: the dead latents the AuxK code must cover; None: no AuxK code this step."""
     k_aux: int = 0
     """Dead latents per row in the AuxK code."""
     settings: Any = None
-    """The run's ``TrainConfig``, for kinds with settings of their own (JumpReLU's bandwidth, Matryoshka's
-    groups); None outside a training run (the kind's defaults apply)."""
+    """The kind's settings (an instance of its ``KindSpec.settings`` dataclass: JumpReLU's bandwidth, Matryoshka's
+    groups, ReLU's ``l1_coeff``); None outside a training run and for kinds without settings."""
     warmup: float = 1.0
     """Warm-up factor in (0, 1] of the kind's sparsity coefficient at this step (JumpReLU)."""
     schedule: float = 1.0

@@ -8,8 +8,7 @@ import logging
 from typing import Any, NamedTuple
 
 from .config import TrainConfig, fit_to_store, heldout_batch_count, one_pass_rows, sweep_configs
-from .crosscoder import CROSSCODER_KINDS
-from .model import kind_spec
+from .kinds import reads_several_sources
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +67,11 @@ def _one_pass(cfg: TrainConfig, rows: int) -> TrainConfig:
     return dataclasses.replace(cfg, tokens=tokens)
 
 
-def reads_every_source(kind: str) -> bool:
-    """Whether one dictionary of ``kind`` reads all the hookpoints it is given (crosscoders, transcoders)."""
-    return kind in CROSSCODER_KINDS or kind_spec(kind).transcodes
-
-
 def per_hookpoint_runs(hookpoints: list[str], points: list[tuple[str, TrainConfig]]
                        ) -> list[tuple[str, TrainConfig, int | None]]:
     """[(name, TrainConfig, source index)] of a run over a model's ``hookpoints``: every point on every hookpoint (a
     dictionary each, named HOOKPOINT[/POINT]), or on all of them at once for kinds that read several."""
-    multi = {reads_every_source(c.kind) for _, c in points}
+    multi = {reads_several_sources(c.kind) for _, c in points}
     if len(hookpoints) == 1 or multi == {True}:
         return [(name, cfg, None) for name, cfg in points]
     if multi != {False}:

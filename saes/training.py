@@ -26,7 +26,7 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -34,25 +34,27 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from . import kernels
 from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
-from .comm import LOCAL, Comm, StepInputs, batch_stats, centred_sum_sq, is_main
+from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
                      heldout_batch_count, resolve, resolve_device)
 from .evaluation import evaluate
+from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink
 from .model import SparseCoder, kind_spec
+from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.jsonl"
 
-__all__ = ["Batches", "TrainConfig", "train_sweep", "calibrate_threshold", "default_dead_tokens", "default_lr", "heldout_batch_count",
-           "make_optimizer", "train"]
+__all__ = ["Batches", "Run", "TrainConfig", "aux_loss", "apply_update", "calibrate_threshold", "default_dead_tokens",
+           "default_lr", "heldout_batch_count", "lr_at", "make_optimizer", "make_run", "record_step", "step", "train",
+           "train_sweep", "update_threshold"]
 
 
 class Run(NamedTuple):
@@ -64,108 +66,25 @@ class Run(NamedTuple):
     opt: torch.optim.Optimizer
     state: TrainState
     resolved: Resolved
+    settings: Any
+    """The kind's settings (``TrainConfig.kind_settings``), handed to its forward every step."""
+    sparsity_warmup: int
+    """Steps over which the kind's sparsity coefficient warms up (``KindSpec.sparsity_warmup``, else the lr's)."""
+    momentum: float
+    """The running threshold estimate's momentum (the kind's ``threshold_momentum``; 0 for kinds without one)."""
 
 
-def make_optimizer(model: SparseCoder, lr: float) -> torch.optim.Adam:
-    """Adam (betas 0.9, 0.999), fused: the unfused CPU Adam cost ~300 ms against ~80 ms fused per step for
-    2.1M parameters in bench/train_step.py, several encoder matmuls' worth at D=768, L=16384.
-
-    It steps each parameter in storage order (``_storage_order``): W_enc is a transposed view of
-    latent-major storage, and the fused CPU Adam copies a non-contiguous tensor to a contiguous one and
-    back (+45 ms per step at D=768, L=16384); Adam is elementwise, so stepping the contiguous alias is the
-    same update. ``apply_update`` points the aliases' gradients at the parameters' before the step."""
-    return torch.optim.Adam([_storage_order(p) for p in model.parameters()], lr=lr, betas=(0.9, 0.999), fused=True)
-
-
-def _storage_order(p: Tensor) -> Tensor:
-    """``p``, or for a transposed 2-D parameter a detached alias of its contiguous storage (same memory)."""
-    if p.is_contiguous() or p.dim() != 2 or not p.t().is_contiguous():
-        return p
-    return p.detach().t()
-
-
-def _link_grads(model: SparseCoder, opt: torch.optim.Optimizer) -> None:
-    """Give the optimizer's storage-order aliases (``make_optimizer``) their parameters' gradients."""
-    params = [q for group in opt.param_groups for q in group["params"]]
-    for p, q in zip(model.parameters(), params):
-        if q is not p:
-            q.grad = None if p.grad is None else p.grad.t()
-
-
-def lr_at(step: int, base: float, warmup: int, total: int | None, decay_fraction: float) -> float:
-    """Linear warm-up over ``warmup`` steps, constant, then linear decay to 0 over the last fraction of ``total``."""
-    factor = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-    if total:
-        decay_steps = int(total * decay_fraction)
-        start = total - decay_steps
-        if decay_steps > 0 and step >= start:
-            factor = min(factor, max(0.0, (total - step) / decay_steps))
-    return base * factor
+def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: torch.optim.Optimizer, state: TrainState,
+             resolved: Resolved) -> Run:
+    """The :class:`Run` of ``cfg``: the kind's settings and what the steps read of them, resolved once."""
+    spec, settings = model.spec, cfg.kind_settings
+    warm = spec.sparsity_warmup(settings) if spec.sparsity_warmup is not None else None
+    momentum = settings.threshold_momentum if spec.estimates_threshold else 0.0
+    return Run(model, gen, opt, state, resolved, settings, warm if warm is not None else resolved.warmup_steps,
+               momentum)
 
 
 # -- one step ---------------------------------------------------------------------------------------
-
-def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto",
-             comm: Comm = LOCAL) -> Tensor:
-    """AuxK (OpenAI): the dead latents' code ``aux`` [B_r, K'] reconstructs the detached residual e [B_r, F]
-    through the decoder WITHOUT b_dec; returns this process's part of ||e - e_hat||^2 / ||e - mean(e)||^2
-    (the denominator over the whole batch; 0 when K' = 0)."""
-    if aux.values.shape[1] == 0:
-        return residual.new_zeros(())
-    zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
-    e_hat = kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
-    _, denom = centred_sum_sq(residual, comm)
-    return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
-
-
-def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
-                 comm: Comm = LOCAL) -> None:
-    """Backpropagate ``loss`` (a parameter it does not reach gets a zero gradient), sum the gradients over
-    processes, remove the decoder-gradient component parallel to each row, clip, take the Adam step at ``lr`` and
-    renormalise the decoder rows."""
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    model.zero_grad(set_to_none=True)
-    loss.backward()
-    for p in model.parameters():
-        # a trainable parameter the step's loss did not reach takes a zero gradient, in one process as in
-        # several (the processes' sum needs one), so that Adam's state never depends on the process count
-        if p.requires_grad and p.grad is None:
-            p.grad = torch.zeros_like(p)
-    comm.reduce_grads(model)
-    unit = model.spec.unit_decoder
-    if unit:
-        model.remove_parallel_decoder_grad()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    _link_grads(model, opt)
-    opt.step()
-    if unit:
-        model.normalize_decoder()
-
-
-@torch.no_grad()
-def update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
-    """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
-    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
-    n = st.threshold_updates
-    m = min(momentum, n / (n + 1))
-    model.threshold.mul_(m).add_((1 - m) * smallest)
-    st.threshold_updates += 1
-
-
-def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
-                threshold_start: int, momentum: float) -> None:
-    """After a step over ``rows`` rows: dead-latent counters (``fired`` bool [L]), the BatchTopK threshold
-    estimate, and the step / row counts."""
-    st.since_fired += rows
-    st.since_fired[fired.cpu()] = 0
-    if smallest is not None and st.step >= threshold_start:
-        update_threshold(model, float(smallest), momentum, st)
-    st.step += 1
-    st.rows += rows
-
 
 def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -> dict[str, float]:
     """One optimisation step on this process's rows x [B_r, F] (normalised, flattened) of a batch; every
@@ -176,10 +95,10 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     stats = batch_stats(target, comm)
     dead = st.since_fired >= r.dead_tokens
     use_aux = model.spec.uses_aux and bool(dead.any())
-    warm = cfg.sparsity_warmup_steps if cfg.sparsity_warmup_steps is not None else r.warmup_steps
-    inputs = StepInputs(stats, comm, cfg.l1_coeff, dead.to(x.device) if use_aux else None, r.aux_k, cfg,
-                        min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0, lr / r.lr if r.lr else 1.0,
-                        r.code_l1, st.step < r.topk_steps)
+    warm = run.sparsity_warmup
+    inputs = StepInputs(stats=stats, comm=comm, dead=dead.to(x.device) if use_aux else None, k_aux=r.aux_k,
+                        settings=run.settings, warmup=min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0,
+                        schedule=lr / r.lr if r.lr else 1.0, code_l1=r.code_l1, per_row=st.step < r.topk_steps)
     out = model.spec.train_forward(model, x, inputs)
     err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
@@ -191,8 +110,7 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
     apply_update(model, run.opt, loss, lr, cfg.grad_clip, comm)
-    record_step(model, st, comm.any(out.fired), stats.rows, out.smallest, r.threshold_start_step,
-                cfg.threshold_momentum)
+    record_step(model, st, comm.any(out.fired), stats.rows, out.smallest, r.threshold_start_step, run.momentum)
     parts = comm.all_sum(torch.stack([loss.detach(), fvu.detach(), aux.detach().reshape(()),
                                       out.l0.float() * x.shape[0] / stats.rows]).cpu().double())
     return {"loss": float(parts[0]), "fvu": float(parts[1]), "l0": float(parts[3]), "aux": float(parts[2]),
@@ -259,7 +177,7 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
         flat = torch.cat([model.flatten_batch(x) for x in data.whole_head])[: cfg.init_rows]
         st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
                         since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
-    return Run(model, gen, opt, st, r)
+    return make_run(cfg, model, gen, opt, st, r)
 
 
 def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
@@ -427,7 +345,8 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
         log.warning("run ended before threshold_start_step=%d; estimating the inference threshold from the "
                     "last batch only", run.resolved.threshold_start_step)
     with torch.no_grad():
-        out = model.spec.train_forward(model, last_x, StepInputs(batch_stats(last_x, comm), comm, cfg.l1_coeff))
+        out = model.spec.train_forward(model, last_x, StepInputs(stats=batch_stats(last_x, comm), comm=comm,
+                                                                  settings=run.settings))
         update_threshold(model, float(out.smallest), 0.0, st)
 
 
@@ -445,7 +364,7 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     model.fold_input_scale(st.scale)
     model.eval()
     summary: dict[str, Any] = {
-        "config": asdict(cfg), "resolved": run.resolved.to_dict(), "steps": st.step, "rows": st.rows,
+        "config": to_flat(cfg, every_kind=True), "resolved": run.resolved.to_dict(), "steps": st.step, "rows": st.rows,
         "threshold_updates": st.threshold_updates, "last_step": last,
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }

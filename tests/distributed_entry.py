@@ -59,13 +59,13 @@ def run_train(spec: dict) -> None:
 
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict import ranks
-    from conceptdict.saes import TrainConfig, train
+    from conceptdict.saes import train, train_config
     from conceptdict.saes.distributed import TorchComm
 
     w = ranks.current()
 
     for run in spec["runs"]:
-        cfg = TrainConfig(**run["config"])
+        cfg = train_config(**run["config"])
         stores = [ActivationStore(p) for p in run["stores"]]
         hps = run["hookpoints"]
 

@@ -10,11 +10,12 @@ import math
 import pytest
 import torch
 
-from conceptdict.saes import SparseCoder, TrainConfig, kernels, load_dictionary, train
-from conceptdict.saes.jumprelu import THRESHOLD_RATE, JumpReLU, Step, threshold_of
+from conceptdict.saes import SparseCoder, TrainConfig, kernels, load_dictionary, train, train_config
+from conceptdict.saes.flat import flat_for_kind
+from conceptdict.saes.kinds.jumprelu import THRESHOLD_RATE, JumpReLU, Step, threshold_of
 from conceptdict.saes.kernels import kinds as kind_ops
 from conceptdict.saes.kernels import sparse as sparse_ops
-from conceptdict.saes.matryoshka import default_groups, prefix_bounds
+from conceptdict.saes.kinds.matryoshka import default_groups, prefix_bounds
 from generators.synthetic import SyntheticSpec, alive_recovery, atom_recovery, planted_atoms, synthetic_batches
 from crashing import Crash, crashing
 
@@ -167,9 +168,9 @@ def test_matryoshka_groups():
     assert prefix_bounds(256, None) == [16, 32, 64, 128, 256]
     assert prefix_bounds(10, [3, 7]) == [3, 10]
     with pytest.raises(ValueError, match="matryoshka_groups=\\[3, 3\\] must be positive sizes summing to latents=10"):
-        TrainConfig(latents=10, k=2, kind="matryoshka", matryoshka_groups=[3, 3])
+        train_config(latents=10, k=2, kind="matryoshka", matryoshka_groups=[3, 3])
     with pytest.raises(ValueError, match="matryoshka_inner_weight=-1.0 must be >= 0"):
-        TrainConfig(latents=10, k=2, kind="matryoshka", matryoshka_inner_weight=-1.0)
+        train_config(latents=10, k=2, kind="matryoshka", matryoshka_inner_weight=-1.0)
 
 
 def test_matryoshka_inner_weight_scales_the_inner_prefix_losses():
@@ -183,18 +184,18 @@ def test_matryoshka_inner_weight_scales_the_inner_prefix_losses():
     x = torch.randn(96, 12)
     outs = {}
     for w in (1.0, 0.25, 0.0):
-        cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=w, code_l1=0.0)
-        outs[w] = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg))
+        cfg = train_config(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=w, code_l1=0.0)
+        outs[w] = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg.settings))
     assert float(outs[1.0].sparsity_loss) > 0
     torch.testing.assert_close(outs[0.25].sparsity_loss, 0.25 * outs[1.0].sparsity_loss)
     assert float(outs[0.0].sparsity_loss) == 0.0
     torch.testing.assert_close(outs[0.25].x_hat, outs[1.0].x_hat)
     # the tie-break (TrainConfig.code_l1, docs/results/batchtopk.md) adds code_l1 x the lr schedule x the kept codes' L1
     # per row over the batch's RMS norm
-    from conceptdict.saes.model import train_code
+    from conceptdict.saes.kinds.common import train_code
 
-    cfg = TrainConfig(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=0.0)
-    inputs = local_inputs(x)._replace(settings=cfg, schedule=0.5, code_l1=0.05)
+    cfg = train_config(latents=64, k=4, kind="matryoshka", matryoshka_inner_weight=0.0)
+    inputs = local_inputs(x)._replace(settings=cfg.settings, schedule=0.5, code_l1=0.05)
     values = train_code(model, x, inputs, batch=True, relative=True).values
     expected = 0.05 * 0.5 * values.sum() / 96 / inputs.stats.row_var.sqrt()
     torch.testing.assert_close(model.spec.train_forward(model, x, inputs).sparsity_loss, expected)
@@ -208,7 +209,7 @@ def _cfg(kind, **kw):
                 init_rows=64, kernel_impl="reference", threshold_start_step=2, matryoshka_groups=None)
     if kind.startswith("matryoshka"):
         base["matryoshka_groups"] = [4, 12, 16]
-    return TrainConfig(**(base | kw))
+    return train_config(**flat_for_kind(base | kw, kind))
 
 
 @pytest.mark.parametrize("kind", NEW_KINDS)
@@ -292,7 +293,7 @@ def test_spade_saves_its_affine_form_and_codes_lie_on_the_simplex(tmp_path):
 
 
 def _spade_at_start(L, seed=0, D=12):
-    from conceptdict.saes import spade
+    from conceptdict.saes.kinds import spade
 
     model = SparseCoder(D, L, 3, "spade", kernel_impl="torch")
     model.reset_parameters(generator=torch.Generator().manual_seed(seed))
@@ -389,8 +390,8 @@ def test_jumprelu_threshold_gradient_matches_the_dense_estimator():
     x = torch.randn(64, 12)
     with torch.no_grad():
         model.scaled_log_threshold.copy_(torch.log(torch.rand(40) * 0.6 + 0.2) / THRESHOLD_RATE)
-    cfg = TrainConfig(latents=40, k=4, kind="jumprelu", jumprelu_bandwidth=0.3)
-    inputs = local_inputs(x)._replace(settings=cfg)
+    cfg = train_config(latents=40, k=4, kind="jumprelu", jumprelu_bandwidth=0.3)
+    inputs = local_inputs(x)._replace(settings=cfg.settings)
     out = model.spec.train_forward(model, x, inputs)
     ((x - out.x_hat).square().sum() / inputs.stats.total_var + out.sparsity_loss).backward()
     got = model.scaled_log_threshold.grad.clone() / THRESHOLD_RATE
@@ -421,9 +422,11 @@ def test_a_checkpoint_written_before_the_new_settings_still_resumes(tmp_path):
 
 
 def test_matryoshka_groups_from_the_command_line():
-    from conceptdict.cli.args import build_config
+    from conceptdict.cli.args import settings_from
     from conceptdict.cli.main import build_parser
+    from conceptdict.train_api import LiveConfig, TrainCommand, train_configs, train_settings
 
     args = build_parser().parse_args(["train", "--store", "s", "--latents", "32", "--k", "4", "--kind", "matryoshka",
                                       "--matryoshka-groups", "4", "--matryoshka-groups", "28"])
-    assert build_config(TrainConfig, args).matryoshka_groups == [4, 28]
+    _, cfg, _, _ = train_configs(**settings_from(args, TrainCommand, LiveConfig, train_settings()))
+    assert cfg.settings.matryoshka_groups == [4, 28]

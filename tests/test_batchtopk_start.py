@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.saes import SparseCoder, TrainConfig
+from conceptdict.saes import SparseCoder, TrainConfig, train_config
 from conceptdict.saes.checkpoint import TrainState
 from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.config import default_dead_tokens, resolve
-from conceptdict.saes.jumprelu import threshold_of
-from conceptdict.saes.model import row_scale
-from conceptdict.saes.training import Run, make_optimizer, step
+from conceptdict.saes.kinds.jumprelu import threshold_of
+from conceptdict.saes.kinds.common import row_scale
+from conceptdict.saes.training import make_optimizer, make_run, step
 
 
 def _resolved(kind: str, total: int | None = 1000, **kw):
@@ -78,12 +78,12 @@ def test_the_loop_selects_per_row_for_the_first_topk_steps_only():
     torch.manual_seed(0)
     model = SparseCoder(16, 64, 4, "batchtopk", kernel_impl="torch")
     model.reset_parameters(generator=torch.Generator().manual_seed(0))
-    cfg = TrainConfig(latents=64, k=4, kind="batchtopk", tokens=10 * 32, batch_size=32, threshold_start_step=0,
+    cfg = train_config(latents=64, k=4, kind="batchtopk", tokens=10 * 32, batch_size=32, threshold_start_step=0,
                       topk_start=0.3, b_dec_init="zero")
     r = resolve(cfg, model, 10, 32)
     assert r.topk_steps == 3
     state = TrainState(since_fired=torch.zeros(64, dtype=torch.long))
-    run = Run(model, torch.Generator(), make_optimizer(model, 1e-3), state, r)
+    run = make_run(cfg, model, torch.Generator(), make_optimizer(model, 1e-3), state, r)
     for i in range(10):
         step(run, torch.randn(32, 16), cfg, 1e-3)
         assert run.state.threshold_updates == max(0, i + 1 - 3)
@@ -117,7 +117,7 @@ def test_jumprelu_start_selects_per_row_and_sets_theta_where_the_rule_keeps_k():
     model = _jumprelu()
     x = torch.randn(32, 16) * torch.exp(torch.randn(32, 1))
     cfg = TrainConfig(latents=64, k=4, kind="jumprelu")
-    out = model.spec.train_forward(model, x, local_inputs(x)._replace(per_row=True, settings=cfg, code_l1=0.1))
+    out = model.spec.train_forward(model, x, local_inputs(x)._replace(per_row=True, settings=cfg.kind_settings, code_l1=0.1))
     pre = (x - model.b_dec) @ model.W_enc + model.b_enc
     top = pre.topk(4, dim=1)
     dense = torch.zeros_like(pre).scatter_(1, top.indices, top.values.relu())
@@ -127,7 +127,7 @@ def test_jumprelu_start_selects_per_row_and_sets_theta_where_the_rule_keeps_k():
     # the threshold is set, not trained, during the start: the loss does not reach it
     assert model.scaled_log_threshold.grad is None
     # the rule that takes over keeps about k per row on these rows at that theta
-    after = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg))
+    after = model.spec.train_forward(model, x, local_inputs(x)._replace(settings=cfg.kind_settings))
     assert 2 <= float(after.l0) <= 8
 
 
@@ -137,7 +137,7 @@ def test_the_loop_trains_jumprelus_threshold_after_its_start_only():
     cfg = TrainConfig(latents=64, k=4, kind="jumprelu", tokens=10 * 32, batch_size=32, b_dec_init="zero")
     r = resolve(cfg, model, 10, 32)
     assert r.topk_steps == 3
-    run = Run(model, torch.Generator(), make_optimizer(model, 1e-3), TrainState(since_fired=torch.zeros(
+    run = make_run(cfg, model, torch.Generator(), make_optimizer(model, 1e-3), TrainState(since_fired=torch.zeros(
         64, dtype=torch.long)), r)
     for i in range(10):
         x = torch.randn(32, 16)

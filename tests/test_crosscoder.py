@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.saes import crosscoder as cc
+from conceptdict.saes import is_crosscoder
+from conceptdict.saes.kinds import crosscoder as cc
+from conceptdict.saes.kinds.relu import L1Settings
 from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.model import KINDS, SparseCoder
 
@@ -72,12 +74,12 @@ def test_l1_loss_matches_the_formula():
 
 @pytest.mark.parametrize("kind", ["crosscoder", "crosscoder-l1"])
 def test_kinds_are_registered_and_differentiable(kind):
-    assert kind in KINDS and kind in cc.CROSSCODER_KINDS
+    assert kind in KINDS and is_crosscoder(kind)
     torch.manual_seed(0)
     model = SparseCoder(d_in=6, n_latents=20, k=3, kind=kind, n_sources=2, kernel_impl="reference")
     x = torch.randn(16, 2, 6)
     flat = model.flatten_input(x)
-    out = model.spec.train_forward(model, flat, local_inputs(flat, l1_coeff=0.5))
+    out = model.spec.train_forward(model, flat, local_inputs(flat, settings=L1Settings(l1_coeff=0.5)))
     assert out.x_hat.shape == (16, 12) and out.fired.shape == (20,)
     loss = (out.x_hat - x.flatten(1)).square().sum()
     if out.sparsity_loss is not None:
@@ -96,7 +98,7 @@ def test_l1_kind_penalty_is_the_reference_lambda_over_the_batch_variance():
     torch.manual_seed(1)
     model = SparseCoder(d_in=4, n_latents=10, k=2, kind="crosscoder-l1", n_sources=2, kernel_impl="reference")
     x = torch.randn(8, 8)
-    out = model.spec.train_forward(model, x, local_inputs(x, l1_coeff=0.3))
+    out = model.spec.train_forward(model, x, local_inputs(x, settings=L1Settings(l1_coeff=0.3)))
     acts = model.encode(x.view(8, 2, 4))
     var = (x - x.mean(0)).square().sum(1).mean()
     assert out.sparsity_loss.item() == pytest.approx(cc.crosscoder_l1_penalty(acts, model.W_dec, 2, 0.3).item()

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.saes import TrainConfig, evaluate, load_dictionary, save_dictionary, train
-from conceptdict.saes.crosscoder import input_scale
+from conceptdict.saes import evaluate, load_dictionary, save_dictionary, train, train_config
+from conceptdict.saes.flat import flat_for_kind
+from conceptdict.saes.kinds.crosscoder import input_scale
 from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder
 from generators.synthetic import planted_batches, planted_pair, score_b_only
 
@@ -27,8 +28,8 @@ def planted():
 
 def _run(kind, planted):
     pair, train_batches, held_out = planted
-    cfg = TrainConfig(latents=64, k=3, kind=kind, batch_size=256, eval_batches=0, l1_coeff=1.5, seed=0,
-                      log_every=10**9, checkpoint_every=0, device="cpu")
+    cfg = train_config(**flat_for_kind(dict(latents=64, k=3, kind=kind, batch_size=256, eval_batches=0, l1_coeff=1.5, seed=0,
+                                            log_every=10**9, checkpoint_every=0, device="cpu"), kind))
     model = train(cfg, train_batches)
     table = diff_crosscoder(model, held_out, DiffAnalysisConfig())
     directions = model.decoder_directions() * input_scale(model)[None, :, None]

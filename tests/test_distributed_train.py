@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from conceptdict.activations import ActivationStore, ImportConfig, import_array, stream_batches
 from conceptdict.activations.stream import rank_rows
 from conceptdict.saes import KINDS as ALL_KINDS
-from conceptdict.saes import TrainConfig, train
-from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+from conceptdict.saes import TrainConfig, reads_several_sources, train, train_config
+from conceptdict.saes.flat import flat_for_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "tests" / "distributed_entry.py"
@@ -46,10 +46,10 @@ def base_config(kind: str, **over) -> dict:
                threshold_start_step=4, dead_tokens=300, aux_k=8, checkpoint_every=0, log_every=5,
                kernel_impl="torch", device="cpu", seed=3, lr=3e-3, l1_coeff=0.05)
     cfg.update(over)
-    return cfg
+    return flat_for_kind(cfg, kind)  # l1_coeff, threshold_start_step: for the kinds that read them
 
 
-KINDS = [(kind, ["a", "b"] if kind in CROSSCODER_KINDS or spec.transcodes else ["a"])
+KINDS = [(kind, ["a", "b"] if reads_several_sources(kind) else ["a"])
          for kind, spec in sorted(ALL_KINDS.items()) if spec.trainable]
 
 
@@ -121,13 +121,13 @@ def two_rank_runs(tmp_path_factory):
     runs, refs = {}, {}
     for kind, hps in KINDS:
         cfg = base_config(kind)
-        refs[kind] = {k: v.detach() for k, v in one_process(store, hps, TrainConfig(**cfg)).state_dict().items()}
+        refs[kind] = {k: v.detach() for k, v in one_process(store, hps, train_config(**cfg)).state_dict().items()}
         runs[kind] = {"config": cfg, "stores": [str(store)], "hookpoints": hps,
                       "weights": str(tmp / f"{kind}.safetensors")}
     cfg = base_config("batchtopk", checkpoint_every=6, log_every=1)
     out = tmp / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        one_process(store, ["a"], TrainConfig(**cfg), out=out, sink=_StopAfter(6))
+        one_process(store, ["a"], train_config(**cfg), out=out, sink=_StopAfter(6))
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
     refs["resumed"] = refs["batchtopk"]
     runs["resumed"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(out),
@@ -170,6 +170,6 @@ def test_two_rank_checkpoint_resumes_in_one_process(two_rank_runs):
     out = Path(run["out"])
     assert not Path(run["weights"]).exists()
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
-    model = one_process(store, ["a"], TrainConfig(**run["config"]), out=out, resume=True)
+    model = one_process(store, ["a"], train_config(**run["config"]), out=out, resume=True)
     diff = max_diff({k: v.detach() for k, v in model.state_dict().items()}, refs["batchtopk"])
     assert diff < 1e-4, f"1-process resume of the 2-rank checkpoint differs from the uninterrupted run by {diff:.2e}"

@@ -13,9 +13,9 @@ from conceptdict.saes import SparseCoder, TrainConfig
 from conceptdict.saes.checkpoint import TrainState
 from conceptdict.saes.comm import local_inputs
 from conceptdict.saes.config import resolve
-from conceptdict.saes.jumprelu import DEAD_MARGIN, THRESHOLD_RATE, lower_dead_thresholds, threshold_of
-from conceptdict.saes.model import row_scale
-from conceptdict.saes.training import Run, make_optimizer, step
+from conceptdict.saes.kinds.jumprelu import DEAD_MARGIN, THRESHOLD_RATE, lower_dead_thresholds, threshold_of
+from conceptdict.saes.kinds.common import row_scale
+from conceptdict.saes.training import make_optimizer, make_run, step
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +96,7 @@ def test_the_loop_revives_latents_whose_thresholds_were_left_above_their_rows(ki
         model.scaled_log_threshold.fill_(math.log(kth) / THRESHOLD_RATE)
         model.scaled_log_threshold[:8] = math.log(1e3 * kth) / THRESHOLD_RATE
     state = TrainState(since_fired=torch.zeros(64, dtype=torch.long))
-    run = Run(model, torch.Generator(), make_optimizer(model, 1e-3), state, r)
+    run = make_run(cfg, model, torch.Generator(), make_optimizer(model, 1e-3), state, r)
     for _ in range(40):
         step(run, batch(), cfg, 1e-3)
     assert float(threshold_of(model).detach()[:8].max()) < 10 * kth  # they came down from 1000x

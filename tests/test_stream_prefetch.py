@@ -12,7 +12,7 @@ import torch
 
 from conceptdict.activations import ActivationStore, stream_batches
 from conceptdict.activations.stream import prefetched
-from conceptdict.saes import TrainConfig, train
+from conceptdict.saes import train, train_config
 from crashing import Crash, crashing
 from test_store import make_store, row_ids
 
@@ -113,9 +113,9 @@ def test_crash_and_resume_on_the_prefetching_stream_is_bit_exact(tmp_path, kind)
     atoms = torch.randn(24, 10, generator=g)
     codes = torch.rand(900, 24, generator=g) * (torch.rand(900, 24, generator=g) < 0.15)
     store = make_store(tmp_path / "s", {"h": codes @ atoms}, shard_rows=64)
-    cfg = TrainConfig(kind=kind, latents=32, k=3, batch_size=32, tokens=32 * 14, eval_batches=2, init_rows=64,
-                      threshold_start_step=2, checkpoint_every=3, log_every=1, kernel_impl="torch", device="cpu",
-                      seed=1)
+    cfg = train_config(kind=kind, latents=32, k=3, batch_size=32, tokens=32 * 14, eval_batches=2, init_rows=64,
+                       checkpoint_every=3, log_every=1, kernel_impl="torch", device="cpu", seed=1,
+                       **({"threshold_start_step": 2} if kind == "batchtopk" else {}))
 
     def batches(prefetch: int):
         return lambda start: stream_batches(store, "h", 32, seed=1, buffer_rows=96, epochs=None, start_batch=start,

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conceptdict.saes import TrainConfig, train
+from conceptdict.saes import TrainConfig, train, train_config
+from conceptdict.saes.flat import flat_for_kind
 from generators.synthetic import SyntheticSpec, synthetic_batches
 from conceptdict.saes.training import train_sweep
 from crashing import Crash, crashing
@@ -22,7 +23,7 @@ DATA = functools.partial(synthetic_batches, SPEC)
 def _cfg(**kw):
     base = dict(latents=32, k=3, eval_batches=2, log_every=2, checkpoint_every=3, device="cpu", init_rows=64,
                 kernel_impl="reference", threshold_start_step=2)
-    return TrainConfig(**(base | kw))
+    return train_config(**flat_for_kind(base | kw, kw.get("kind", "topk")))
 
 
 # a thresholded kind (holds out 2 more batches, so starts later in the stream), another width, lr and init seed,

@@ -17,7 +17,7 @@ import torch
 from conceptdict.saes import SparseCoder, TrainConfig
 from conceptdict.saes.checkpoint import TrainState
 from conceptdict.saes.config import resolve
-from conceptdict.saes.training import Run, make_optimizer, step
+from conceptdict.saes.training import make_optimizer, make_run, step
 
 D, B, STEPS, T = 8, 256, 400, 0.5
 
@@ -38,7 +38,7 @@ def trained_pair(code_l1: float | None, kind: str = "batchtopk") -> float:
     cfg = TrainConfig(latents=3, k=2, kind=kind, code_l1=code_l1, lr=3e-3, warmup_steps=1,
                       decay_fraction=0.0, tokens=STEPS * B, b_dec_init="zero")
     state = TrainState(since_fired=torch.zeros(3, dtype=torch.long))
-    run = Run(model, torch.Generator(), make_optimizer(model, 3e-3), state, resolve(cfg, model, STEPS, B))
+    run = make_run(cfg, model, torch.Generator(), make_optimizer(model, 3e-3), state, resolve(cfg, model, STEPS, B))
     gen = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         c = torch.exp(torch.randn(B, 1, generator=gen)) * math.sqrt(D)

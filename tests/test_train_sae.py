@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train
+from conceptdict.saes import SparseCoder, TrainConfig, load_dictionary, train, train_config
+from conceptdict.saes.flat import flat_for_kind
 from conceptdict.saes.kernels import SparseCode
 from conceptdict.saes.training import (TrainState, aux_loss, calibrate_threshold, default_dead_tokens, lr_at,
                                        update_threshold)
@@ -25,7 +26,7 @@ SPEC = SyntheticSpec(n_atoms=48, d=12, active=3, batch_size=64, n_batches=14, se
 def _cfg(**kw):
     base = dict(latents=32, k=3, eval_batches=2, log_every=2, checkpoint_every=3, device="cpu", init_rows=64,
                 kernel_impl="reference")
-    return TrainConfig(**(base | kw))
+    return train_config(**flat_for_kind(base | kw, kw.get("kind", "topk")))
 
 
 # -- refusals -----------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def test_calibration_scales_learned_thresholds_by_one_factor(kind):
 def test_jumprelu_is_calibrated_only_when_its_penalty_targets_k():
     assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="jumprelu")) == 2
     # the paper's linear penalty sets the L0 through its coefficient, not k: nothing to calibrate to
-    assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="jumprelu", jumprelu_penalty="linear")) == 0
+    assert calibration_batch_count(train_config(latents=8, k=2, kind="jumprelu", jumprelu_penalty="linear")) == 0
     assert calibration_batch_count(TrainConfig(latents=8, k=2, kind="topk")) == 0
 
 

@@ -48,13 +48,12 @@ def trainable_kinds() -> list[str]:
 def _batches(kind: str, start: int):
     """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16], transcoders the same
     two as (input, output)."""
-    from conceptdict.saes import KINDS
-    from conceptdict.saes.crosscoder import CROSSCODER_KINDS
+    from conceptdict.saes import reads_several_sources
     from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
     for x in synthetic_batches(spec, start):
-        pair = kind in CROSSCODER_KINDS or KINDS[kind].transcodes
+        pair = reads_several_sources(kind)
         yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if pair else x
 
 
@@ -73,13 +72,16 @@ class _Record:
 
 def golden_run(kind: str) -> dict:
     """The per-step metrics and the final threshold of one seeded run of ``kind``."""
-    from conceptdict.saes import TrainConfig, train
+    from conceptdict.saes import train, train_config
+    from conceptdict.saes.flat import flat_for_kind
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         sink = _Record()
-        model = train(TrainConfig(kind=kind, **SETTINGS), functools.partial(_batches, kind), sink=sink)
+        # SETTINGS' kind-specific entries (l1_coeff, threshold_start_step) go to the kinds that read them
+        model = train(train_config(**flat_for_kind({"kind": kind, **SETTINGS}, kind)), functools.partial(_batches, kind),
+                      sink=sink)
     finally:
         torch.set_num_threads(threads)
     out = {m: [float(r[m]) for r in sink.rows] for m in METRICS}

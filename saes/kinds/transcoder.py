@@ -1,4 +1,4 @@
-"""Transcoders and skip transcoders, registered as kinds of :class:`SparseCoder`.
+"""Transcoders and skip transcoders, kinds of :class:`SparseCoder` that read a pair of sources.
 
 A transcoder (Dunefsky, Chlenski, Nanda 2024) reads a component's input x (e.g. an MLP's input hookpoint) and
 predicts its output y (the MLP's output hookpoint) through a sparse code:
@@ -23,14 +23,17 @@ Kinds: ``transcoder`` and ``skip-transcoder``. Shapes: B rows, D width, L latent
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from . import kernels
-from .comm import StepInputs
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput
+from .. import kernels
+from ..comm import StepInputs
+from .spec import KindSpec, TrainOutput
 
-TRANSCODER_KINDS = ("transcoder", "skip-transcoder")
+if TYPE_CHECKING:
+    from ..model import SparseCoder
 
 
 def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
@@ -58,8 +61,8 @@ def _encode(model: SparseCoder, x: Tensor) -> Tensor:
                                                                                               code.values)
 
 
-KINDS["transcoder"] = KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, transcodes=True)
-KINDS["skip-transcoder"] = KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, transcodes=True,
-                                    skip=True)
-
-__all__ = ["TRANSCODER_KINDS"]
+KINDS = (
+    KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, sources="pair", name="transcoder"),
+    KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, sources="pair", skip=True,
+             name="skip-transcoder"),
+)

@@ -1,5 +1,5 @@
 """SpaDE, the Sparsemax Distance Encoder (Hindupur, Lubana, Fel, Ba 2025, "Projecting Assumptions: The Duality
-Between Sparse Autoencoders and Concept Geometry", arXiv 2503.01822), registered as kind ``spade``.
+Between Sparse Autoencoders and Concept Geometry", arXiv 2503.01822), kind ``spade``.
 
 Encoder: ``f(x) = sparsemax(-lambda |x - b_dec - p_j|^2)`` over the latents j, with learned prototypes p_j and
 a learned scale lambda > 0 (lambda = softplus(lambda_pre)); the code lies on the probability simplex and its
@@ -47,16 +47,31 @@ Departures from the paper and its code (github: the authors' ``sparsemax_dist`` 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import kernels
-from .comm import StepInputs
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput, fired_from_code
+from .. import kernels
+from ..comm import StepInputs
+from .common import fired_from_code
+from .spec import KindSpec, TrainOutput
+
+if TYPE_CHECKING:
+    from ..model import SparseCoder
 
 DEFAULT_COEFF = 0.1
+
+
+@dataclass
+class SpadeSettings:
+    """Settings of SpaDE."""
+
+    spade_coeff: float = field(default=DEFAULT_COEFF, metadata={"help": (
+        "Weight of the distance-weighted L1 penalty sum_j f_j |x - p_j|^2 (the paper's code: 0.1), on the FVU's "
+        "scale.")})
 PERTURB = 0.1
 """Prototypes start at data rows moved by this fraction of the row scale along the seed's random directions."""
 
@@ -129,5 +144,5 @@ def _encode(model: SparseCoder, x: Tensor) -> Tensor:
     return torch.zeros(x.shape[0], model.n_latents, dtype=f.dtype, device=f.device).scatter_add_(1, idx, f)
 
 
-KINDS["spade"] = KindSpec(_train, _encode, uses_aux=False, uses_threshold=False, train_params=_train_params,
-                          init=_init, finish=_finish, unit_decoder=False)
+KINDS = (KindSpec(_train, _encode, uses_aux=False, uses_threshold=False, train_params=_train_params, init=_init,
+                  finish=_finish, unit_decoder=False, name="spade", settings=SpadeSettings),)

@@ -1,4 +1,4 @@
-"""JumpReLU training (Rajamanoharan et al. 2024, "Jumping Ahead"; Gemma Scope), registered as kind ``jumprelu``.
+"""JumpReLU training (Rajamanoharan et al. 2024, "Jumping Ahead"; Gemma Scope), kinds ``jumprelu`` and ``jumprelu-relative``.
 
 A JumpReLU latent is ``f_j = z_j H(z_j - theta_j)`` with z = (x - b_dec) W_enc + b_enc and a learned threshold
 theta_j = exp(log_threshold_j) > 0 per latent. H has no useful derivative, so training uses the paper's
@@ -8,12 +8,12 @@ straight-through estimators with a rectangle kernel K(u) = 1{|u| < 1/2} of bandw
 - the L0 count sum_j H(z_j - theta_j) has d / d theta_j = -(1 / eps) K((z_j - theta_j) / eps) (and none on z).
 
 Loss: FVU + c * P(L0) with the L0 averaged over the batch's rows and c warmed up linearly
-(``TrainConfig.sparsity_warmup_steps``); P is ``(L0 / k - 1)^2`` (``jumprelu_penalty="target"``, the default:
+(``JumpReLUSettings.sparsity_warmup_steps``); P is ``(L0 / k - 1)^2`` (``jumprelu_penalty="target"``, the default:
 it holds the L0 near k so the run compares with TopK at the same k, as dictionary_learning's target_l0) or
 ``L0 / k`` (``"linear"``: the paper's penalty, divided by k).
 
 Dead latents (a departure: the paper has no AuxK): both rules take the AuxK loss over the loop's dead latents
-(``KindSpec.uses_aux``, batchtopk's weight 1/4 and window of a 64th of the run, :data:`saes.config.KIND_DEFAULTS`),
+(``KindSpec.uses_aux``, batchtopk's weight 1/4 and window of a 64th of the run, ``KindSpec.defaults``),
 and each step a dead latent's threshold comes down to just below the largest pre-activation it reaches on the batch
 (:func:`lower_dead_thresholds`). AuxK alone cannot revive a JumpReLU latent: its threshold was trained up while it
 fired and stays there once it stops, so the encoder AuxK trains never reaches it. Without the rule a quarter to a
@@ -31,7 +31,7 @@ Departures from the paper, all for short runs: both rules add the selection kind
 blends the absolute rule learned onto the atoms (+15-16 points on the heavy-tailed settings) and on the real corpora
 it brings the calibrated absolute rule from 15-23% above TopK's FVU-L0 frontier to 1-7% (docs/kinds.md, "JumpReLU
 gets the tie-break"). ``jumprelu`` starts as TopK (``TrainConfig.topk_start``, 0.3 of the
-run by default, :data:`saes.config.KIND_DEFAULTS`): per-row TopK with the selection kinds' tie-break, the
+run by default, ``KindSpec.defaults``): per-row TopK with the selection kinds' tie-break, the
 threshold set (not trained) to the mean of the rows' k-th largest pre-activation, then the JumpReLU rule and its
 estimators from there. From a random start a pre-activation is a random projection, proportional to the row's
 norm, so a threshold that keeps L0 near k fires on the large rows only and the absolute kind learned 0% of the
@@ -47,7 +47,7 @@ With the target penalty the learned thresholds are then multiplied by one factor
 that their mean L0 is k (saes.calibration; on small real corpora the thresholds as trained fired 2-4.5x k on unseen
 rows): the saved thresholds carry it.
 
-``jumprelu-relative`` is the same training on the row-relative scale of ``batchtopk`` (saes.model.row_scale,
+``jumprelu-relative`` is the same training on the row-relative scale of ``batchtopk`` (saes.kinds.common.row_scale,
 docs/batchtopk.md): z = (x - b_dec) W_enc / s(x) + b_enc is compared with theta_j and the kept values are
 multiplied back by s(x). With absolute thresholds, heavy-tailed row norms break JumpReLU the way they break the
 published BatchTopK (one threshold cannot separate interference in large rows from signal in small ones):
@@ -60,16 +60,44 @@ inference is ``batchtopk``'s rule with a per-latent threshold, so it does not ex
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from . import kernels
-from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, decode_train_code, fired_from_code,
-                    relative_encode, relative_scores, relu_scores, row_scale, threshold_encode, train_code)
+from .. import kernels
+from ..comm import StepInputs
+from .batchtopk import BATCHTOPK_DEFAULTS
+from .common import (add_code_l1, decode_train_code, fired_from_code, relative_encode, relative_scores, relu_scores,
+                     row_scale, threshold_encode, train_code)
+from .spec import KindSpec, TrainOutput
+
+if TYPE_CHECKING:
+    from ..model import SparseCoder
 
 DEFAULT_BANDWIDTH = 0.05
+
+
+@dataclass
+class JumpReLUSettings:
+    """Settings of both JumpReLU rules."""
+
+    l0_coeff: float = field(default=1.0, metadata={"help": (
+        "Weight of the L0 penalty (straight-through L0): target: l0_coeff * (L0 / k - 1)^2; linear: "
+        "l0_coeff * L0 / k (the paper's).")})
+    jumprelu_penalty: Literal["target", "linear"] = field(default="target", metadata={"help": (
+        "The sparsity penalty: target (quadratic around L0 = k, comparable with TopK at the same k) or linear "
+        "(the paper's, its L0 follows the coefficient).")})
+    jumprelu_bandwidth: float = field(default=DEFAULT_BANDWIDTH, metadata={"help": (
+        "Width of the straight-through estimators' rectangle kernel, in training units (rows of mean norm "
+        "sqrt(D)); 0.05 measured on planted atoms (docs/results/defaults.md).")})
+    sparsity_warmup_steps: int | None = field(default=None, metadata={"help": (
+        "Steps over which the sparsity coefficient rises linearly from 0; None: the learning rate's warm-up.")})
+
+    def __post_init__(self) -> None:
+        if not self.jumprelu_bandwidth > 0:
+            raise ValueError(f"jumprelu_bandwidth={self.jumprelu_bandwidth} must be positive")
 
 THRESHOLD_RATE = 10.0
 """theta = exp(THRESHOLD_RATE * scaled_log_threshold): Adam moves each parameter by about the learning rate per
@@ -239,8 +267,22 @@ def _ratio_scores(model: SparseCoder, x: Tensor) -> Tensor:
     return acts / model.threshold.clamp_min(1e-12)
 
 
-KINDS["jumprelu"] = KindSpec(_train, threshold_encode, uses_aux=True, uses_threshold=True, train_params=_train_params,
-                             init=_init, finish=_finish, scores=_ratio_scores, scales_thresholds=True)
-KINDS["jumprelu-relative"] = KindSpec(_train_relative, relative_encode, uses_aux=True, uses_threshold=True,
-                                      train_params=_train_params, init=_init, finish=_finish, relative=True,
-                                      scores=_ratio_scores, scales_thresholds=True)
+def calibrates(settings: JumpReLUSettings) -> bool:
+    """Only the target penalty calibrates: the linear penalty's L0 follows its coefficient rather than k."""
+    return settings.jumprelu_penalty == "target"
+
+
+def sparsity_warmup(settings: JumpReLUSettings) -> int | None:
+    return settings.sparsity_warmup_steps
+
+
+_COMMON = dict(uses_aux=True, uses_threshold=True, train_params=_train_params, init=_init, finish=_finish,
+               scores=_ratio_scores, scales_thresholds=True, settings=JumpReLUSettings, calibrated=calibrates,
+               sparsity_warmup=sparsity_warmup)
+KINDS = (
+    # batchtopk's defaults (docs/results/defaults.md)
+    KindSpec(_train, threshold_encode, name="jumprelu", defaults=BATCHTOPK_DEFAULTS, **_COMMON),
+    # batchtopk's defaults without the TopK start (docs/results/defaults.md)
+    KindSpec(_train_relative, relative_encode, relative=True, name="jumprelu-relative",
+             defaults={**BATCHTOPK_DEFAULTS, "topk_start": 0.0}, **_COMMON),
+)

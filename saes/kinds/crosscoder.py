@@ -1,4 +1,4 @@
-"""Crosscoder-specific selection and losses, registered as kinds of :class:`SparseCoder`.
+"""Crosscoder-specific selection and losses: the kinds of :class:`SparseCoder` that read several sources.
 
 A crosscoder is a :class:`~conceptdict.saes.model.SparseCoder` with ``n_sources = S > 1``: one latent code
 shared by S sources (models or layers), ``f = act(sum_s x_s W_enc[s] + b_enc)``, ``x_hat_s = f W_dec[s] + b_dec[s]``.
@@ -15,23 +15,25 @@ serve it unchanged. What is specific lives here:
 - ``crosscoder-l1`` (the classical crosscoder, Anthropic 2024): ReLU codes, loss
   ``sum_s |x_s - x_hat_s|^2 + lambda sum_j f_j sum_s |d_j^s|``.
 
-Importing this module registers these kinds in :data:`conceptdict.saes.model.KINDS`.
-
 Shapes: B batch rows, S sources, D width per source, L latents.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
-from . import kernels
-from .comm import StepInputs
-from .model import KINDS, KindSpec, SparseCoder, TrainOutput, relative_acts, scaled_smallest, sparse_train_forward
+from .. import kernels
+from ..comm import StepInputs
+from .batchtopk import ThresholdSettings
+from .common import relative_acts, scaled_smallest, sparse_train_forward
+from .relu import L1Settings, l1_weight
+from .spec import KindSpec, TrainOutput
 
-CROSSCODER_KINDS = ("crosscoder", "crosscoder-absolute", "crosscoder-l1")
+if TYPE_CHECKING:
+    from ..model import SparseCoder
 
 
 def source_norm_sum(W_dec: Tensor, n_sources: int) -> Tensor:
@@ -84,7 +86,8 @@ def _l1_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     batch's (``inputs.stats``)."""
     acts = torch.relu(crosscoder_pre(x, model.W_enc, model.b_enc, model.b_dec))
     x_hat = acts @ model.W_dec + model.b_dec
-    penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, inputs.l1_coeff, rows=inputs.stats.rows)
+    penalty = crosscoder_l1_penalty(acts, model.W_dec, model.n_sources, l1_weight(inputs),
+                                    rows=inputs.stats.rows)
     active = acts > 0
     return TrainOutput(x_hat, active.any(dim=0), active.sum(dim=1).float().mean().detach(),
                        penalty / inputs.stats.row_var.detach(), None, None)
@@ -152,7 +155,7 @@ def _ranking_weight(model: SparseCoder) -> Tensor:
 
 def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     """Kind ``crosscoder``: BatchTopK ranked by f_j sum_s |d_j^s| relative to each row's norm (the row-relative
-    rule of ``batchtopk``, saes.model.row_scale), the AuxK code over the dead latents from the same
+    rule of ``batchtopk``, saes.kinds.common.row_scale), the AuxK code over the dead latents from the same
     pre-activations, and the scaled threshold estimate. bench/crosscoder_diff.py with heavy-tailed codes
     (D=64, 224 atoms, L=512): B-only recall 0.25 with the absolute ranking, 0.94 with the relative one.
 
@@ -192,14 +195,17 @@ def _batchtopk_scores(model: SparseCoder, x: Tensor) -> Tensor:
     return acts * source_norm_sum(training_decoder(model), model.n_sources)
 
 
-KINDS["crosscoder"] = KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True,
-                               scores=_relative_scores, relative=True)
-KINDS["crosscoder-absolute"] = KindSpec(_absolute_train, _batchtopk_encode, uses_aux=True, uses_threshold=True,
-                                        scores=_batchtopk_scores)
-KINDS["crosscoder-l1"] = KindSpec(_l1_train, _l1_encode, uses_aux=False, uses_threshold=False)
+# the crosscoders keep the shared defaults (docs/results/defaults.md)
+KINDS = (
+    KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True, scores=_relative_scores,
+             relative=True, sources="several", name="crosscoder", settings=ThresholdSettings, calibrated=True),
+    KindSpec(_absolute_train, _batchtopk_encode, uses_aux=True, uses_threshold=True, scores=_batchtopk_scores,
+             sources="several", name="crosscoder-absolute", settings=ThresholdSettings, calibrated=True),
+    KindSpec(_l1_train, _l1_encode, uses_aux=False, uses_threshold=False, sources="several", name="crosscoder-l1",
+             settings=L1Settings),
+)
 
 __all__ = [
-    "CROSSCODER_KINDS",
     "CrosscoderLoss",
     "CrosscoderSelection",
     "batchtopk_crosscoder_select",

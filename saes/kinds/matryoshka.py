@@ -1,15 +1,15 @@
-"""Matryoshka BatchTopK (Bussmann, Nabeshima, Karvonen, Nanda 2025; Nabeshima 2024), registered as kinds
-``matryoshka`` and ``matryoshka-absolute``.
+"""Matryoshka BatchTopK (Bussmann, Nabeshima, Karvonen, Nanda 2025; Nabeshima 2024), kinds ``matryoshka``
+and ``matryoshka-absolute``.
 
 The latents are split into nested groups; prefix i holds the first i groups. One BatchTopK code is selected
 over all latents, and EACH prefix reconstructs x from the code's entries in it:
 ``x_hat_i = b_dec + sum_{j in code, j < m_i} f_j d_j``. The loss is the full reconstruction's FVU (the loop's own
-term) plus ``TrainConfig.matryoshka_inner_weight`` times the sum of the inner prefixes' FVUs (the kind's extra
+term) plus ``MatryoshkaSettings.matryoshka_inner_weight`` times the sum of the inner prefixes' FVUs (the kind's extra
 loss), plus AuxK on the full residual. Departures: the papers weight every prefix 1 (inner_weight 1.0); the
 default 0.03 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
 than the atoms it must reconstruct turns its latents into blends of atoms -- and lose 12 points of recovery
 (up to 21) against BatchTopK, and 0.1 still loses 3-7 points on heavy-tailed rows (docs/kinds.md). And the kind
-trains with BatchTopK's defaults (``config.KIND_DEFAULTS``), its TopK start included: the first steps select
+trains with BatchTopK's defaults (``KindSpec.defaults``), its TopK start included: the first steps select
 per row (``StepInputs.per_row``). Early latents must reconstruct on their own, so general concepts are not
 absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
 groups leave no trace in the saved dictionary (config.json records them under ``training.config``).
@@ -22,19 +22,49 @@ Which BatchTopK: ``matryoshka`` uses the row-relative rule of ``batchtopk`` (doc
 ``matryoshka-absolute`` the published one. Measured on bench/synthetic_recovery.py (docs/kinds.md): the
 relative rule was chosen as the default for the same reason as for ``batchtopk``.
 
-Groups: ``TrainConfig.matryoshka_groups`` (sizes summing to L), or by default prefixes of L/16, L/8, L/4, L/2
+Groups: ``MatryoshkaSettings.matryoshka_groups`` (sizes summing to L), or by default prefixes of L/16, L/8, L/4, L/2
 and L latents (Bussmann et al. used similar doubling groups).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
-from . import kernels
-from .comm import StepInputs
-from .model import (KINDS, KindSpec, SparseCoder, TrainOutput, add_code_l1, relative_encode, relative_scores,
-                    relu_scores, threshold_encode, train_code)
+from .. import kernels
+from ..comm import StepInputs
+from .batchtopk import BATCHTOPK_DEFAULTS, ThresholdSettings
+from .common import add_code_l1, relative_encode, relative_scores, relu_scores, threshold_encode, train_code
+from .spec import KindSpec, TrainOutput
+
+if TYPE_CHECKING:
+    from ..model import SparseCoder
+
+
+@dataclass
+class MatryoshkaSettings(ThresholdSettings):
+    """Settings of both Matryoshka rules (and BatchTopK's threshold estimate)."""
+
+    matryoshka_groups: list[int] | None = field(default=None, metadata={"help": (
+        "Sizes of the nested groups of latents, in order, summing to latents; None: prefixes L/16, L/8, L/4, "
+        "L/2, L.")})
+    matryoshka_inner_weight: float = field(default=0.03, metadata={"help": (
+        "Weight of the summed FVUs of the inner prefixes (1.0: the paper's); 0.03 measured on planted atoms, "
+        "0.3-1.0 when absorption is the concern (docs/results/defaults.md).")})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.matryoshka_inner_weight >= 0:
+            raise ValueError(f"matryoshka_inner_weight={self.matryoshka_inner_weight} must be >= 0 (1.0: the paper's)")
+
+    def check(self, cfg) -> None:
+        """The groups against ``cfg.latents``."""
+        if self.matryoshka_groups is not None and (any(g < 1 for g in self.matryoshka_groups)
+                                                   or sum(self.matryoshka_groups) != cfg.latents):
+            raise ValueError(f"matryoshka_groups={self.matryoshka_groups} must be positive sizes summing to "
+                             f"latents={cfg.latents}; fix them or leave them unset for the default schedule")
 
 
 def default_groups(latents: int) -> list[int]:
@@ -77,9 +107,12 @@ def _absolute_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainO
     return _forward(model, x, inputs, relative=False)
 
 
-KINDS["matryoshka"] = KindSpec(_relative_train, relative_encode, uses_aux=True, uses_threshold=True,
-                               scores=relative_scores, relative=True)
-KINDS["matryoshka-absolute"] = KindSpec(_absolute_train, threshold_encode, uses_aux=True, uses_threshold=True,
-                                        scores=relu_scores)
-
-__all__ = ["default_groups", "prefix_bounds"]
+KINDS = (
+    # batchtopk's defaults (docs/results/defaults.md)
+    KindSpec(_relative_train, relative_encode, uses_aux=True, uses_threshold=True, scores=relative_scores,
+             relative=True, name="matryoshka", settings=MatryoshkaSettings, defaults=BATCHTOPK_DEFAULTS,
+             calibrated=True),
+    # trains as published, like batchtopk-absolute: the shared defaults (docs/results/defaults.md)
+    KindSpec(_absolute_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
+             name="matryoshka-absolute", settings=MatryoshkaSettings, calibrated=True),
+)

@@ -1,0 +1,99 @@
+"""The dictionary kinds: one module each under this folder, listed in :data:`MODULES` (nothing registers itself on
+import). A module defines ``KINDS``, a tuple of :class:`KindSpec` (a family's variants: batchtopk and
+batchtopk-absolute), each with its name, settings dataclass, defaults, sources and hooks (saes/kinds/spec.py).
+
+Adding a kind: its module, one line in :data:`MODULES`, its tests and its golden entry. Extensions and tests add
+one at run time with :func:`register` (and take it out with :func:`unregister`). Other code asks the registry
+(:func:`kind_spec`, :func:`reads_several_sources`, :func:`is_crosscoder`), never a list of kind names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import import_module
+
+from .spec import SHARED_DEFAULTS, KindSpec, TrainOutput
+
+MODULES: tuple[str, ...] = (
+    "topk",
+    "batchtopk",
+    "relu",
+    "jumprelu",
+    "matryoshka",
+    "spade",
+    "crosscoder",
+    "transcoder",
+    "gated",
+)
+"""The modules of the built-in kinds, in the order ``--help`` and the flat settings list them."""
+
+KINDS: dict[str, KindSpec] = {}
+"""kind name -> KindSpec: the built-in kinds, then any :func:`register` added."""
+
+THRESHOLD_FIELDS = ("threshold_start_step", "threshold_momentum")
+"""The settings a kind that estimates one threshold while training must have (``KindSpec.estimates_threshold``)."""
+
+
+def register(spec: KindSpec) -> KindSpec:
+    """Add ``spec`` to :data:`KINDS` under ``spec.name``; raises ValueError when the name is taken or the
+    declaration is inconsistent (what is missing is named)."""
+    if not spec.name:
+        raise ValueError("a kind needs a name: KindSpec(..., name='my-kind')")
+    if spec.name in KINDS:
+        raise ValueError(f"kind {spec.name!r} is already registered")
+    if spec.sources not in ("one", "several", "pair"):
+        raise ValueError(f"kind {spec.name!r}: sources={spec.sources!r} must be 'one', 'several' or 'pair'")
+    if spec.calibrated and spec.scores is None:
+        raise ValueError(f"kind {spec.name!r} calibrates a threshold but has no scores to calibrate it on")
+    unknown = sorted(set(spec.defaults) - set(SHARED_DEFAULTS))
+    if unknown:
+        raise ValueError(f"kind {spec.name!r}: defaults {unknown} are not shared fields ({sorted(SHARED_DEFAULTS)})")
+    if spec.settings is not None and not dataclasses.is_dataclass(spec.settings):
+        raise ValueError(f"kind {spec.name!r}: settings must be a dataclass, got {spec.settings!r}")
+    names = {f.name for f in dataclasses.fields(spec.settings)} if spec.settings is not None else set()
+    if spec.estimates_threshold and not set(THRESHOLD_FIELDS) <= names:
+        raise ValueError(f"kind {spec.name!r} estimates a threshold: its settings need {list(THRESHOLD_FIELDS)} "
+                         f"(saes.kinds.batchtopk.ThresholdSettings)")
+    KINDS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a kind :func:`register` added (a built-in kind stays)."""
+    if name in BUILT_IN:
+        raise ValueError(f"kind {name!r} is built in; only kinds added with register() can be removed")
+    KINDS.pop(name, None)
+
+
+BUILT_IN: dict[str, KindSpec] = {spec.name: spec for module in MODULES
+                                 for spec in import_module(f"{__name__}.{module}").KINDS}
+for _spec in BUILT_IN.values():
+    register(_spec)
+del _spec
+
+
+def kind_spec(kind: str) -> KindSpec:
+    """The spec of ``kind``; the error lists the valid kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown dictionary kind {kind!r}; choose one of {sorted(KINDS)}")
+    return KINDS[kind]
+
+
+def trainable_kinds() -> list[str]:
+    """The names of the kinds that train, sorted."""
+    return sorted(name for name, spec in KINDS.items() if spec.trainable)
+
+
+def reads_several_sources(kind: str) -> bool:
+    """Whether one dictionary of ``kind`` reads every source (hookpoint) of the data at once: crosscoders
+    ("several") and transcoders ("pair"); other kinds train a dictionary per hookpoint."""
+    return kind_spec(kind).sources != "one"
+
+
+def is_crosscoder(kind: str) -> bool:
+    """Whether ``kind`` is a crosscoder: one code over several sources."""
+    return kind_spec(kind).sources == "several"
+
+
+__all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "is_crosscoder",
+           "kind_spec", "reads_several_sources", "register", "trainable_kinds", "unregister"]

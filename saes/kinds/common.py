@@ -1,0 +1,174 @@
+"""The building blocks several kinds share: pre-activations, the row scale of the row-relative rules, the TopK /
+BatchTopK training code through the fused kernel (one process or a batch spread over processes), the L1 tie-break
+on the kept codes, and the threshold inference rules.
+
+Shapes: B batch rows, D input width per source, S sources, L latents, K kept entries per row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import kernels
+from ..comm import StepInputs
+from .spec import TrainOutput
+
+if TYPE_CHECKING:
+    from ..model import SparseCoder
+
+
+def pre_activations(model: "SparseCoder", x: Tensor) -> Tensor:
+    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders)."""
+    return (x if model.spec.transcodes else x - model.b_dec) @ model.W_enc + model.b_enc
+
+def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    active = values > 0
+    fired = torch.zeros(n_latents, dtype=torch.bool, device=values.device)
+    fired[indices[active]] = True
+    return fired, active.sum(dim=1).float().mean().detach()
+
+
+def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
+    """Smallest kept f_j * weight_j of a zero-padded code values/indices [B, K] (0 when nothing is kept)."""
+    kept = values > 0
+    scaled = values.detach() * weight[indices]
+    return scaled[kept].min().detach() if kept.any() else values.new_zeros(())
+
+
+def row_scale(model: "SparseCoder", x: Tensor) -> Tensor:
+    """s(x) [B, 1] = |(x - b_dec) * norm_scale| / sqrt(S*D): each row's centred norm in training units, relative
+    to the norm sqrt(S*D) that training normalises rows to on average (``norm_scale`` is 1 while training and
+    the folded normalisation factor afterwards, so s(x) is the same number before and after folding)."""
+    c = math.sqrt(model.n_sources * model.d_in)
+    w = model.norm_scale.repeat_interleave(model.d_in)
+    return ((x - model.b_dec) * w).norm(dim=1, keepdim=True).clamp_min(1e-6 * c) / c
+
+
+class TrainCode(NamedTuple):
+    """The code of a TopK-style training pass (:func:`train_code`), before its decode."""
+
+    values: Tensor  # [B_r, K] kept values (zero-padded), differentiable
+    indices: Tensor  # [B_r, K] int64
+    fired: Tensor  # [L] bool
+    l0: Tensor  # 0-dim, detached
+    smallest: Tensor | None  # BatchTopK threshold estimate, else None
+    aux: kernels.SparseCode | None  # AuxK code over the dead latents when asked for
+
+
+def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
+                         scale: Tensor | None = None, relative: bool = False, tie_break: bool = False) -> TrainOutput:
+    """:func:`train_code`, then :func:`decode_train_code`."""
+    return decode_train_code(model, train_code(model, x, inputs, batch=batch, scale=scale, relative=relative), inputs,
+                             tie_break=tie_break)
+
+
+def decode_train_code(model: "SparseCoder", c: "TrainCode", inputs: StepInputs, *, tie_break: bool) -> TrainOutput:
+    """The sparse decode of a training code ``c``; ``tie_break``: with :func:`add_code_l1`'s penalty."""
+    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
+                                  skip_zero_grads=True)
+    penalty = add_code_l1(None, c.values, inputs) if tie_break else None
+    return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
+
+
+def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
+               scale: Tensor | None = None, relative: bool = False) -> TrainCode:
+    """The TopK-style training pass through the fused kernel: one encoder matmul, per-row TopK
+    (``batch=False``) or BatchTopK over the whole batch ranked by ``acts * scale`` (``batch=True``), the AuxK
+    code from the same pre-activations (decoded by :func:`sparse_train_forward`). Crosscoder kinds call this with their ranking
+    ``scale`` [L]. When other processes hold part of the batch, BatchTopK takes its cut from the seam
+    (:func:`_global_batch_forward`).
+
+    ``relative=True`` is the row-relative rule (:func:`row_scale`): the kernel encodes (x - b_dec) / s(x), so it
+    ranks pre / s, and the kept values are multiplied back by s: codes relu((x - b_dec) W_enc + s(x) b_enc),
+    compared across the batch relative to their row's norm."""
+    dead, k_aux = inputs.dead, inputs.k_aux if inputs.dead is not None else 0
+    s = row_scale(model, x) if relative else x.new_ones(x.shape[0], 1)
+    if batch and inputs.comm.size > 1:
+        return _global_batch_forward(model, x, inputs, scale, s)
+    enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
+                         batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl)
+    values = enc.values * s if relative else enc.values
+    fired, l0 = fired_from_code(enc.values, enc.indices, model.n_latents)
+    aux = None
+    if dead is not None:
+        aux = kernels.SparseCode(enc.aux_values * s if relative else enc.aux_values, enc.aux_indices)
+    smallest = None
+    if batch:
+        smallest = enc.smallest.detach() if scale is None else scaled_smallest(enc.values, enc.indices, scale)
+    return TrainCode(values, enc.indices, fired, l0, smallest, aux)
+
+
+def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
+                          scale: Tensor | None, s: Tensor) -> TrainCode:
+    """BatchTopK over a batch spread over processes: each keeps its local top ``k * B`` candidates (a
+    superset of its share of the global selection), the seam gathers their scores, and the ``k * B``-th
+    largest is the cut every process applies; ``smallest`` is the global smallest kept score. ``s`` [B_r, 1]:
+    the row scale of the relative rule (ones otherwise), as in :func:`sparse_train_forward`."""
+    comm, rows, B_r = inputs.comm, inputs.stats.rows, x.shape[0]
+    k_local = min(-(-model.k * rows // B_r), model.n_latents)  # k_local * B_r >= k * B
+    enc = kernels.encode((x - model.b_dec) / s, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
+                         dead=inputs.dead, k_aux=inputs.k_aux if inputs.dead is not None else 0,
+                         impl=model.kernel_impl)
+    values = enc.values.detach()
+    scores = values if scale is None else values * scale[enc.indices]
+    alive = values > 0
+    everything = comm.gather_rows(scores[alive].float().reshape(-1))
+    n_keep = model.k * rows
+    cut = (everything.topk(n_keep, sorted=False).values.min().to(scores.dtype) if everything.numel() > n_keep
+           else scores.new_tensor(-math.inf))
+    keep = alive & (scores >= cut)
+    width = max(1, int(keep.sum(dim=1).max()) if keep.numel() else 1)
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
+    vals = (enc.values * s * keep).gather(1, order)
+    idx = enc.indices.gather(1, order)
+    fired, l0 = fired_from_code(vals.detach(), idx, model.n_latents)
+    kept_scores = scores.masked_fill(~keep, math.inf)
+    smallest = comm.all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
+    smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+    aux = kernels.SparseCode(enc.aux_values * s, enc.aux_indices) if inputs.dead is not None else None
+    return TrainCode(vals, idx, fired, l0, smallest, aux)
+
+
+def add_code_l1(loss: Tensor | None, values: Tensor, inputs: StepInputs) -> Tensor | None:
+    """``loss`` (None: none yet) plus ``inputs.code_l1`` (the run's resolved ``code_l1``) x the lr's schedule
+    factor x the L1 norm of this process's kept codes ``values`` [B_r, K], per row of the whole batch and over its
+    RMS norm of x - mean; ``loss`` unchanged when that weight is 0, as it is outside a training run. The tie-break
+    of the selection kinds (topk, batchtopk, matryoshka, crosscoder) and of jumprelu's two rules: docs/batchtopk.md."""
+    coeff = inputs.code_l1 * inputs.schedule
+    if not coeff:
+        return loss
+    penalty = coeff * values.sum() / inputs.stats.rows / inputs.stats.row_var.sqrt().detach()
+    return penalty if loss is None else loss + penalty
+
+
+def relative_acts(model: "SparseCoder", x: Tensor) -> tuple[Tensor, Tensor]:
+    """(relu((x - b_dec) W_enc / s + b_enc) [B, L], s [B, 1]) for x_flat [B, S*D]: the activations of the
+    row-relative kinds before selection, relative to the row scale s(x) (:func:`row_scale`)."""
+    s = row_scale(model, x)
+    return torch.relu((x - model.b_dec) @ model.W_enc / s + model.b_enc), s
+
+
+def relative_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    """What the row-relative threshold is compared with: relu(pre(x) / s(x)) [B, L]."""
+    return relative_acts(model, x)[0]
+
+
+def relative_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """Inference of ``batchtopk``: s(x) relu(pre / s) where pre / s exceeds the threshold."""
+    acts, s = relative_acts(model, x)
+    return acts * (acts > model.threshold) * s
+
+
+def relu_scores(model: "SparseCoder", x: Tensor) -> Tensor:
+    """relu(pre) [B, L]: what a JumpReLU threshold is compared with."""
+    return torch.relu(pre_activations(model, x))
+
+
+def threshold_encode(model: "SparseCoder", x: Tensor) -> Tensor:
+    """JumpReLU inference: relu(pre) where it exceeds the per-latent ``threshold``, else 0."""
+    acts = relu_scores(model, x)
+    return acts * (acts > model.threshold)
