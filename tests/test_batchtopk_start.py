@@ -1,4 +1,4 @@
-"""BatchTopK's defaults of its own (``saes.config.KIND_DEFAULTS``): the TopK start (``TrainConfig.topk_start``)
+"""BatchTopK's defaults of its own (`the kind's `defaults` in saes/kinds/`): the TopK start (``TrainConfig.topk_start``)
 the stronger tie-break, and the shorter dead window with the stronger AuxK (docs/batchtopk.md, "BatchTopK starts
 as TopK"); JumpReLU's TopK start (docs/kinds.md, "JumpReLU starts as TopK") and its share of batchtopk's AuxK
 defaults (docs/kinds.md, "JumpReLU with AuxK")."""
