@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
-from conceptdict.saes import TrainConfig, evaluate, train
-from conceptdict.saes.crosscoder import input_scale
+from conceptdict.saes import evaluate, train, train_config
+from conceptdict.saes.flat import flat_for_kind
+from conceptdict.saes.kinds.crosscoder import input_scale
 from conceptdict.saes.diffing import DiffAnalysisConfig, diff_crosscoder
 from generators.synthetic import learned_by_kind, planted_batches, planted_pair, score_b_only
 
@@ -64,8 +65,10 @@ def parse_args(argv=None):
 
 def run_one(kind: str, args, seed: int, pair, train_batches, held_out) -> dict:
     t0 = time.perf_counter()
-    cfg = TrainConfig(latents=args.latents, k=args.k, kind=kind, batch_size=args.batch_size, eval_batches=0,
-                      l1_coeff=args.l1_coeff, seed=seed, log_every=10**9, checkpoint_every=0, device="cpu")
+    # --l1-coeff is crosscoder-l1's setting: the other kinds do not read it
+    cfg = train_config(**flat_for_kind(dict(latents=args.latents, k=args.k, kind=kind, batch_size=args.batch_size,
+                                            eval_batches=0, l1_coeff=args.l1_coeff, seed=seed, log_every=10**9,
+                                            checkpoint_every=0, device="cpu"), kind))
     model = train(cfg, train_batches)
     train_s = time.perf_counter() - t0
     ev = evaluate(model, held_out)

@@ -38,7 +38,7 @@ from cbm_accuracy import batches  # noqa: E402
 from cbm_corpora import default_model, embedded  # noqa: E402
 from synthetic_recovery import kind_variant  # noqa: E402
 
-from conceptdict.saes import TrainConfig, train  # noqa: E402
+from conceptdict.saes import TrainConfig, train, train_config  # noqa: E402
 from conceptdict.saes.config import calibration_batch_count  # noqa: E402
 
 
@@ -83,8 +83,8 @@ def heldout(kind: str, fields: dict, k: int, parts: tuple[torch.Tensor, ...], a)
     calibration rows, the stream's first batches) and measure it on the held-out rows: FVU (against the held-out
     mean), L0, dead."""
     train_x, calib_x, test_x = parts
-    cfg = TrainConfig(latents=a.latents, k=k, kind=kind, batch_size=a.batch, device="cpu", eval_batches=0,
-                      checkpoint_every=0, log_every=10**9, seed=a.seed, tokens=a.steps * a.batch, **fields)
+    cfg = train_config(latents=a.latents, k=k, kind=kind, batch_size=a.batch, device="cpu", eval_batches=0,
+                       checkpoint_every=0, log_every=10**9, seed=a.seed, tokens=a.steps * a.batch, **fields)
     n_calib = calibration_batch_count(cfg)
     if n_calib * a.batch > len(calib_x):
         raise SystemExit(f"{kind}: calibration_batches={n_calib} needs {n_calib * a.batch} rows; "

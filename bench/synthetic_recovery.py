@@ -39,7 +39,8 @@ import time
 
 import torch
 
-from conceptdict.saes import TrainConfig, train
+from conceptdict.saes import TrainConfig, train, train_config
+from conceptdict.saes.flat import flat_for_kind
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.model import kind_spec
 from generators.synthetic import (SyntheticSpec, absorption, atom_recovery, planted_atoms,
@@ -207,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             todo = [(label, *kind_variant(label), a.k) for label in a.kinds]
             while todo:
                 label, kind, extra, k = todo.pop(0)
-                cfg = TrainConfig(latents=L, k=k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
-                                  eval_batches=a.eval_batches,
-                                  log_every=10**9, checkpoint_every=0, kernel_impl=a.kernel_impl, seed=spec.seed,
-                                  **{**overrides(a.set), **extra})
+                # --set applies to the kinds that read each field, a kind's own FIELD=VALUE to it alone
+                shared = dict(latents=L, k=k, kind=kind, tokens=(a.batches - a.eval_batches - 2) * a.batch_size,
+                              eval_batches=a.eval_batches, log_every=10**9, checkpoint_every=0,
+                              kernel_impl=a.kernel_impl, seed=spec.seed, **overrides(a.set))
+                cfg = train_config(**{**flat_for_kind(shared, kind), **extra})
                 matched = label.startswith("batchtopk@") and trained.get(k)
                 r = dict(matched or run_one(spec, cfg), setting=setting, label=label)
                 results.append(r)

@@ -234,7 +234,7 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
     opt = make_optimizer(model, 1e-4)
 
     def step(x):
-        inputs = local_inputs(x)._replace(settings=cfg, code_l1=kind_default(cfg, "code_l1"))
+        inputs = local_inputs(x)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"))
         out = model.spec.train_forward(model, x, inputs)
         loss = (x - out.x_hat).pow(2).sum() / inputs.stats.total_var
         if out.sparsity_loss is not None:

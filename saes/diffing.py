@@ -302,8 +302,8 @@ def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: Latent
 
 def training_directions(model: SparseCoder) -> Tensor:
     """The decoder directions [L, S, D] of a crosscoder (S >= 2) in its training units (the raw directions times
-    the per-source normalisation factor, ``saes.crosscoder.input_scale``), where the models' norms compare."""
-    from .crosscoder import input_scale
+    the per-source normalisation factor, ``saes.kinds.crosscoder.input_scale``), where the models' norms compare."""
+    from .kinds.crosscoder import input_scale
 
     if model.n_sources < 2:
         raise ValueError(f"diffing needs a crosscoder with at least 2 sources, got n_sources={model.n_sources}; "
@@ -323,9 +323,9 @@ def diff_crosscoder(model: SparseCoder, batches: Iterable[Tensor], cfg: DiffAnal
 
     ``batches`` are raw x [B, S, D] (e.g. held-out rows of both models over the same tokens). Decoder norms,
     cosines and Latent Scaling are computed in the crosscoder's training units (raw activations times the
-    per-source normalisation factor, see ``saes.crosscoder.input_scale``) so that the two models' norms are
+    per-source normalisation factor, see ``saes.kinds.crosscoder.input_scale``) so that the two models' norms are
     comparable; without batches (``max_batches=0``) the table has no Latent Scaling columns."""
-    from .crosscoder import input_scale
+    from .kinds.crosscoder import input_scale
 
     directions = training_directions(model)
     c = input_scale(model)[:, None]  # [S, 1]

@@ -356,7 +356,7 @@ RECOVERY = SyntheticSpec(n_atoms=256, d=128, active=3, noise=0.02, batch_size=10
 def test_planted_atoms_are_recovered(kind):
     """The test-sized problem of tests/test_sae_recovery.py with default settings. SpaDE (measured 2026-12-01:
     93.8% at FVU 0.078, L0 22, 25% dead; it learned 0% before its prototypes started at data rows in row units,
-    saes/spade.py) keeps more latents dead than the TopK kinds: with L = 2 x atoms and codes that sum to 1,
+    saes/kinds/spade.py) keeps more latents dead than the TopK kinds: with L = 2 x atoms and codes that sum to 1,
     the spare prototypes sit away from the rows. jumprelu (2026-12-02, with AuxK and its dead-latent rule): 97.7% at
     FVU 0.078, L0 6.08, 3.3% dead (34% dead before them), with its TopK start and the tie-break after it (87.5% without
     the tie-break, 84-88% before the start)."""

@@ -1,4 +1,4 @@
-"""BatchTopK's defaults of its own (``saes.config.KIND_DEFAULTS``): the TopK start (``TrainConfig.topk_start``)
+"""BatchTopK's defaults of its own (the ``defaults`` each kind declares in saes/kinds/): the TopK start (``TrainConfig.topk_start``)
 the stronger tie-break, and the shorter dead window with the stronger AuxK (docs/results/batchtopk.md, "The TopK
 start, AuxK weight and dead window"); JumpReLU's TopK start (docs/results/kinds.md, "The other JumpReLU defaults") and its share of batchtopk's AuxK
 defaults (docs/results/kinds.md, "AuxK and the dead-threshold rule")."""

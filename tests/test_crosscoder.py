@@ -1,4 +1,4 @@
-"""Crosscoder selection and losses (saes/crosscoder.py), checked against hand computations."""
+"""Crosscoder selection and losses (saes/kinds/crosscoder.py), checked against hand computations."""
 
 from __future__ import annotations
 

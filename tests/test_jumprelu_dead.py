@@ -1,4 +1,4 @@
-"""JumpReLU's dead-latent rule (saes/jumprelu.py, docs/results/kinds.md "AuxK and the dead-threshold rule"): both rules take the AuxK loss
+"""JumpReLU's dead-latent rule (saes/kinds/jumprelu.py, docs/results/kinds.md "AuxK and the dead-threshold rule"): both rules take the AuxK loss
 over the loop's dead latents, and a dead latent's threshold comes down to the largest pre-activation it reaches on
 the batch, so that AuxK can bring it back."""
 
