@@ -32,7 +32,7 @@ class TrainConfig:
         "Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."))
     kind: str = field(default="topk", metadata=_help(
         "Dictionary kind (saes/kinds/): topk, batchtopk, relu, jumprelu, matryoshka, spade, crosscoder, "
-        "transcoder and their variants; which to use: docs/kinds.md."))
+        "transcoder and their variants; which to use: docs/guide/train.md."))
     tokens: int | None = field(default=None, metadata=_help(
         "Stop after this many training rows; None (a store): one pass, or more passes up to 2000 steps and 100 "
         "passes (docs/results/defaults.md)."))
@@ -193,8 +193,7 @@ def one_pass_rows(cfg: TrainConfig, rows: int) -> int:
 def default_tokens(pass_rows: int, batch: int) -> int:
     """Training rows of a run that leaves ``tokens`` None, over a store whose training rows (the held-out batches left
     out) are ``pass_rows``: one pass when it takes at least :data:`TARGET_STEPS` steps of ``batch`` rows, else more
-    passes up to that many steps, at most :data:`MAX_PASSES` passes. Measured (docs/batchtopk.md, "The default batch
-    size and run length"): ten passes over a 200k-row planted store recover nearly as many atoms as one pass over 2M
+    passes up to that many steps, at most :data:`MAX_PASSES` passes. Measured (docs/results/batchtopk.md#the-default-batch-size-and-run-length): ten passes over a 200k-row planted store recover nearly as many atoms as one pass over 2M
     fresh rows, and more passes over the small real corpora lower their held-out FVU."""
     return max(pass_rows, min(TARGET_STEPS * batch, MAX_PASSES * pass_rows))
 

@@ -8,7 +8,7 @@ import functools
 import pytest
 
 from conceptdict import saes
-from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+from generators.synthetic import SyntheticSpec, synthetic_batches
 
 from fixtures_kind import KINDS, TopkL1Settings
 

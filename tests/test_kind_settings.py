@@ -98,7 +98,7 @@ def test_a_checkpoint_that_recorded_another_kinds_setting_resumes(tmp_path):
     import torch
 
     from crashing import Crash, crashing
-    from conceptdict.saes.synthetic import SyntheticSpec, synthetic_batches
+    from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=24, d=8, active=2, batch_size=32, n_batches=12, seed=2)
     data = functools.partial(synthetic_batches, spec)

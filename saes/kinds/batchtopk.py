@@ -1,5 +1,5 @@
 """``batchtopk`` (row-relative BatchTopK: the batch's top k*B entries ranked relative to each row's norm,
-docs/batchtopk.md) and ``batchtopk-absolute`` (BatchTopK as published, Bussmann et al. 2024). Both keep a running
+docs/results/batchtopk.md) and ``batchtopk-absolute`` (BatchTopK as published, Bussmann et al. 2024). Both keep a running
 estimate of one inference threshold (:class:`ThresholdSettings`), which calibration replaces."""
 
 from __future__ import annotations

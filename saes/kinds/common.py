@@ -137,7 +137,7 @@ def add_code_l1(loss: Tensor | None, values: Tensor, inputs: StepInputs) -> Tens
     """``loss`` (None: none yet) plus ``inputs.code_l1`` (the run's resolved ``code_l1``) x the lr's schedule
     factor x the L1 norm of this process's kept codes ``values`` [B_r, K], per row of the whole batch and over its
     RMS norm of x - mean; ``loss`` unchanged when that weight is 0, as it is outside a training run. The tie-break
-    of the selection kinds (topk, batchtopk, matryoshka, crosscoder) and of jumprelu's two rules: docs/batchtopk.md."""
+    of the selection kinds (topk, batchtopk, matryoshka, crosscoder) and of jumprelu's two rules: docs/results/batchtopk.md."""
     coeff = inputs.code_l1 * inputs.schedule
     if not coeff:
         return loss

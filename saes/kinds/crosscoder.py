@@ -10,7 +10,7 @@ serve it unchanged. What is specific lives here:
   latents; inference keeps ``f_j`` where ``f_j * sum_s |d_j^s| > threshold`` (the threshold is set like a
   BatchTopK SAE's, on the same scaled ranking, and stored in the ``threshold`` buffer).
 - ``crosscoder`` (the default): the same, with the ranking and the threshold relative to each row's norm as
-  in the SAE kind ``batchtopk`` (docs/batchtopk.md): with heavy-tailed activations the absolute ranking spends
+  in the SAE kind ``batchtopk`` (docs/results/batchtopk.md): with heavy-tailed activations the absolute ranking spends
   the batch's budget on high-norm rows and learns only a quarter of the one-model concepts.
 - ``crosscoder-l1`` (the classical crosscoder, Anthropic 2024): ReLU codes, loss
   ``sum_s |x_s - x_hat_s|^2 + lambda sum_j f_j sum_s |d_j^s|``.
@@ -162,7 +162,7 @@ def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> Train
     With the L1 tie-break of ``batchtopk`` on the kept codes f (``TrainConfig.code_l1``, 0.1): at k = 32 for ~6 atoms
     per row the cut keeps room for an atom's split halves, and without it B-only recall was 0.28-0.31 on
     bench/crosscoder_diff.py and 0.38-0.47 through ``conceptdict diff`` (bench/cli_planted.py --diff); with it 1.00
-    (docs/batchtopk.md, "The crosscoder takes the tie-break"). A version with batchtopk's other defaults (TopK start,
+    (docs/results/crosscoders.md#the-crosscoder-takes-the-tie-break). A version with batchtopk's other defaults (TopK start,
     AuxK 1/4, a short dead window) and the penalty weighted by sum_s |d_j^s| lost precision (0.78-0.84)."""
     return sparse_train_forward(model, x, inputs, batch=True, scale=_ranking_weight(model), relative=True,
                                 tie_break=True)

@@ -18,8 +18,7 @@ and each step a dead latent's threshold comes down to just below the largest pre
 (:func:`lower_dead_thresholds`). AuxK alone cannot revive a JumpReLU latent: its threshold was trained up while it
 fired and stays there once it stops, so the encoder AuxK trains never reaches it. Without the rule a quarter to a
 third of the latents ended dead on bench/synthetic_recovery.py --small; with it 0-1%, and jumprelu-relative
-recovers more planted atoms than batchtopk on the heavy-tailed and hierarchical settings (docs/kinds.md, "JumpReLU
-with AuxK").
+recovers more planted atoms than batchtopk on the heavy-tailed and hierarchical settings (docs/results/kinds.md#auxk-and-the-dead-threshold-rule).
 
 Sparse form: only entries with z_j > theta_j - eps/2 (the active ones and those inside the kernel's window)
 have a value or a gradient, so the step works on the packed code of those entries
@@ -27,16 +26,15 @@ have a value or a gradient, so the step works on the packed code of those entrie
 ``impl="reference"`` computes.
 
 Departures from the paper, all for short runs: both rules add the selection kinds' L1 tie-break on the codes
-(``TrainConfig.code_l1``, fading with the learning rate, docs/batchtopk.md): on the planted benchmark it turns the
+(``TrainConfig.code_l1``, fading with the learning rate, docs/results/batchtopk.md): on the planted benchmark it turns the
 blends the absolute rule learned onto the atoms (+15-16 points on the heavy-tailed settings) and on the real corpora
-it brings the calibrated absolute rule from 15-23% above TopK's FVU-L0 frontier to 1-7% (docs/kinds.md, "JumpReLU
-gets the tie-break"). ``jumprelu`` starts as TopK (``TrainConfig.topk_start``, 0.3 of the
+it brings the calibrated absolute rule from 15-23% above TopK's FVU-L0 frontier to 1-7% (docs/results/kinds.md#auxk-and-the-dead-threshold-rule). ``jumprelu`` starts as TopK (``TrainConfig.topk_start``, 0.3 of the
 run by default, ``KindSpec.defaults``): per-row TopK with the selection kinds' tie-break, the
 threshold set (not trained) to the mean of the rows' k-th largest pre-activation, then the JumpReLU rule and its
 estimators from there. From a random start a pre-activation is a random projection, proportional to the row's
 norm, so a threshold that keeps L0 near k fires on the large rows only and the absolute kind learned 0% of the
 planted atoms on heavy-tailed rows and 85% on plain ones; with the start, 31-48% and 98%
-(bench/synthetic_recovery.py --small, docs/kinds.md, "JumpReLU starts as TopK"). theta starts at the (N k)-th
+(bench/synthetic_recovery.py --small, docs/results/kinds.md#the-other-jumprelu-defaults). theta starts at the (N k)-th
 largest pre-activation over the first N rows (so a run without the start runs its first step at L0 ~ k) instead
 of 0.001; eps is 0.05 in training units (rows of mean norm sqrt(D); the paper's 0.001 for rows of unit mean
 squared norm is ~0.01 here); and the trained parameter is log(theta) / THRESHOLD_RATE, so Adam moves the
@@ -48,12 +46,12 @@ that their mean L0 is k (saes.calibration; on small real corpora the thresholds 
 rows): the saved thresholds carry it.
 
 ``jumprelu-relative`` is the same training on the row-relative scale of ``batchtopk`` (saes.kinds.common.row_scale,
-docs/batchtopk.md): z = (x - b_dec) W_enc / s(x) + b_enc is compared with theta_j and the kept values are
+docs/results/batchtopk.md): z = (x - b_dec) W_enc / s(x) + b_enc is compared with theta_j and the kept values are
 multiplied back by s(x). With absolute thresholds, heavy-tailed row norms break JumpReLU the way they break the
 published BatchTopK (one threshold cannot separate interference in large rows from signal in small ones):
 on ``bench/synthetic_recovery.py --small --settings heavy`` ``jumprelu`` recovered 0% of the atoms at held-out FVU
 0.31 before its TopK start and 44% at 0.15 with it (``batchtopk-absolute``: 0%), ``jumprelu-relative`` 81%
-(docs/kinds.md). The start does not help the relative kind (it lost 1-6 points on three settings), so it has none. Its
+(docs/results/kinds.md). The start does not help the relative kind (it lost 1-6 points on three settings), so it has none. Its
 inference is ``batchtopk``'s rule with a per-latent threshold, so it does not export to SAELens.
 """
 
@@ -105,7 +103,7 @@ step, so this multiplies the thresholds' step by 10 (about 4.5% of theta per ste
 At rate 1 (log theta itself as the parameter, as SAELens) theta moves 0.45% per step while the encoder moves the
 pre-activations several percent: on bench/synthetic_recovery.py --small the L0 sank to 2-4 for k=6 and the
 quadratic target could not pull it back within 182 steps (jumprelu-relative ended at L0 4.2, jumprelu at 3.3-3.8);
-at rate 10 both hold L0 at 5.8-6.4 (docs/kinds.md)."""
+at rate 10 both hold L0 at 5.8-6.4 (docs/results/kinds.md)."""
 
 
 def _rectangle(u: Tensor) -> Tensor:
@@ -183,7 +181,7 @@ def lower_dead_thresholds(model: SparseCoder, centred: Tensor, inputs: StepInput
     where it was once the latent stops firing (the estimators reach only entries within eps / 2 of it), so AuxK, which
     trains the dead latents' encoders, could not bring them back: on bench/synthetic_recovery.py --small a quarter of
     jumprelu-relative's latents ended dead with thresholds 3x the alive ones' median and activations at a third of them
-    (docs/kinds.md, "JumpReLU with AuxK")."""
+    (docs/results/kinds.md#auxk-and-the-dead-threshold-rule)."""
     cols = inputs.dead.nonzero().flatten()
     if cols.numel() == 0:
         return

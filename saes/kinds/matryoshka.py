@@ -8,7 +8,7 @@ term) plus ``MatryoshkaSettings.matryoshka_inner_weight`` times the sum of the i
 loss), plus AuxK on the full residual. Departures: the papers weight every prefix 1 (inner_weight 1.0); the
 default 0.03 was measured on planted atoms, where the narrow prefixes at weight 1 hedge -- a prefix narrower
 than the atoms it must reconstruct turns its latents into blends of atoms -- and lose 12 points of recovery
-(up to 21) against BatchTopK, and 0.1 still loses 3-7 points on heavy-tailed rows (docs/kinds.md). And the kind
+(up to 21) against BatchTopK, and 0.1 still loses 3-7 points on heavy-tailed rows (docs/results/kinds.md). And the kind
 trains with BatchTopK's defaults (``KindSpec.defaults``), its TopK start included: the first steps select
 per row (``StepInputs.per_row``). Early latents must reconstruct on their own, so general concepts are not
 absorbed into later, more specific latents. Inference is the BatchTopK threshold rule of the base kind; the
@@ -18,8 +18,8 @@ A prefix's reconstruction is a masked sparse decode: ``kernels.prefix_errors`` c
 decodes each entry once (no [B, L] code is ever decoded densely) and returns the whole reconstruction and the
 inner prefixes' squared errors without building the inner reconstructions.
 
-Which BatchTopK: ``matryoshka`` uses the row-relative rule of ``batchtopk`` (docs/batchtopk.md),
-``matryoshka-absolute`` the published one. Measured on bench/synthetic_recovery.py (docs/kinds.md): the
+Which BatchTopK: ``matryoshka`` uses the row-relative rule of ``batchtopk`` (docs/results/batchtopk.md),
+``matryoshka-absolute`` the published one. Measured on bench/synthetic_recovery.py (docs/results/kinds.md): the
 relative rule was chosen as the default for the same reason as for ``batchtopk``.
 
 Groups: ``MatryoshkaSettings.matryoshka_groups`` (sizes summing to L), or by default prefixes of L/16, L/8, L/4, L/2

@@ -23,7 +23,7 @@ rows' scale, as it is for the unit-norm decoder rows of the other kinds. With ra
 data's units (the earlier code) SpaDE learned no planted atom from an unrelated start: 0% at mean best cosine
 0.39, chance level, L0 33 and FVU 0.60 on the test-sized problem (256 atoms in D=128, L=512, 116 steps); data
 rows alone gave 40%, data rows with lr x 2 / x 4 / x 11 (= sqrt(128), what the stored unit amounts to) 58% /
-86% / 97% (docs/kinds.md). lambda barely moves in short runs (softplus^-1 of 1/(2D) ~ log lambda, which Adam
+86% / 97% (docs/results/kinds.md). lambda barely moves in short runs (softplus^-1 of 1/(2D) ~ log lambda, which Adam
 changes by at most lr per step) and need not: started 12x larger (L0 = k at the start) with lr x 4, it fell back
 to 2.2x 1/(2D) and recovered about as many atoms (90% against 86%) at a higher FVU (0.26 against 0.20).
 

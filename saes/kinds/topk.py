@@ -1,4 +1,4 @@
-"""``topk``: per-row TopK (OpenAI, Gao et al. 2024) with the L1 tie-break on the kept codes (docs/batchtopk.md)."""
+"""``topk``: per-row TopK (OpenAI, Gao et al. 2024) with the L1 tie-break on the kept codes (docs/results/batchtopk.md)."""
 
 from __future__ import annotations
 
