@@ -87,7 +87,8 @@ def _coerce(tp: Any, value: Any) -> Any:
         value = [value]  # a repeatable setting given once
     if get_origin(tp) is list:
         (item,) = get_args(tp)[:1] or (str,)
-        return [Path(v) if item is Path else v for v in value]
+        return [Path(v) if item is Path else str(v) if item is str and isinstance(v, (int, float)) else v
+                for v in value]
     return value
 
 

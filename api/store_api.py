@@ -50,7 +50,7 @@ def import_array(array: str | Path, **settings: Any) -> ActivationStore:
 
 
 def open_store(path: str | Path) -> ActivationStore:
-    """An activation store: ``.rows(hookpoint, start, stop)``, ``.labels(column)``, ``.context(row)``,
+    """An activation store: ``.rows(hookpoint, start, stop)``, ``.labels(column)``, ``.row_context(row)``,
     ``.num_rows``, ``.hookpoints``."""
     return ActivationStore(path)
 

@@ -225,6 +225,13 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
 
 
 def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | dict[str, SparseCoder]:
+    """The trained dictionaries as :func:`load` returns them: for inference, with their ``.config``."""
+    from conceptdict.saes import load_dictionary_config
+
+    for _, out, model in trained:
+        if ranks.current().main:  # the process that wrote it
+            model.config = load_dictionary_config(out)
+        model.requires_grad_(False).eval()
     if len(trained) == 1 and trained[0][0] == "":
         return trained[0][2]
     return {name: model for name, _, model in trained}

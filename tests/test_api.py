@@ -50,6 +50,17 @@ def test_train_returns_the_dictionary_it_saved(trained):
     assert not loaded(x).requires_grad and not loaded.decode(codes).requires_grad
     torch.testing.assert_close(loaded(x), sae.decode(sae.encode(x)).detach())
     torch.testing.assert_close(loaded.decode(codes), loaded(x))
+    assert sae.config == loaded.config and not sae.encode(x).requires_grad  # train returns it as load does
+
+
+@pytest.mark.unit
+def test_a_lone_value_is_a_list_of_one_and_ids_are_text_where_text_is_expected():
+    from conceptdict.edit_api import SteerConfig
+    from conceptdict.settings import config_from_dict
+
+    assert config_from_dict(SteerConfig, {"latent": 3}).latents == ["3"]
+    assert config_from_dict(SteerConfig, {"latent": [3, "error"], "prompt": "Hi"}).latents == ["3", "error"]
+    assert config_from_dict(SteerConfig, {"prompt": "Hi"}).prompts == ["Hi"]
 
 
 @pytest.mark.integration
