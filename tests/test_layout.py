@@ -200,3 +200,27 @@ def test_no_module_is_shadowed_by_a_name_its_package_exports(package):
     shadowed = [info.name for info in pkgutil.iter_modules(pkg.__path__)
                 if not isinstance(getattr(pkg, info.name, types.ModuleType("x")), types.ModuleType)]
     assert not shadowed, f"conceptdict.{package} exports names that hide its modules: {shadowed}"
+
+
+def test_modules_stay_small_and_the_command_line_thin():
+    """No library module over 450 lines; the whole command line (flags -> one API call -> print) under 1,400."""
+    long = {str(p.relative_to(ROOT)): n for folder in FOLDERS for p in _files(folder)
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, f"split these modules: {long}"
+    cli = sum(len(p.read_text().splitlines()) for p in _files("cli"))
+    assert cli < 1400, f"cli/ holds {cli} lines: move what is not flags or printing into the API (api/)"
+
+
+def test_train_help_fits_a_screenful(capsys, monkeypatch):
+    """`conceptdict train --help` describes the common flags in one or two sentences each (under 120 lines at 80
+    columns); `--help-all` describes every flag."""
+    from conceptdict.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for flag, most in (("--help", 120), ("--help-all", 400)):
+        with pytest.raises(SystemExit):
+            main(["train", flag])
+        text = capsys.readouterr().out
+        assert len(text.splitlines()) < most, f"train {flag} prints {len(text.splitlines())} lines"
+        assert "--latents" in text and "--matryoshka-groups" in text
+    assert "Sizes of the nested" in text  # --help-all describes a kind's own setting
