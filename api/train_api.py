@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ from conceptdict.activations.live import LiveConfig
 from conceptdict.activations.summary import check_signal
 from conceptdict.saes import SparseCoder, TrainConfig, flat_train_fields, to_flat, train_config
 from conceptdict.saes.artifact import CONFIG_FILE
-from conceptdict.saes.config import default_batch_size, resolve_device
+from conceptdict.saes.config import default_batch_size, eval_batch_count, resolve_device, with_heldout_defaults
 from conceptdict.saes.distributed import process_group_comm
-from conceptdict.saes.plan import per_hookpoint_runs, plan_store_run, sweep_points
+from conceptdict.saes.formats.saelens import KIND_TO_ARCH, exports_exactly
+from conceptdict.saes.plan import per_hookpoint_runs, plan_store_run, stream_groups, sweep_points
 from conceptdict.saes.training import train_sweep
 from conceptdict.settings import (
     ConfigError,
@@ -27,6 +29,8 @@ from conceptdict.settings import (
     to_jsonable,
     write_resolved_config,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +87,10 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
         sweep = [sweep]
     command, train_part, live_part = split_settings(settings, TrainCommand, train_settings(), LiveConfig,
                                                     where="train")
+    grid = sweep_grid(sweep)
+    for n in ("latents", "k"):  # a swept field needs no flag: the base takes the sweep's first value
+        if train_part.get(n) is None and grid.get(n):
+            train_part[n] = grid[n][0]
     missing = [f"--{n}" for n in ("latents", "k") if train_part.get(n) is None]
     if missing:
         raise ConfigError(f"conceptdict train needs {' and '.join(missing)} (e.g. --latents 4096 --k 32; in Python "
@@ -94,7 +102,7 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
     live = config_from_dict(LiveConfig, live_part, "train")
     if live.dataset and not live.model:
         raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
-    return cmd, cfg, live, sweep_grid(sweep)
+    return cmd, cfg, live, grid
 
 
 def sweep_grid(sweep: list[str] | dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -114,6 +122,10 @@ def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
     """Train every dictionary of the run; [(name, output directory, dictionary)] (name "" for a single one)."""
     ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     points = sweep_points(cfg, grid or {})
+    for kind in sorted({c.kind for _, c in points if not exports_exactly(c.kind)}):
+        if ranks.current().main:
+            log.info("%s dictionaries stay in conceptdict's format: SAELens (and Neuronpedia, SAEBench) holds %s "
+                     "exactly (docs/results/kinds.md#the-default-kind-and-saelens)", kind, ", ".join(sorted(KIND_TO_ARCH)))
     if live.model:
         return train_from_model(cmd, live, points)
     return train_on_stores(cmd, points)
@@ -160,27 +172,32 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
     stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
     names = [name for name, _ in points]
     outs = _outputs(cmd.out, names, cmd)
-    plan = plan_store_run(points, rows)
-    first, w = plan.cfgs[0], ranks.current()
-    device = resolve_device(first.device)
-
-    def batches(start: int):
-        # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
-        # moved to the training device in the store's dtype and converted there
-        return stream_batches(stores, hookpoints, first.batch_size, seed=first.seed, epochs=plan.epochs,
-                              buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
-                              holdout_batches=plan.heldout_batches, device=device)
-
+    cfgs, passes = plan_store_run(points, rows)
+    w = ranks.current()
+    device = resolve_device(cfgs[0].device)
     metas = [{"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
               "model": stores[0].manifest.get("model", {}), "level": stores[0].level,
-              "heldout": heldout_recipe(stores, hookpoints, c.batch_size, c.seed, c.eval_batches, cmd.buffer_rows)}
-             for c in plan.cfgs]
+              "heldout": heldout_recipe(stores, hookpoints, c.batch_size, c.seed, eval_batch_count(c), cmd.buffer_rows)}
+             for c in cfgs]
     if w.main:
-        for out, c in zip(outs, plan.cfgs):
+        for out, c in zip(outs, cfgs):
             write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(to_flat(c))}, out,
                                   "train_config.json")
-    models = train_sweep(plan.cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
-                         comm=process_group_comm())
+    models: list[SparseCoder | None] = [None] * len(cfgs)
+    for p in passes:  # the points that read the store alike share a pass (saes.plan.plan_store_run)
+
+        def batches(start: int, p=p):
+            # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
+            # moved to the training device in the store's dtype and converted there
+            return stream_batches(stores, hookpoints, p.batch_size, seed=p.seed, epochs=p.epochs,
+                                  buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                                  holdout_batches=p.heldout_batches, device=device)
+
+        trained = train_sweep([cfgs[i] for i in p.members], batches, outs=[outs[i] for i in p.members],
+                              resume=cmd.resume, metas=[metas[i] for i in p.members],
+                              names=[names[i] for i in p.members], source=desc, comm=process_group_comm())
+        for i, model in zip(p.members, trained):
+            models[i] = model
     return list(zip(names, outs, models))
 
 
@@ -201,16 +218,10 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
     runs = per_hookpoint_runs(cmd.hookpoints, points)
     names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)
-    cfgs = [cfg if cfg.batch_size else dataclasses.replace(cfg, batch_size=default_batch_size(cfg.tokens))
-            for _, cfg, _ in runs]
-    first, w, comm = cfgs[0], ranks.current(), process_group_comm()
-    model = open_model(live, cmd.hookpoints, resolve_device(first.device))
-
-    def batches(start: int):
-        return live_batches(live, model, cmd.hookpoints, first.batch_size, seed=first.seed,
-                            buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
-                            gather=comm.gather_rows if w.size > 1 else None)
-
+    cfgs = [with_heldout_defaults(cfg if cfg.batch_size else dataclasses.replace(
+        cfg, batch_size=default_batch_size(cfg.tokens))) for _, cfg, _ in runs]
+    w, comm = ranks.current(), process_group_comm()
+    model = open_model(live, cmd.hookpoints, resolve_device(cfgs[0].device))
     metas = [{"model": model.load_info, "hookpoints": [cmd.hookpoints[s]] if s is not None else cmd.hookpoints,
               "level": level_of(cmd.hookpoints), "dataset": describe_dataset(live.dataset),
               "live": to_jsonable(live)} for _, _, s in runs]
@@ -219,8 +230,19 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
             write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live),
                                    "train": to_jsonable(to_flat(cfg))}, out, "train_config.json")
     desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
-    models = train_sweep(cfgs, batches, outs=outs, resume=cmd.resume, metas=metas, names=names, source=desc,
-                         comm=comm, picks=[s for _, _, s in runs])
+    models: list[SparseCoder | None] = [None] * len(cfgs)
+    for (batch, seed), members in stream_groups(cfgs).items():  # one forward pass per way of batching
+
+        def batches(start: int, batch=batch, seed=seed):
+            return live_batches(live, model, cmd.hookpoints, batch, seed=seed, buffer_rows=cmd.buffer_rows,
+                                start_batch=start, part=w.part, gather=comm.gather_rows if w.size > 1 else None)
+
+        trained = train_sweep([cfgs[i] for i in members], batches, outs=[outs[i] for i in members],
+                              resume=cmd.resume, metas=[metas[i] for i in members],
+                              names=[names[i] for i in members], source=desc, comm=comm,
+                              picks=[runs[i][2] for i in members])
+        for i, m in zip(members, trained):
+            models[i] = m
     return list(zip(names, outs, models))
 
 

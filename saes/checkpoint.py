@@ -14,7 +14,7 @@ from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
 from .model import SparseCoder
 
-SKIP = ("checkpoint_every", "log_every", "device", "kernel_impl")
+SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl")
 """Settings a resumed run may change (logging and IO cadence, where it runs)."""
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from .kinds import SHARED_DEFAULTS, kind_spec
+from .metrics import TRACKERS
 from .model import SparseCoder
 
 log = logging.getLogger(__name__)
@@ -68,15 +69,20 @@ class TrainConfig:
     topk_start: float | None = field(default=None, metadata=_help(
         "batchtopk, matryoshka, jumprelu: share of the run's steps that select per row (TopK) first; None: the "
         "kind's default, 0.3 or 0 (docs/results/defaults.md)."))
-    calibration_batches: int = field(default=2, metadata=_help(
+    calibration_batches: int | None = field(default=None, metadata=_help(
         "Thresholded kinds: batches after the held-out ones, never trained on, on which the inference threshold "
-        "is set for mean L0 = k (0: keep the running estimate) (docs/results/defaults.md)."))
-    eval_batches: int = field(default=4, metadata=_help(
-        "Batches from the start of the data held out of training and evaluated at the end (0: none)."))
+        "is set for mean L0 = k (0: keep the running estimate); None: sized to the store, 1 to 2 "
+        "(docs/results/defaults.md#held-out-rows)."))
+    eval_batches: int | None = field(default=None, metadata=_help(
+        "Batches from the start of the data held out of training and evaluated at the end (0: none); None: sized "
+        "to the store, 1 to 4 (docs/results/defaults.md#held-out-rows)."))
     seed: int = field(default=0, metadata=_help("Seed of the initialisation (the data order is the stream's own seed)."))
     checkpoint_every: int = field(default=500, metadata=_help(
         "Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."))
-    log_every: int = field(default=100, metadata=_help("Log a metrics line every this many steps."))
+    log_every: int = field(default=100, metadata=_help(
+        "Log a metrics line every this many steps (and the last step: metrics.jsonl is never empty)."))
+    log: str | None = field(default=None, metadata=_help(
+        "Also send the metrics to wandb or tensorboard (optional packages; WANDB_PROJECT names the project)."))
     kernel_impl: str = field(default="auto", metadata=_help(
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
@@ -95,6 +101,9 @@ class TrainConfig:
             raise ValueError(f"kind {self.kind!r} is imported for inference only; train another kind (--help lists them)")
         if self.latents < 1:
             raise ValueError(f"latents={self.latents} must be at least 1")
+        if self.log not in (None, *TRACKERS):
+            raise ValueError(f"log={self.log!r} is not a tracker; use one of {sorted(TRACKERS)} (metrics.jsonl is "
+                             f"always written)")
         if not 1 <= self.k < self.latents:
             raise ValueError(f"k={self.k} must be at least 1 and below latents={self.latents}; "
                              f"lower --k or raise --latents")
@@ -104,7 +113,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         for name in ("eval_batches", "calibration_batches", "checkpoint_every", "grad_clip"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"tokens={self.tokens} must be at least 1 (or None for the default, "
@@ -169,6 +178,18 @@ MAX_PASSES = 100
 """``tokens`` None reads a small store at most this many times."""
 MIN_BATCH = 8
 """Smaller batches make BatchTopK's per-batch selection and the held-out metrics meaningless."""
+DEFAULT_EVAL_BATCHES = 4
+"""Held-out evaluation batches of a large store or of data without a known size."""
+DEFAULT_CALIBRATION_BATCHES = 2
+"""Threshold-calibration batches of a large store or of data without a known size."""
+EVAL_SHARE = 0.05
+"""A store's evaluation rows aim at this share of it (at least one batch, at most DEFAULT_EVAL_BATCHES)."""
+CALIBRATION_SHARE = 0.025
+"""A store's calibration rows aim at this share of it (at least one batch, at most DEFAULT_CALIBRATION_BATCHES)."""
+HELDOUT_SHARE = 0.1
+"""Held out above this share of a store, the default batch halves (down to MIN_STORE_BATCH) and a warning says so."""
+MIN_STORE_BATCH = 64
+"""The default batch of a small store does not halve below this to keep the held-out rows under a tenth."""
 
 
 def default_batch_size(run_rows: int | None, store_rows: int | None = None) -> int:
@@ -199,13 +220,20 @@ def default_tokens(pass_rows: int, batch: int) -> int:
 
 
 def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
-    """``cfg`` for a store of ``rows`` rows: the default batch size filled in (:func:`default_batch_size` of
-    ``tokens``, or of one pass over the store), the batch clamped to what the store holds beside its held-out
-    batches, and ``tokens`` None filled in by :func:`default_tokens`. Raises ValueError for a store too small to
-    train on, saying how many rows it needs."""
-    held = heldout_batch_count(cfg)
+    """``cfg`` for a store of ``rows`` rows, as a run on it trains: the default batch size filled in
+    (:func:`default_batch_size` of ``tokens``, or of one pass over the store, halved down to
+    :data:`MIN_STORE_BATCH` while the held-out rows would exceed a tenth of a small store), the held-out counts
+    sized to the store (:func:`heldout_for_store`), the batch clamped to what the store holds beside its held-out
+    batches, and ``tokens`` None filled in by :func:`default_tokens`. Warns when more than a tenth of the store is
+    held out. Raises ValueError for a store too small to train on, saying how many rows it needs."""
     if cfg.batch_size is None:
-        cfg = replace(cfg, batch_size=default_batch_size(cfg.tokens or rows, rows))
+        batch = default_batch_size(cfg.tokens or rows, rows)
+        while batch > MIN_STORE_BATCH and _heldout_rows_any_kind(heldout_for_store(cfg, rows, batch)) > \
+                HELDOUT_SHARE * rows:
+            batch //= 2
+        cfg = replace(cfg, batch_size=batch)
+    fitted = heldout_for_store(cfg, rows, cfg.batch_size)
+    held = heldout_batch_count(fitted)
     need = (held + 1) * cfg.batch_size
     if rows < need:
         batch = rows // (held + 4)
@@ -217,9 +245,33 @@ def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
         log.warning("store has %d rows, fewer than (held-out batches %d + 1) * batch_size = %d; using batch_size %d",
                     rows, held, need, batch)
         cfg = replace(cfg, batch_size=batch)
+        fitted = heldout_for_store(cfg, rows, batch)
+    cfg = fitted
+    held = heldout_batch_count(cfg) * cfg.batch_size
+    if held > HELDOUT_SHARE * rows:
+        log.warning("%d of the store's %d rows (%.0f%%) are held out of training (%d evaluation + %d calibration "
+                    "batches of %d rows); a larger store (cache more) keeps more for training", held, rows,
+                    100 * held / rows, eval_batch_count(cfg), calibration_batch_count(cfg), cfg.batch_size)
     if cfg.tokens is None:
         cfg = replace(cfg, tokens=default_tokens(one_pass_rows(cfg, rows), cfg.batch_size))
     return cfg
+
+
+def _heldout_rows_any_kind(cfg: TrainConfig) -> int:
+    # evaluation + calibration rows whether or not the kind calibrates, so every kind of a store gets one batch
+    return (cfg.eval_batches + cfg.calibration_batches) * cfg.batch_size
+
+
+def heldout_for_store(cfg: TrainConfig, rows: int, batch: int) -> TrainConfig:
+    """``cfg`` with ``batch_size`` = ``batch`` and the held-out counts it leaves None sized to a store of ``rows``
+    rows: evaluation :data:`EVAL_SHARE` of the store (1 to :data:`DEFAULT_EVAL_BATCHES` batches), calibration
+    :data:`CALIBRATION_SHARE` (1 to :data:`DEFAULT_CALIBRATION_BATCHES` batches). A store of 80 batches or more
+    keeps today's 4 + 2."""
+    ev = cfg.eval_batches if cfg.eval_batches is not None else \
+        min(DEFAULT_EVAL_BATCHES, max(1, math.ceil(EVAL_SHARE * rows / batch)))
+    ca = cfg.calibration_batches if cfg.calibration_batches is not None else \
+        min(DEFAULT_CALIBRATION_BATCHES, max(1, math.ceil(CALIBRATION_SHARE * rows / batch)))
+    return replace(cfg, batch_size=batch, eval_batches=ev, calibration_batches=ca)
 
 
 def default_lr(latents: int) -> float:
@@ -248,15 +300,29 @@ def default_dead_tokens(latents: int, k: int, run_rows: int | None = None,
     return int(min(10_000_000, 5000 * period, max(50 * period, run_rows * share)))
 
 
+def eval_batch_count(cfg: TrainConfig) -> int:
+    """How many batches at the start of the data a run holds out for its final evaluation (``eval_batches``; None
+    outside a store, whose size :func:`fit_to_store` fits it to: :data:`DEFAULT_EVAL_BATCHES`)."""
+    return DEFAULT_EVAL_BATCHES if cfg.eval_batches is None else cfg.eval_batches
+
+
 def calibration_batch_count(cfg: TrainConfig) -> int:
     """How many batches after the ``eval_batches`` held-out ones a run sets aside to calibrate its threshold."""
-    return cfg.calibration_batches if kind_spec(cfg.kind).calibrates(cfg.settings) else 0
+    if not kind_spec(cfg.kind).calibrates(cfg.settings):
+        return 0
+    return DEFAULT_CALIBRATION_BATCHES if cfg.calibration_batches is None else cfg.calibration_batches
+
+
+def with_heldout_defaults(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its held-out counts filled in for data without a known size (a model's forward)."""
+    return replace(cfg, eval_batches=eval_batch_count(cfg), calibration_batches=(
+        DEFAULT_CALIBRATION_BATCHES if cfg.calibration_batches is None else cfg.calibration_batches))
 
 
 def heldout_batch_count(cfg: TrainConfig) -> int:
     """Batches at the start of the data that training never uses (evaluation + calibration); a multi-epoch
     stream must leave their rows out of later epochs (``stream_batches(holdout_batches=)``)."""
-    return cfg.eval_batches + calibration_batch_count(cfg)
+    return eval_batch_count(cfg) + calibration_batch_count(cfg)
 
 
 def resolve_device(name: str) -> torch.device:

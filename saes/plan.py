@@ -3,7 +3,6 @@ and which dictionaries a run over several hookpoints makes. Pure settings logic,
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, NamedTuple
 
@@ -12,8 +11,8 @@ from .kinds import reads_several_sources
 
 log = logging.getLogger(__name__)
 
-SWEEP_FIXED = ("batch_size", "tokens", "seed", "eval_batches", "device")
-"""TrainConfig fields a sweep cannot vary: they change the batches (the stream's seed is the run's seed)."""
+SWEEP_FIXED = ("device",)
+"""TrainConfig fields a sweep cannot vary (one run trains on one device)."""
 
 
 def sweep_points(cfg: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str, TrainConfig]]:
@@ -23,48 +22,46 @@ def sweep_points(cfg: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str
         return [("", cfg)]
     fixed = sorted(set(grid) & set(SWEEP_FIXED))
     if fixed:
-        raise ValueError(f"--sweep {fixed[0]}: {', '.join(SWEEP_FIXED)} change the batches every dictionary of a "
-                         f"sweep shares; run separate trainings for them")
+        raise ValueError(f"--sweep {fixed[0]}: one run trains on one device; run separate trainings per device")
     return sweep_configs(cfg, grid)
 
 
-class StorePlan(NamedTuple):
-    """How a run reads a store: each dictionary's config (batch and length filled in), the passes over the store
-    (None: as many as the longest run needs) and the batches held out at its start."""
+class StorePass(NamedTuple):
+    """One pass of a run over a store: the dictionaries (indices into the run's points) that share it, and how it
+    reads the store: its batch size and seed, the passes over the store (None: as many as the longest run needs)
+    and the batches held out at its start."""
 
-    cfgs: list[TrainConfig]
+    members: list[int]
+    batch_size: int
+    seed: int
     epochs: int | None
     heldout_batches: int
 
 
-def plan_store_run(points: list[tuple[str, TrainConfig]], rows: int) -> StorePlan:
-    """Fit every point of a run to a store of ``rows`` rows so they can share ONE stream: the smallest default batch
-    for all (a small store clamps it by its held-out count), and one pass when they hold out different numbers of
-    batches and left ``tokens`` to the default (a repeated stream leaves the held-out rows out of later passes, which
-    would make a dictionary differ from its separate run)."""
+def stream_groups(cfgs: list[TrainConfig], held: bool = False) -> dict[tuple[int, ...], list[int]]:
+    """The configs (indices, in order) grouped by how they read the data: (batch size, seed) and, with ``held``, the
+    number of batches held out at the start; each group can share one pass."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, c in enumerate(cfgs):
+        key = (c.batch_size, c.seed, heldout_batch_count(c)) if held else (c.batch_size, c.seed)
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def plan_store_run(points: list[tuple[str, TrainConfig]], rows: int) -> tuple[list[TrainConfig], list[StorePass]]:
+    """(each point's config fitted to a store of ``rows`` rows, the passes that train them). Every point is fitted
+    as its separate run would be (:func:`fit_to_store`: batch, held-out batches, length), and the points that read
+    the store the same way (batch size, seed, held-out count) share ONE pass, so each dictionary equals its
+    separate run; a point that reads it otherwise gets a pass of its own rather than being shortened."""
     cfgs = [fit_to_store(cfg, rows) for _, cfg in points]
-    smallest = min(c.batch_size for c in cfgs)
-    cfgs = [c if c.batch_size == smallest else fit_to_store(dataclasses.replace(cfg, batch_size=smallest), rows)
-            for c, (_, cfg) in zip(cfgs, points)]
-    if len({heldout_batch_count(c) for c in cfgs}) > 1:
-        cfgs = [_one_pass(c, rows) if cfg.tokens is None else c for c, (_, cfg) in zip(cfgs, points)]
-    helds = {heldout_batch_count(c) for c in cfgs}
-    repeat = any(c.tokens > one_pass_rows(c, rows) for c in cfgs)
-    if repeat and len(helds) > 1:
-        raise ValueError(f"these dictionaries hold out different numbers of batches ({sorted(helds)}: thresholded "
-                         f"kinds add --calibration-batches) and --tokens asks for more than one pass over the store, "
-                         f"whose later epochs leave the held-out rows out; sweep them with the same held-out count "
-                         f"(--calibration-batches 0) or one pass")
-    return StorePlan(cfgs, None if repeat else 1, max(helds))
-
-
-def _one_pass(cfg: TrainConfig, rows: int) -> TrainConfig:
-    tokens = one_pass_rows(cfg, rows)
-    if tokens < cfg.tokens:
-        log.warning("%s: one pass over the store (%d rows, not the default %d): this sweep's dictionaries hold out "
-                    "different numbers of batches; for more passes give --tokens and --calibration-batches 0",
-                    cfg.kind, tokens, cfg.tokens)
-    return dataclasses.replace(cfg, tokens=tokens)
+    passes = []
+    for (batch, seed, held), members in stream_groups(cfgs, held=True).items():
+        repeat = any(cfgs[i].tokens > one_pass_rows(cfgs[i], rows) for i in members)
+        passes.append(StorePass(members, batch, seed, None if repeat else 1, held))
+    if len(passes) > 1:
+        log.info("%d passes over the store: the sweep's points read it differently (batch, seed or held-out "
+                 "batches), so each group trains as its separate runs would", len(passes))
+    return cfgs, passes
 
 
 def per_hookpoint_runs(hookpoints: list[str], points: list[tuple[str, TrainConfig]]

@@ -32,7 +32,6 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
@@ -40,10 +39,10 @@ from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
-                     heldout_batch_count, resolve, resolve_device)
+                     eval_batch_count, heldout_batch_count, resolve, resolve_device, with_heldout_defaults)
 from .evaluation import evaluate
 from .flat import to_flat
-from .metrics import JsonlSink, MetricsSink, NullSink
+from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .model import SparseCoder, kind_spec
 from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
 
@@ -212,11 +211,13 @@ class Job:
 def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool, sink: MetricsSink | None,
               source: str, comm: Comm, name: str) -> Job:
     """Split the data for ``cfg`` (held-out, calibration, head), build or restore its model, open its sink."""
+    cfg = with_heldout_defaults(cfg)  # a store's run has them sized already (saes.config.fit_to_store)
+    check_tracker(cfg.log)
     device = resolve_device(cfg.device)
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
-    data = open_training_data(batches, cfg.eval_batches, cfg.init_rows, None if ck is None else ck["position"],
+    data = open_training_data(batches, eval_batch_count(cfg), cfg.init_rows, None if ck is None else ck["position"],
                               source, comm, calibration_batch_count(cfg))
     run = setup(cfg, data, batches, ck, device, source)
     writes = out if is_main(comm) else None
@@ -227,6 +228,8 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
             out.mkdir(parents=True, exist_ok=True)
     sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)
                     if writes is not None else NullSink())
+    if cfg.log is not None and is_main(comm):
+        sink = TeeSink(sink, tracker_sink(cfg.log, name or (out.name if out else ""), to_flat(cfg), out))
     return Job(cfg, run, data, writes, sink, name)
 
 
@@ -301,8 +304,8 @@ def _loop(jobs: list[Job], data: Iterator[tuple[int, Tensor]], comm: Comm) -> No
     when every dictionary has its tokens or the data ends. Records each one's last normalised batch and metrics."""
     main = is_main(comm)
     total = max((j.run.resolved.total_steps or 0) for j in jobs) or None
-    bar = tqdm(total=total, initial=min(j.run.state.step for j in jobs), unit="step",
-               desc=f"train {'+'.join(sorted({j.cfg.kind for j in jobs}))}", disable=None if main else True)
+    bar = progress(total, min(j.run.state.step for j in jobs), f"train {'+'.join(sorted({j.cfg.kind for j in jobs}))}",
+                   log, enabled=main)
     clock = {id(j): (time.perf_counter(), j.run.state.rows) for j in jobs}
     for position, x in data:
         if all(j.done for j in jobs):
@@ -313,6 +316,8 @@ def _loop(jobs: list[Job], data: Iterator[tuple[int, Tensor]], comm: Comm) -> No
         bar.update()
     bar.close()
     for job in jobs:
+        if main and job.metrics is not None and job.run.state.step % job.cfg.log_every:
+            _log_metrics(job, clock)  # the last step, so that metrics.jsonl is never empty
         job.sink.close()
 
 
@@ -326,14 +331,19 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     job.metrics = m = step(run, job.last_x, cfg, lr, comm)
     st.position += 1
     if st.step % cfg.log_every == 0 and is_main(comm):
-        now = time.perf_counter()
-        then, rows = clock[id(job)]
-        tok_s = (st.rows - rows) / max(now - then, 1e-9)
-        clock[id(job)] = (now, st.rows)
-        log.info("%s%s", job.name and f"[{job.name}] ", _log_line(st, m, tok_s))
-        job.sink.write({"step": st.step, "rows": st.rows, **m, "tok_s": tok_s})
+        _log_metrics(job, clock)
     if job.out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
         save_checkpoint(job.out / CHECKPOINT_FILE, checkpoint_state(model, run.opt, st, cfg, run.gen, r))
+
+
+def _log_metrics(job: Job, clock: dict[int, tuple[float, int]]) -> None:
+    """Log the job's last step's metrics and write them to its sink."""
+    st, now = job.run.state, time.perf_counter()
+    then, rows = clock[id(job)]
+    tok_s = (st.rows - rows) / max(now - then, 1e-9)
+    clock[id(job)] = (now, st.rows)
+    log.info("%s%s", job.name and f"[{job.name}] ", _log_line(st, job.metrics, tok_s))
+    job.sink.write({"step": st.step, "rows": st.rows, **job.metrics, "tok_s": tok_s})
 
 
 def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: Comm) -> None:

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from conceptdict.cli.main import main
 from conceptdict.saes import TrainConfig
-from conceptdict.saes.config import default_batch_size, default_tokens, fit_to_store
+from conceptdict.saes.config import (default_batch_size, default_tokens, fit_to_store, heldout_batch_count,
+                                     one_pass_rows)
 
 
 @pytest.mark.unit
@@ -53,12 +54,37 @@ def test_fit_to_store_fills_the_batch_and_the_length_and_keeps_given_ones():
     assert (long.batch_size, long.tokens) == (4096, 50_000_000)  # given tokens decide the batch: 12k steps of 4096
     given = fit_to_store(TrainConfig(latents=64, k=4, batch_size=4096, tokens=1_000_000), 3_000_000)
     assert (given.batch_size, given.tokens) == (4096, 1_000_000)
-    tiny = fit_to_store(TrainConfig(latents=64, k=4, kind="batchtopk"), 1500)  # 4 + 2 held out: 256 does not fit
+    tiny = fit_to_store(TrainConfig(latents=64, k=4, kind="batchtopk", eval_batches=4, calibration_batches=2,
+                                    batch_size=256), 1500)  # 4 + 2 held out: 256 does not fit
     assert tiny.batch_size == 1500 // (6 + 4) and tiny.tokens == 100 * (10 - 6) * tiny.batch_size
-    with pytest.raises(ValueError, match="the store has 40 rows, too few to train on"):
-        fit_to_store(cfg, 40)
+    with pytest.raises(ValueError, match="the store has 39 rows, too few to train on"):
+        fit_to_store(cfg, 39)  # one evaluation batch held out: at least (1 + 4) * 8 rows
     with pytest.raises(ValueError, match="batch_size=0"):
         TrainConfig(latents=64, k=4, batch_size=0)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["topk", "batchtopk"])
+def test_heldout_rows_are_sized_to_the_store(kind, caplog):
+    # a 2,000-row store used to hold out 4 x 256 evaluation + 2 x 256 calibration rows and train on ONE batch a
+    # hundred times; now the held-out rows are a share of the store (saes.config.heldout_for_store) and the default
+    # batch halves until they stay under a tenth of it
+    small = fit_to_store(TrainConfig(latents=64, k=4, kind=kind), 2000)
+    held = heldout_batch_count(small) * small.batch_size
+    assert (small.batch_size, small.eval_batches, small.calibration_batches) == (64, 2, 1)  # any kind: one batch
+    assert held <= 0.1 * 2000 and one_pass_rows(small, 2000) >= 1700
+    # a large store keeps 4 evaluation + 2 calibration batches, as before
+    large = fit_to_store(TrainConfig(latents=64, k=4, kind=kind), 1_000_000)
+    assert (large.eval_batches, large.calibration_batches) == (4, 2)
+    # given counts are kept; over a tenth held out is said
+    with caplog.at_level("WARNING", logger="conceptdict.saes.config"):
+        given = fit_to_store(TrainConfig(latents=64, k=4, kind=kind, eval_batches=4, batch_size=64), 2000)
+    assert given.eval_batches == 4 and given.calibration_batches == 1
+    assert "are held out of training" in caplog.text and "of the store's 2000 rows" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="conceptdict.saes.config"):
+        fit_to_store(TrainConfig(latents=64, k=4, kind=kind), 1_000_000)
+    assert "held out" not in caplog.text
 
 
 @pytest.mark.integration

@@ -35,11 +35,12 @@ def test_train_then_eval_on_an_imported_store(tmp_path, array_store, capsys):
     assert "held-out evaluation" in text and "FVU (textbook)" in text and "L0 (inference)" in text
     cfg = load_dictionary_config(out)
     assert cfg["hookpoints"] == ["acts"] and cfg["stores"] == [str(array_store.resolve())]
-    # default tokens: 100 passes over the training rows (2 batches held out for evaluation, 2 to calibrate the
-    # threshold, 8 to train on: fewer than saes.config.TARGET_STEPS in 100 passes)
-    assert cfg["training"]["rows"] == 100 * (3072 // 256 - 4) * 256
+    # default tokens: 100 passes over the training rows (2 batches held out for evaluation, 1 to calibrate the
+    # threshold, sized to the 12-batch store (saes.config.CALIBRATION_SHARE), 9 to train on: fewer than
+    # saes.config.TARGET_STEPS in 100 passes)
+    assert cfg["training"]["rows"] == 100 * (3072 // 256 - 3) * 256
     assert json.loads((out / "train_config.json").read_text())["train"]["k"] == 4
-    assert (out / "metrics.jsonl").read_text().count("\n") == 800 // 5  # 800 steps, a line every 5
+    assert (out / "metrics.jsonl").read_text().count("\n") == 900 // 5  # 900 steps, a line every 5
 
     # by default eval rebuilds training's held-out batches: the same rows, so the same numbers
     assert main(["eval", str(out)]) == 0
@@ -87,9 +88,10 @@ def test_jumprelu_thresholds_are_calibrated_and_reported(tmp_path, array_store, 
     assert main(["train", "--store", str(array_store), "--hookpoint", "acts", "--latents", "64", "--k", "4",
                  "--kind", "jumprelu", "--out", str(out), *FAST]) == 0
     text = capsys.readouterr().out
-    assert "inference thresholds learned per latent" in text and "for mean L0 = k = 4 on 512 rows" in text
+    # one calibration batch: 2.5% of the 12-batch store rounds up to one (saes.config.CALIBRATION_SHARE)
+    assert "inference thresholds learned per latent" in text and "for mean L0 = k = 4 on 256 rows" in text
     info = load_dictionary_config(out)["training"]["threshold"]
-    assert info["calibrated_on_rows"] == 512 and info["factor"] > 0
+    assert info["calibrated_on_rows"] == 256 and info["factor"] > 0
     assert main(["eval", str(out)]) == 0
     assert "scaled by one factor" in capsys.readouterr().out
 
