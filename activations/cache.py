@@ -285,8 +285,13 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     rank, world_size = part
     if not 0 <= rank < world_size:
         raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
+    vision_model = vision.is_vision_model(cfg.model)
+    if cfg.label_columns and not vision_model and (cfg.packing if cfg.packing is not None else cfg.level == "token"):
+        raise ValueError(f"label_columns={cfg.label_columns}: packing joins several documents in one context, so a "
+                         f"token has no single document's label; cache with --packing false (one document per "
+                         f"context, cut at --context-length) to label every token with its document's columns")
     with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
-        if vision.is_vision_model(cfg.model):
+        if vision_model:
             from conceptdict.activations.image_cache import cache_images
 
             return cache_images(cfg, records, part)

@@ -160,3 +160,22 @@ def test_cuda_cache_matches_cpu(tmp_path, tiny_lm_dir):
     assert gpu.num_rows == cpu.num_rows and torch.equal(gpu.tokens(0, gpu.num_rows), cpu.tokens(0, cpu.num_rows))
     torch.testing.assert_close(gpu.rows("blocks.1.hook_out", 0, gpu.num_rows),
                                cpu.rows("blocks.1.hook_out", 0, cpu.num_rows), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.integration
+def test_label_columns_of_a_packed_token_cache_are_an_error_and_unpacked_keeps_them(tmp_path, tiny_lm_dir, capsys):
+    docs = tiny_corpus(12)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    packed = tmp_path / "packed"
+    assert main(["cache", "--model", str(tiny_lm_dir), "--hookpoint", "blocks.0.hook_out", "--dataset", str(corpus),
+                 "--label-column", "topic", "--out", str(packed)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--packing false" in err and "label_columns=['topic']" in err and len(err.splitlines()) == 1
+    assert not packed.exists()  # refused before anything is written
+    cfg = CacheConfig(model=str(tiny_lm_dir), hookpoints=["blocks.0.hook_out"], dataset="", out=tmp_path / "unpacked",
+                      context_length=32, packing=False, label_columns=["topic"], progress=False)
+    store = ActivationStore(cache_activations(cfg, records=docs))
+    labels = store.labels("topic")
+    assert len(labels) == store.num_rows and set(labels) <= {d["topic"] for d in docs}
+    assert labels[0] == docs[0]["topic"] and labels[-1] == docs[-1]["topic"]
