@@ -238,7 +238,33 @@ def format_table(result: EvalResult) -> str:
         rows += [(f"FVU source {i}", f"{v:.6g}") for i, v in enumerate(result.per_source_fvu)]
     rows.append(("density histogram", " ".join(map(str, result.density_histogram))))
     width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    note = ce_recovered_caveat(result)
+    return "\n".join([*(f"{label:<{width}}  {value}" for label, value in rows), *([f"note: {note}"] if note else [])])
+
+
+CE_GAP_MIN = 0.1
+"""Nats: when zero-ablating the hookpoint moves the LM's loss by less, CE loss recovered divides by almost nothing."""
+
+
+def ce_recovered_caveat(result: EvalResult) -> str | None:
+    """Why ``result``'s CE loss recovered should not be read (None when it can): zero-ablation barely changes the
+    loss (|CE_zero - CE_clean| < :data:`CE_GAP_MIN`), or the ratio leaves [0, 1]."""
+    r, s = result.ce_loss_recovered, result.splice or {}
+    if r is None or "ce_zero" not in s:
+        return None
+    gap = s["ce_zero"] - s["ce_clean"]
+    if abs(gap) >= CE_GAP_MIN and 0 <= r <= 1:
+        return None
+    if abs(gap) < CE_GAP_MIN:
+        why = f"zero-ablating the hookpoint changes the LM's loss by only {gap:+.3g} nats, so the ratio divides by " \
+              f"almost nothing"
+    elif r > 1:
+        why = "the spliced model's loss is below the clean model's"
+    else:
+        why = "the spliced model's loss is above the zero-ablated model's"
+    kl = f" ({result.kl_score:.3g})" if result.kl_score is not None else ""
+    return (f"CE loss recovered {r:.3g} is ill-conditioned here: {why} (CE clean {s['ce_clean']:.4g}, zero-ablated "
+            f"{s['ce_zero']:.4g}, spliced {s['ce_replaced']:.4g}); read the KL score{kl}")
 
 
 def threshold_line(summary: dict, k: int) -> str | None:

@@ -89,6 +89,20 @@ def test_spliced_scores():
     r = with_splice_scores(evaluate(_hand_model(), [X]), 2.0, 10.0, 3.0, 4.0, 1.0)
     assert r.ce_loss_recovered == pytest.approx(7 / 8) and r.kl_score == pytest.approx(0.75)
     assert "CE loss recovered" in format_table(r) and "FVU (textbook)" in format_table(r)
+    assert "ill-conditioned" not in format_table(r)
+
+
+@pytest.mark.parametrize("clean,zero,spliced,why", [
+    (3.10, 3.15, 3.02, "changes the LM's loss by only +0.05 nats"),  # zero-ablation barely hurts: 1.6 recovered
+    (3.00, 5.00, 2.50, "below the clean model's"),  # 1.25: the spliced model beats the clean one
+    (3.00, 5.00, 5.50, "above the zero-ablated model's"),  # -0.25
+])
+def test_an_ill_conditioned_ce_loss_recovered_says_why_and_points_at_the_kl_score(clean, zero, spliced, why):
+    r = with_splice_scores(evaluate(_hand_model(), [X]), clean, zero, spliced, 4.0, 1.0)
+    table = format_table(r)
+    note = table.splitlines()[-1]
+    assert note.startswith("note: CE loss recovered") and "ill-conditioned" in note and why in note
+    assert note.endswith("read the KL score (0.75)")
 
 
 def test_empty_input_is_refused():
