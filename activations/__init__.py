@@ -19,7 +19,8 @@ from conceptdict.activations.models import (
     spliced_losses,
 )
 from conceptdict.activations.store import FORMAT_VERSION, ActivationStore, RowContext, StoreError
-from conceptdict.activations.stream import check_aligned, first_batches, heldout_batches, heldout_recipe, stream_batches
+from conceptdict.activations.stream import (check_aligned, first_batches, heldout_batches, heldout_recipe,
+                                           heldout_row_ids, stream_batches)
 from conceptdict.activations.summary import HookpointStats, StoreSummary, format_summary, store_summary
 
 __all__ = [
@@ -50,5 +51,6 @@ __all__ = [
     "stream_batches",
     "first_batches",
     "heldout_batches",
+    "heldout_row_ids",
     "heldout_recipe",
 ]

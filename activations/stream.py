@@ -283,6 +283,21 @@ def heldout_batches(recipe: dict | None, store: ActivationStore, hookpoints: Seq
     return itertools.islice(stream, n)
 
 
+def heldout_row_ids(recipe: dict | None, store: ActivationStore) -> np.ndarray | None:
+    """The store rows (ids, sorted) of ``recipe``'s held-out batches (:func:`heldout_recipe`): the rows
+    :func:`heldout_batches` reads; None when there is no recipe, it held nothing out, or it was recorded for another
+    store."""
+    if not recipe or not recipe.get("batches") or recipe.get("stores") != [str(store.path.resolve())]:
+        return None
+    want, size, got = int(recipe["batches"]), int(recipe["batch_size"]), []
+    plan = _index_plan(store.num_rows, size, int(recipe["seed"]), 1, max(int(recipe.get("buffer_rows", 65536)), size))
+    for _, batches in plan:
+        got += batches[: want - len(got)]
+        if len(got) >= want:
+            break
+    return np.sort(np.concatenate(got)) if got else None
+
+
 def first_batches(store: ActivationStore, hookpoints: Sequence[str], rows: int,
                   batch_size: int) -> Iterator[torch.Tensor]:
     """The first ``rows`` rows in batches: [B, D] for one hookpoint, [B, 2, D] (input, output) for a transcoder's

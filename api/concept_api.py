@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from conceptdict.activations import ActivationStore, hub_id_of
+import torch
+
+from conceptdict.activations import ActivationStore, heldout_row_ids, hub_id_of
 from conceptdict.naming import (
     CbmConfig,
     CbmResult,
@@ -28,6 +30,7 @@ from conceptdict.naming import (
 )
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.scoring import ScoreConfig
+from conceptdict.eval_api import training_heldout
 from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
 
 
@@ -150,7 +153,9 @@ def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any
     if not cd.meta.get("sae_dir"):
         raise ConfigError(f"{concepts} records no sae_dir; name the dictionary with `conceptdict name` first")
     src = open_sources(cd.meta["sae_dir"], cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
-    model, scored, summary = build_cbsae(cd, src, read_concept_list(cfg.concepts), cfg, label_column=label_column)
+    held = heldout_row_ids(training_heldout(cd.meta["sae_dir"], [src.hookpoint]), src.store)
+    model, scored, summary = build_cbsae(cd, src, read_concept_list(cfg.concepts), cfg, label_column=label_column,
+                                         heldout=None if held is None else torch.from_numpy(held))
     save_cbsae(model, cfg.out / "dictionary", cd.meta["sae_dir"],
                extra={"stores": [str(src.store.path)], "hookpoints": [src.hookpoint]})
     scored.meta["sae_dir"] = str(cfg.out / "dictionary")

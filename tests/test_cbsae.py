@@ -74,6 +74,30 @@ def test_lacking_concept_gets_a_bottleneck_latent_that_tracks_it(scored, tmp_pat
     assert (tmp_path / "cb" / "config.json").exists()
 
 
+def test_fvu_is_measured_on_the_base_dictionarys_heldout_rows_and_no_line_says_none(scored, monkeypatch):
+    from conceptdict.naming.bottleneck import cbsae_run
+
+    cd, src, embed = scored
+    n = src.store.num_rows
+    held = torch.arange(0, n, 7)
+    seen = {}
+    real = cbsae_run.train_bottleneck
+
+    def spy(x, *args, **kwargs):
+        seen["rows"] = x.shape[0]
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(cbsae_run, "train_bottleneck", spy)
+    cfg = CbSaeConfig(min_interpretability=0.6, steps=50, lr=5e-3, batch_size=128)
+    _, _, s = build_cbsae(cd, src, ["w35"], cfg, embed=embed, heldout=held)
+    assert s["fvu"]["rows"] == f"the base dictionary's {len(held)} held-out rows"
+    assert seen["rows"] == n - len(held)  # the bottleneck never trains on them
+    lines = cbsae_run.summary_lines(s)
+    assert not any("None" in ln for ln in lines), lines
+    assert any(ln.startswith(f"FVU on the base dictionary's {len(held)} held-out rows:") for ln in lines)
+    assert "CBM accuracy: not measured (pass --label-column COLUMN" in "\n".join(lines)
+
+
 def test_cbsae_round_trip_through_a_saved_base(tmp_path):
     from conceptdict.saes import SparseCoder, save_dictionary
 

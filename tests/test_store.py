@@ -147,6 +147,17 @@ def test_stream_holdout_rows_never_come_again(tmp_path):
         next(stream_batches(store, "h", 8, epochs=None, holdout_batches=26, **kw))
 
 
+def test_heldout_row_ids_are_the_rows_heldout_batches_read(tmp_path):
+    from conceptdict.activations import heldout_batches, heldout_recipe, heldout_row_ids
+
+    store = make_store(tmp_path / "s", {"h": row_ids(203)}, shard_rows=20)
+    recipe = heldout_recipe([store], ["h"], batch_size=8, seed=3, batches=5, buffer_rows=48)
+    read = sorted(r for b in heldout_batches(recipe, store, ["h"], 10**6) for r in b[:, 0].long().tolist())
+    assert heldout_row_ids(recipe, store).tolist() == read and len(read) == 40
+    assert heldout_row_ids({**recipe, "batches": 0}, store) is None
+    assert heldout_row_ids({**recipe, "stores": ["/elsewhere"]}, store) is None
+
+
 def test_stream_shuffles_across_shards(tmp_path):
     store = make_store(tmp_path / "s", {"h": row_ids(400)}, shard_rows=50)
     assert len(store.manifest["shards"]) >= 7

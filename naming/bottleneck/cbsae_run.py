@@ -38,11 +38,13 @@ def read_concept_list(path: str | Path) -> list[str]:
     return out
 
 
-def sample_rows(store, hookpoint: str, max_rows: int, seed: int) -> tuple[Tensor, Tensor]:
-    """(rows [N] ascending, x [N, D] float32): every row, or a uniform sample of ``max_rows``."""
+def sample_rows(store, hookpoint: str, max_rows: int, seed: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(rows [N] ascending, x [N, D] float32): every row, or a uniform sample of ``max_rows`` plus the rows ``keep``."""
     n = store.num_rows
     rows = torch.arange(n) if n <= max_rows else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[
         :max_rows].sort().values  # fmt: skip
+    if keep is not None:
+        rows = torch.unique(torch.cat([rows, keep.long()]))
     want = torch.zeros(n, dtype=torch.bool)
     want[rows] = True
     parts = [x[want[s : s + x.shape[0]]].float() for s, x in store.iter_rows(hookpoint, 8192)]
@@ -59,10 +61,17 @@ def concept_targets(ctx: ScoringContext, store, rows: Tensor, concepts: Sequence
     return vecs @ ctx.embed(list(concepts)).T
 
 
-def _split(n: int, seed: int, test_fraction: float = 0.2) -> tuple[Tensor, Tensor]:
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7))
-    cut = int(n * (1 - test_fraction))
-    return order[:cut], order[cut:]
+def _split(rows: Tensor, heldout: Tensor | None, seed: int, test_fraction: float = 0.2) -> tuple[Tensor, Tensor, str]:
+    """(train positions, test positions, what the test rows are): the base dictionary's held-out rows when its
+    training recorded them, else a random share of the sampled rows."""
+    if heldout is not None:
+        test = torch.isin(rows, heldout.long())
+        return torch.nonzero(~test).flatten(), torch.nonzero(test).flatten(), \
+            f"the base dictionary's {int(test.sum())} held-out rows"
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 7))
+    cut = int(len(rows) * (1 - test_fraction))
+    return order[:cut], order[cut:], (f"a random {len(rows) - cut} of the sampled rows (the base dictionary records "
+                                      f"no held-out rows for this store, so it may have trained on them)")
 
 
 def interpretability(cd: ConceptDictionary, scorer: str) -> dict[str, float]:
@@ -83,9 +92,11 @@ def _cbm_accuracy(model, store, hookpoint: str, names: list[str], label_column: 
 
 
 def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence[str], cfg: CbSaeConfig,
-                embed: TextEmbedder | None = None, label_column: str | None = None):  # fmt: skip
-    """Prune, add the lacking concepts, train the bottleneck, name and score the result. Returns
-    (CbSae, its ConceptDictionary, summary dict)."""
+                embed: TextEmbedder | None = None, label_column: str | None = None,
+                heldout: Tensor | None = None):  # fmt: skip
+    """Prune, add the lacking concepts, train the bottleneck, name and score the result. ``heldout``: the store
+    rows the base dictionary's training held out (``activations.heldout_row_ids``), the test rows of every FVU and
+    alignment number (the bottleneck never trains on them). Returns (CbSae, its ConceptDictionary, summary dict)."""
     base, store, hp = sources.model, sources.store, sources.hookpoint
     mask, how = prune_mask(cd, cfg)
     keep = torch.nonzero(mask).flatten()
@@ -96,12 +107,12 @@ def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence
     ctx = ScoringContext(cd, {}, score_cfg, embed, sources)
     present, lacking = lacking_concepts(user_concepts, [cd.concepts[j].name for j in keep.tolist()], ctx.embed,
                                         cfg.match_cosine)  # fmt: skip
-    rows, x = sample_rows(store, hp, cfg.max_rows, cfg.seed)
+    rows, x = sample_rows(store, hp, cfg.max_rows, cfg.seed, keep=heldout)
     with torch.no_grad():
         f = base.encode(x)
         x_base, x_pruned = decode_with(base, f), decode_with(base, f * mask.float())
     targets = concept_targets(ctx, store, rows, lacking)
-    train, test = _split(len(rows), cfg.seed)
+    train, test, test_rows = _split(rows, heldout, cfg.seed)
     bn = train_bottleneck(x[train], (x - x_pruned)[train], targets[train], cfg)
     model = CbSae(base, keep, bn.W_c, bn.b_c, bn.D_c, lacking, bn.theta)
     with torch.no_grad():
@@ -115,7 +126,8 @@ def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence
     summary = {
         "pruning": how, "n_latents_before": len(cd.concepts), "n_pruned": int((~mask).sum()), "n_kept": len(keep),
         "n_added": len(lacking), "added": lacking, "present": {k: [int(keep[i]) for i in v] for k, v in present.items()},
-        "fvu": {"before": fvu(x[test], x_base[test]), "pruned": fvu(x[test], x_pruned[test]), "after": fvu(x[test], x_cb)},
+        "fvu": {"before": fvu(x[test], x_base[test]), "pruned": fvu(x[test], x_pruned[test]), "after": fvu(x[test], x_cb),
+                "rows": test_rows},
         "interpretability": {"scorer": score_cfg.scorers[0], "before": interpretability(cd, score_cfg.scorers[0]),
                              "after": interpretability(scored, score_cfg.scorers[0])},
         "steerability": {"scorer": "steering", "before": interpretability(cd, "steering"),
@@ -183,8 +195,11 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"interpretability ({s['interpretability']['scorer']}): median {ib['median']:.3f} -> {ia['median']:.3f}, "
         f"mean {ib['mean']:.3f} -> {ia['mean']:.3f}, share >= 0.7 {ib['share_ge_0.7']:.2f} -> {ia['share_ge_0.7']:.2f}",
         _steer_line(s["steerability"]),
-        f"FVU (held-out rows): {s['fvu']['before']:.4f} base, {s['fvu']['pruned']:.4f} pruned, "
-        f"{s['fvu']['after']:.4f} CB-SAE",
-        f"CBM accuracy ({cb['label_column']}): {pct(cb['before'])} -> {pct(cb['after'])}",
+        f"FVU on {s['fvu'].get('rows', 'held-out rows')}: {s['fvu']['before']:.4f} base, {s['fvu']['pruned']:.4f} "
+        f"pruned, {s['fvu']['after']:.4f} CB-SAE",
+        f"CBM accuracy ({cb['label_column']}): {pct(cb['before'])} -> {pct(cb['after'])}" if cb["before"] is not None
+        else "CBM accuracy: not measured (pass --label-column COLUMN, a label column of the store)"
+        if cb["label_column"] is None else f"CBM accuracy: not measured (the store has no label column "
+                                           f"{cb['label_column']!r})",
     ] + [f"  {k}: sim3 {v['sim3']:.3f}, pearson {v['pearson']:.3f}, AUROC(top 10%) {v['auroc_top10']:.3f}"
          for k, v in s["alignment_test"].items()]  # fmt: skip
