@@ -137,6 +137,23 @@ def test_cli_sweep_over_the_batch_and_seed_trains_each_as_its_separate_run(tmp_p
     same_run(alone, tmp_path / "sweep" / "batch_size-128_seed-1")
 
 
+@pytest.mark.integration
+def test_cli_sweep_of_kinds_holding_out_different_batches_takes_several_passes_with_tokens(tmp_path, planted_store,
+                                                                                          capsys):
+    """--tokens over three passes, topk beside the thresholded batchtopk (which also holds out calibration
+    batches): each trains in its own pass and equals its separate run (this used to be refused)."""
+    from conceptdict.cli.main import main
+
+    assert main(["train", "--store", str(planted_store), "--out", str(tmp_path / "sweep"), *FAST, "--k", "3",
+                 "--tokens", str(3 * 3072), "--sweep", "kind=topk,batchtopk"]) == 0
+    capsys.readouterr()
+    alone = tmp_path / "alone"
+    assert main(["train", "--store", str(planted_store), "--out", str(alone), *FAST, "--k", "3", "--tokens",
+                 str(3 * 3072), "--kind", "batchtopk"]) == 0
+    same_run(alone, tmp_path / "sweep" / "kind-batchtopk")
+    assert json.loads((alone / "config.json").read_text())["training"]["rows"] == 3 * 3072 // 256 * 256
+
+
 @pytest.mark.unit
 def test_cli_sweep_refusals(tmp_path, planted_store):
     from conceptdict.settings import ConfigError
