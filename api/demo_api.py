@@ -21,6 +21,8 @@ from conceptdict.saes.config import heldout_batch_count
 from conceptdict.settings import write_resolved_config
 
 DEMO_HOOKPOINT = "sentence.mean_normalized"
+DEMO_KIND = "topk"
+"""The demo's dictionaries: train's default kind, which exports to SAELens exactly."""
 TOKEN_HOOKPOINT = "blocks.3.hook_out"
 
 
@@ -68,7 +70,7 @@ def _fit(store: str, hookpoint: str, out: Path, kind: str, latents: int, k: int,
 
     rows = ActivationStore(store).num_rows
     batch_size = min(batch_size, max(8, rows // 8))
-    # 2 batches held out for evaluation and, for the thresholded kind, 1 on which the threshold is calibrated
+    # 2 batches held out for evaluation and, for a thresholded kind, 1 on which the threshold is calibrated
     settings = dict(latents=latents, k=k, kind=kind, batch_size=batch_size, eval_batches=2, calibration_batches=1,
                     checkpoint_every=0)
     from conceptdict.saes import train_config
@@ -80,13 +82,15 @@ def _fit(store: str, hookpoint: str, out: Path, kind: str, latents: int, k: int,
 
 
 def train_step(ctx: DemoContext) -> StepResult:
-    """Sentence store -> ``sae/`` (BatchTopK, the dictionary later steps name); token store -> ``sae_tokens/``."""
+    """Sentence store -> ``sae/`` (the dictionary later steps name); token store -> ``sae_tokens/``. Both are
+    ``topk``, train's default kind, which SAELens (and so Neuronpedia and SAEBench) holds exactly
+    (docs/results/kinds.md#the-default-kind-and-saelens)."""
     art = ctx.artifacts
-    summary = _fit(art["store"], art["hookpoint"], ctx.out / "sae", "batchtopk", latents=256 if ctx.fast else 1024,
+    summary = _fit(art["store"], art["hookpoint"], ctx.out / "sae", DEMO_KIND, latents=256 if ctx.fast else 1024,
                    k=8 if ctx.fast else 16, batch_size=256, epochs=5 if ctx.fast else 30)
     found = {"sae": str(ctx.out / "sae")}
     if art.get("token_store"):
-        summary += _fit(art["token_store"], art["token_hookpoint"], ctx.out / "sae_tokens", "topk",
+        summary += _fit(art["token_store"], art["token_hookpoint"], ctx.out / "sae_tokens", DEMO_KIND,
                         latents=512 if ctx.fast else 2048, k=16 if ctx.fast else 32, batch_size=1024,
                         epochs=2 if ctx.fast else 5)
         found["token_sae"] = str(ctx.out / "sae_tokens")

@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", action="append", choices=sorted(CORPORA),
                    help="corpus to measure (repeat; default: manpages, debian, pydocs)")
-    p.add_argument("--kind", default="batchtopk", help="dictionary kind (the demo's sentence dictionary)")
+    p.add_argument("--kind", default="topk", help="dictionary kind (the demo's sentence dictionary)")
     p.add_argument("--latents", type=int, default=1024, help="dictionary latents (the demo's)")
     p.add_argument("--k", type=int, default=16, help="dictionary k (the demo's)")
     p.add_argument("--steps", type=int, default=400, help="dictionary training steps")

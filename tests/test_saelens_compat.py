@@ -79,3 +79,33 @@ def test_export_loads_in_sae_lens(tmp_path):
         assert got[d]["codes"] < 1e-5 and got[d]["recon"] < 1e-5, (d, got[d])
         assert (got[d]["hook_name"], got[d]["model_name"]) == ("blocks.0.hook_resid_post", "tiny")
         assert got[d]["name"] == "sae_tiny_blocks.0.hook_resid_post_40"
+
+
+def test_the_demos_dictionary_encodes_and_decodes_identically_in_sae_lens(tiny_sentence_store, tmp_path):
+    """The dictionary `conceptdict demo` trains (its recipe, train's default kind) exported to SAELens: sae-lens'
+    own encode and decode give our codes and reconstructions on the store's rows."""
+    in_process = importlib.util.find_spec("sae_lens") is not None
+    if not in_process and not SIDE_PYTHON.exists():
+        pytest.skip("sae_lens is not installed (neither here nor in .venv-interop)")
+    from conceptdict import demo_api as demo
+    from conceptdict.activations import ActivationStore
+    from conceptdict.saes import load_dictionary
+    from conceptdict.saes.formats import load_dictionary_config
+
+    store, _ = tiny_sentence_store
+    ctx = demo.DemoContext(tmp_path / "demo", fast=True,
+                           artifacts={"store": str(store), "hookpoint": "sentence.mean_normalized"})
+    sae_dir = demo.train_step(ctx).artifacts["sae"]
+    m = load_dictionary(sae_dir)
+    d = tmp_path / "saelens"
+    export_dictionary(m, load_dictionary_config(sae_dir), "saelens", d)
+    x = ActivationStore(store).rows("sentence.mean_normalized", 0, 60).float()
+    with torch.no_grad():
+        f = m.encode(x)
+        save_file({"x": x, "f": f, "x_hat": m.decode(f)}, str(d / "probe.safetensors"))
+    result = tmp_path / "result.json"
+    python = sys.executable if in_process else str(SIDE_PYTHON)
+    proc = subprocess.run([python, "-c", CHECK, str(result), str(d)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(result.read_text())[str(d)]
+    assert got["arch"] == "topk" and got["codes"] < 1e-5 and got["recon"] < 1e-5, got

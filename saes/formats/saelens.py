@@ -40,6 +40,15 @@ KIND_TO_ARCH = {"topk": "topk", "batchtopk-absolute": "jumprelu", "relu": "stand
                 "gated": "gated"}
 """our kind -> SAELens architecture (the classical BatchTopK is saved as the JumpReLU it runs as at inference;
 the row-relative ``batchtopk`` has no SAELens equivalent: its bias and threshold scale with each row's norm)."""
+WHY_NOT = {k: " (row-relative: its bias and threshold scale with each row's norm)" for k in
+           ("batchtopk", "matryoshka", "jumprelu-relative", "crosscoder")}
+
+
+def exports_exactly(kind: str) -> bool:
+    """Whether a dictionary of ``kind`` exports to SAELens with the same codes and reconstructions."""
+    return kind in KIND_TO_ARCH
+
+
 EXTRA_TENSORS = {"jumprelu": ("threshold",), "gated": ("r_mag", "b_mag")}
 
 
@@ -150,12 +159,11 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     if model.n_sources != 1:
         raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
                          f"artifact with save_dictionary instead")
-    if model.kind == "batchtopk":
-        raise ValueError("kind 'batchtopk' (row-relative: its bias and threshold scale with each row's norm) has no "
-                         "SAELens equivalent; export a topk dictionary, or train with --kind batchtopk-absolute "
-                         "(the classical BatchTopK, which SAELens reads as JumpReLU)")
     if model.kind not in KIND_TO_ARCH:
-        raise ValueError(f"kind {model.kind!r} has no SAELens equivalent; exportable kinds: {sorted(KIND_TO_ARCH)}")
+        raise ValueError(f"kind {model.kind!r}{WHY_NOT.get(model.kind, '')} has no SAELens equivalent; to share a "
+                         f"dictionary through SAELens, Neuronpedia or SAEBench train it with --kind topk (train's "
+                         f"default), --kind batchtopk-absolute (the classical BatchTopK, which SAELens reads as "
+                         f"JumpReLU) or another of {sorted(KIND_TO_ARCH)}")
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"sae_lens_version": SAELENS_VERSION, "sae_lens_training_version": None, "model_name": None,
                 "hook_name": None, "hook_head_index": None, "context_size": None, "prepend_bos": True,
