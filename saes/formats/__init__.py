@@ -82,6 +82,15 @@ def load_dictionary_config(source: str | Path) -> dict[str, Any]:
     return FORMATS[fmt].read(directory).config
 
 
+def config_file(source: str | Path) -> str:
+    """Where the dictionary at ``source`` keeps its settings, for messages: ``DIR/cfg.json (saelens format)``
+    (a format without a config file names its weights file)."""
+    directory, fmt = locate(source)
+    module = FORMATS[fmt]
+    name = getattr(module, "CONFIG", None) or getattr(module, "CONFIG_FILE", None) or module.WEIGHTS
+    return f"{directory / name} ({fmt} format)"
+
+
 def export_saelens(model, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
     """SAELens ``cfg.json`` + ``sae_weights.safetensors`` (``saes.formats.saelens.write``)."""
     return saelens.write(model, Path(directory), meta)
@@ -92,5 +101,5 @@ def import_saelens(directory: str | Path):
     return saelens.read(Path(directory)).model
 
 
-__all__ = ["FORMATS", "FormatError", "Loaded", "detect_format", "export_saelens", "import_saelens", "load_dictionary",
+__all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens", "load_dictionary",
            "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]
