@@ -42,5 +42,11 @@ def resolve(name: str, cache_dir: str | Path | None = None) -> Path:
                           f"path") from None
     local = Path(root) / sub if sub else Path(root)
     if not local.is_dir():
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:  # the cache holds other folders of the repo; this one may be on the hub
+            raise FormatError(f"{name}: folder {sub!r} of repo {repo!r} is not in the Hugging Face cache and "
+                              f"downloading it needs the network (HF_HUB_OFFLINE is set); run once where the hub "
+                              f"is reachable, or copy the directory and pass its path")
         raise FormatError(f"{name}: repo {repo!r} has no folder {sub!r}")
     return local
