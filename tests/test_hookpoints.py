@@ -22,7 +22,8 @@ def test_text_model_lists_every_hookpoint_with_the_width_capture_gives(tiny_lm_d
     assert table.names() == model.hookpoints and len(table) > 100  # every name, aliases included, no "..."
     assert table.get("blocks.0.hook_out")[1:] == ("[T, 32]", 32, "token", "")
     assert table.get("blocks.1.mlp.hook_post").d == 128 and table.get("blocks.0.attn.hook_z").shape == "[T, 2, 16]"
-    assert table.get("blocks.0.attn.hook_pattern").shape == "[2, T, T]" and table.get("blocks.0.attn.hook_pattern").d is None
+    pattern = table.get("blocks.0.attn.hook_pattern")
+    assert pattern.shape == "[2, T, T]" and pattern.d is None
     assert table.get("embed.hook_in").d is None and "token ids" in table.get("embed.hook_in").note
     assert "use_attn_result" in table.get("blocks.0.attn.hook_result").note
     assert table.get("sentence.mean_normalized")[1:4] == ("[32]", 32, "sequence")

@@ -38,7 +38,8 @@ def test_release_names_map_to_hub_paths():
 @pytest.mark.unit
 @pytest.mark.parametrize("name, message", [
     ("gpt2-small-res-jbb/blocks.8.hook_resid_pre", "closest releases: gpt2-small-res-jb"),
-    ("gpt2-small-res-jb/blocks.8.hook_resid_pr", "has no SAE 'blocks.8.hook_resid_pr'; closest: blocks.8.hook_resid_pre"),
+    ("gpt2-small-res-jb/blocks.8.hook_resid_pr",
+     "has no SAE 'blocks.8.hook_resid_pr'; closest: blocks.8.hook_resid_pre"),
     ("gpt2-small-res-jb", "no SAE; write gpt2-small-res-jb/SAE_ID"),
     ("gemma-scope-2b-pt-res/layer_3", "ids of the form"),
 ])

@@ -104,5 +104,6 @@ def import_saelens(directory: str | Path):
     return saelens.read(Path(directory)).model
 
 
-__all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens", "load_dictionary",
+__all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens",
+           "load_dictionary",
            "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]

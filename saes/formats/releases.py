@@ -88,8 +88,8 @@ def resolve(name: str, registry: dict[str, Release], where: str = "the release l
     if entry is None:
         close = difflib.get_close_matches(release, list(registry), n=5, cutoff=0.5)
         hint = f"closest releases: {', '.join(close)}" if close else f"{len(registry)} releases known"
-        raise FormatError(f"{name!r} is neither an existing directory nor a known dictionary release in {where} ({hint}); "
-                          f"pass a directory, hf:OWNER/REPO[/SUBDIR] or RELEASE/SAE_ID")
+        raise FormatError(f"{name!r} is neither an existing directory nor a known dictionary release in {where} "
+                          f"({hint}); pass a directory, hf:OWNER/REPO[/SUBDIR] or RELEASE/SAE_ID")
     if not sae_id:
         raise FormatError(f"{name!r} names the release {release!r} but no SAE; write {release}/SAE_ID, e.g. "
                           f"{release}/{next(iter(entry.saes), '<id>')}")
