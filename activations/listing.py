@@ -77,8 +77,10 @@ def list_hookpoints(handle) -> HookpointTable:
     """Every hookpoint of a loaded text or image model with its shape (module docstring)."""
     from conceptdict.activations.vision import ImageModelHandle
 
+    from conceptdict.activations.models import model_label
+
     rows = _image_rows(handle) if isinstance(handle, ImageModelHandle) else _text_rows(handle)
-    return HookpointTable(handle.name, rows)
+    return HookpointTable(model_label(handle.name), rows)
 
 
 def _text_rows(handle) -> list[HookpointInfo]:

@@ -271,8 +271,14 @@ def check_hookpoints(model: ModelHandle, hookpoints: Sequence[str]) -> None:
             raise ValueError(unknown_hookpoint(hp, model.hookpoints, model.name))
 
 
+def model_label(name: str) -> str:
+    """How to name a loaded model to the user: ``default`` for the bundled directory, else ``name``."""
+    return DEFAULT_MODEL if hub_id_of(name) == DEFAULT_HUB_ID and Path(name).is_dir() else name
+
+
 def unknown_hookpoint(hookpoint: str, valid: Sequence[str], model: str) -> str:
     """The one-line error for a hookpoint ``model`` lacks: the closest names, and the command listing them all."""
+    model = model_label(model)
     every = f"`conceptdict hookpoints --model {model}` lists all {len(valid)} with their shapes"
     if hookpoint == "help":
         return f"--hookpoint help: {every} (or, in Python, cd.hookpoints({model!r}))"

@@ -71,3 +71,14 @@ def test_image_models_list_pooled_block_and_text_hookpoints(tiny_clip_dir, tmp_p
     registers = cd.hookpoints(str(build_tiny_image_model(tmp_path / "reg", "dinov2_with_registers")))
     assert registers.get("vision.blocks.0.hook_out").shape == "[19, 32]"
     assert "CLS + 16 patches, 2 registers not stored" in registers.get("vision.blocks.0.hook_out").note
+
+
+@pytest.mark.unit
+def test_the_bundled_model_is_called_default_in_messages(tmp_path):
+    from conceptdict.activations import DEFAULT_MODEL_DIR
+    from conceptdict.activations.models import unknown_hookpoint
+
+    message = unknown_hookpoint("help", ["a", "b"], str(DEFAULT_MODEL_DIR()))
+    assert message == ("--hookpoint help: `conceptdict hookpoints --model default` lists all 2 with their shapes "
+                       "(or, in Python, cd.hookpoints('default'))")
+    assert "--model " + str(tmp_path) + "`" in unknown_hookpoint("zzz", ["a"], str(tmp_path))
