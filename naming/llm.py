@@ -71,6 +71,11 @@ class LlmError(ValueError):
     """The endpoint could not be reached or answered something unusable (one line, naming the URL and the fix)."""
 
 
+class LlmUnreachable(LlmError):
+    """No server answers at the URL (connection refused, unknown host, time-outs): every further request would fail
+    the same way."""
+
+
 class Reply(NamedTuple):
     """One chat completion: the assistant's text and the token counts the endpoint reported (0 if none)."""
 
@@ -122,7 +127,7 @@ def chat_reply(cfg: LlmConfig, messages: list[dict[str, str]]) -> Reply:
         raise LlmError(f"{url} answered HTTP {last.code} after {tries}: the server is overloaded or "
                        "failing; wait and re-run, raise --llm.max-retries, or lower --llm.concurrency")
     reason = getattr(last, "reason", None) or last
-    raise LlmError(f"cannot reach the LLM server at {url} ({reason}) after {tries}: start an OpenAI-compatible "
+    raise LlmUnreachable(f"cannot reach the LLM server at {url} ({reason}) after {tries}: start an OpenAI-compatible "
                    "server there (is the server running?), pass --llm.url of one, or name without an LLM "
                    "(--namer vocab, context or logit-lens)")
 
