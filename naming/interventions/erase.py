@@ -231,10 +231,11 @@ def fit_methods(data: Labelled, train: Tensor, cfg: EraseConfig, dictionary=None
                 names: list[str] | None = None) -> dict[str, tuple[Edit, Any, dict] | str]:
     """method -> (edit function, saved artifact or None, extra record fields), each fitted on the ``train`` rows;
     a method whose fit raises maps to the reason (``"skipped: ..."``) and the others still run."""
+    x, c = data.x[train].double(), data.concept[train]
     out: dict[str, tuple[Edit, Any, dict] | str] = {}
     for method in cfg.methods:
         try:
-            fitted = _fit(method, data, train, cfg, dictionary, names)
+            fitted = _fit(method, x, c, data, train, cfg, dictionary, names)
         except Exception as e:  # noqa: BLE001 - one method failing leaves its row, not the whole table
             kind = type(e).__name__.lstrip("_")
             reason = (str(e).strip().splitlines() or ["no message"])[0][:200]
@@ -245,9 +246,9 @@ def fit_methods(data: Labelled, train: Tensor, cfg: EraseConfig, dictionary=None
     return out
 
 
-def _fit(method: str, data: Labelled, train: Tensor, cfg: EraseConfig, dictionary,
+def _fit(method: str, x: Tensor, c: Tensor, data: Labelled, train: Tensor, cfg: EraseConfig, dictionary,
          names: list[str] | None) -> tuple[Edit, Any, dict] | None:
-    x, c = data.x[train].double(), data.concept[train]
+    """One method fitted on the ``train`` rows (``x`` in float64, concept ``c``); None when it cannot run here."""
     if method == "none":
         return (lambda t: t, None, {})
     if method == "sae-ablation":
