@@ -7,6 +7,7 @@ are imported inside the functions that need them, so importing this package stay
 from conceptdict.activations.cache import CacheConfig, cache_activations, config_hash
 from conceptdict.activations.data import stdlib_docstrings
 from conceptdict.activations.importer import ImportConfig, import_array
+from conceptdict.activations.listing import HookpointInfo, HookpointTable, list_hookpoints
 from conceptdict.activations.models import (
     DEFAULT_HUB_ID,
     DEFAULT_MODEL_DIR,
@@ -31,7 +32,9 @@ __all__ = [
     "SENTENCE_HOOKPOINTS",
     "ActivationStore",
     "CacheConfig",
+    "HookpointInfo",
     "HookpointStats",
+    "HookpointTable",
     "ImportConfig",
     "ModelHandle",
     "RowContext",
@@ -43,6 +46,7 @@ __all__ = [
     "config_hash",
     "embed_texts",
     "import_array",
+    "list_hookpoints",
     "load_model",
     "spliced_losses",
     "stdlib_docstrings",

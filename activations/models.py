@@ -268,9 +268,23 @@ def check_hookpoints(model: ModelHandle, hookpoints: Sequence[str]) -> None:
     valid = set(model.hookpoints)
     for hp in hookpoints:
         if hp not in valid:
-            close = difflib.get_close_matches(hp, model.hookpoints, n=5, cutoff=0.4)
-            hint = ", ".join(close) if close else ", ".join(model.hookpoints[:8]) + ", ..."
-            raise ValueError(f"unknown hookpoint {hp!r} for model {model.name}; closest valid names: {hint}")
+            raise ValueError(unknown_hookpoint(hp, model.hookpoints, model.name))
+
+
+def model_label(name: str) -> str:
+    """How to name a loaded model to the user: ``default`` for the bundled directory, else ``name``."""
+    return DEFAULT_MODEL if hub_id_of(name) == DEFAULT_HUB_ID and Path(name).is_dir() else name
+
+
+def unknown_hookpoint(hookpoint: str, valid: Sequence[str], model: str) -> str:
+    """The one-line error for a hookpoint ``model`` lacks: the closest names, and the command listing them all."""
+    model = model_label(model)
+    every = f"`conceptdict hookpoints --model {model}` lists all {len(valid)} with their shapes"
+    if hookpoint == "help":
+        return f"--hookpoint help: {every} (or, in Python, cd.hookpoints({model!r}))"
+    close = difflib.get_close_matches(hookpoint, valid, n=5, cutoff=0.4)
+    hint = f"closest valid names: {', '.join(close)}; " if close else ""
+    return f"unknown hookpoint {hookpoint!r} for model {model}; {hint}{every}"
 
 
 def capture(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.Tensor,

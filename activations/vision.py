@@ -155,13 +155,11 @@ def load_image_model(name_or_dir: str, device: str = "cpu", dtype: str = "float3
 def check_image_hookpoints(handle: ImageModelHandle, hookpoints: Sequence[str], cacheable: bool = True) -> None:
     """Raise ValueError for an unknown hookpoint (listing the closest valid names), for text hookpoints when
     caching over images, and for a mix of pooled and per-token hookpoints."""
-    import difflib
+    from conceptdict.activations.models import unknown_hookpoint
 
     for hp in hookpoints:
         if hp not in handle.hookpoints:
-            close = difflib.get_close_matches(hp, handle.hookpoints, n=5, cutoff=0.4) or handle.hookpoints[:8]
-            raise ValueError(f"unknown hookpoint {hp!r} for model {handle.name}; closest valid names: "
-                             f"{', '.join(close)}")
+            raise ValueError(unknown_hookpoint(hp, handle.hookpoints, handle.name))
         if cacheable and hp in TEXT_HOOKPOINTS:
             raise ValueError(f"hookpoint {hp!r} embeds texts (the vocabulary namer uses it); cache image "
                              f"hookpoints over images: {', '.join(POOLED_HOOKPOINTS)} or vision.blocks.N.hook_out")

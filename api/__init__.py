@@ -19,6 +19,7 @@ The objects a notebook needs:
     load_model(name_or_dir)  a model as the stages use it ("default": the bundled all-MiniLM-L6-v2)
     load_concepts(path)      a concept dictionary: concepts[12] by latent id, concepts["error"] by name
     splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
+    hookpoints(model)        every hookpoint of a model with its shape (``conceptdict hookpoints --model M``)
     store_info, verify_store
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 _WHERE = {
     "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",
-    "store_info": "store_api", "verify_store": "store_api",
+    "store_info": "store_api", "verify_store": "store_api", "hookpoints": "store_api",
     "train": "train_api", "load": "train_api",
     "evaluate": "eval_api", "compare": "eval_api",
     "diff": "diff_api",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -32,6 +33,8 @@ from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.scoring import ScoreConfig
 from conceptdict.eval_api import training_heldout
 from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+
+log = logging.getLogger(__name__)
 
 
 def name(dictionary: str | Path, **settings: Any) -> ConceptDictionary:
@@ -185,16 +188,33 @@ class ExportConfig:
         "help": "neuronpedia only: the source set name (the source id is LAYER-SOURCE_SET)."})
     creator: str = field(default="conceptdict", metadata={"help": "neuronpedia only: the creator name and id."})
     device: str = field(default="cpu", metadata={"help": "neuronpedia only: device for re-encoding examples."})
+    push: str | None = field(default=None, metadata={
+        "help": ("Upload the written --out directory to a Hugging Face repo: hf:OWNER/REPO[/SUBDIR] (created when "
+                 "missing; needs `hf auth login` or HF_TOKEN).")})
 
 
 def export(source: str | Path, **settings: Any) -> Path:
     """Write a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify,
     dictionary_learning layouts, with a model card) for other tools (``conceptdict export``); returns the main file
-    or directory written. Exports name the model by its hub id, never a local path."""
+    or directory written. Exports name the model by its hub id, never a local path. ``push="hf:OWNER/REPO"``
+    then uploads the ``out`` directory to that repo."""
     cfg = config_from_dict(ExportConfig, settings, "export")
     if cfg.out is None:
         raise ConfigError("conceptdict export needs --out DIR")
-    source = Path(source)
+    if cfg.push is not None:
+        from conceptdict.saes.formats import hub
+
+        hub.push_token(cfg.push)  # a bad name, offline mode or no login fails before anything is written
+    written = _export(Path(source), cfg)
+    if cfg.push is not None:
+        from conceptdict.outdir import MARKER
+
+        url = hub.push(cfg.out, cfg.push, message=f"conceptdict export --format {cfg.format}", ignore=[MARKER])
+        log.info("uploaded %s to %s", cfg.out, url)
+    return written
+
+
+def _export(source: Path, cfg: ExportConfig) -> Path:
     if cfg.format in DICTIONARY_FORMATS:
         return export_dictionary_files(source, cfg.format, cfg.out)
     if not is_concept_dir(source):

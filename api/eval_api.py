@@ -15,7 +15,7 @@ from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
 from conceptdict.saes import evaluate as evaluate_rows
-from conceptdict.saes import format_table, threshold_line, with_splice_scores
+from conceptdict.saes import config_file, format_table, threshold_line, with_splice_scores
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
                          f"single-source dictionaries (use `conceptdict diff` for crosscoders)")
     store_path = cfg.store or (config.get("stores") or [None])[0]
     if store_path is None:
-        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+        raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (the store of the "
+                         "activations the dictionary reads)")
     store = ActivationStore(store_path)
     if model.spec.transcodes:
         return model, store, _transcoder_hookpoints(sae_dir, config, store, cfg)

@@ -9,6 +9,7 @@ from conceptdict import ranks
 from conceptdict.activations import (
     ActivationStore,
     CacheConfig,
+    HookpointTable,
     ImportConfig,
     ModelHandle,
     StoreSummary,
@@ -74,3 +75,14 @@ def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any
     from conceptdict.activations import load_model as load
 
     return load(name_or_dir, device=device, **options)
+
+
+def hookpoints(model: str | Path | Any = "default", device: str = "cpu", **options: Any) -> HookpointTable:
+    """Every hookpoint of a text or image model with the shape of one input's activation and the width ``d`` of a
+    stored row (``conceptdict hookpoints --model M``), from one small probe forward. ``model``: a name
+    :func:`load_model` takes, or a model it returned; ``options`` go to :func:`load_model` (``dtype``,
+    ``tokenizer``). ``.format()`` is the table, ``.names()`` the names, ``.get(name).d`` one width."""
+    from conceptdict.activations import list_hookpoints
+
+    handle = load_model(str(model), device=device, **options) if isinstance(model, (str, Path)) else model
+    return list_hookpoints(handle)

@@ -29,4 +29,6 @@ def run(args) -> int:
         print(f"concept dictionary: {written}/concepts.json, {written}/concepts.safetensors")
     else:
         print(f"report: {written}")
+    if settings.get("push"):
+        print(f"uploaded {settings['out']} to {settings['push']}")
     return 0

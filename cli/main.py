@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "steer": "steer",
     "export": "export",
     "show": "show",
+    "hookpoints": "hookpoints",
     "score": "score",
     "cbsae": "cbsae",
     "demo": "demo",

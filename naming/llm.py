@@ -67,8 +67,13 @@ class LlmConfig:
             raise ValueError("llm concurrency, n_shown and n_scored must be >= 1")
 
 
-class LlmError(RuntimeError):
-    """The endpoint could not be reached or answered something unusable."""
+class LlmError(ValueError):
+    """The endpoint could not be reached or answered something unusable (one line, naming the URL and the fix)."""
+
+
+class LlmUnreachable(LlmError):
+    """No server answers at the URL (connection refused, unknown host, time-outs): every further request would fail
+    the same way."""
 
 
 class Reply(NamedTuple):
@@ -117,7 +122,14 @@ def chat_reply(cfg: LlmConfig, messages: list[dict[str, str]]) -> Reply:
             raise LlmError(f"{url} returned no choices[0].message.content: {e!r}") from None
         if attempt < cfg.max_retries:
             time.sleep(wait)
-    raise LlmError(f"{url} failed after {cfg.max_retries + 1} attempts: {last}; is the server running?")
+    tries = f"{cfg.max_retries + 1} attempt{'s' if cfg.max_retries else ''}"
+    if isinstance(last, urllib.error.HTTPError):
+        raise LlmError(f"{url} answered HTTP {last.code} after {tries}: the server is overloaded or "
+                       "failing; wait and re-run, raise --llm.max-retries, or lower --llm.concurrency")
+    reason = getattr(last, "reason", None) or last
+    raise LlmUnreachable(f"cannot reach the LLM server at {url} ({reason}) after {tries}: start an OpenAI-compatible "
+                   "server there (is the server running?), pass --llm.url of one, or name without an LLM "
+                   "(--namer vocab, context or logit-lens)")
 
 
 def _retry_after(e: urllib.error.HTTPError, default: float) -> float:

@@ -5,7 +5,8 @@
 line, appended and flushed as each answer arrives) are not requested again, so a rerun costs nothing and a
 run killed halfway resumes where it stopped: at most the requests in flight at the kill are repeated, never a
 prompt whose answer was stored. A request that still fails after ``chat_reply``'s retries is returned as None
-and not cached (the next run retries it); the run goes on.
+and not cached (the next run retries it); the run goes on. The first request goes alone: when no server answers
+at the URL at all, the run stops there with ``LlmUnreachable`` (one line) instead of failing every request.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .llm import LlmConfig, LlmError, Reply, chat_reply
+from .llm import LlmConfig, LlmError, LlmUnreachable, Reply, chat_reply
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,21 @@ class LlmCalls:
         todo = {k: m for k, m in zip(keys, prompts) if k not in self._cache}
         self.usage.cached += sum(1 for k in keys if k in self._cache)
         if todo:
+            first = next(iter(todo))  # asked alone first: an unreachable server stops the run with one line
+            if self._ask(todo.pop(first), unreachable_raises=True) is None:
+                self.usage.failed += 1
             with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
                 for key, reply in zip(todo, pool.map(self._ask, todo.values())):
                     if reply is None:
                         self.usage.failed += 1
         return [self._cache.get(k) for k in keys]
 
-    def _ask(self, messages: Messages) -> Reply | None:
+    def _ask(self, messages: Messages, unreachable_raises: bool = False) -> Reply | None:
         try:
             reply = chat_reply(self.cfg, messages)
         except LlmError as e:
+            if unreachable_raises and isinstance(e, LlmUnreachable):
+                raise
             log.warning("llm request failed: %s", e)
             return None
         self._store(prompt_key(self.cfg, messages), reply)

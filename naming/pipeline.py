@@ -296,7 +296,7 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
                  device: str = "cpu") -> Sources:  # fmt: skip
     """Load the dictionary at ``sae_dir`` and open its store (``store`` or the one its config.json records)."""
     from conceptdict.activations import ActivationStore
-    from conceptdict.saes import load_dictionary, load_dictionary_config
+    from conceptdict.saes import config_file, load_dictionary, load_dictionary_config
 
     from conceptdict.naming.bottleneck.cbsae import is_cbsae_dir, load_cbsae
 
@@ -305,7 +305,9 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
     config = json.loads((sae_dir / "config.json").read_text()) if cbsae else load_dictionary_config(sae_dir)
     store_path = store or _first(config, "stores", "store")
     if store_path is None:
-        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+        where = f"{sae_dir}/config.json" if cbsae else config_file(sae_dir)
+        raise ValueError(f"{where} records no store; pass --store STORE_DIR (the store of the activations the "
+                         "dictionary reads)")
     store_path = Path(store_path)
     if not store_path.is_absolute() and not store_path.exists() and (sae_dir / store_path).exists():
         store_path = sae_dir / store_path

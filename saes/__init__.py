@@ -13,13 +13,14 @@ from .model import SparseCoder
 from .comm import LOCAL, Comm, LocalComm
 from .flat import FlatField, flat_train_fields, to_flat, train_config
 from .training import TrainConfig, train
-from .formats import (FormatError, export_saelens, import_saelens, load_dictionary, load_dictionary_config,
-                      match_hookpoint, open_dictionary)
+from .formats import (FormatError, config_file, export_saelens, import_saelens, load_dictionary,
+                      load_dictionary_config, match_hookpoint, open_dictionary)
 
 __all__ = [
     "KINDS", "LOCAL", "Comm", "EvalResult", "FlatField", "FormatError", "JsonlSink", "KindSpec", "LocalComm",
     "MetricsSink", "NullSink", "SparseCoder", "TrainConfig", "TrainOutput", "ce_loss_recovered", "evaluate",
-    "export_saelens", "flat_train_fields", "format_table", "import_saelens", "is_crosscoder", "kind_spec", "kl_score",
+    "config_file", "export_saelens", "flat_train_fields", "format_table", "import_saelens", "is_crosscoder",
+    "kind_spec", "kl_score",
     "load_dictionary", "load_dictionary_config", "match_hookpoint", "open_dictionary", "reads_several_sources",
     "register", "save_dictionary", "describe_dictionary", "threshold_line", "to_flat", "train", "train_config", "unregister", "with_splice_scores",
 ]

@@ -74,6 +74,31 @@ def test_erase_table_on_planted_store(planted, capsys):
     assert "splince" in printed and "concept_linear_acc" in printed
 
 
+def test_a_method_that_fails_to_fit_is_skipped_in_its_own_row(planted, capsys, monkeypatch):
+    from conceptdict.naming.interventions import erase as erase_module
+
+    def broken(*args, **kwargs):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge\nsecond line")
+
+    monkeypatch.setattr(erase_module, "fit_splince", broken)
+    tmp, store, _, _ = planted
+    out = tmp / "out_broken"
+    rc = main(["erase", "--store", str(store), "--concept-column", "concept", "--target-column", "target",
+               "--method", "leace", "--method", "splince", "--method", "midsteer", "--mlp-epochs", "20",
+               "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    rec = {r["method"]: r for r in json.loads((out / "erase.json").read_text())["records"]}
+    assert list(rec) == ["leace", "splince", "midsteer"]
+    assert rec["splince"]["skipped"] == "skipped: LinAlgError: linalg.eigh: The algorithm failed to converge"
+    assert rec["splince"]["concept_linear_acc"] is None
+    assert isinstance(rec["leace"]["concept_linear_acc"], float) and isinstance(rec["midsteer"]["switch_rate"], float)
+    assert not (out / "erasers" / "splince").exists() and (out / "erasers" / "midsteer").exists()
+    row = next(line for line in printed.splitlines() if line.startswith("splince"))
+    assert "skipped: LinAlgError" in row
+    assert "skipped: LinAlgError" in (out / "erase.html").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concept-column", "single"], "at least two classes"),
     (["--concept-column", "concept", "--target-column", "missing"], "no target column 'missing'"),

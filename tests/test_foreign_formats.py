@@ -284,3 +284,18 @@ def test_cli_eval_on_a_hub_name_from_the_cache(tiny_lm_store, tmp_path, monkeypa
     assert json.loads((tmp_path / "eval.json").read_text())["hookpoint"] == "blocks.0.hook_out"
     assert main(["eval", "hf:someone/other", "--store", str(store), "--out", str(tmp_path / "e.json")]) == 1
     assert "needs the network" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name, file", [("saelens-topk", "cfg.json"), ("sparsify-multi-topk", "h.0/cfg.json"),
+                                        ("dl-topk", "config.json"), ("gemma-scope", "params.npz")])
+@pytest.mark.parametrize("command", ["eval", "name"])
+def test_no_store_message_names_the_formats_own_config_file(name, file, command, tmp_path, capsys):
+    sae = FIXTURES / CASES[name][3]
+    args = ["--out", str(tmp_path / "o.json")] if command == "eval" else ["--out", str(tmp_path / "o")]
+    assert main([command, str(sae), *args]) == 1
+    err = capsys.readouterr().err.strip()
+    fmt = CASES[name][0]
+    expected = f"{FIXTURES / CASES[name][3] / Path(file).name} ({fmt} format) records no store; pass --store STORE_DIR"
+    assert expected in err, err
+    assert len(err.splitlines()) == 1

@@ -123,3 +123,19 @@ def test_parsing_helpers():
         parse_votes("[1, 0]", 3)
     assert balanced_accuracy([1, 1, 0, 1], [1, 1, 0, 0]) == pytest.approx(0.75)
     assert balanced_accuracy([1, 1], [1, 1]) == pytest.approx(0.75)  # absent class counts as chance
+
+
+def test_scorer_calls_stop_at_the_first_request_when_no_server_answers(tmp_path):
+    import socket
+
+    from conceptdict.naming.llm_calls import LlmCalls
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    calls = LlmCalls(LlmConfig(url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout_s=1),
+                     tmp_path / "cache.jsonl")
+    prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
+    with pytest.raises(LlmError, match=f"cannot reach the LLM server at http://127.0.0.1:{port}/v1/chat/completions"):
+        calls.run(prompts)
+    assert calls.usage.requests == 0 and calls.usage.failed == 0 and not (tmp_path / "cache.jsonl").exists()

@@ -82,3 +82,21 @@ def test_name_show_cbm_export(setup, capsys):
     assert cfg["d_sae"] == 6 and cfg["metadata"]["hook_name"] == "hp"
     assert main(["export", str(sae), "--format", "json", "--out", str(tmp / "bad")]) == 1
     assert "conceptdict name" in capsys.readouterr().err
+
+
+def test_llm_namer_without_a_server_is_one_line_naming_the_url_and_the_fix(setup, capsys):
+    import socket
+
+    tmp, sae = setup
+    with socket.socket() as s:  # a port that was just free and that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    rc = main(["name", str(sae), "--namer", "llm", "--llm.url", url, "--llm.max-retries", "1", "--llm.backoff-s",
+               "0.01", "--out", str(tmp / "llm-concepts")])  # fmt: skip
+    err = capsys.readouterr().err  # the progress bars and log lines of the evidence pass come first
+    assert rc == 1 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, err
+    assert errors[0].startswith(f"conceptdict name: error: cannot reach the LLM server at {url}/chat/completions (")
+    assert "after 2 attempts" in errors[0] and "--llm.url" in errors[0] and "--namer vocab" in errors[0]

@@ -228,36 +228,49 @@ def _switch_classes(data: Labelled, cfg: EraseConfig) -> tuple[int, int]:
 
 
 def fit_methods(data: Labelled, train: Tensor, cfg: EraseConfig, dictionary=None,
-                names: list[str] | None = None) -> dict[str, tuple[Edit, Any, dict]]:
-    """method -> (edit function, saved artifact or None, extra record fields), each fitted on the ``train`` rows."""
+                names: list[str] | None = None) -> dict[str, tuple[Edit, Any, dict] | str]:
+    """method -> (edit function, saved artifact or None, extra record fields), each fitted on the ``train`` rows;
+    a method whose fit raises maps to the reason (``"skipped: ..."``) and the others still run."""
     x, c = data.x[train].double(), data.concept[train]
-    k = len(data.concept_classes)
-    out: dict[str, tuple[Edit, Any, dict]] = {}
+    out: dict[str, tuple[Edit, Any, dict] | str] = {}
     for method in cfg.methods:
-        if method == "none":
-            out[method] = (lambda t: t, None, {})
-        elif method == "sae-ablation":
-            if dictionary is None:
-                log.info("sae-ablation skipped: no --dictionary")
-                continue
-            with torch.no_grad():
-                codes = dictionary.encode(data.x[train].to(dictionary.W_dec.device)).float().cpu()
-            chosen = ablation_latents(codes, c, k, cfg.ablate_latents, cfg.ablate_l1)
-            extra = {"latents": [{"id": j, "name": names[j] if names else ""} for j in chosen]}
-            out[method] = (ablation_edit(dictionary, chosen), None, extra)
-        elif method == "splince":
-            if data.target is None:
-                log.info("splince skipped: it needs --target-column")
-                continue
-            out[method] = _closed(fit_splince(x, c, data.target[train]))
-        elif method == "leace":
-            out[method] = _closed(fit_leace(x, c))
-        elif method == "leace-switch":
-            out[method] = _closed(fit_leace_switch(x, c))
-        elif method == "midsteer":
-            source, target = _switch_classes(data, cfg)
-            out[method] = _closed(fit_midsteer(x, c, source, target))
+        try:
+            fitted = _fit(method, x, c, data, train, cfg, dictionary, names)
+        except Exception as e:  # noqa: BLE001 - one method failing leaves its row, not the whole table
+            kind = type(e).__name__.lstrip("_")
+            reason = (str(e).strip().splitlines() or ["no message"])[0][:200]
+            log.warning("erase: %s skipped: %s: %s", method, kind, reason)
+            fitted = f"skipped: {kind}: {reason}"
+        if fitted is not None:
+            out[method] = fitted
     return out
+
+
+def _fit(method: str, x: Tensor, c: Tensor, data: Labelled, train: Tensor, cfg: EraseConfig, dictionary,
+         names: list[str] | None) -> tuple[Edit, Any, dict] | None:
+    """One method fitted on the ``train`` rows (``x`` in float64, concept ``c``); None when it cannot run here."""
+    if method == "none":
+        return (lambda t: t, None, {})
+    if method == "sae-ablation":
+        if dictionary is None:
+            log.info("sae-ablation skipped: no --dictionary")
+            return None
+        with torch.no_grad():
+            codes = dictionary.encode(data.x[train].to(dictionary.W_dec.device)).float().cpu()
+        chosen = ablation_latents(codes, c, len(data.concept_classes), cfg.ablate_latents, cfg.ablate_l1)
+        extra = {"latents": [{"id": j, "name": names[j] if names else ""} for j in chosen]}
+        return (ablation_edit(dictionary, chosen), None, extra)
+    if method == "splince":
+        if data.target is None:
+            log.info("splince skipped: it needs --target-column")
+            return None
+        return _closed(fit_splince(x, c, data.target[train]))
+    if method == "leace":
+        return _closed(fit_leace(x, c))
+    if method == "leace-switch":
+        return _closed(fit_leace_switch(x, c))
+    source, target = _switch_classes(data, cfg)  # midsteer
+    return _closed(fit_midsteer(x, c, source, target))
 
 
 def _closed(eraser) -> tuple[Edit, Any, dict]:
@@ -291,7 +304,11 @@ def erase_table(data: Labelled, cfg: EraseConfig, dictionary=None, names: list[s
     classify = linear_classifier(x_tr, c_tr, k)
     switch = _switch_classes(data, cfg)
     records = []
-    for method, (edit, artifact, extra) in fit_methods(data, train, cfg, dictionary, names).items():
+    for method, fitted in fit_methods(data, train, cfg, dictionary, names).items():
+        if isinstance(fitted, str):
+            records.append(({"method": method, "skipped": fitted, **dict.fromkeys(COLUMNS)}, None))
+            continue
+        edit, artifact, extra = fitted
         log.info("erase: measuring %s", method)
         e_tr, e_te = edit(x_tr).float(), edit(x_te).float()
         rec: dict[str, Any] = {
@@ -353,7 +370,7 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = [head]
     for r in doc["records"]:
         cells = "".join(f"{'-' if r.get(c) is None else format(r[c], '.4g'):>22}" for c in cols)
-        lines.append(f"{r['method']:<14}{cells}")
+        lines.append(f"{r['method']:<14}" + (f"  {r['skipped']}" if r.get("skipped") else cells))
     return "\n".join(lines)
 
 
@@ -368,7 +385,8 @@ def write_erase(doc: dict[str, Any], erasers: dict[str, Eraser], out: Path, meta
     cols = [c for c in COLUMNS if any(r.get(c) is not None for r in doc["records"])]
     rows = "".join(
         "<tr><td>" + esc(r["method"]) + "</td>"
-        + "".join(f"<td>{'&ndash;' if r.get(c) is None else esc(format(r[c], '.4g'))}</td>" for c in cols)
+        + (f"<td colspan='{len(cols)}'>{esc(r['skipped'])}</td>" if r.get("skipped") else
+           "".join(f"<td>{'&ndash;' if r.get(c) is None else esc(format(r[c], '.4g'))}</td>" for c in cols))
         + "<td>" + esc(", ".join(f"{a['id']} {a['name']}" for a in r.get("latents", []))) + "</td></tr>"
         for r in doc["records"])
     table = ("<table><tr><th>method</th>" + "".join(f"<th>{esc(c)}</th>" for c in cols)

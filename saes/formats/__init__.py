@@ -8,7 +8,8 @@
 - ``dictionary-learning``: ``ae.pt`` + ``config.json`` (``saes.formats.dictlearn``);
 - ``gemma-scope``: ``params.npz`` (``saes.formats.gemmascope``);
 
-and ``hf:REPO[/SUBDIR][@REVISION]`` names (``saes.formats.hub``). A directory whose only recognisable content
+``hf:REPO[/SUBDIR][@REVISION]`` names (``saes.formats.hub``) and ``RELEASE/SAE_ID`` release names
+(``gpt2-small-res-jb/blocks.8.hook_resid_pre``, ``saes.formats.releases``). A directory whose only recognisable content
 is one subfolder per hookpoint (sparsify's and SAELens releases' layout) is read when there is exactly one such
 subfolder, and otherwise the error lists them. Foreign dictionaries come back with a config shaped like the
 native ``config.json`` whose ``hookpoints`` holds this project's name for the foreign hookpoint
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import dictlearn, gemmascope, hub, native, saelens, sparsify
+from . import dictlearn, gemmascope, hub, native, releases, saelens, sparsify
 from .common import Loaded
 from .files import FormatError
 from .hookpoints import match_hookpoint
@@ -48,6 +49,8 @@ def _unknown(directory: Path) -> FormatError:
 def locate(source: str | Path) -> tuple[Path, str]:
     """(directory, format) of ``source``: a hub name is resolved first; one recognisable subfolder is entered."""
     directory = hub.resolve(str(source)) if hub.is_hub_name(source) else Path(source)
+    if not directory.exists() and releases.looks_like_release(str(source)):  # RELEASE/SAE_ID
+        directory = hub.resolve(releases.resolve(str(source), *releases.directory()))
     if not directory.exists():
         raise FileNotFoundError(f"{directory} does not exist: pass a dictionary directory (or hf:REPO[/SUBDIR])")
     fmt = detect_format(directory)
@@ -82,6 +85,15 @@ def load_dictionary_config(source: str | Path) -> dict[str, Any]:
     return FORMATS[fmt].read(directory).config
 
 
+def config_file(source: str | Path) -> str:
+    """Where the dictionary at ``source`` keeps its settings, for messages: ``DIR/cfg.json (saelens format)``
+    (a format without a config file names its weights file)."""
+    directory, fmt = locate(source)
+    module = FORMATS[fmt]
+    name = getattr(module, "CONFIG", None) or getattr(module, "CONFIG_FILE", None) or module.WEIGHTS
+    return f"{directory / name} ({fmt} format)"
+
+
 def export_saelens(model, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
     """SAELens ``cfg.json`` + ``sae_weights.safetensors`` (``saes.formats.saelens.write``)."""
     return saelens.write(model, Path(directory), meta)
@@ -92,5 +104,6 @@ def import_saelens(directory: str | Path):
     return saelens.read(Path(directory)).model
 
 
-__all__ = ["FORMATS", "FormatError", "Loaded", "detect_format", "export_saelens", "import_saelens", "load_dictionary",
+__all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens",
+           "load_dictionary",
            "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]

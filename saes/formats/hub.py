@@ -42,5 +42,50 @@ def resolve(name: str, cache_dir: str | Path | None = None) -> Path:
                           f"path") from None
     local = Path(root) / sub if sub else Path(root)
     if not local.is_dir():
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:  # the cache holds other folders of the repo; this one may be on the hub
+            raise FormatError(f"{name}: folder {sub!r} of repo {repo!r} is not in the Hugging Face cache and "
+                              f"downloading it needs the network (HF_HUB_OFFLINE is set); run once where the hub "
+                              f"is reachable, or copy the directory and pass its path")
         raise FormatError(f"{name}: repo {repo!r} has no folder {sub!r}")
     return local
+
+
+def push_token(name: str) -> str:
+    """The token an upload to ``name`` will use; one-line FormatError for a bad name, offline mode or no login
+    (checked before anything is written)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    parse(name)
+    if constants.HF_HUB_OFFLINE:
+        raise FormatError(f"--push {name}: uploading needs the network but HF_HUB_OFFLINE is set; unset it and re-run")
+    token = huggingface_hub.get_token()
+    if not token:
+        raise FormatError(f"--push {name}: not logged in to the Hugging Face hub (no token); run `hf auth login` or "
+                          f"set HF_TOKEN to a token with write access, then re-run")
+    return token
+
+
+def push(folder: str | Path, name: str, message: str = "Upload with conceptdict export",
+         ignore: list[str] | None = None) -> str:
+    """Upload ``folder`` (less the files matching ``ignore``) to the hub repo ``hf:OWNER/REPO[/SUBDIR][@REVISION]``
+    (the repo is created when missing); returns the commit's URL. One-line FormatError when there is no token,
+    the hub is off, or it refuses."""
+    import huggingface_hub
+
+    repo, sub, revision = parse(name)
+    api = huggingface_hub.HfApi(token=push_token(name))
+    try:
+        api.create_repo(repo, exist_ok=True)
+        info = api.upload_folder(repo_id=repo, folder_path=str(folder), path_in_repo=sub, revision=revision,
+                                 commit_message=message, ignore_patterns=ignore)
+    except OSError as e:  # HfHubHTTPError and connection errors
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        fix = ("use a token with write access to that owner" if status in (401, 403)
+               else "check the repo name and the network, then re-run")
+        raise FormatError(f"--push {name}: the hub refused the upload of {folder}"
+                          f"{f' (HTTP {status})' if status else ''}: {first}; {fix}") from None
+    return str(getattr(info, "commit_url", "") or f"https://huggingface.co/{repo}")
