@@ -100,3 +100,16 @@ def test_crosscoder_flags_are_checked(diffed, tmp_path, capsys):
              out=single, device="cpu")
     assert main(["eval", str(single), "--store-b", str(stores[1])]) == 1
     assert "drop --store-b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["crosscoder-absolute", "crosscoder-l1"])
+def test_eval_measures_every_crosscoder_kind(diffed, tmp_path, kind):
+    """The other crosscoder kinds (the default one is measured above) evaluate the same way."""
+    _, stores, x = diffed
+    cd.diff(store=stores, out=tmp_path / "diff", kind=kind, latents=32, k=3, batch_size=128, tokens=2048,
+            eval_batches=1, checkpoint_every=0, seed=0, device="cpu")
+    ev = cd.evaluate(tmp_path / "diff" / "crosscoder", rows=512, rows_from="start", out=tmp_path / "eval.json")
+    assert ev.metrics.kind == kind
+    assert list(ev.metrics.per_source_fvu) == pytest.approx(
+        _direct_fvu(load_dictionary(tmp_path / "diff" / "crosscoder"), x[:512])[0], rel=1e-4)
+    assert sum(ev.latent_tags.values()) == sum(1 for d in ev.metrics.density if d > 0)
