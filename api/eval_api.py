@@ -61,7 +61,8 @@ class Evaluation(NamedTuple):
 
     metrics: EvalResult
     dictionary: SparseCoder
-    store: Path
+    store: Path | list[Path]
+    """The store read (a crosscoder: its stores, one per model)."""
     hookpoints: list[str]
     rows_from: str
     path: Path | None
