@@ -270,15 +270,16 @@ def heldout_recipe(stores: Sequence[ActivationStore], hookpoints: Sequence[str],
             "batch_size": int(batch_size), "seed": int(seed), "batches": int(batches), "buffer_rows": int(buffer_rows)}
 
 
-def heldout_batches(recipe: dict | None, store: ActivationStore, hookpoints: Sequence[str],
-                    rows: int) -> Iterator[torch.Tensor] | None:
-    """The held-out batches of ``recipe`` (:func:`heldout_recipe`) read at ``hookpoints`` of ``store`` (the rows do
-    not depend on the hookpoints read), at most ``rows`` rows; None when there is no recipe, it held nothing out,
-    or it was recorded for another store."""
-    if not recipe or not recipe.get("batches") or recipe.get("stores") != [str(store.path.resolve())]:
+def heldout_batches(recipe: dict | None, store: ActivationStore | Sequence[ActivationStore],
+                    hookpoints: Sequence[str], rows: int) -> Iterator[torch.Tensor] | None:
+    """The held-out batches of ``recipe`` (:func:`heldout_recipe`) read at ``hookpoints`` of ``store`` (or of
+    several stores over the same tokens, a crosscoder's; the rows do not depend on the hookpoints read), at most
+    ``rows`` rows; None when there is no recipe, it held nothing out, or it was recorded for other stores."""
+    stores = list(store) if isinstance(store, (list, tuple)) else [store]
+    if not recipe or not recipe.get("batches") or recipe.get("stores") != [str(s.path.resolve()) for s in stores]:
         return None
     n = min(int(recipe["batches"]), max(1, rows // int(recipe["batch_size"])))
-    stream = stream_batches(store, list(hookpoints), int(recipe["batch_size"]), seed=int(recipe["seed"]), epochs=1,
+    stream = stream_batches(stores, list(hookpoints), int(recipe["batch_size"]), seed=int(recipe["seed"]), epochs=1,
                             buffer_rows=int(recipe.get("buffer_rows", 65536)))
     return itertools.islice(stream, n)
 
@@ -298,11 +299,13 @@ def heldout_row_ids(recipe: dict | None, store: ActivationStore) -> np.ndarray |
     return np.sort(np.concatenate(got)) if got else None
 
 
-def first_batches(store: ActivationStore, hookpoints: Sequence[str], rows: int,
+def first_batches(store: ActivationStore | Sequence[ActivationStore], hookpoints: Sequence[str], rows: int,
                   batch_size: int) -> Iterator[torch.Tensor]:
     """The first ``rows`` rows in batches: [B, D] for one hookpoint, [B, 2, D] (input, output) for a transcoder's
-    two."""
-    stop = min(rows, store.num_rows)
+    two, [B, S, D] for a crosscoder's sources (every (store, hookpoint) pair, stores outermost, as
+    :func:`stream_batches` orders them)."""
+    stores = list(store) if isinstance(store, (list, tuple)) else [store]
+    stop = min([rows] + [s.num_rows for s in stores])
     for start in range(0, stop, batch_size):
-        parts = [store.rows(h, start, min(start + batch_size, stop)).float() for h in hookpoints]
+        parts = [s.rows(h, start, min(start + batch_size, stop)).float() for s in stores for h in hookpoints]
         yield parts[0] if len(parts) == 1 else torch.stack(parts, dim=1)

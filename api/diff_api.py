@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from conceptdict.activations import ActivationStore, CacheConfig, cache_activations, stream_batches
+from conceptdict.activations import ActivationStore, CacheConfig, cache_activations, heldout_recipe, stream_batches
 from conceptdict.activations.tokens import check_same_tokenizer
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming.reports.diff_report import write_diff
@@ -74,6 +74,10 @@ class DiffConfig:
                                   nu_eps_max=self.nu_eps_max, nu_r_max=self.nu_r_max)
 
 
+CHANGED_SHOWN = 20
+"""Latents listed as "changed" (largest relative decoder change) in diff.json, report.html and the printout (5)."""
+
+
 class DiffResult(NamedTuple):
     """A diff: the crosscoder, the per-latent table, the summary written to diff.json and the files."""
 
@@ -100,6 +104,10 @@ class DiffResult(NamedTuple):
         if self.table.flags:
             lines.append(f"  B-only latents: {c['model_specific']} model-specific, {c['complete_shrinkage']} complete "
                          f"shrinkage, {c['latent_decoupling']} latent decoupling")
+        changed = self.summary.get("changed") or []
+        if changed:
+            lines.append("  most changed decoders (|d_B - d_A| / max(|d_A|, |d_B|)): " + ", ".join(
+                f"latent {r['latent']} {r['change']:.2f} ({r['tag']})" for r in changed[:5]))
         return "\n".join(lines + [f"  {name:<5} {path}" for name, path in self.paths.items()])
 
 
@@ -127,7 +135,9 @@ def diff(**settings: Any) -> DiffResult:
 
     sources = dict(zip(SOURCE_NAMES, cfg.models or [str(p) for p in paths]))
     meta = {"stores": [str(p) for p in paths], "hookpoints": [hookpoint], "sources": sources,
-            "store_hookpoints": [hookpoint, hookpoint_b]}
+            "store_hookpoints": [hookpoint, hookpoint_b],
+            "heldout": heldout_recipe(stores, [hookpoint], tcfg.batch_size, tcfg.seed, heldout_batch_count(tcfg),
+                                      65536)}
     model = train(tcfg, batches, out=cfg.out / "crosscoder", meta=meta,
                   source=f"stores {', '.join(str(p) for p in paths)}, hookpoint {hookpoint}")
     rows = min(cfg.scaling_tokens, stores[0].num_rows)
@@ -142,6 +152,7 @@ def diff(**settings: Any) -> DiffResult:
     summary = {"sources": sources, "stores": [str(p) for p in paths], "hookpoint": hookpoint, "kind": model.kind,
                "n_latents": model.n_latents, "k": model.k, "d_in": model.d_in,
                "thresholds": dataclasses.asdict(cfg.analysis()), "counts": table.counts(), "eval": ev.to_dict(),
+               "changed": table.changed(CHANGED_SHOWN),
                "heldout_eval": (model.training_summary or {}).get("heldout_eval")}
     return DiffResult(model, table, summary, write_diff(cfg.out, summary, table.records()))
 

@@ -12,10 +12,12 @@ import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
+from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import config_file, format_table, threshold_line, with_splice_scores
+from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,10 @@ class EvalConfig:
     """Settings of ``conceptdict eval``."""
 
     store: Path | None = field(default=None, metadata={
-        "help": "Store to evaluate on; default: the store recorded in the dictionary's config.json."})
+        "help": "Store to evaluate on; default: the store recorded in the dictionary's config.json (a crosscoder "
+                "over two stores: model A's)."})
+    store_b: Path | None = field(default=None, metadata={
+        "help": "A crosscoder over two stores (`conceptdict diff`'s): model B's store; default: the recorded one."})
     hookpoint: str | None = field(default=None, metadata={
         "help": "Hookpoint; default: the one the dictionary was trained on."})
     model: str | None = field(default=None, metadata={
@@ -56,16 +61,29 @@ class Evaluation(NamedTuple):
 
     metrics: EvalResult
     dictionary: SparseCoder
-    store: Path
+    store: Path | list[Path]
+    """The store read (a crosscoder: its stores, one per model)."""
     hookpoints: list[str]
     rows_from: str
     path: Path | None
+    latent_tags: dict[str, int] | None = None
+    """A two-source crosscoder's live latents per diff tag (shared, A-only, B-only, other); they add up to the live
+    latents. None for other dictionaries."""
 
     def format(self, source: str | Path = "") -> str:
-        lines = [f"{self.dictionary.kind} dictionary {source} on {self.store} [{' -> '.join(self.hookpoints)}], "
+        where = ", ".join(str(p) for p in self.store) if isinstance(self.store, list) else self.store
+        lines = [f"{self.dictionary.kind} dictionary {source} on {where} [{' -> '.join(self.hookpoints)}], "
                  f"{self.metrics.n_tokens} rows ({self.rows_from}):", format_table(self.metrics)]
+        if self.latent_tags is not None:
+            lines.append(tags_line(self.latent_tags))
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
         return "\n".join(lines + ([line] if line else []))
+
+
+def tags_line(tags: dict[str, int]) -> str:
+    """One line of a crosscoder's live latents per tag (source 0 = A, source 1 = B)."""
+    return (f"live latents by decoder norms ({sum(tags.values())}): shared {tags['shared']}, only source 0 (A-only) "
+            f"{tags['A-only']}, only source 1 (B-only) {tags['B-only']}, other {tags['other']}")
 
 
 def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
@@ -78,26 +96,31 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
     batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
     result = evaluate_rows(model, batches)
     result = splice_scores(result, model, store, hookpoints, cfg)
+    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 else None
     if cfg.out is None and str(sae_dir).startswith("hf:"):
         raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
     out = cfg.out or Path(sae_dir) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"sae_dir": str(sae_dir), "store": str(store.path), "hookpoint": " -> ".join(hookpoints),
+    where = [s.path for s in store] if isinstance(store, list) else store.path
+    record = {"sae_dir": str(sae_dir), "store": str(where) if not isinstance(where, list) else [str(p) for p in where],
+              "hookpoint": " -> ".join(hookpoints), "latent_tags": tags,
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
               "metrics": result.to_dict(with_density=True),
               "threshold": (getattr(model, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")
-    return Evaluation(result, model, store.path, hookpoints, rows_from, out)
+    return Evaluation(result, model, where, hookpoints, rows_from, out, tags)
 
 
 def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
     """(dictionary, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
-    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder)."""
+    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder). A crosscoder gets the
+    list of its stores (:func:`crosscoder_sources`)."""
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
     if model.n_sources != 1:
-        raise ValueError(f"{sae_dir} is a crosscoder over {model.n_sources} sources; `conceptdict eval` evaluates "
-                         f"single-source dictionaries (use `conceptdict diff` for crosscoders)")
+        return (model, *crosscoder_sources(sae_dir, config, model, cfg))
+    if cfg.store_b is not None:
+        raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads one source; drop --store-b")
     store_path = cfg.store or (config.get("stores") or [None])[0]
     if store_path is None:
         raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (the store of the "
@@ -118,6 +141,41 @@ def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
         raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
                          f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
     return model, store, [hookpoint]
+
+
+def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfig) -> tuple[list, list[str]]:
+    """(stores, hookpoints) of a crosscoder, its sources being every (store, hookpoint) pair, stores outermost: the
+    recorded stores with ``cfg.store`` replacing the first and ``cfg.store_b`` the second, the recorded hookpoints
+    (or ``cfg.hookpoint`` for one), store B read under its own hookpoint name as ``conceptdict diff`` recorded it."""
+    paths = [Path(p) for p in config.get("stores") or []]
+    if cfg.store is not None:
+        paths[:1] = [cfg.store]
+    if cfg.store_b is not None:
+        if len(paths) != 2:
+            raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads {len(paths)} store(s), not two; drop --store-b")
+        paths[1] = cfg.store_b
+    if not paths:
+        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+    hookpoints = list(config.get("hookpoints") or [])
+    if cfg.hookpoint is not None:
+        if len(hookpoints) > 1:
+            raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a crosscoder over the hookpoints "
+                             f"{hookpoints}; drop --hookpoint")
+        hookpoints = [cfg.hookpoint]
+    stores = [ActivationStore(p) for p in paths]
+    if len(stores) == 2 and len(hookpoints) <= 1:
+        hookpoint_b = None if cfg.hookpoint else (config.get("store_hookpoints") or [None, None])[1]
+        stores, hookpoint, _ = pair_hookpoints(stores, hookpoints[0] if hookpoints else None, hookpoint_b)
+        hookpoints = [hookpoint]
+    if len(stores) * len(hookpoints) != model.n_sources:
+        raise ValueError(f"{sae_dir} is a crosscoder over {model.n_sources} sources but stores {[str(p) for p in paths]}"
+                         f" x hookpoints {hookpoints} give {len(stores) * len(hookpoints)}; pass its stores")
+    for store in stores:
+        for h in hookpoints:
+            if h not in store.hookpoints or store.d_in(h) != model.d_in:
+                raise ValueError(f"crosscoder {sae_dir} reads hookpoint {h!r} of width {model.d_in}; store "
+                                 f"{store.path} holds {store.hookpoints}: pass the stores it was trained on")
+    return stores, hookpoints
 
 
 def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> list[str]:
@@ -171,6 +229,8 @@ def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dic
 def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
     """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
+    if sae.n_sources > 1:  # a crosscoder's output spans several models or layers: nothing to splice into one
+        return result
     name = cfg.model or causal_lm_source(store)
     if name is None or cfg.contexts == 0 or store.level != "token":
         return result
@@ -196,7 +256,10 @@ class CompareConfig:
     """Settings of ``conceptdict compare``."""
 
     store: Path | None = field(default=None, metadata={
-        "help": "Store whose rows every dictionary reads (it must hold each dictionary's hookpoints)."})
+        "help": "Store whose rows every dictionary reads (it must hold each dictionary's hookpoints); a crosscoder "
+                "over two stores reads it as model A's."})
+    store_b: Path | None = field(default=None, metadata={
+        "help": "Model B's store for crosscoders over two stores; default: each one's recorded store."})
     out: Path | None = field(default=None, metadata={"help": "Output directory: compare.json and index.html."})
     model: str | None = field(default=None, metadata={
         "help": "Causal language model for CE loss recovered / KL score (each dictionary spliced in)."})
@@ -221,6 +284,11 @@ class Comparison(NamedTuple):
         lines = [f"{len(self.result['dictionaries'])} dictionaries on {self.result['n_rows']} rows of "
                  f"{self.result['config']['store']} ({self.rows_from}):", comparison_table(self.result)]
         for row in self.result["dictionaries"]:
+            if len(row["metrics"]["per_source_fvu"]) > 1:
+                lines.append(f"{row['name']}: FVU per source "
+                             + ", ".join(f"{v:.4g}" for v in row["metrics"]["per_source_fvu"]))
+            if row.get("latent_tags"):
+                lines.append(f"{row['name']}: {tags_line(row['latent_tags'])}")
             if row.get("unique_names"):
                 lines.append(f"names only {row['name']} found ({row['unique_names']['count']}): "
                              + ", ".join(row["unique_names"]["examples"][:10]))
@@ -242,7 +310,8 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     entries, opened, rows_from, recipe = [], [], "", None
     for i, (path, label) in enumerate(zip(paths, _labels(paths))):
         ref = dictionary_of(path)
-        ecfg = EvalConfig(store=cfg.store, model=cfg.model, rows=cfg.rows, batch_size=cfg.batch_size,
+        ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if _reads_several(ref.path) else None,
+                          model=cfg.model, rows=cfg.rows, batch_size=cfg.batch_size,
                           contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
         model, store, hookpoints = open_on_store(ref.path, ecfg)
         if i == 0:  # every dictionary reads the rows the first one's training held out, or the first rows
@@ -265,6 +334,11 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     (cfg.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     page = write_comparison(result, cfg.out)
     return Comparison(result, rows_from, {"json": cfg.out / "compare.json", "html": page})
+
+
+def _reads_several(path) -> bool:
+    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1)."""
+    return int(load_dictionary_config(path).get("n_sources") or 1) > 1
 
 
 def _labels(paths: list[Path]) -> list[str]:

@@ -152,6 +152,10 @@ def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int
         rows[e.name] = {"name": e.name, "kind": e.model.kind, "n_latents": e.model.n_latents, "k": e.model.k,
                         "space": e.space, **e.info, "metrics": result.to_dict(), "weights": _weights(e, fires),
                         "live_latents": int(live.sum())}
+        if e.model.n_sources == 2:  # a crosscoder's live latents per diff tag (shared, A-only, B-only, other)
+            from .diffing import live_tag_counts
+
+            rows[e.name]["latent_tags"] = live_tag_counts(e.model, torch.tensor(result.density))
     matches: dict[str, dict[str, float]] = {}
     best_elsewhere = {e.name: torch.full((live_dirs[e.name].shape[0],), -math.inf) for e in entries}
     for a in entries:

@@ -103,6 +103,16 @@ def decoder_cosine(d_a: Tensor, d_b: Tensor) -> Tensor:
     return torch.where(norms > 0, dot / norms.clamp_min(torch.finfo(norms.dtype).tiny), torch.zeros_like(dot))
 
 
+def decoder_change(d_a: Tensor, d_b: Tensor) -> Tensor:
+    """Relative decoder change [L] = |d_j^B - d_j^A| / max(|d_j^A|, |d_j^B|) from d_a, d_b [L, D], in [0, 2]: 0 the
+    same vector in both models, 1 a latent present in one model only, about 2 sin(angle / 2) for equal norms. It
+    sees a direction B adds on top of an existing latent, which Delta (norms only) calls "other" or "shared"; 0
+    where both decoders are zero."""
+    biggest = torch.maximum(d_a.norm(dim=-1), d_b.norm(dim=-1))
+    change = (d_b - d_a).norm(dim=-1) / biggest.clamp_min(torch.finfo(biggest.dtype).tiny)
+    return torch.where(biggest > 0, change, torch.zeros_like(change))
+
+
 def tag_latents(delta: Tensor, norm_a: Tensor, norm_b: Tensor, cfg: DiffAnalysisConfig) -> list[str]:
     """One of TAGS per latent: B-only (Delta > b_only), A-only (Delta < a_only), shared
     (|Delta - 1/2| < shared_band), other (anything else, and latents whose decoder is zero in both)."""
@@ -237,6 +247,8 @@ class LatentDiff:
     """None when Latent Scaling was not run (no activations given)."""
     flags: dict[str, Tensor]
     """FLAGS name -> bool [L]; empty without Latent Scaling."""
+    change: Tensor | None = None
+    """Relative decoder change |d_B - d_A| / max(|d_A|, |d_B|) [L] (:func:`decoder_change`)."""
 
     @property
     def n_latents(self) -> int:
@@ -252,6 +264,8 @@ class LatentDiff:
             "cosine": self.cosine.tolist(),
             "tag": list(self.tags),
         }
+        if self.change is not None:
+            cols["change"] = self.change.tolist()
         if self.scaling is not None:
             for name in LatentScaling._fields:
                 cols[name] = self.scaling._asdict()[name].tolist()
@@ -259,6 +273,17 @@ class LatentDiff:
             cols[name] = [bool(v) for v in mask.tolist()]
         clean = {k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in vs] for k, vs in cols.items()}
         return [dict(zip(clean, row)) for row in zip(*clean.values())]
+
+    def changed(self, n: int = 10) -> list[dict]:
+        """The ``n`` latents whose decoders differ most between the models (largest relative decoder change,
+        whatever their tag), as :meth:`records`; latents that never fired on the analysed rows are left out
+        (their decoders are not trained), as are all without a change column."""
+        if self.change is None:
+            return []
+        live = self.scaling.fires > 0 if self.scaling is not None else torch.ones(self.n_latents, dtype=torch.bool)
+        order = [j for j in torch.argsort(self.change, descending=True, stable=True).tolist() if live[j]]
+        records = self.records()
+        return [records[j] for j in order[:n]]
 
     def counts(self) -> dict[str, int]:
         """Latents per tag and per flag."""
@@ -297,7 +322,8 @@ def analyse_latents(directions: Tensor, cfg: DiffAnalysisConfig, scaling: Latent
     cosine = decoder_cosine(directions[:, cfg.source_a].double(), directions[:, cfg.source_b].double())
     tags = tag_latents(delta, norm_a, norm_b, cfg)
     flags = scaling_flags(delta, scaling, cfg) if scaling is not None else {}
-    return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags)
+    change = decoder_change(directions[:, cfg.source_a].double(), directions[:, cfg.source_b].double())
+    return LatentDiff(norm_a, norm_b, delta, cosine, tags, scaling, flags, change)
 
 
 def training_directions(model: SparseCoder) -> Tensor:
@@ -343,6 +369,14 @@ def diff_crosscoder(model: SparseCoder, batches: Iterable[Tensor], cfg: DiffAnal
     return analyse_latents(directions, cfg, scaling)
 
 
+def live_tag_counts(model: SparseCoder, density: Tensor) -> dict[str, int]:
+    """Latents per tag (``decoder_table``'s, sources 0 and 1) among the live ones (``density`` [L] > 0); the
+    counts add up to the live latents."""
+    live = (density > 0).tolist()
+    tags = decoder_table(model).tags
+    return {tag: sum(1 for t, on in zip(tags, live) if on and t == tag) for tag in TAGS}
+
+
 def histogram(values: Tensor, bins: int = 20, lo: float = 0.0, hi: float = 1.0) -> list[int]:
     """Counts of finite ``values`` in ``bins`` equal bins over [lo, hi] (values outside are clipped in)."""
     v = values[torch.isfinite(values)].double().clamp(lo, hi)
@@ -360,10 +394,12 @@ __all__ = [
     "ScalingSums",
     "analyse_latents",
     "decoder_table",
+    "decoder_change",
     "decoder_cosine",
     "decoder_norms",
     "histogram",
     "latent_scaling",
+    "live_tag_counts",
     "relative_norm_difference",
     "scaling_flags",
     "scaling_from_sums",

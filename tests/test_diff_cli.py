@@ -97,6 +97,11 @@ def test_diff_from_two_stores_of_one_model(tiny_lm_store, tmp_path, capsys):
     fired = [r for r in doc["latents"] if r["fires"]]
     assert fired and all(abs(r["delta"] - 0.5) < 0.1 for r in fired)
     assert doc["counts"]["model_specific"] == 0
+    # the most changed decoders are listed (fired latents, largest relative change first) and printed
+    changes = [r["change"] for r in doc["changed"]]
+    assert changes and changes == sorted(changes, reverse=True) and all(r["fires"] for r in doc["changed"])
+    assert "most changed decoders" in capsys.readouterr().out
+    assert "change" in (out / "latents.csv").read_text().splitlines()[0].split(",")
 
 
 @pytest.mark.unit

@@ -15,7 +15,7 @@ from conceptdict.saes.diffing import SOURCE_NAMES, histogram
 
 from conceptdict.naming.reports.report import esc, histogram_svg, page
 
-REPORT_COLUMNS = ("latent", "tag", "delta", "cosine", "norm_a", "norm_b", "nu_eps", "nu_r", "beta_eps_a",
+REPORT_COLUMNS = ("latent", "tag", "delta", "cosine", "change", "norm_a", "norm_b", "nu_eps", "nu_r", "beta_eps_a",
                   "beta_eps_b", "fires", "model_specific", "complete_shrinkage", "latent_decoupling")
 CSS = ("td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:right}th{background:#eee}"
        ".figs{display:flex;gap:2em;flex-wrap:wrap}")
@@ -64,6 +64,7 @@ def render_diff_report(summary: dict, records: list[dict]) -> str:
     b_only = sorted((r for r in records if r["tag"] == "B-only"),
                     key=lambda r: (not r.get("model_specific", False), -(r["delta"] or 0)))
     a_only = [r for r in records if r["tag"] == "A-only"]
+    changed = summary.get("changed") or []
     ev = summary.get("eval") or {}
     fvu = ", ".join(f"{esc(n)} {v:.4f}" for n, v in zip(SOURCE_NAMES, ev.get("per_source_fvu", [])))
     t = summary["thresholds"]
@@ -79,6 +80,9 @@ latents the same way, run the diff with the two models swapped.</p>
 <h2>Counts</h2><table><tbody>{counts}</tbody></table>
 <div class="figs"><div><h3>Delta</h3>{_figure([r["delta"] for r in records], 0.0, 1.0, "Delta")}</div>
 <div><h3>Decoder cosine(A, B)</h3>{_figure([r["cosine"] for r in records], -1.0, 1.0, "cosine")}</div></div>
+<h2>Most changed decoders ({len(changed)})</h2><p>Ranked by |d<sup>B</sup> &minus; d<sup>A</sup>| /
+max(|d<sup>A</sup>|, |d<sup>B</sup>|) whatever the tag: a direction B adds on top of an existing latent shows here
+even when Delta calls it shared or other.</p>{_table(changed)}
 <h2>B-only latents ({len(b_only)})</h2>{_table(b_only)}
 <h2>A-only latents ({len(a_only)})</h2>{_table(a_only)}"""
     return page(f"conceptdict diff: {models['A']} vs {models['B']}", header, body, CSS)
