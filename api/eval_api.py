@@ -155,7 +155,8 @@ def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfi
             raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads {len(paths)} store(s), not two; drop --store-b")
         paths[1] = cfg.store_b
     if not paths:
-        raise ValueError(f"{sae_dir}/config.json records no store; pass --store STORE_DIR")
+        raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (and --store-b for "
+                         f"model B's)")
     hookpoints = list(config.get("hookpoints") or [])
     if cfg.hookpoint is not None:
         if len(hookpoints) > 1:
