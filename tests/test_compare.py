@@ -98,7 +98,7 @@ def test_compare_numbers_equal_eval_numbers(tmp_path, planted_store, capsys):
 
 @pytest.mark.integration
 def test_compare_on_the_demo_dictionaries_renders(tmp_path, monkeypatch, capsys):
-    """The demo's BatchTopK sentence dictionary (named by the demo) beside a TopK one trained and named here."""
+    """The demo's TopK sentence dictionary (named by the demo) beside a BatchTopK one trained and named here."""
     from test_report import OFFLINE_FLAGS, chromium_binary
 
     from conceptdict import demo_api as demo
@@ -106,15 +106,15 @@ def test_compare_on_the_demo_dictionaries_renders(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(demo, "STEPS", demo.STEPS[:3])  # cache, train, name
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--fast"]) == 0
-    assert main(["train", "--store", str(out / "store"), "--out", str(tmp_path / "topk"), "--latents", "128",
-                 "--k", "8", "--batch-size", "64", "--tokens", "4096"]) == 0
-    assert main(["name", str(tmp_path / "topk"), "--vocab", "wordfreq:en:3000", "--out", str(tmp_path / "names")]) == 0
+    assert main(["train", "--store", str(out / "store"), "--out", str(tmp_path / "btk"), "--latents", "128",
+                 "--k", "8", "--batch-size", "64", "--tokens", "4096", "--kind", "batchtopk"]) == 0
+    assert main(["name", str(tmp_path / "btk"), "--vocab", "wordfreq:en:3000", "--out", str(tmp_path / "names")]) == 0
     capsys.readouterr()
     assert main(["compare", str(out / "concepts"), str(tmp_path / "names"), "--store", str(out / "store"),
                  "--out", str(tmp_path / "cmp")]) == 0
     text = capsys.readouterr().out
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
-    assert [r["kind"] for r in result["dictionaries"]] == ["batchtopk", "topk"]
+    assert [r["kind"] for r in result["dictionaries"]] == ["topk", "batchtopk"]
     assert all(r["unique_names"] is not None for r in result["dictionaries"]) and "names only" in text
     assert result["frontier"]
     binary = chromium_binary()
