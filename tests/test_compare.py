@@ -127,3 +127,30 @@ def test_compare_on_the_demo_dictionaries_renders(tmp_path, monkeypatch, capsys)
     assert shot.exists() and shot.stat().st_size > 10_000, run.stderr.decode()[-2000:]
     dom = subprocess.run([*common, "--dump-dom", index.as_uri()], capture_output=True, timeout=120).stdout.decode()
     assert "FVU-L0 frontier" in dom and "<circle" in dom and "<script" not in dom.lower()
+
+
+@pytest.mark.integration
+def test_eval_and_compare_take_every_single_source_kind(tmp_path, planted_store, capsys):
+    """A sweep over every trainable kind that reads one hookpoint (crosscoders: tests/test_crosscoder_eval.py;
+    transcoders read two: tests/test_transcoder.py), then eval and compare on all of them: finite figures, the
+    same numbers both ways."""
+    import math
+
+    from conceptdict.saes.kinds import KINDS
+
+    kinds = [k for k, s in KINDS.items() if s.trainable and s.sources == "one"]
+    assert {"topk", "batchtopk", "relu", "jumprelu", "matryoshka", "spade"} <= set(kinds)
+    fast = ["--kernel-impl", "reference", "--batch-size", "256", "--eval-batches", "2", "--latents", "32", "--k", "3",
+            "--tokens", str(40 * 256), "--checkpoint-every", "0"]
+    assert main(["train", "--store", str(planted_store), "--out", str(tmp_path / "s"), *fast,
+                 "--sweep", f"kind={','.join(kinds)}"]) == 0
+    dicts = [tmp_path / "s" / f"kind-{k}" for k in kinds]
+    capsys.readouterr()
+    assert main(["compare", *map(str, dicts), "--store", str(planted_store), "--out", str(tmp_path / "cmp")]) == 0
+    rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())["dictionaries"]
+    assert [r["kind"] for r in rows] == kinds
+    for d, row in zip(dicts, rows):
+        assert main(["eval", str(d)]) == 0, d.name
+        got = json.loads((d / "eval.json").read_text())["metrics"]
+        assert math.isfinite(got["fvu"]) and got["fvu"] < 1.0 and got["l0"] > 0, (d.name, got["fvu"], got["l0"])
+        assert row["metrics"]["fvu"] == got["fvu"] and row["metrics"]["l0"] == got["l0"], d.name

@@ -82,3 +82,26 @@ def test_a_missing_tracker_package_is_one_line_before_training(tiny_lm_store, tm
     assert not (tmp_path / "sae" / "metrics.jsonl").exists()
     with pytest.raises(ValueError, match="not a tracker"):
         cd.train(store=tiny_lm_store[0], out=tmp_path / "x", log="mlflow", **SMALL)
+
+
+def test_log_tensorboard_writes_each_scalar_at_its_step(tiny_lm_store, tmp_path, monkeypatch):
+    written = []
+
+    class FakeWriter:  # torch.utils.tensorboard.SummaryWriter needs the tensorboard package
+        def __init__(self, log_dir):
+            written.append(("dir", log_dir))
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, value, step))
+
+        def close(self):
+            written.append(("closed",))
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    monkeypatch.setattr(metrics.importlib.util, "find_spec", lambda name: object())
+    cd.train(store=tiny_lm_store[0], out=tmp_path / "sae", log="tensorboard", log_every=4, **SMALL)
+    assert written[0] == ("dir", str(tmp_path / "sae" / "tensorboard" / "sae")) and written[-1] == ("closed",)
+    assert sorted({step for tag, *rest in written if tag == "fvu" for step in rest[1:]}) == [4, 8, 12]
+    assert not any(tag == "step" for tag, *_ in written)
