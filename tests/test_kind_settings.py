@@ -25,11 +25,13 @@ OLD_FIELDS = [
     "spade_coeff", "threshold_start_step", "threshold_momentum", "calibration_batches", "eval_batches", "seed",
     "checkpoint_every", "log_every", "kernel_impl", "device", "d_in"]
 """TrainConfig's fields before the kinds owned their settings: every one is still a flat name."""
+ADDED_FIELDS = ["log"]
+"""Flat names added since (``log``: the optional metrics tracker, saes/metrics.py)."""
 
 
 def test_every_former_field_is_a_flat_name_with_short_help():
     fields = saes.flat_train_fields()
-    assert sorted(f.name for f in fields) == sorted(OLD_FIELDS)
+    assert sorted(f.name for f in fields) == sorted(OLD_FIELDS + ADDED_FIELDS)
     for f in fields:
         assert 0 < len(f.help) <= 260 and f.help.count(". ") <= 2, f"{f.name}: help too long: {f.help}"
     by_name = {f.name: f for f in fields}
@@ -44,7 +46,7 @@ def test_train_config_puts_kind_settings_in_place_and_to_flat_inverts_it():
     flat = saes.to_flat(cfg)
     assert flat["l0_coeff"] == 2.0 and "matryoshka_groups" not in flat
     assert saes.train_config(**flat) == cfg
-    assert sorted(saes.to_flat(cfg, every_kind=True)) == sorted(OLD_FIELDS)
+    assert sorted(saes.to_flat(cfg, every_kind=True)) == sorted(OLD_FIELDS + ADDED_FIELDS)
     assert saes.train_config(latents=16, k=2, kind="jumprelu").settings is None  # None: the kind's defaults
     assert saes.train_config(latents=16, k=2, kind="jumprelu").kind_settings == JumpReLUSettings()
 
