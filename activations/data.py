@@ -162,7 +162,11 @@ def _field(record: dict, column: str, index: int) -> Any:
     return record[column]
 
 
-def _labels(record: dict, skip: set[str], label_columns: list[str] | None) -> dict[str, Any]:
+def _labels(record: dict, skip: set[str], label_columns: list[str] | None, index: int = 0) -> dict[str, Any]:
+    missing = [k for k in label_columns or [] if k not in record]
+    if missing:
+        raise ValueError(f"label column {missing[0]!r} is not in record {index} of the dataset (its columns: "
+                         f"{sorted(record)}); pass --label-column with one of them")
     keys = label_columns if label_columns is not None else [
         k for k, v in record.items() if k not in skip and isinstance(v, (str, int, float, bool))]
     return {k: record.get(k) for k in keys}
@@ -182,7 +186,7 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
                          f"{prefix + suffix}; raise --context-length")
     column = tokens_column or text_column
     pending: list[int] = []
-    count = 0
+    count = blank = 0
     for count, record in enumerate(records, start=1):
         value = _field(record, column, count - 1)
         if tokens_column:
@@ -191,11 +195,14 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
             if not isinstance(value, str):
                 raise ValueError(f"column {column!r} holds {type(value).__name__}, not text; for token ids use "
                                  "--tokens-column")
+            if not value.strip():
+                blank += 1
+                continue  # a blank line or empty document is no text to cache
             ids, text = tokenizer(value, add_special_tokens=False)["input_ids"], value
         if not packing:
             if not prefix + ids + suffix:
                 continue  # an empty pre-tokenised document gives no context
-            yield Context(prefix + ids[:body] + suffix, _labels(record, {column}, label_columns), text)
+            yield Context(prefix + ids[:body] + suffix, _labels(record, {column}, label_columns, count - 1), text)
             continue
         pending.extend(ids + ([sep] if sep is not None and not tokens_column else []))
         while len(pending) >= body:
@@ -203,6 +210,10 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
             pending = pending[body:]
     if count == 0:
         raise ValueError("the dataset is empty: no records to cache")
+    if blank == count:
+        raise ValueError(f"the dataset holds no text: all {count} records of column {column!r} are blank")
+    if blank:
+        log.info("skipped %d blank records of %d", blank, count)
     if packing and pending:
         yield Context(prefix + pending + suffix, {}, None)
 

@@ -195,6 +195,9 @@ def _write_store(cfg: ImportConfig, path: Path, out: Path) -> None:
     with ExitStack() as stack:
         arrays = _open_arrays(path, stack)
         chosen, label_keys, n = _pick(arrays, cfg.keys, path)
+        if n == 0:
+            raise ValueError(f"{path}: {', '.join(chosen)} holds 0 rows; a store needs at least one row of "
+                             f"activations (check the file the array was saved to)")
         names = _hookpoint_names(chosen, cfg.hookpoints, path)
         dims = {names[k]: math.prod(arrays[k].shape[1:]) for k in chosen}
         dtype = cfg.dtype or _default_dtype(arrays[chosen[0]].dtype)

@@ -76,9 +76,14 @@ def check_keys(data: dict[str, Any], cls: type, where: str) -> None:
             check_keys(value, tp, f"{where}.{key}")
 
 
-def _coerce(tp: Any, value: Any) -> Any:
+SCALAR_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
+
+
+def _coerce(tp: Any, value: Any, name: str = "", where: str = "config") -> Any:
     if value is None:
         return None
+    if tp in SCALAR_NAMES:
+        return _scalar(tp, value, name, where)
     if tp is Path:
         return Path(value)
     if get_origin(tp) is tuple and isinstance(value, list):
@@ -89,6 +94,21 @@ def _coerce(tp: Any, value: Any) -> Any:
         (item,) = get_args(tp)[:1] or (str,)
         return [Path(v) if item is Path else str(v) if item is str and isinstance(v, (int, float)) else v
                 for v in value]
+    return value
+
+
+def _scalar(tp: type, value: Any, name: str, where: str) -> Any:
+    """``value`` as the scalar type ``tp`` (an int is a number; a number given where text belongs is its text);
+    ConfigError naming the key and the expected type otherwise (a --config file's "eight" for k)."""
+    if tp is str and (isinstance(value, (int, float, Path)) and not isinstance(value, bool)):
+        return str(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # 1e6 in a JSON file
+    ok = (isinstance(value, bool) if tp is bool else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
+          isinstance(value, int) and not isinstance(value, bool) if tp is int else isinstance(value, str))
+    if not ok:
+        raise ConfigError(f"{where}: {name}={value!r} must be {SCALAR_NAMES[tp]}, not {type(value).__name__}")
     return value
 
 
@@ -125,7 +145,7 @@ def config_from_dict(cls: type, data: dict[str, Any], where: str = "config") -> 
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             value = config_from_dict(tp, value, f"{where}.{f.name}")
         else:
-            value = _coerce(tp, value)
+            value = _coerce(tp, value, f.name, where)
         kwargs[f.name] = value
     try:
         return cls(**kwargs)

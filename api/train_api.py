@@ -18,7 +18,7 @@ from conceptdict.saes.artifact import CONFIG_FILE
 from conceptdict.saes.config import default_batch_size, eval_batch_count, resolve_device, with_heldout_defaults
 from conceptdict.saes.distributed import process_group_comm
 from conceptdict.saes.formats.saelens import KIND_TO_ARCH, exports_exactly
-from conceptdict.saes.plan import per_hookpoint_runs, plan_store_run, stream_groups, sweep_points
+from conceptdict.saes.plan import check_sources, per_hookpoint_runs, plan_store_run, stream_groups, sweep_points
 from conceptdict.saes.training import train_sweep
 from conceptdict.settings import (
     ConfigError,
@@ -170,6 +170,7 @@ def _outputs(out: Path | None, names: list[str], cmd: TrainCommand) -> list[Path
 def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
     """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``."""
     stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
+    check_sources(points, len(stores) * len(hookpoints))
     names = [name for name, _ in points]
     outs = _outputs(cmd.out, names, cmd)
     cfgs, passes = plan_store_run(points, rows)
@@ -215,6 +216,7 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
     if any(cfg.tokens is None for _, cfg in points):
         raise ConfigError("conceptdict train --model needs --tokens N: the activation rows to train on (the dataset "
                           "is read once, so it must hold at least N + held-out rows)")
+    check_sources(points, len(cmd.hookpoints))
     runs = per_hookpoint_runs(cmd.hookpoints, points)
     names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)

@@ -52,8 +52,8 @@ def describe_failure(e: BaseException) -> str | None:
                 "the store, or re-save the file")
     if isinstance(e, UnicodeDecodeError):
         return f"a file is not valid {e.encoding} ({text}); re-save it as UTF-8 (for datasets: pass --encoding)"
-    if isinstance(e, ValueError):  # ConfigError, StoreError, CorruptFileError, bad values: worded where raised
-        return text
+    if isinstance(e, (ValueError, FloatingPointError)):  # ConfigError, StoreError, bad values, a diverged run:
+        return text  # worded where raised
     if isinstance(e, KeyError):
         return f"a file lacks the key {text}; it is damaged or from another tool (--debug shows which file)"
     return None

@@ -5,6 +5,7 @@ default comes from: docs/results/defaults.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -101,6 +102,11 @@ class TrainConfig:
             raise ValueError(f"kind {self.kind!r} is imported for inference only; train another kind (--help lists them)")
         if self.latents < 1:
             raise ValueError(f"latents={self.latents} must be at least 1")
+        for owner in (self, self.settings):  # inf / nan anywhere would train to a NaN dictionary and exit 0
+            for f in dataclasses.fields(owner) if dataclasses.is_dataclass(owner) else ():
+                value = getattr(owner, f.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValueError(f"{f.name}={value} must be a finite number")
         if self.log not in (None, *TRACKERS):
             raise ValueError(f"log={self.log!r} is not a tracker; use one of {sorted(TRACKERS)} (metrics.jsonl is "
                              f"always written)")

@@ -7,7 +7,7 @@ import logging
 from typing import Any, NamedTuple
 
 from .config import TrainConfig, fit_to_store, heldout_batch_count, one_pass_rows, sweep_configs
-from .kinds import reads_several_sources
+from .kinds import is_crosscoder, reads_several_sources
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,15 @@ def plan_store_run(points: list[tuple[str, TrainConfig]], rows: int) -> tuple[li
         log.info("%d passes over the store: the sweep's points read it differently (batch, seed or held-out "
                  "batches), so each group trains as its separate runs would", len(passes))
     return cfgs, passes
+
+
+def check_sources(points: list[tuple[str, TrainConfig]], n_sources: int) -> None:
+    """Refuse a crosscoder kind over one source (it would train as a plain SAE and be reported as a crosscoder)."""
+    for kind in sorted({c.kind for _, c in points if is_crosscoder(c.kind)}):
+        if n_sources < 2:
+            raise ValueError(f"kind {kind!r} is a crosscoder: it reads several sources, but this run has one; give "
+                             f"two --store (two models over the same tokens) or several --hookpoint, or train --kind "
+                             f"topk on one source")
 
 
 def per_hookpoint_runs(hookpoints: list[str], points: list[tuple[str, TrainConfig]]

@@ -329,6 +329,10 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     job.last_x = model.flatten_batch(x.to(device)) * st.scale.repeat_interleave(model.d_in).to(device)
     lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
     job.metrics = m = step(run, job.last_x, cfg, lr, comm)
+    if not math.isfinite(m["loss"]):
+        kept = f"; the last checkpoint in {job.out} is kept" if job.out is not None and cfg.checkpoint_every else ""
+        raise FloatingPointError(f"training diverged at step {st.step}: the loss is {m['loss']} (lr {lr:.3g}); lower "
+                                 f"--lr, or check the data for NaN/Inf rows (`conceptdict store verify`){kept}")
     st.position += 1
     if st.step % cfg.log_every == 0 and is_main(comm):
         _log_metrics(job, clock)
