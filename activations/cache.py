@@ -307,12 +307,13 @@ def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[i
     if manifest is not None and manifest.get("part", [0, 1]) != [rank, world_size]:
         raise FileExistsError(f"{out} holds part {manifest.get('part', [0, 1])} of a job, not part "
                               f"{[rank, world_size]}; choose another --out")
-    if manifest is not None and manifest.get("complete"):
+    done = manifest is not None and bool(manifest.get("complete"))
+    if manifest is not None and cfg.dataset and manifest["shards"]:  # rows stored: they must come from this data
+        data_mod.check_same_dataset(manifest.get("dataset") or {}, data_mod.describe_dataset(cfg.dataset), out, done)
+    if done:
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    if manifest is not None and cfg.dataset and manifest["shards"]:  # rows stored: they must come from this data
-        data_mod.check_same_dataset(manifest.get("dataset") or {}, data_mod.describe_dataset(cfg.dataset), out)
-    elif manifest is not None and cfg.dataset:  # nothing stored yet: record the data this run reads
+    if manifest is not None and cfg.dataset and not manifest["shards"]:  # nothing stored yet: record the data
         manifest["dataset"] = data_mod.describe_dataset(cfg.dataset)
     model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     models.check_hookpoints(model, cfg.hookpoints)
@@ -353,7 +354,8 @@ def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any
     packing = cfg.packing if cfg.packing is not None else cfg.level == "token"
     return data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
                                   text_column=cfg.text_column, tokens_column=cfg.tokens_column,
-                                  label_columns=cfg.label_columns, prepend_bos=cfg.prepend_bos)
+                                  label_columns=cfg.label_columns, prepend_bos=cfg.prepend_bos,
+                                  vocab_size=model.vocab_size)
 
 
 def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, resume_batch: int,

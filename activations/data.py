@@ -38,10 +38,24 @@ class Context(NamedTuple):
     text: str | None
 
 
+DATA_SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow")
+
+
+def check_local_path(spec: str, flag: str) -> None:
+    """A ``--model`` / ``--dataset`` written as a path (``./x``, ``../x``, ``/x``, ``~/x``, or a data file's name such
+    as ``notes.txt``) must exist: "no such file" with the path, never a Hub error about repo ids."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if not path.exists() and (text.startswith((".", "/", "~")) or path.suffix.lower() in DATA_SUFFIXES):
+        raise FileNotFoundError(f"{flag} {text}: no such file or directory (a path, so it is not looked up on the "
+                                f"Hub); check the path (relative paths start from {os.getcwd()})")
+
+
 def describe_dataset(spec: str) -> dict:
     """The manifest's dataset descriptor for ``spec``; a local file's carries the sha256 of its contents."""
     if spec == STDLIB_SPEC:
         return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0]}
+    check_local_path(spec, "--dataset")
     path = Path(spec).expanduser()
     if path.is_file():
         from conceptdict.activations.integrity import file_sha256
@@ -66,15 +80,17 @@ def _hub_revision(spec: str) -> dict:
         return {}
 
 
-def check_same_dataset(recorded: dict, now: dict, store: Path) -> None:
+def check_same_dataset(recorded: dict, now: dict, store: Path, complete: bool = False) -> None:
     """Refuse to resume ``store`` over a dataset whose contents (local file: sha256) or hub revision changed
-    since the store was started."""
+    since the store was started, or to report a ``complete`` store as done for a dataset that changed since."""
     for key in ("sha256", "revision"):
         old, new = recorded.get(key), now.get(key)
         if old is not None and new is not None and old != new:
-            raise ValueError(f"dataset {now.get('spec')} changed since store {store} was started ({key} then "
-                             f"{old[:16]}..., now {new[:16]}...); resuming would mix rows of both versions: restore "
-                             "it, or cache the new contents into a new --out (or pass --overwrite)")
+            what = ("is finished, but from the earlier version: its rows are not this dataset's" if complete else
+                    "was started; resuming would mix rows of both versions")
+            raise ValueError(f"dataset {now.get('spec')} changed since store {store} {what} ({key} then "
+                             f"{old[:16]}..., now {new[:16]}...); restore it, or cache the new contents into a new "
+                             "--out (or pass --overwrite)")
     if now.get("kind") == "local file" and "sha256" in now and "sha256" not in recorded:
         log.warning("store %s records no fingerprint of %s (made by an older conceptdict); resuming without "
                     "checking that the file is unchanged", store, now.get("spec"))
@@ -174,9 +190,10 @@ def _labels(record: dict, skip: set[str], label_columns: list[str] | None, index
 
 def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, packing: bool,
                   text_column: str = "text", tokens_column: str | None = None,
-                  label_columns: list[str] | None = None, prepend_bos: bool = True) -> Iterator[Context]:
-    """Fixed-length contexts (the last packed one may be shorter). Raises ValueError for a missing column
-    or an empty dataset."""
+                  label_columns: list[str] | None = None, prepend_bos: bool = True,
+                  vocab_size: int | None = None) -> Iterator[Context]:
+    """Fixed-length contexts (the last packed one may be shorter). Raises ValueError for a missing column, an
+    empty dataset, or a pre-tokenised id outside [0, vocab_size)."""
     if tokens_column is None and tokenizer is None:
         raise ValueError("this model has no Hugging Face tokenizer; pass a pre-tokenised --tokens-column")
     prefix, suffix, sep = ([], [], None) if tokens_column else special_wrapping(tokenizer, prepend_bos)
@@ -190,7 +207,7 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
     for count, record in enumerate(records, start=1):
         value = _field(record, column, count - 1)
         if tokens_column:
-            ids, text = [int(t) for t in value], None
+            ids, text = _token_ids(value, column, count - 1, vocab_size), None
         else:
             if not isinstance(value, str):
                 raise ValueError(f"column {column!r} holds {type(value).__name__}, not text; for token ids use "
@@ -216,6 +233,21 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
         log.info("skipped %d blank records of %d", blank, count)
     if packing and pending:
         yield Context(prefix + pending + suffix, {}, None)
+
+
+def _token_ids(value: Any, column: str, index: int, vocab_size: int | None) -> list[int]:
+    """A record's pre-tokenised ids, each an integer the model embeds."""
+    try:
+        ids = [int(t) for t in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"record {index}: column {column!r} must hold a list of integer token ids, got "
+                         f"{str(value)[:60]!r}") from None
+    bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if bad:
+        raise ValueError(f"record {index}: column {column!r} holds token id {bad[0]}, outside the model's vocabulary "
+                         f"[0, {vocab_size if vocab_size is not None else 'its size'}); tokenise with this model's "
+                         "tokenizer")
+    return ids
 
 
 # ---------------------------------------------------------------- the standard-library docstring corpus

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import zipfile
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -114,7 +115,7 @@ def _open_arrays(path: Path, stack: ExitStack) -> dict[str, _Array]:
     if suffix in (".npy", ".npz"):
         _check_magic(path, suffix)
     if suffix == ".npy":
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        arr = _load_npy(path)
         return {path.stem: _Array(arr.shape, arr.dtype, np.issubdtype(arr.dtype, np.floating),
                                   lambda a, b, arr=arr: np.asarray(arr[a:b]))}
     if suffix == ".npz":
@@ -136,9 +137,30 @@ def _open_arrays(path: Path, stack: ExitStack) -> dict[str, _Array]:
     raise ValueError(f"cannot import {path}: expected a .npy, .npz or .safetensors file")
 
 
+def _load_npy(path: Path) -> np.ndarray:
+    """``path`` memory-mapped; its header read first, so a pickle, an odd version or a truncated file is refused
+    with the file's name (numpy would say "Array can't be memory-mapped" or "mmap length is greater than file
+    size")."""
+    with open(path, "rb") as fh:
+        try:
+            _npy_stream(fh, path.name)  # the header's checks: version, Python objects, Fortran order
+        except (ValueError, SyntaxError, EOFError, OSError) as e:
+            if "holds Python objects" in str(e) or "format version" in str(e) or "Fortran" in str(e):
+                raise ValueError(f"{path}: {e}") from None
+            raise ValueError(f"{path} has a damaged .npy header ({e}); re-save it with numpy.save") from None
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as e:
+        raise ValueError(f"{path} is truncated or damaged: its header promises more bytes than the file holds "
+                         f"({e}); re-save it with numpy.save") from None
+
+
 def _as_torch(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
+    x = np.asarray(x)
+    if x.dtype.byteorder not in ("=", "|") and x.dtype.byteorder != {"little": "<", "big": ">"}[sys.byteorder]:
+        x = x.astype(x.dtype.newbyteorder("="))  # a big-endian file: torch reads native byte order only
     return torch.from_numpy(np.array(x, copy=True))
 
 
@@ -200,6 +222,11 @@ def _write_store(cfg: ImportConfig, path: Path, out: Path) -> None:
                              f"activations (check the file the array was saved to)")
         names = _hookpoint_names(chosen, cfg.hookpoints, path)
         dims = {names[k]: math.prod(arrays[k].shape[1:]) for k in chosen}
+        for k in chosen:
+            if len(arrays[k].shape) > 2:
+                log.warning("%s: array %r of shape %s is imported as %d rows of %d values (its trailing axes "
+                            "flattened, as a hookpoint's heads are); for [batch, position, d] activations save "
+                            "a.reshape(-1, d) instead", path, k, tuple(arrays[k].shape), n, dims[names[k]])
         dtype = cfg.dtype or _default_dtype(arrays[chosen[0]].dtype)
         labels = {k: _as_torch(arrays[k].read(0, n)).tolist() for k in label_keys}
         manifest = st.new_manifest(level=cfg.level, hookpoints=dims, dtype=dtype,

@@ -8,7 +8,7 @@ Two levels, both raising :class:`~conceptdict.activations.store.StoreError` with
   manifest's dtype and shape, and data offsets that fit the file. Catches truncation, a header edited
   from F32 to I32, a shard swapped for another run's, a file that is not safetensors at all.
 - :func:`check_shard_hash` (the first time this process reads a shard): the streamed sha256 against the
-  manifest. Results are remembered **in memory, per process**, keyed by the file's path, size, mtime and
+  manifest, and every activation finite (NaN/Inf written into a shard whose hash was fixed up). Results are remembered **in memory, per process**, keyed by the file's path, size, mtime and
   inode. Not in a cache file: a reader must never write into a store (stores are shared, may be
   read-only), and a cache file would let a later process trust a shard that was damaged without its
   mtime changing (bit rot, a copy with preserved times). The cost is one read of each shard per process
@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,19 +126,37 @@ def _key(path: Path) -> tuple[str, int, int, int]:
     return (os.path.realpath(path), s.st_size, s.st_mtime_ns, s.st_ino)
 
 
-def check_shard_hash(store: Path, entry: dict, *, force: bool = False) -> None:
-    """sha256 of one shard against the manifest, once per process per (path, size, mtime, inode) unless
-    ``force``; raise StoreError on a mismatch."""
+def check_shard_hash(store: Path, entry: dict, *, force: bool = False, hookpoints: Iterable[str] = ()) -> None:
+    """sha256 of one shard against the manifest, and every value of its ``hookpoints`` finite, once per process
+    per (path, size, mtime, inode) unless ``force``; raise StoreError on a mismatch or a NaN/Inf."""
     from conceptdict.activations.store import StoreError
 
     path = Path(store) / entry["file"]
     key = _key(path)
     if not force and _HASHED.get(key) == entry["sha256"]:
         return
+    _HASHED.pop(key, None)
     if file_sha256(path) != entry["sha256"]:
-        _HASHED.pop(key, None)
         raise StoreError(_corrupt(store, entry, "does not match its sha256 in the manifest"))
+    check_shard_finite(store, entry, hookpoints)
     _HASHED[key] = entry["sha256"]
+
+
+def check_shard_finite(store: Path, entry: dict, hookpoints: Iterable[str]) -> None:
+    """Every activation of the shard's ``hookpoints`` is finite (a NaN written into a shard whose sha256 was then
+    fixed up passes the hash); raise StoreError naming the hookpoint and the first row."""
+    import torch
+    from safetensors import safe_open
+
+    from conceptdict.activations.store import StoreError
+
+    with safe_open(str(Path(store) / entry["file"]), framework="pt") as fh:
+        for hookpoint in hookpoints:
+            bad = ~torch.isfinite(fh.get_tensor(hookpoint)).all(dim=-1)
+            if bad.any():
+                rows = bad.nonzero().flatten()
+                raise StoreError(_corrupt(store, entry, f"holds NaN/Inf activations at {hookpoint} in "
+                                                        f"{rows.numel()} row(s), the first its row {int(rows[0])}"))
 
 
 def forget_hashes() -> None:

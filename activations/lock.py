@@ -75,7 +75,7 @@ def _try_lock(fd: int, shared: bool = False) -> bool:
     return True
 
 
-def _acquire(path: Path) -> int:
+def _acquire(path: Path, what: str) -> int:
     """An fd holding the exclusive lock on ``path``; raises StoreLocked when another process holds it."""
     for _ in range(20):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -84,8 +84,13 @@ def _acquire(path: Path) -> int:
         if fcntl is None and owner and owner.get("pid") != os.getpid() and _pid_alive(owner):
             got = False
         if not got:
+            for _ in range(20):  # the holder writes its record just after it takes the lock
+                owner = owner or _owner(path)
+                if owner:
+                    break
+                time.sleep(0.05)
             os.close(fd)
-            raise StoreLocked(f"store {path.parent} is being written by {_describe(owner)}; wait for it to "
+            raise StoreLocked(f"{what} {path.parent} is being written by {_describe(owner)}; wait for it to "
                               f"finish, or write to another --out (if that process is gone, delete {path})")
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
@@ -101,20 +106,24 @@ def _acquire(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def writer_lock(directory: Path) -> Iterator[Path]:
-    """Hold the store's writer lock for the ``with`` block (creates the directory; removes it again when it
-    was created here and is left empty)."""
+def writer_lock(directory: Path, what: str = "store") -> Iterator[Path]:
+    """Hold the writer lock of ``directory`` (a store, or a command's --out: ``what`` names it in the message) for
+    the ``with`` block; creates the directory and removes it again when it was created here and is left empty.
+    Re-entrant within a process: a block inside another one for the same directory holds the same lock."""
     directory = Path(directory)
+    key = os.path.realpath(directory)
+    if key in _HELD:
+        yield directory / LOCK_NAME
+        return
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    fd = _acquire(path)
+    fd = _acquire(path, what)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     os.ftruncate(fd, 0)
     os.write(fd, (json.dumps(info) + "\n").encode())
     os.fsync(fd)
-    key = os.path.realpath(directory)
     _HELD.add(key)
     try:
         yield path

@@ -72,6 +72,14 @@ class ModelHandle:
     sentence_source: str
     _dims: dict[str, int] = field(default_factory=dict, repr=False)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the model embeds (its config's d_vocab, else its tokenizer's size), or None."""
+        n = getattr(getattr(self.bridge, "cfg", None), "d_vocab", None)
+        if isinstance(n, int) and n > 0:
+            return n
+        return len(self.tokenizer) if self.tokenizer is not None else None
+
     def d_model(self, hookpoint: str) -> int:
         """D of ``hookpoint`` (found with a 2-token probe forward the first time)."""
         check_hookpoints(self, [hookpoint])
@@ -192,6 +200,9 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
     hub_id = hub_id_of(name_or_dir)
     if name_or_dir == DEFAULT_MODEL:
         name_or_dir = str(DEFAULT_MODEL_DIR())
+    from conceptdict.activations.data import check_local_path
+
+    check_local_path(str(name_or_dir), "--model")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     check_device(device)

@@ -119,6 +119,13 @@ def read_manifest(directory: Path) -> dict | None:
     if bad:
         raise StoreError(f"{path}: shard entry {bad[0]} lacks one of {list(SHARD_KEYS)}; the store is damaged, "
                          "re-create it")
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(manifest["shards"]):
+        name = os.path.normpath(str(entry["file"]))
+        if name in seen:
+            raise StoreError(f"corrupt store {directory}: {MANIFEST} lists shard {entry['file']} twice (entries "
+                             f"{seen[name]} and {i}), so its rows would be read twice; re-create the store")
+        seen[name] = i
     return manifest
 
 
@@ -245,7 +252,7 @@ class ActivationStore:
             if not path.exists():
                 raise StoreError(f"shard {path} listed in the manifest is missing; run `conceptdict store verify`")
             if integrity.POLICY.verify_hash:
-                integrity.check_shard_hash(self.path, self.manifest["shards"][shard])
+                integrity.check_shard_hash(self.path, self.manifest["shards"][shard], hookpoints=self.hookpoints)
             self._handles[shard] = safe_open(str(path), framework="pt")
         return self._handles[shard]
 
@@ -384,14 +391,14 @@ class ActivationStore:
         naming a corrupt shard."""
         for entry in self.manifest["shards"]:
             integrity.check_shard_file(self.path, self.manifest, entry)
-            integrity.check_shard_hash(self.path, entry, force=True)
+            integrity.check_shard_hash(self.path, entry, force=True, hookpoints=self.hookpoints)
 
     def verify_hashes(self) -> None:
         """The sha256 of every shard this process has not checked yet (skipped under ``--no-verify``):
         readers that will consume the whole store call it before their first step."""
         if integrity.POLICY.verify_hash:
             for entry in self.manifest["shards"]:
-                integrity.check_shard_hash(self.path, entry)
+                integrity.check_shard_hash(self.path, entry, hookpoints=self.hookpoints)
 
     def size_bytes(self) -> int:
         return sum(int(e["bytes"]) for e in self.manifest["shards"])

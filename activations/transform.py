@@ -49,7 +49,7 @@ def map_store(source: str | Path, out: str | Path, hookpoint: str, fn: Callable[
             shutil.copytree(src.path / "tokenizer", out / "tokenizer", dirs_exist_ok=True)
         for entry in src.manifest["shards"]:
             if integrity.POLICY.verify_hash:
-                integrity.check_shard_hash(src.path, entry)
+                integrity.check_shard_hash(src.path, entry, hookpoints=src.hookpoints)
             with safe_open(str(src.path / entry["file"]), framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}

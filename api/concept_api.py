@@ -31,12 +31,15 @@ from conceptdict.naming import (
 )
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.scoring import ScoreConfig
+from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
 from conceptdict.eval_api import training_heldout
 from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+from conceptdict.outdir import guarded
 
 log = logging.getLogger(__name__)
 
 
+@guarded("name")
 def name(dictionary: str | Path, **settings: Any) -> ConceptDictionary:
     """Name every latent of a dictionary (``conceptdict name``): discover (stream the store through it, gather each
     latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or llm). Settings are
@@ -70,6 +73,7 @@ def score(concepts: str | Path, **settings: Any) -> ConceptDictionary:
     return scored
 
 
+@guarded("cbm")
 def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
     """A sparse concept bottleneck model on a concept dictionary, beside a linear probe on the raw activations
     (``conceptdict cbm``). ``label_column`` names the store's label column (default: the store's only one);
@@ -77,7 +81,7 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
     :class:`CbmConfig`'s; with ``out=`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
     from conceptdict.naming.images import cbm_rows
     from conceptdict.naming.pipeline import resolve_hookpoint
-    from conceptdict.saes import load_dictionary
+    from conceptdict.saes import open_dictionary
 
     cfg = config_from_dict(CbmConfig, settings, "cbm")
     cd = load_concepts(concepts)
@@ -87,7 +91,9 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
     store = cbm_rows(ActivationStore(labelled_store(cd, cfg.dataset)))  # patch stores: patch tokens, no CLS rows
     cfg = dataclasses.replace(cfg, label_column=label_column_of(store, cfg.label_column))
     hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
-    feats = store_features(load_dictionary(sae, device=cfg.device), store, hookpoint, cfg.label_column, cfg.pooling,
+    model, config = open_dictionary(sae, device=cfg.device)
+    check_sae_fits(model, config, sae, cd, store, hookpoint)
+    feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling,
                            cfg.super_quantile, device=cfg.device, codes=cfg.codes)
     result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
@@ -98,6 +104,22 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
         write_resolved_config(cfg, cfg.out, "cbm_config.json")
         write_report(cd, cfg.out / "report", cbm=result)
     return result
+
+
+def check_sae_fits(model, config: dict, sae: str | Path, cd: ConceptDictionary, store, hookpoint: str) -> None:
+    """The dictionary a CBM encodes with must be the concept dictionary's: its latents, the store's hookpoint
+    and width (--sae of another hookpoint used to fail deep inside with a ZeroDivisionError)."""
+    # our own format records the hookpoints by the store's names; foreign ones by their library's
+    recorded = [str(h) for h in config.get("hookpoints") or []] if config.get("format") == ARTIFACT_FORMAT else []
+    fix = f"pass the dictionary the concepts were named from ({cd.meta.get('sae_dir', 'see concepts.json')})"
+    if model.d_in != store.d_in(hookpoint):
+        raise ConfigError(f"--sae {sae} reads {model.d_in}-wide inputs, but store {store.path} holds {hookpoint} at "
+                          f"width {store.d_in(hookpoint)}; {fix}")
+    if recorded and hookpoint not in recorded:
+        raise ConfigError(f"--sae {sae} was trained on {', '.join(recorded)}, not on {hookpoint} (the concept "
+                          f"dictionary's hookpoint); {fix}")
+    if model.n_latents != len(cd):
+        raise ConfigError(f"--sae {sae} has {model.n_latents} latents, the concept dictionary names {len(cd)}; {fix}")
 
 
 def labelled_store(cd: ConceptDictionary, dataset: str) -> Path:
@@ -141,6 +163,7 @@ class CbSaeResult(NamedTuple):
         return "\n".join(summary_lines(self.summary))
 
 
+@guarded("cbsae")
 def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any) -> CbSaeResult:
     """CB-SAE (``conceptdict cbsae``): prune the latents a scored concept dictionary rates low on interpretability or
     steerability and add bottleneck latents for the user's concepts it lacks. Settings are CbSaeConfig's
@@ -192,7 +215,12 @@ class ExportConfig:
         "help": ("Upload the written --out directory to a Hugging Face repo: hf:OWNER/REPO[/SUBDIR] (created when "
                  "missing; needs `hf auth login` or HF_TOKEN).")})
 
+    def __post_init__(self) -> None:
+        if self.per_page < 1:
+            raise ConfigError(f"per_page={self.per_page} must be at least 1")
 
+
+@guarded("export")
 def export(source: str | Path, **settings: Any) -> Path:
     """Write a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify,
     dictionary_learning layouts, with a model card) for other tools (``conceptdict export``); returns the main file
@@ -207,9 +235,11 @@ def export(source: str | Path, **settings: Any) -> Path:
         hub.push_token(cfg.push)  # a bad name, offline mode or no login fails before anything is written
     written = _export(Path(source), cfg)
     if cfg.push is not None:
+        from conceptdict.activations.lock import LOCK_NAME
         from conceptdict.outdir import MARKER
 
-        url = hub.push(cfg.out, cfg.push, message=f"conceptdict export --format {cfg.format}", ignore=[MARKER])
+        url = hub.push(cfg.out, cfg.push, message=f"conceptdict export --format {cfg.format}",
+                       ignore=[MARKER, LOCK_NAME])
         log.info("uploaded %s to %s", cfg.out, url)
     return written
 
@@ -228,7 +258,23 @@ def _export(source: Path, cfg: ExportConfig) -> Path:
     cd = load_concepts(source)
     if cfg.format == "json":
         return save_concepts(cd, cfg.out)
-    return write_report(cd, cfg.out, cbm=load_cbm(cfg.cbm) if cfg.cbm else None, per_page=cfg.per_page)
+    cbm = load_cbm(cfg.cbm) if cfg.cbm else None
+    if cbm is not None:
+        check_cbm_of(cd, cbm, source, cfg.cbm)
+    return write_report(cd, cfg.out, cbm=cbm, per_page=cfg.per_page)
+
+
+def check_cbm_of(cd: ConceptDictionary, cbm: CbmResult, source: Path, cbm_dir: Path) -> None:
+    """Refuse a CBM fitted on another concept dictionary: its concepts must be ``cd``'s latents under the same
+    names (a report mixing the two would show one dictionary's names beside the other's weights)."""
+    names = cd.names
+    wrong = [(i, n) for i, n in zip(cbm.concept_ids, cbm.concept_names) if not (0 <= i < len(names)) or names[i] != n]
+    if wrong:
+        i, n = wrong[0]
+        theirs = repr(names[i]) if 0 <= i < len(names) else f"no latent {i}"
+        raise ConfigError(f"--cbm {cbm_dir} was fitted on another concept dictionary ({cbm.meta.get('dict_dir', '?')}): "
+                          f"its concept {i} is {n!r}, {source} has {theirs} ({len(wrong)} of {len(cbm.concept_ids)} "
+                          f"differ); pass the CBM made from {source} (`conceptdict cbm {source} ...`)")
 
 
 def export_dictionary_files(source: Path, fmt: str, out: Path) -> Path:

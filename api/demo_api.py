@@ -152,7 +152,13 @@ STEPS: list[tuple[str, Callable[[DemoContext], StepResult]]] = [
 
 def demo(out: str | Path = "runs/demo", fast: bool = False, fresh: bool = False) -> tuple[list[str], list[str]]:
     """Run (or reuse) every step of the demo in ``out``; returns (one status line per step, the summary lines)."""
-    ctx = DemoContext(out=Path(out), fast=fast)
+    from conceptdict.outdir import writing
+
+    with writing(out, "demo"):
+        return _demo(DemoContext(out=Path(out), fast=fast), fresh)
+
+
+def _demo(ctx: DemoContext, fresh: bool) -> tuple[list[str], list[str]]:
     done_dir = ctx.out / ".demo"
     done_dir.mkdir(parents=True, exist_ok=True)
     status = []

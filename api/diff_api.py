@@ -20,6 +20,7 @@ from conceptdict.saes.diffing import (SOURCE_NAMES, TAGS, DiffAnalysisConfig, La
                                       diff_crosscoder)
 from conceptdict.settings import ConfigError, config_from_dict, split_settings, write_resolved_config
 from conceptdict.train_api import train_settings
+from conceptdict.outdir import guarded
 
 
 @dataclass
@@ -111,6 +112,7 @@ class DiffResult(NamedTuple):
         return "\n".join(lines + [f"  {name:<5} {path}" for name, path in self.paths.items()])
 
 
+@guarded("diff", own_overwrite=True)
 def diff(**settings: Any) -> DiffResult:
     """Diff two models (``conceptdict diff``): ``model=[A, B]`` with ``hookpoint=`` (both cached over ``dataset``), or
     ``store=[A, B]``; ``out=`` is required. Any training setting (``latents``, ``k``, ``kind``, ``tokens`` ...) is

@@ -29,8 +29,10 @@ from conceptdict.naming.interventions.steer import (
 )
 from conceptdict.saes import SparseCoder, load_dictionary, load_dictionary_config
 from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+from conceptdict.outdir import guarded
 
 
+@guarded("steer")
 def steer(dictionary: str | Path, **settings: Any) -> dict[str, Any]:
     """Steer a model through latents of a dictionary (or of a concept dictionary, by name) (``conceptdict steer``):
     add, clamp or ablate at the dictionary's hookpoint, error term kept; continuations and log-prob shifts for a
@@ -65,6 +67,7 @@ class EraseResult(NamedTuple):
         return format_table(self.table)
 
 
+@guarded("erase")
 def erase(store: str | Path, apply: str | Path | None = None, **settings: Any) -> EraseResult | ActivationStore:
     """Erase or switch a labelled concept (``conceptdict erase``): SAE ablation, LEACE, SPLINCE, LEACE-Switch and
     MidSteer fitted on one split and measured on another, one table (erase.json, erase.html, erasers/ in ``out``).

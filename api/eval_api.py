@@ -19,6 +19,7 @@ from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import config_file, format_table, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
+from conceptdict.outdir import guarded
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,7 @@ class Comparison(NamedTuple):
         return "\n".join(lines)
 
 
+@guarded("compare")
 def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
     compare``): L0, FVU, CE/KL with ``model=``, dead/dense, weight metrics, latents matched across dictionaries,

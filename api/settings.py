@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -92,6 +93,8 @@ def _coerce(tp: Any, value: Any, name: str = "", where: str = "config") -> Any:
         value = [value]  # a repeatable setting given once
     if get_origin(tp) is list:
         (item,) = get_args(tp)[:1] or (str,)
+        if item in (int, float, bool):
+            return [_scalar(item, v, f"{name}[{i}]", where) for i, v in enumerate(value)]
         return [Path(v) if item is Path else str(v) if item is str and isinstance(v, (int, float)) else v
                 for v in value]
     return value
@@ -109,6 +112,8 @@ def _scalar(tp: type, value: Any, name: str, where: str) -> Any:
           isinstance(value, int) and not isinstance(value, bool) if tp is int else isinstance(value, str))
     if not ok:
         raise ConfigError(f"{where}: {name}={value!r} must be {SCALAR_NAMES[tp]}, not {type(value).__name__}")
+    if tp is float and not math.isfinite(value):
+        raise ConfigError(f"{where}: {name}={value} must be a finite number")
     return value
 
 

@@ -16,8 +16,10 @@ from conceptdict.activations import (
     store_summary,
 )
 from conceptdict.settings import config_from_dict, write_resolved_config
+from conceptdict.outdir import guarded
 
 
+@guarded("cache", own_overwrite=True, lock=False)
 def cache(**settings: Any) -> ActivationStore:
     """Run a model over a dataset and store its activations at the hookpoints (``conceptdict cache``).
 
@@ -39,6 +41,7 @@ def cache_config(**settings: Any) -> CacheConfig:
     return config_from_dict(CacheConfig, settings, "cache")
 
 
+@guarded("store import", own_overwrite=True, lock=False)
 def import_array(array: str | Path, **settings: Any) -> ActivationStore:
     """Turn an array file (.npy, .npz, .safetensors; streamed, never unpickled) into a store
     (``conceptdict store import``). Settings are :class:`ImportConfig`'s (``out``, ``hookpoint``, ``key``, ...)."""

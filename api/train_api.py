@@ -29,6 +29,7 @@ from conceptdict.settings import (
     to_jsonable,
     write_resolved_config,
 )
+from conceptdict.outdir import guarded
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def train_settings() -> type:
     return dataclasses.make_dataclass("TrainSettings", [entry(f) for f in flat_train_fields()])
 
 
+@guarded("train", own_overwrite=True)
 def train(**settings: Any) -> SparseCoder | dict[str, SparseCoder]:
     """Train a dictionary (``conceptdict train``): on ``store=`` (one or several activation stores) or straight from
     ``model=`` over ``dataset=`` (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
@@ -88,6 +90,11 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
     command, train_part, live_part = split_settings(settings, TrainCommand, train_settings(), LiveConfig,
                                                     where="train")
     grid = sweep_grid(sweep)
+    both = [n for n in grid if train_part.get(n) is not None]
+    if both:
+        n = both[0]
+        raise ConfigError(f"{n} is given twice, as {n}={train_part[n]!r} (--{n.replace('_', '-')}) and by the sweep "
+                          f"{n}={','.join(map(str, grid[n]))}; give it once (the sweep's values, or the one value)")
     for n in ("latents", "k"):  # a swept field needs no flag: the base takes the sweep's first value
         if train_part.get(n) is None and grid.get(n):
             train_part[n] = grid[n][0]

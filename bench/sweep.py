@@ -70,7 +70,7 @@ def run_sweep(source: list[str], out: Path, base: list[str], ks: list[int], kind
     from conceptdict.cli.main import main
 
     t = time.perf_counter()
-    assert main(["train", *source, "--out", str(out), *base, "--k", str(ks[0]), "--overwrite",
+    assert main(["train", *source, "--out", str(out), *base, "--overwrite",
                  "--sweep", "k=" + ",".join(map(str, ks)), "--sweep", "kind=" + ",".join(kinds)]) == 0
     return time.perf_counter() - t
 

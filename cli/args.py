@@ -156,6 +156,8 @@ def settings_from(ns: argparse.Namespace, *classes: type) -> dict[str, Any]:
         _check_file_keys(data, classes, str(config_file))
     for cls in classes:
         data = merge(data, _given(ns, cls))
+    if getattr(ns, "overwrite", False):  # the --out guard's opt-in, on every command that writes a directory
+        data["overwrite"] = True
     return data
 
 

@@ -9,18 +9,25 @@ returns None and keeps its traceback: that is a bug to report.
 from __future__ import annotations
 
 import errno
+import os
 
 _DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 _NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
 _CUDA_MISSING = ("Torch not compiled with CUDA", "no CUDA GPUs are available", "Found no NVIDIA driver",
                  "CUDA driver initialization failed", "Invalid device id", "invalid device ordinal")
+_NO_SPACE = ("No space left on device", "os error 28", "Disk quota exceeded")
 _WRITE_FAILED = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
+
+
+def _disk_full(where: str | None) -> str:
+    place = f"{os.path.dirname(os.path.abspath(where)) or '/'} (writing {where})" if where else "the output's disk"
+    return f"no space left on {place}: free some space or write to another --out (nothing partial was kept)"
 
 
 def _oserror(e: OSError) -> str:
     where = e.filename or "a file"
     if e.errno in _DISK_FULL:
-        return f"disk full while writing {where}: free some space or write to another --out (nothing partial was kept)"
+        return _disk_full(e.filename)
     if e.errno in _NO_ACCESS:
         return f"permission denied for {where} ({e.strerror}): choose a path you can write, or fix its permissions"
     if isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)) and not e.filename:
@@ -47,6 +54,8 @@ def describe_failure(e: BaseException) -> str | None:
         return f"out of memory ({text.splitlines()[0][:160]}); lower --batch-size (or --latents), or use a larger device"
     if isinstance(e, RuntimeError) and any(s in text for s in _WRITE_FAILED):
         return f"a write failed, most likely a full disk ({text.splitlines()[0][:160]}); free space or use another --out"
+    if any(s in text for s in _NO_SPACE):  # a library's words for ENOSPC (safetensors, torch.save)
+        return _disk_full(None)
     if isinstance(e, SafetensorError):
         return (f"a .safetensors file is truncated or not safetensors ({text}); run `conceptdict store verify` on "
                 "the store, or re-save the file")

@@ -17,8 +17,6 @@ import importlib
 import logging
 import os
 import sys
-import time
-from pathlib import Path
 
 # command name -> module name (under conceptdict.cli)
 COMMANDS: dict[str, str] = {
@@ -45,10 +43,8 @@ def _load(command: str):
     return importlib.import_module(f"conceptdict.cli.{COMMANDS[command]}")
 
 
-# commands whose --out is a directory the command writes (guarded by cli.outdir), and those of them
-# whose own flags have no --overwrite (the guard's opt-in is added here)
-OUT_DIR_COMMANDS = ("cache", "store", "train", "diff", "compare", "name", "cbm", "cbsae", "erase", "steer", "export",
-                    "demo")
+# commands that write an --out directory (guarded by conceptdict.outdir) but whose own flags have no --overwrite:
+# the guard's opt-in is added here
 _ADD_OVERWRITE = ("compare", "name", "cbm", "cbsae", "erase", "steer", "export")
 
 
@@ -132,19 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from conceptdict import outdir, set_read_policy
+    from conceptdict import set_read_policy
     from conceptdict.cli.errors import describe_failure
 
     set_read_policy(verify_hash=not getattr(args, "no_verify", False), wait_for_writer=getattr(args, "wait", 0.0))
-    out = getattr(args, "out", None) if args.command in OUT_DIR_COMMANDS else None
-    started, created = time.time(), False
-    try:
-        if out is not None:
-            created = outdir.claim(Path(out), args.command, bool(getattr(args, "overwrite", False)))
+    try:  # the API guards each --out (conceptdict.outdir): a user's files, one writer, not inside an input
         return int(_load(args.command).run(args) or 0)
     except BaseException as e:  # noqa: BLE001 - one boundary: known failures become one line
-        if out is not None:
-            outdir.release(Path(out), created, started)
         message = describe_failure(e)
         if message is None or getattr(args, "debug", False) or args.verbose:
             raise

@@ -38,7 +38,7 @@ def run(args) -> int:
     if args.latent is None:
         print(format_ranking(concepts, cfg.sort, cfg.min_score, cfg.max_score, cfg.limit))
         return 0
-    if args.latent.isdigit():
+    if args.latent.lstrip("-").isdigit():
         j = int(args.latent)
         if not 0 <= j < len(concepts):
             raise ConfigError(f"latent {j} is out of range: {args.dict_dir} has latents 0..{len(concepts) - 1}")

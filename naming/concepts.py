@@ -253,7 +253,13 @@ def load_concepts(directory: str | Path) -> ConceptDictionary:
         raise FileNotFoundError(
             f"{directory} has no {JSON_NAME}; pass a concept dictionary directory written by `conceptdict name`"
         )
-    doc = json.loads(jpath.read_text())
+    try:
+        doc = json.loads(jpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{jpath} is not valid JSON ({e}); the concept dictionary is damaged: re-run `conceptdict "
+                         "name`, or restore the file") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("concepts"), list):
+        raise ValueError(f"{jpath} is not a concept dictionary (no 'concepts' list); re-run `conceptdict name`")
     version = doc.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(f"{jpath} has format_version={version!r}; this conceptdict reads version {FORMAT_VERSION}")

@@ -44,6 +44,8 @@ def load_vocabulary(spec: str) -> list[str]:
             n = int(parts[2]) if len(parts) > 2 else 20000
         except ValueError:
             raise ValueError(f"vocabulary spec {spec!r}: N must be an integer, e.g. wordfreq:en:20000") from None
+        if n < 1:
+            raise ValueError(f"vocabulary spec {spec!r}: N={n} must be at least 1, e.g. wordfreq:en:20000")
         from wordfreq import available_languages, top_n_list
 
         try:

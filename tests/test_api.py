@@ -74,7 +74,7 @@ def test_evaluate_reads_the_batches_training_held_out(trained):
 @pytest.mark.integration
 def test_sweep_returns_every_dictionary_by_folder(tiny_lm_store, tmp_path):
     store, _ = tiny_lm_store
-    trained = cd.train(store=store, hookpoint="blocks.0.hook_out", latents=32, k=4, batch_size=64, eval_batches=1,
+    trained = cd.train(store=store, hookpoint="blocks.0.hook_out", latents=32, batch_size=64, eval_batches=1,
                        kernel_impl="reference", out=tmp_path / "s", sweep={"k": [2, 4]}, tokens=256)
     assert sorted(trained) == ["k-2", "k-4"] and trained["k-2"].k == 2
     assert (tmp_path / "s" / "k-4" / "weights.safetensors").exists()

@@ -143,8 +143,9 @@ def test_disk_full_in_cache_is_one_line_leaves_no_temporary_and_resumes(tmp_path
         _enospc_on("shard-00001", m)
         code = main(_cache_argv(tiny_lm_dir, data, out))
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars of the model loader
-    assert code == 1 and err == (f"conceptdict cache: error: disk full while writing {out / 'shard-00001.safetensors'}"
-                                 ": free some space or write to another --out (nothing partial was kept)")
+    assert code == 1 and err == (f"conceptdict cache: error: no space left on {out} (writing "
+                                 f"{out / 'shard-00001.safetensors'}): free some space or write to another --out "
+                                 "(nothing partial was kept)")
     assert _leftovers(out) == [] and len(_shards(out)) == 1
     assert main(_cache_argv(tiny_lm_dir, data, out)) == 0  # space freed: the same command resumes
     assert _shards(out) == _shards(ref)

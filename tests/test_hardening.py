@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -160,9 +162,14 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_stale_lock_is_taken_o
     with writer_lock(d) as lock:
         owner = json.loads(lock.read_text())
         assert owner["pid"] == os.getpid() and owner["host"]
-        with pytest.raises(StoreLocked, match=f"being written by pid {os.getpid()} on host {owner['host']}"):
-            with writer_lock(d):
-                pass
+        with writer_lock(d):  # re-entrant in the process that holds it
+            assert (d / LOCK_NAME).exists()
+        assert (d / LOCK_NAME).exists()
+        second = subprocess.run([sys.executable, "-c", "import sys; from conceptdict.activations.lock import "
+                                 "writer_lock\nwith writer_lock(sys.argv[1]): pass", str(d)],
+                                capture_output=True, text=True)
+        assert second.returncode != 0 and "StoreLocked" in second.stderr
+        assert f"store {d} is being written by pid {os.getpid()} on host {owner['host']}" in second.stderr
     assert not (d / LOCK_NAME).exists() and not d.exists()  # created here, left empty: removed
     d.mkdir()
     (d / LOCK_NAME).write_text(json.dumps({"pid": 999999999, "host": "elsewhere", "command": "cache"}))
@@ -299,11 +306,15 @@ def test_known_platform_failures_are_worded():
     from conceptdict.cli.errors import describe_failure
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/store/shard-00003.safetensors")
-    assert describe_failure(full).startswith("disk full while writing /data/store/shard-00003.safetensors")
+    assert describe_failure(full).startswith("no space left on /data/store (writing /data/store/shard-00003.safetensors)")
     assert describe_failure(RuntimeError("the store writer failed: x").with_traceback(None)) is None
     wrapped = RuntimeError("the store writer failed")
     wrapped.__cause__ = full
-    assert describe_failure(wrapped).startswith("disk full while writing")
+    assert describe_failure(wrapped).startswith("no space left on /data/store")
+    from safetensors import SafetensorError  # safetensors' own words for a full disk during `name`
+
+    assert describe_failure(SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                            "message: \"No space left on device\" })")).startswith("no space left on")
     denied = PermissionError(errno.EACCES, "Permission denied", "/ro/out")
     assert describe_failure(denied).startswith("permission denied for /ro/out")
     assert describe_failure(KeyError("hookpoints")).startswith("a file lacks the key 'hookpoints'")
@@ -345,15 +356,26 @@ def test_every_out_dir_command_refuses_a_foreign_directory(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
-def test_a_killed_runs_directory_without_the_marker_is_still_ours(tmp_path):
+def test_a_directory_is_ours_only_by_the_marker_never_by_file_names(tmp_path, capsys):
+    """A project's metrics.jsonl + train_config.json, a site's report/index.html + config.json and a web app's
+    manifest.json + tokenizer/ are the user's: refused, and left without our marker."""
     from conceptdict import outdir
 
-    d = tmp_path / "sae"
-    d.mkdir()
-    (d / "checkpoint.pt").write_bytes(b"x")
-    (d / "train_config.json").write_text("{}")
-    assert outdir.claim(d, "train", overwrite=False) is False and (d / outdir.MARKER).exists()
-    shutil.rmtree(d)
-    assert outdir.claim(d, "train", overwrite=False) is True
-    outdir.release(d, True, since=0.0)
-    assert not d.exists()  # a failed first run leaves nothing behind
+    _store(tmp_path)
+    cases = {"project": ["metrics.jsonl", "train_config.json"], "site": ["report/index.html", "config.json"],
+             "webapp": ["manifest.json", "tokenizer/vocab.txt"]}
+    for name, files in cases.items():
+        d = tmp_path / name
+        for f in files:
+            (d / f).parent.mkdir(parents=True, exist_ok=True)
+            (d / f).write_text("the user's")
+        before = sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+        code, err = _run(capsys, "train", "--store", str(tmp_path / "s"), "--latents", "16", "--k", "2",
+                         "--out", str(d))
+        assert code == 1 and "holds files conceptdict did not create" in err, name
+        assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before, name  # no marker, no lock left
+        assert all((d / f).read_text() == "the user's" for f in files)
+    made = outdir.claim(tmp_path / "new", "train", overwrite=False)
+    assert made.created and made.marked and (tmp_path / "new" / outdir.MARKER).exists()
+    outdir.release(tmp_path / "new", made, since=0.0)
+    assert not (tmp_path / "new").exists()  # a failed first run leaves nothing behind

@@ -164,7 +164,10 @@ def test_cli_sweep_refusals(tmp_path, planted_store):
         main([*base, "--sweep", "device=cpu,auto"])
     with pytest.raises(ConfigError, match="unknown key 'latent' in --sweep: did you mean 'latents'"):
         main([*base, "--sweep", "latent=16,32"])
+    with pytest.raises(ConfigError, match=r"k is given twice, as k=3 \(--k\) and by the sweep k=3,4; give it once"):
+        main([*base, "--sweep", "k=3,4"])
+    no_k = [a for a in base if a not in ("--k", "3")]
     with pytest.raises(ConfigError, match=r"--sweep k='x': not a valid int"):
-        main([*base, "--sweep", "k=3,x"])
+        main([*no_k, "--sweep", "k=3,x"])
     with pytest.raises(ValueError, match="sweep point k-40: k=40 must be at least 1 and below latents=32"):
-        main([*base, "--sweep", "k=3,40"])
+        main([*no_k, "--sweep", "k=3,40"])

@@ -148,7 +148,7 @@ def test_a_sweep_from_the_model_equals_its_separate_runs_and_runs_each_forward_o
         assert main([*base, "--k", str(k), "--kind", kind, "--out", str(tmp_path / f"alone-{k}-{kind}")]) == 0
         forwards[kind] = calls[0]
     calls[0] = 0
-    assert main([*base, "--k", "3", "--sweep", "k=3,5", "--sweep", "kind=topk,batchtopk", "--out",
+    assert main([*base, "--sweep", "k=3,5", "--sweep", "kind=topk,batchtopk", "--out",
                  str(tmp_path / "sweep")]) == 0
     for k, kind in itertools.product((3, 5), ("topk", "batchtopk")):
         same_run(tmp_path / f"alone-{k}-{kind}", tmp_path / "sweep" / f"k-{k}_kind-{kind}")

@@ -69,7 +69,18 @@ def open_dictionary(source: str | Path, device: str | torch.device = "cpu") -> L
     """The dictionary at ``source`` (a directory in any format of :data:`FORMATS`, or ``hf:...``) and its config."""
     directory, fmt = locate(source)
     loaded = FORMATS[fmt].read(directory)
+    check_finite(loaded.model, f"{fmt} dictionary {directory}")
     return Loaded(loaded.model.to(device).eval(), loaded.config)
+
+
+def check_finite(model: torch.nn.Module, where: str) -> None:
+    """Every weight of a loaded dictionary is finite; raise FormatError naming the tensor (a NaN in W_enc makes every
+    figure computed from it NaN, silently)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            raise FormatError(f"the {where} holds {count} NaN/Inf value(s) in {name}: its file is damaged or its "
+                              "training diverged; retrain it (or restore the file)")
 
 
 def load_dictionary(source: str | Path, device: str | torch.device = "cpu"):

@@ -43,7 +43,19 @@ def read_json(path: Path) -> dict[str, Any]:
         raise FormatError(f"{path} is not valid JSON ({e}); restore the file from its source") from None
     if not isinstance(data, dict):
         raise FormatError(f"{path} holds a JSON {type(data).__name__}, expected an object")
-    return data
+    return JsonFile(data, path=path)
+
+
+class JsonFile(dict):
+    """A JSON object read from ``path``: a key it lacks is a FormatError naming the file (not a bare KeyError)."""
+
+    def __init__(self, data: dict[str, Any], path: Path) -> None:
+        super().__init__(data)
+        self.path = path
+
+    def __missing__(self, key: str) -> Any:
+        raise FormatError(f"{self.path} lacks the key {key!r}; the file is damaged or written by a tool conceptdict "
+                          "does not read; restore it from its source")
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
