@@ -309,7 +309,10 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     cfg = config_from_dict(CompareConfig, settings, "compare")
     if cfg.store is None or cfg.out is None:
         raise ConfigError("conceptdict compare needs --store STORE_DIR and --out DIR")
-    paths = [Path(p) for p in dictionaries]
+    paths = [Path(p) for p in ([dictionaries] if isinstance(dictionaries, (str, Path)) else dictionaries)]
+    if len(paths) < 2:
+        raise ConfigError(f"conceptdict compare puts dictionaries side by side; got {len(paths)} "
+                          f"({', '.join(map(str, paths)) or 'none'}). Pass two or more, or use `conceptdict eval` for one")
     entries, opened, rows_from, recipe = [], [], "", None
     for i, (path, label) in enumerate(zip(paths, _labels(paths))):
         ref = dictionary_of(path)

@@ -359,3 +359,24 @@ def test_npy_files_numpy_cannot_map_are_named_or_converted(tmp_path, capsys):
     assert main(["store", "import", str(tmp_path / "head.npy"), "--out", str(tmp_path / "o3")]) == 1
     assert f"{tmp_path / 'head.npy'} has a damaged .npy header" in one_line(capsys)
     assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
+
+
+def test_eval_rows_zero_is_refused_not_silently_32(small_store, tmp_path, capsys):
+    sae = tmp_path / "sae"
+    assert main(["train", "--store", str(small_store), "--latents", "16", "--k", "2", "--tokens", "2048",
+                 "--out", str(sae)]) == 0
+    capsys.readouterr()
+    for rows in ("0", "-1"):
+        assert main(["eval", str(sae), "--rows", rows]) == 1
+        assert f"rows={rows} must be at least 1" in one_line(capsys)
+
+
+def test_compare_of_one_dictionary_and_erase_ranges_are_one_line(small_store, tmp_path, capsys):
+    with pytest.raises(cd.ConfigError, match="compare puts dictionaries side by side; got 1"):
+        cd.compare([tmp_path / "sae"], store=small_store, out=tmp_path / "cmp")
+    from conceptdict.naming.interventions.erase import EraseConfig
+
+    for name, value, says in (("ablate_latents", 0, "at least 1"), ("max_rows", 0, "at least 1"),
+                              ("contexts", -1, ">= 0"), ("ablate_l1", -0.5, ">= 0")):
+        with pytest.raises(ValueError, match=f"{name}={value} must be {says}"):
+            EraseConfig(concept_column="c", **{name: value})

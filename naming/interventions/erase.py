@@ -98,6 +98,12 @@ class EraseConfig:
             raise ValueError(f"unknown erasure method(s) {bad}; choose from {', '.join(METHODS)}")
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"test_fraction={self.test_fraction} must lie in (0, 1)")
+        for name in ("ablate_latents", "max_rows", "min_class_size", "mlp_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("contexts", "ablate_l1"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
 
 # ---------------------------------------------------------------- data
