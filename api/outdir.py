@@ -113,15 +113,22 @@ def writing(out: str | Path, command: str, overwrite: bool = False, inputs: Iter
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a directory path")
     started, created = time.time(), not out.exists()
+    new_parents = [p for p in out.absolute().parents if not p.exists()]  # made by mkdir(parents=True)
     lock = writer_lock(out, what="--out") if lock and _main_rank() else contextlib.nullcontext()
-    with lock:  # first: a second writer stops here, before it touches the directory
-        made = claim(out, command, overwrite)
-        made.created = created
-        try:
-            yield out
-        except BaseException:
-            release(out, made, started)
-            raise
+    try:
+        with lock:  # first: a second writer stops here, before it touches the directory
+            made = claim(out, command, overwrite)
+            made.created = created
+            try:
+                yield out
+            except BaseException:
+                release(out, made, started)
+                raise
+    except BaseException:
+        for parent in new_parents:  # innermost first; only while empty
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
 
 
 def _inputs(args: tuple, settings: dict[str, Any]) -> list[Any]:

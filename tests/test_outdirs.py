@@ -80,3 +80,10 @@ def test_the_python_api_is_guarded_like_the_command_line(store, tmp_path):
     assert [p.name for p in mine.iterdir()] == ["metrics.jsonl"]
     cd.train(store=str(store), latents=16, k=2, batch_size=64, tokens=4096, out=mine, overwrite=True)
     assert (mine / "weights.safetensors").exists() and (mine / "metrics.jsonl").exists()
+
+
+def test_a_refused_run_leaves_no_directory_behind(store, tmp_path, capsys):
+    out = tmp_path / "runs" / "a" / "sae"
+    assert main(["train", "--store", str(store), *TRAIN, "--lr", "inf", "--out", str(out)]) == 1
+    assert "lr=inf must be a finite number" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # the --out and the parents made for it
