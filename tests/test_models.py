@@ -104,5 +104,5 @@ def test_spliced_losses_needs_causal_lm(bert):
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="cannot load model"):
+    with pytest.raises(FileNotFoundError, match="no-such-model-dir: no such file or directory .*not looked up on the Hub"):
         load_model(str(tmp_path / "no-such-model-dir"))
