@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable
@@ -152,7 +153,10 @@ def check_shard_finite(store: Path, entry: dict, hookpoints: Iterable[str]) -> N
 
     with safe_open(str(Path(store) / entry["file"]), framework="pt") as fh:
         for hookpoint in hookpoints:
-            bad = ~torch.isfinite(fh.get_tensor(hookpoint)).all(dim=-1)
+            values = fh.get_tensor(hookpoint)
+            if math.isfinite(float(values.sum(dtype=torch.float32))):
+                continue  # a NaN or Inf always reaches the sum (an overflow only sends us to the exact check)
+            bad = ~torch.isfinite(values).all(dim=-1)
             if bad.any():
                 rows = bad.nonzero().flatten()
                 raise StoreError(_corrupt(store, entry, f"holds NaN/Inf activations at {hookpoint} in "
