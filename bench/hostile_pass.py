@@ -182,7 +182,7 @@ CASES: list[tuple[str, list[str], str]] = [
                                 "--ablate-latents", "0", "--out", "o/r3"], "error"),
     ("erase into its own store", ["erase", "--store", "q/store", "--concept-column", "family", "--out",
                                   "q/store/erase"], "error"),
-    ("steer strength nan", ["steer", "q/sae", "--latent", "0", "--strength", "nan", "--out", "o/p2"], "error"),
+    ("steer alpha nan", ["steer", "q/sae", "--latent", "0", "--alpha", "nan", "--out", "o/p2"], "error"),
     ("score unknown scorer", ["score", "q/concepts", "--scorer", "nosuch"], "error"),
     ("cbsae without scores", ["cbsae", "q/concepts", "--label-column", "family", "--out", "o/x1"], "error"),
     ("compare the same dictionary twice", ["compare", "q/sae", "q/sae", "--store", "q/store", "--out", "o/c3"], "ok"),
