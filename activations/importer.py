@@ -147,7 +147,7 @@ def _load_npy(path: Path) -> np.ndarray:
         except (ValueError, SyntaxError, EOFError, OSError) as e:
             if "holds Python objects" in str(e) or "format version" in str(e) or "Fortran" in str(e):
                 raise ValueError(f"{path}: {e}") from None
-            raise ValueError(f"{path} has a damaged .npy header ({e}); re-save it with numpy.save") from None
+            raise ValueError(f"{path} has a damaged or truncated .npy header; re-save it with numpy.save") from None
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as e:

@@ -114,6 +114,8 @@ def _scalar(tp: type, value: Any, name: str, where: str) -> Any:
         raise ConfigError(f"{where}: {name}={value!r} must be {SCALAR_NAMES[tp]}, not {type(value).__name__}")
     if tp is float and not math.isfinite(value):
         raise ConfigError(f"{where}: {name}={value} must be a finite number")
+    if name == "seed" and value < 0:  # every stage's seed feeds numpy/torch generators, which take 0..2**63
+        raise ConfigError(f"{where}: seed={value} must be >= 0")
     return value
 
 

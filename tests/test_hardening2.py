@@ -317,6 +317,9 @@ def test_a_finished_store_is_not_done_for_a_dataset_that_changed(tmp_path, tiny_
 def test_small_values_that_used_to_pass(tmp_path, capsys):
     from conceptdict.naming.vocab import load_vocabulary
 
+    with pytest.raises(cd.ConfigError, match="seed=-1 must be >= 0"):  # was numpy's "expected non-negative integer"
+        cd.train(store="x", latents=16, k=2, seed=-1, out=tmp_path / "t")
+
     with pytest.raises(ValueError, match="N=0 must be at least 1"):
         load_vocabulary("wordfreq:en:0")
     with pytest.raises(cd.ConfigError, match="per_page=0 must be at least 1"):
@@ -357,7 +360,7 @@ def test_npy_files_numpy_cannot_map_are_named_or_converted(tmp_path, capsys):
     assert f"{tmp_path / 'cut.npy'} is truncated or damaged" in one_line(capsys)
     (tmp_path / "head.npy").write_bytes(full[:20])
     assert main(["store", "import", str(tmp_path / "head.npy"), "--out", str(tmp_path / "o3")]) == 1
-    assert f"{tmp_path / 'head.npy'} has a damaged .npy header" in one_line(capsys)
+    assert f"{tmp_path / 'head.npy'} has a damaged or truncated .npy header" in one_line(capsys)
     assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
 
 
