@@ -86,8 +86,9 @@ class CbmConfig:
                  "this. 1e-4 halves the iterations of 1e-5 with the same validation accuracy within noise (man-page "
                  "corpus, bench/cbm_corpora.py, 1024 concepts: 11 s vs 20 s for the four lambdas on a loaded 2-core "
                  "machine).")})
-    # Half a point: below one standard error of a validation accuracy on the corpora measured (600 validation
-    # inputs at 90% accuracy: 1.2 points), so a sparser lambda is taken only where the split cannot tell them apart.
+    # Half a point: below one standard error of a validation accuracy on a few thousand labelled inputs (computed:
+    # 600 validation inputs at 90% accuracy give 1.2 points), so a sparser lambda is taken only where the split
+    # cannot tell the two apart. Not yet measured against other values on the bench corpora.
     val_tolerance: float = field(default=0.005, metadata={
         "help": ("Choosing lambda: every lambda whose validation accuracy is within this (a fraction: 0.005 = half a "
                  "point) of the best qualifies, and the one using the fewest concepts wins (ties: the larger).")})
