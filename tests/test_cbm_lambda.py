@@ -85,3 +85,4 @@ def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     assert "5.0 points below the raw probe" in out and "unlikely to help" in out
     assert "points below" not in format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids,
                                                        res.concept_names, 1.0, {**m, **_metrics(0.01)}))
+

@@ -105,3 +105,26 @@ def test_llm_namer_without_a_server_is_one_line_naming_the_url_and_the_fix(setup
     assert len(errors) == 1, err
     assert errors[0].startswith(f"conceptdict name: error: cannot reach the LLM server at {url}/chat/completions (")
     assert "after 2 attempts" in errors[0] and "--llm.url" in errors[0] and "--namer vocab" in errors[0]
+
+
+def test_dictionary_fit_reads_training_heldout_rows_on_its_own_store_and_all_rows_elsewhere(tmp_path):
+    import conceptdict as cd
+    from safetensors.torch import save_file
+
+    from conceptdict.activations import ActivationStore
+    from conceptdict.concept_api import dictionary_fit
+    from conceptdict.saes import load_dictionary
+
+    gen = torch.Generator().manual_seed(0)
+    atoms = torch.randn(12, 8, generator=gen)
+    for name, n in (("own", 2048), ("other", 300)):
+        x = (torch.rand(n, 12, generator=gen) * (torch.rand(n, 12, generator=gen) < 0.2)) @ atoms
+        save_file({"hp": x.contiguous()}, str(tmp_path / f"{name}.safetensors"))
+        cd.import_array(array=tmp_path / f"{name}.safetensors", out=tmp_path / name, level="sequence")
+    cd.train(store=[tmp_path / "own"], hookpoint=["hp"], out=tmp_path / "sae", latents=16, k=3, tokens=4096,
+             batch_size=128, device="cpu")
+    model = load_dictionary(tmp_path / "sae")
+    own = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "own"), "hp")
+    assert own["rows_from"] == "training's held-out batches" and own["fvu"] == pytest.approx(own["training_fvu"])
+    other = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "other"), "hp")
+    assert other["rows_from"] == "not trained on" and other["rows"] == 300 and 0 < other["fvu"] < 1
