@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from conceptdict.activations import ActivationStore, heldout_row_ids, hub_id_of
+from conceptdict.activations import ActivationStore, first_batches, heldout_batches, heldout_row_ids, hub_id_of
 from conceptdict.naming import (
     CbmConfig,
     CbmResult,
@@ -96,6 +96,7 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
     feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling,
                            cfg.super_quantile, device=cfg.device, codes=cfg.codes)
     result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
+    result.metrics["dictionary"] = dictionary_fit(sae, model, store, hookpoint)
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,
                                                "pooling": cfg.pooling if store.level == "token" else "none"})
@@ -120,6 +121,27 @@ def check_sae_fits(model, config: dict, sae: str | Path, cd: ConceptDictionary, 
                           f"dictionary's hookpoint); {fix}")
     if model.n_latents != len(cd):
         raise ConfigError(f"--sae {sae} has {model.n_latents} latents, the concept dictionary names {len(cd)}; {fix}")
+
+
+def dictionary_fit(sae_dir: str | Path, model, store, hookpoint: str, rows: int = 65536) -> dict[str, Any]:
+    """The dictionary's held-out FVU and L0 on a labelled store (what a CBM's gap to its probe is explained by):
+    on the batches its training held out when it was trained on this store, else on the store's first ``rows``
+    rows (held out when it was trained on other stores); beside the held-out FVU its training recorded."""
+    from conceptdict.saes import evaluate
+
+    batches = heldout_batches(training_heldout(sae_dir, [hookpoint]), store, [hookpoint], rows)
+    where = "training's held-out batches"
+    if batches is None:
+        from conceptdict.saes import load_dictionary_config
+
+        stores = [] if str(sae_dir).startswith("hf:") else load_dictionary_config(sae_dir).get("stores") or []
+        trained_on = [str(Path(s).resolve()) for s in stores]
+        where = "its training store's first rows" if str(store.path.resolve()) in trained_on else "not trained on"
+        batches = first_batches(store, [hookpoint], rows, 4096)
+    res = evaluate(model, batches)
+    own = ((getattr(model, "training_summary", None) or {}).get("heldout_eval") or {}).get("fvu")
+    return {"fvu": res.fvu, "l0": res.l0, "k": res.k, "n_latents": res.n_latents, "rows": res.n_tokens,
+            "rows_from": where, "training_fvu": own}
 
 
 def labelled_store(cd: ConceptDictionary, dataset: str) -> Path:

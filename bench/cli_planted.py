@@ -307,11 +307,13 @@ def main() -> None:
                     "--latents", str(args.latents), "--k", str(args.k),
                     *(["--tokens", str(args.tokens)] if args.tokens else []), "--seed", str(seed), *extra_flags(args))
                 run = json.loads((out / "train_config.json").read_text())["train"]
+                done = json.loads((out / "config.json").read_text())["training"]  # the stopping rule may end early
                 r = dict(kind=kind, seed=seed, seconds=time.perf_counter() - t0, batch=run["batch_size"],
-                         steps=run["tokens"] // run["batch_size"], **evaluate_dir(out, held, ap))
+                         steps=done["steps"], upper_bound=run["tokens"] // run["batch_size"],
+                         **evaluate_dir(out, held, ap))
                 base = base or r
                 results.append(r)
-                print(f"  {kind:18s} {r['steps']} steps of {r['batch']}: "
+                print(f"  {kind:18s} {r['steps']} steps (of at most {r['upper_bound']}) of {r['batch']}: "
                       f"recovery {r['recovery']:.1%} (rare {r['rare']:.1%}, close {r['close']:.1%})  "
                       f"FVU {r['fvu']:.3f}  L0 {r['l0']:.2f}  dead {r['dead']:.1%}  {r['seconds']:.0f}s  "
                       f"x{r['recovery'] / max(base['recovery'], 1e-9):.3f} recovery, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
 from .model import SparseCoder
+from .stopping import StopState
 
 SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl")
 """Settings a resumed run may change (logging and IO cadence, where it runs)."""
@@ -43,6 +44,7 @@ class TrainState:
     threshold_updates: int = 0
     scale: Tensor | None = None  # [S] normalisation factor
     since_fired: Tensor | None = None  # [L] int64 rows since each latent last fired
+    stop: StopState = field(default_factory=StopState)  # the stopping rule's state (saes.stopping)
 
 
 def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainState, cfg: TrainConfig,
@@ -50,7 +52,7 @@ def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainSt
     return {
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
-        "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(),
+        "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(), "stop": st.stop.to_dict(),
         "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
     }
 
@@ -75,5 +77,6 @@ def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: Train
                          f"{(model.n_sources, model.d_in)}; resume on the same store and hookpoint(s)")
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
-    return TrainState(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"])
+    return TrainState(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"],
+                      StopState(**ck.get("stop", {})))
 

@@ -77,6 +77,15 @@ class TrainConfig:
     eval_batches: int | None = field(default=None, metadata=_help(
         "Batches from the start of the data held out of training and evaluated at the end (0: none); None: sized "
         "to the store, 1 to 4 (docs/results/defaults.md#held-out-rows)."))
+    stop_patience: int | None = field(default=None, metadata=_help(
+        "Stop once this many held-out evaluations in a row gain less than stop_threshold on the best FVU, after a "
+        "final lr decay; 0: off; None: 3 for a store run leaving tokens out (its default length the upper bound), "
+        "else off (docs/results/defaults.md#stopping-rule)."))
+    stop_threshold: float = field(default=0.01, metadata=_help(
+        "Stopping rule: an evaluation improves when its held-out FVU is below the best by more than this share of "
+        "it (docs/results/defaults.md#stopping-rule)."))
+    stop_every: int | None = field(default=None, metadata=_help(
+        "Stopping rule: steps between held-out evaluations; None: a 20th of the run's upper bound, at least 10."))
     seed: int = field(default=0, metadata=_help("Seed of the initialisation (the data order is the stream's own seed)."))
     checkpoint_every: int = field(default=500, metadata=_help(
         "Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."))
@@ -115,6 +124,11 @@ class TrainConfig:
                              f"lower --k or raise --latents")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be at least 1 (or None for the default)")
+        for name in ("stop_patience", "stop_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must not be negative (0 or None: the default)")
+        if not 0 <= self.stop_threshold < 1:
+            raise ValueError(f"stop_threshold={self.stop_threshold} must lie in [0, 1) (a share of the best FVU)")
         for name in ("init_rows", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -184,6 +198,8 @@ MAX_PASSES = 100
 """``tokens`` None reads a small store at most this many times."""
 MIN_BATCH = 8
 """Smaller batches make BatchTopK's per-batch selection and the held-out metrics meaningless."""
+DEFAULT_STOP_PATIENCE = 3
+"""``stop_patience`` of a store run that leaves ``tokens`` out (docs/results/defaults.md#stopping-rule)."""
 DEFAULT_EVAL_BATCHES = 4
 """Held-out evaluation batches of a large store or of data without a known size."""
 DEFAULT_CALIBRATION_BATCHES = 2
@@ -259,7 +275,10 @@ def fit_to_store(cfg: TrainConfig, rows: int) -> TrainConfig:
                     "batches of %d rows); a larger store (cache more) keeps more for training", held, rows,
                     100 * held / rows, eval_batch_count(cfg), calibration_batch_count(cfg), cfg.batch_size)
     if cfg.tokens is None:
-        cfg = replace(cfg, tokens=default_tokens(one_pass_rows(cfg, rows), cfg.batch_size))
+        patience = cfg.stop_patience
+        if patience is None:
+            patience = DEFAULT_STOP_PATIENCE if eval_batch_count(cfg) else 0
+        cfg = replace(cfg, tokens=default_tokens(one_pass_rows(cfg, rows), cfg.batch_size), stop_patience=patience)
     return cfg
 
 

@@ -44,6 +44,7 @@ from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .model import SparseCoder, kind_spec
+from . import stopping
 from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,9 @@ class Job:
     @property
     def done(self) -> bool:
         """Whether it has trained on its ``tokens`` rows."""
-        return self.cfg.tokens is not None and self.run.state.rows >= self.cfg.tokens
+        st = self.run.state
+        return (self.cfg.tokens is not None and st.rows >= self.cfg.tokens) or \
+            (st.stop.end_step is not None and st.step >= st.stop.end_step)
 
 
 def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool, sink: MetricsSink | None,
@@ -327,13 +330,19 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     model, st, r = run.model, run.state, run.resolved
     device = model.W_dec.device
     job.last_x = model.flatten_batch(x.to(device)) * st.scale.repeat_interleave(model.d_in).to(device)
-    lr = lr_at(st.step, r.lr, r.warmup_steps, r.total_steps, cfg.decay_fraction)
+    lr = lr_at(st.step, r.lr, r.warmup_steps, st.stop.end_step or r.total_steps, cfg.decay_fraction)
     job.metrics = m = step(run, job.last_x, cfg, lr, comm)
     if not math.isfinite(m["loss"]):
         kept = f"; the last checkpoint in {job.out} is kept" if job.out is not None and cfg.checkpoint_every else ""
         raise FloatingPointError(f"training diverged at step {st.step}: the loss is {m['loss']} (lr {lr:.3g}); lower "
                                  f"--lr, or check the data for NaN/Inf rows (`conceptdict store verify`){kept}")
     st.position += 1
+    if stopping.due(cfg, st, r.total_steps):
+        fvu = stopping.heldout_fvu(run, job.data.held_out, comm)
+        if stopping.observe(cfg, st, fvu, r.total_steps) and is_main(comm):
+            log.info("%sheld-out FVU %.4f: no gain of %g over %.4f in %d evaluations; stopping at step %d after the "
+                     "learning rate decays (upper bound %s)", job.name and f"[{job.name}] ", fvu, cfg.stop_threshold,
+                     st.stop.best, cfg.stop_patience, st.stop.end_step, r.total_steps)
     if st.step % cfg.log_every == 0 and is_main(comm):
         _log_metrics(job, clock)
     if job.out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
@@ -380,6 +389,9 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     summary: dict[str, Any] = {
         "config": to_flat(cfg, every_kind=True), "resolved": run.resolved.to_dict(), "steps": st.step, "rows": st.rows,
         "threshold_updates": st.threshold_updates, "last_step": last,
+        "stopping": None if not cfg.stop_patience else {
+            "patience": cfg.stop_patience, "threshold": cfg.stop_threshold, "upper_bound": run.resolved.total_steps,
+            **st.stop.to_dict()},
         "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
     }
     model.training_summary = summary  # before calibrating and evaluating: crosscoders read the folded scale from it

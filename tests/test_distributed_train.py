@@ -134,6 +134,11 @@ def two_rank_runs(tmp_path_factory):
                        "resume": True, "weights": str(tmp / "resumed.safetensors")}
     runs["interrupted"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(tmp / "interrupted"),
                            "interrupt_at": 11, "weights": str(tmp / "never.safetensors")}
+    cfg = base_config("batchtopk", tokens=128 * 40, stop_patience=2, stop_every=3, stop_threshold=0.05)
+    refs["stopping"] = {k: v.detach() for k, v in
+                        one_process(store, ["a"], train_config(**cfg), out=tmp / "stop-1").state_dict().items()}
+    runs["stopping"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(tmp / "stop-2"),
+                        "weights": str(tmp / "stopping.safetensors")}
     proc = torchrun("train", {"runs": list(runs.values())}, tmp)
     assert proc.returncode == 0, failure(proc)
     return runs, refs, store
@@ -173,3 +178,21 @@ def test_two_rank_checkpoint_resumes_in_one_process(two_rank_runs):
     model = one_process(store, ["a"], train_config(**run["config"]), out=out, resume=True)
     diff = max_diff({k: v.detach() for k, v in model.state_dict().items()}, refs["batchtopk"])
     assert diff < 1e-4, f"1-process resume of the 2-rank checkpoint differs from the uninterrupted run by {diff:.2e}"
+
+
+@pytest.mark.integration
+def test_two_ranks_stop_where_one_process_stops(two_rank_runs):
+    """The stopping rule on: the held-out FVU is summed over both ranks' parts, so they decide alike, at the step
+    (and with the weights) of one process."""
+    runs, refs, _ = two_rank_runs
+    run = runs["stopping"]
+    got = load_file(run["weights"])
+    assert max_diff(got, load_file(run["weights"] + ".rank1")) == 0.0
+    assert max_diff(got, refs["stopping"]) < 1e-4
+    one, two = (json.loads((Path(run["out"]).parent / d / "config.json").read_text())["training"]
+                for d in ("stop-1", "stop-2"))
+    assert one["stopping"]["fired_at"] is not None and one["steps"] == one["stopping"]["end_step"] < 40
+    assert (two["steps"], two["stopping"]["fired_at"]) == (one["steps"], one["stopping"]["fired_at"])
+    assert [h[0] for h in two["stopping"]["history"]] == [h[0] for h in one["stopping"]["history"]]
+    assert [h[1] for h in two["stopping"]["history"]] == pytest.approx([h[1] for h in one["stopping"]["history"]],
+                                                                       rel=1e-5)

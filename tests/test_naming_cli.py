@@ -71,6 +71,11 @@ def test_name_show_cbm_export(setup, capsys):
     assert cbm["metrics"]["accuracy"] > 0.9 and cbm["metrics"]["probe_accuracy"] > 0.9
     assert cbm["classes"] == [str(i) for i in range(6)] and "linear probe" in out
     assert (tmp / "cbm" / "report" / "cbm-class-0.html").exists()
+    assert [p["lambda"] for p in cbm["metrics"]["lambda_path"]] == [0.01, 0.1] and "lambda trade-off" in out
+    assert "Sparsity trade-off" in (tmp / "cbm" / "report" / "cbm.html").read_text()
+    fit = cbm["metrics"]["dictionary"]  # its decoder is the words the rows copy: it reconstructs them well
+    assert fit["rows"] == 600 and fit["rows_from"] == "its training store's first rows" and fit["k"] == 1
+    assert 0 < fit["fvu"] < 0.5 and fit["l0"] == pytest.approx(1.0) and fit["training_fvu"] is None
 
     assert main(["export", str(tmp / "concepts"), "--format", "json", "--out", str(tmp / "ej")]) == 0
     assert json.loads((tmp / "ej" / "concepts.json").read_text())["concepts"] == doc["concepts"]
@@ -100,3 +105,26 @@ def test_llm_namer_without_a_server_is_one_line_naming_the_url_and_the_fix(setup
     assert len(errors) == 1, err
     assert errors[0].startswith(f"conceptdict name: error: cannot reach the LLM server at {url}/chat/completions (")
     assert "after 2 attempts" in errors[0] and "--llm.url" in errors[0] and "--namer vocab" in errors[0]
+
+
+def test_dictionary_fit_reads_training_heldout_rows_on_its_own_store_and_all_rows_elsewhere(tmp_path):
+    import conceptdict as cd
+    from safetensors.torch import save_file
+
+    from conceptdict.activations import ActivationStore
+    from conceptdict.concept_api import dictionary_fit
+    from conceptdict.saes import load_dictionary
+
+    gen = torch.Generator().manual_seed(0)
+    atoms = torch.randn(12, 8, generator=gen)
+    for name, n in (("own", 2048), ("other", 300)):
+        x = (torch.rand(n, 12, generator=gen) * (torch.rand(n, 12, generator=gen) < 0.2)) @ atoms
+        save_file({"hp": x.contiguous()}, str(tmp_path / f"{name}.safetensors"))
+        cd.import_array(array=tmp_path / f"{name}.safetensors", out=tmp_path / name, level="sequence")
+    cd.train(store=[tmp_path / "own"], hookpoint=["hp"], out=tmp_path / "sae", latents=16, k=3, tokens=4096,
+             batch_size=128, device="cpu")
+    model = load_dictionary(tmp_path / "sae")
+    own = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "own"), "hp")
+    assert own["rows_from"] == "training's held-out batches" and own["fvu"] == pytest.approx(own["training_fvu"])
+    other = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "other"), "hp")
+    assert other["rows_from"] == "not trained on" and other["rows"] == 300 and 0 < other["fvu"] < 1

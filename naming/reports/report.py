@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts
+from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts, gap_notes
 from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
 from conceptdict.naming.images import shown_examples
 
@@ -251,6 +251,8 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
     rows = [
         ("CBM test accuracy", f"{100 * m.get('accuracy', float('nan')):.1f}%"),
         ("raw linear probe test accuracy", f"{100 * m['probe_accuracy']:.1f}%" if "probe_accuracy" in m else "n/a"),
+        ("gap to the probe", f"{100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points" if "probe_accuracy" in m
+         else "n/a"),
         ("lambda (chosen on validation)", f"{cbm.lam:g}"),
         ("zero weights", f"{m.get('zero_weights', 0)} of {m.get('n_weights', 0)}"),
         ("concepts used", str(m.get("concepts_used", ""))),
@@ -265,7 +267,19 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
         + "</li>"
         for i, c in enumerate(cbm.classes)
     )
-    body = f"<h2>Concept bottleneck model</h2>{table}<h2>Classes</h2><ul>{classes}</ul>"
+    curve = "".join(
+        f"<tr><td>{p['lambda']:g}{' (chosen)' if p['lambda'] == cbm.lam else ''}</td>"
+        f"<td>{100 * p['val_accuracy']:.1f}%</td><td>{p['concepts_used']}</td></tr>"
+        for p in m.get("lambda_path", [])
+    )
+    if curve:
+        curve = (f"<h2>Sparsity trade-off</h2><p>Validation accuracy per lambda; the chosen one is within "
+                 f"{100 * m['val_tolerance']:g} points of the best and uses the fewest concepts.</p><table><tr>"
+                 f"<th>lambda</th><th>validation accuracy</th><th>concepts used</th></tr>{curve}</table>")
+    notes = gap_notes(m)
+    why = f"<h2>Gap to the probe</h2><p>{esc(notes[0])}</p><ul>" + "".join(
+        f"<li>{esc(n[2:])}</li>" for n in notes[1:]) + "</ul>" if notes else ""
+    body = f"<h2>Concept bottleneck model</h2>{table}{curve}{why}<h2>Classes</h2><ul>{classes}</ul>"
     (directory / "cbm.html").write_text(page("Concept bottleneck model", header, body), encoding="utf-8")
     for i, c in enumerate(cbm.classes):
         top = class_concepts(cbm, i, top=25)

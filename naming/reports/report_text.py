@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conceptdict.naming.bottleneck.cbm import gap_notes
 from conceptdict.naming.concepts import Concept, ConceptDictionary
 from conceptdict.naming.reports.report_scores import key_of, scorer_names
 
@@ -84,7 +85,12 @@ def format_cbm(cbm) -> str:
     lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}, {m['n_classes']} classes, "
              f"test {m['n_test']} inputs)"]
     if "probe_accuracy" in m:
-        lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%")
+        lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%  (gap {100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points)")
     lines += [f"zero weights        {m['zero_weights']} of {m['n_weights']} ({m['concepts_used']} concepts used)",
               f"concepts per prediction for 90/95/99%: {cov['90']:.1f} / {cov['95']:.1f} / {cov['99']:.1f}"]
-    return "\n".join(lines)
+    if m.get("lambda_path"):
+        lines.append(f"lambda trade-off (validation; chosen: within {100 * m['val_tolerance']:g} points of the best, "
+                     "fewest concepts):")
+        lines += [f"  lambda {p['lambda']:<8g} val {100 * p['val_accuracy']:5.1f}%  {p['concepts_used']:>6} concepts"
+                  + ("  <- chosen" if p["lambda"] == cbm.lam else "") for p in m["lambda_path"]]
+    return "\n".join(lines + gap_notes(m))
