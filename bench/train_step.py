@@ -346,7 +346,10 @@ def _saelens(p: dict, meter: _Meter, batches) -> dict:
 
 def worker(names: list[str], p: dict) -> None:
     """Run each variant once at a tiny shape (loads and compiles code), then measure it at ``p``;
-    prints one RESULT line per variant."""
+    prints one RESULT line per variant. conceptdict is imported before torch, as in a user's process, so
+    its OpenMP wait policy (api/__init__.py) holds for our variants; OMP_WAIT_POLICY=ACTIVE overrides it."""
+    if set(names) & set(OURS):
+        import conceptdict  # noqa: F401
     for name in names:
         try:
             _measure(name, dict(p, D=16, L=64, k=4, B=32, steps=1, warmup=1))
@@ -381,7 +384,7 @@ def _measure(name: str, p: dict) -> dict:
         extra = _ours(name, p, meter, batches)
     step_s = statistics.median(meter.times)
     return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
-            "times": meter.times, "floor_matmuls": matmuls, "floor_s": statistics.median(meter.floors) if floor else step_s,
+            "times": meter.times, "floor_matmuls": matmuls, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "floor_s": statistics.median(meter.floors) if floor else step_s,
             "step_over_floor": (statistics.median(t / f for t, f in zip(meter.times, meter.floors))
                                 if floor else 1.0), **extra}
 
