@@ -26,7 +26,18 @@ The objects a notebook needs:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
+
+# OpenMP threads that spin after a parallel region steal the cores of the other pool: on CPU a training step
+# runs torch's OpenMP pool (matmuls, elementwise ops) and numba's (the sparse kernels) one after the other, and
+# each pool's spinning workers slowed the other's next op by up to 100x (a 65k-entry argsort: 3 ms alone, 200-
+# 300 ms inside a crosscoder step). Sleeping workers took a small crosscoder step from 8.2x to 1.4x its matmul
+# floor on this project's 2-core machine; at D = 768, L = 16384 little changes (docs/results/speed.md). It takes
+# effect only when torch is not imported yet (the runtime reads it once); a value the user set is kept.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _WHERE = {
     "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",

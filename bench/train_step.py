@@ -21,6 +21,11 @@ and would hide every difference between the trainers). Variants:
                      jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
                      clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
                      are the ratios to kind-topk
+  kind-crosscoder    the same for the crosscoder (2 sources: batches [B, 2*D], W_enc [2*D, L]); its floor is
+                     2 encoder matmuls [B, D] @ [D, L], one per source, timed back to back
+  kind-transcoder    the same for the transcoder and the skip transcoder: batches of (input, output) pairs
+  kind-skip-transcoder [B, 2, D], the loss against the output half; the encoder reads one source, so the
+                     floor is 1 encoder matmul (as every SAE row's)
   sparsify           EleutherAI sparsify SparseCoder, fvu loss         (run with --bench-python)
   saelens            SAELens TopKTrainingSAE.training_forward_pass    (run with --bench-python)
 
@@ -34,6 +39,7 @@ tiny-shape run first loads every library and kernel, so code is not counted. The
     .venv/bin/python bench/train_step.py                 # D=768 L=16384 k=32 B=4096, CPU
     .venv/bin/python bench/train_step.py --small         # a preset that finishes in about a minute
     .venv/bin/python bench/train_step.py --threads 1 --only kind-topk kind-batchtopk kind-jumprelu kind-matryoshka
+    .venv/bin/python bench/train_step.py --only kind-topk kind-crosscoder kind-transcoder kind-skip-transcoder
     .venv/bin/python bench/train_step.py --device cuda   # the Triton path, same table
 """
 
@@ -55,8 +61,10 @@ PRESETS = {
     "small": dict(D=256, L=4096, k=16, B=1024, steps=3, warmup=1),
 }
 KIND_VARIANTS = ("kind-topk", "kind-batchtopk", "kind-jumprelu", "kind-matryoshka", "kind-spade")
+# kinds that read several sources: name -> (sources in a batch, encoder matmuls of [B, D] @ [D, L] in the floor)
+MULTI_SOURCE = {"kind-crosscoder": (2, 2), "kind-transcoder": (2, 1), "kind-skip-transcoder": (2, 1)}
 OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk",
-        *KIND_VARIANTS)
+        *KIND_VARIANTS, *MULTI_SOURCE)
 OTHERS = ("sparsify", "saelens")
 
 
@@ -215,7 +223,8 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
 
 
 def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
-    """One training step of a kind of the kind table (forward, its loss terms, apply_update)."""
+    """One training step of a kind of the kind table (forward, its loss terms, apply_update); the batches of
+    a kind of ``MULTI_SOURCE`` hold its sources flattened ([B, S*D]), split as the training loop splits them."""
     import torch
 
     from conceptdict.saes import SparseCoder, TrainConfig
@@ -225,7 +234,8 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     kind = name.split("-", 1)[1]
     cfg = TrainConfig(latents=p["L"], k=p["k"], kind=kind)
-    model = SparseCoder(p["D"], p["L"], p["k"], kind).to(p["device"])
+    n_sources = MULTI_SOURCE[name][0] if kind.startswith("crosscoder") else 1
+    model = SparseCoder(p["D"], p["L"], p["k"], kind, n_sources=n_sources).to(p["device"])
     model.reset_parameters(generator=torch.Generator().manual_seed(0))
     model.add_train_params()
     model.to(p["device"])
@@ -233,10 +243,11 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
         model.spec.init(model, batches[0])
     opt = make_optimizer(model, 1e-4)
 
-    def step(x):
-        inputs = local_inputs(x)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"))
+    def step(batch):
+        x, target = model.split(batch)
+        inputs = local_inputs(target)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"))
         out = model.spec.train_forward(model, x, inputs)
-        loss = (x - out.x_hat).pow(2).sum() / inputs.stats.total_var
+        loss = (target - out.x_hat).pow(2).sum() / inputs.stats.total_var
         if out.sparsity_loss is not None:
             loss = loss + out.sparsity_loss
         apply_update(model, opt, loss, 1e-4, 1.0)
@@ -335,7 +346,10 @@ def _saelens(p: dict, meter: _Meter, batches) -> dict:
 
 def worker(names: list[str], p: dict) -> None:
     """Run each variant once at a tiny shape (loads and compiles code), then measure it at ``p``;
-    prints one RESULT line per variant."""
+    prints one RESULT line per variant. conceptdict is imported before torch, as in a user's process, so
+    its OpenMP wait policy (api/__init__.py) holds for our variants; OMP_WAIT_POLICY=ACTIVE overrides it."""
+    if set(names) & set(OURS):
+        import conceptdict  # noqa: F401
     for name in names:
         try:
             _measure(name, dict(p, D=16, L=64, k=4, B=32, steps=1, warmup=1))
@@ -352,8 +366,9 @@ def _measure(name: str, p: dict) -> dict:
     numba_impl = sys.modules.get("conceptdict.saes.kernels.numba_impl")
     if numba_impl is not None:  # buffers an earlier variant left for reuse would hide from this one's peak
         numba_impl.release_buffers()
-    batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], p["D"], p["device"])
-    floor = _floor(p) if name != "matmul" else None
+    sources, matmuls = MULTI_SOURCE.get(name, (1, 1))
+    batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], sources * p["D"], p["device"])
+    floor = _floor(p, matmuls) if name != "matmul" else None
     meter = _Meter(p["device"], floor)
     if name == "matmul":
         extra = _matmul(p, meter, batches)
@@ -369,23 +384,31 @@ def _measure(name: str, p: dict) -> dict:
         extra = _ours(name, p, meter, batches)
     step_s = statistics.median(meter.times)
     return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
-            "times": meter.times, "floor_s": statistics.median(meter.floors) if floor else step_s,
+            "times": meter.times, "floor_matmuls": matmuls, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "floor_s": statistics.median(meter.floors) if floor else step_s,
             "step_over_floor": (statistics.median(t / f for t, f in zip(meter.times, meter.floors))
                                 if floor else 1.0), **extra}
 
 
-def _floor(p: dict):
+def _floor(p: dict, matmuls: int = 1):
     """The encoder matmul x @ W_enc + b_enc timed before every step of a variant (``_Meter``; the peak
     memory of each step is measured after it): with a fresh output, as the "matmul" variant, or with
-    ``floor="buffer"`` into a preallocated, already-touched output."""
+    ``floor="buffer"`` into a preallocated, already-touched output. ``matmuls`` > 1 (a crosscoder's S
+    sources): that many [B, D] @ [D, L] products back to back, source s read from columns s*D..(s+1)*D of x."""
     import torch
 
     W_enc_t, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
-    W_enc = W_enc_t.t()
+    W_enc, D = W_enc_t.t(), p["D"]
     if p.get("floor", "fresh") == "buffer":
         out = torch.zeros(p["B"], p["L"], device=p["device"]).fill_(0.0)  # touched: counted before the baseline
-        return lambda x: torch.addmm(b_enc, x, W_enc, out=out)
-    return lambda x: torch.addmm(b_enc, x, W_enc)
+
+        def one(x):
+            return torch.addmm(b_enc, x, W_enc, out=out)
+    else:
+        def one(x):
+            return torch.addmm(b_enc, x, W_enc)
+    if matmuls == 1:
+        return lambda x: one(x[:, :D])
+    return lambda x: [one(x[:, s * D:(s + 1) * D]) for s in range(matmuls)]
 
 
 # ------------------------------------------------------------------ parent side
@@ -443,6 +466,7 @@ def ratios(res: dict, p: dict) -> dict:
         "topk_aux_over_topk": ratio(rel("ours-topk-aux"), rel("ours-topk")),
         **{f"kind_{n[5:]}_over_topk" + (" (goal <= 1.3)" if n[5:] in ("batchtopk", "jumprelu", "matryoshka") else ""):
            ratio(rel(n), rel("kind-topk")) for n in KIND_VARIANTS[1:]},
+        **{f"{n[5:].replace('-', '_')}_over_its_floor (goal <= 1.5)": rel(n) for n in MULTI_SOURCE},
         "reference_over_ours": ratio(rel("reference-topk"), rel("ours-topk")),
         "torch_impl_over_ours": ratio(rel("ours-torch-topk"), rel("ours-topk")),
         "train_step_over_ours": ratio(rel("train-topk"), rel("ours-topk")),
@@ -461,7 +485,8 @@ def print_table(res: dict, rat: dict, p: dict) -> None:
             print(f"{name:18s} error: {r['error']}")
             continue
         print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_over_floor']:9.2f} "
-              f"{r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  {r.get('impl', '')}")
+              f"{r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  {r.get('impl', '')}"
+              + (f" (floor: {r['floor_matmuls']} matmuls)" if r.get("floor_matmuls", 1) > 1 else ""))
     b = budget_bytes(p)
     print("memory budget (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items())
           + f"; x1.3 = {1.3 * sum(b.values()) / 2**20:.1f}")
