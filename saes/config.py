@@ -159,7 +159,7 @@ class TrainConfig:
             raise ValueError(f"precision={self.precision!r}: kind {self.kind!r} trains in float32 only; use "
                              f"precision float32 or a kind with the fused encoder (topk, batchtopk, crosscoder, ...)")
         if self.device != "auto":
-            check_precision(self.precision, torch.device(self.device))
+            check_precision(self.precision, torch.device(self.device), warn=False)
         if self.settings is not None and (spec.settings is None or not isinstance(self.settings, spec.settings)):
             want = spec.settings.__name__ if spec.settings is not None else "None (it has no settings)"
             raise ValueError(f"settings={self.settings!r} do not belong to kind {self.kind!r}, whose settings are "
@@ -364,11 +364,20 @@ MATMUL_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bf16": torch.b
 """``TrainConfig.precision`` -> the encoder matmul's dtype (``StepInputs.matmul_dtype``; None: float32)."""
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Refuse fp16 off CUDA (CPUs have no fast fp16 matmul and its range overflows without a loss scale)."""
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it)."""
+    return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def check_precision(precision: str, device: torch.device, warn: bool = True) -> None:
+    """Refuse fp16 off CUDA (CPUs have no fast fp16 matmul and its range overflows without a loss scale); with
+    ``warn``, say when bf16 runs on a CPU that emulates it (several times slower than float32)."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError(f"precision='fp16' needs a CUDA device, not {device.type}; on CPU use precision bf16 "
                          f"(or float32)")
+    if warn and precision == "bf16" and not native_bf16(device):
+        log.warning("precision bf16 on a CPU without AVX512-BF16 or AMX: its bf16 matmul is emulated and slower "
+                    "than float32 (docs/results/speed.md); precision float32 is faster here")
 
 
 def resolve_device(name: str) -> torch.device:
