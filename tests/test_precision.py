@@ -104,3 +104,25 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, caplog, nat
         config.check_precision("float32", torch.device("cpu"))
     warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
     assert len(warned) == (0 if native else 1), warned
+
+
+@pytest.mark.unit
+def test_the_flag_reaches_the_config_and_a_checkpoint_from_before_it_resumes_as_float32(tmp_path):
+    from conceptdict.cli.args import settings_from
+    from conceptdict.cli.main import build_parser
+    from conceptdict.train_api import LiveConfig, TrainCommand, train_configs, train_settings
+
+    args = build_parser().parse_args(["train", "--store", "s", "--latents", "32", "--k", "4", "--precision", "bf16"])
+    assert train_configs(**settings_from(args, TrainCommand, LiveConfig, train_settings()))[1].precision == "bf16"
+    cfg = _cfg(precision="float32")
+    full = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "full")
+    with pytest.raises(Crash):
+        train(cfg, crashing(functools.partial(synthetic_batches, SPEC), at=10), out=tmp_path / "cut")
+    path = tmp_path / "cut" / "checkpoint.pt"
+    ck = torch.load(path, weights_only=True)
+    del ck["config"]["precision"]  # written before the setting existed
+    torch.save(ck, path)
+    with pytest.raises(ValueError, match=r"'precision': \('float32', 'bf16'\)"):
+        train(_cfg(), functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
+    assert torch.equal(resumed.W_dec, full.W_dec)
