@@ -35,6 +35,8 @@ def test_a_bf16_matmul_chooses_the_entries_and_their_values_are_float32(impl, ba
     exact = torch.relu(x @ W.detach() + b).gather(1, enc.indices)
     assert enc.values.dtype == torch.float32
     torch.testing.assert_close(enc.values.detach(), exact * (enc.values > 0), rtol=0, atol=1e-5)
+    if batch:  # BatchTopK's threshold estimate: the smallest kept float32 value
+        assert enc.smallest == enc.values[enc.values > 0].min()
     full = kernels.encode(x, W, b, 8, batch=batch, impl=impl)
     assert not torch.equal(enc.values.detach(), full.values.detach())  # rounded scores choose some other entries
     enc.values.sum().backward()

@@ -274,11 +274,14 @@ def encode(
         aux_sel = _join(aux, x, B)
         idx = torch.cat([sel.indices, aux_sel.indices], dim=1)
         vals = torch.cat([sel.values, aux_sel.values], dim=1)
+        K = sel.indices.shape[1]
+        smallest = sel.smallest
         if low:
             vals = _exact_values(x, W_enc, b_enc, idx, vals, backend)
+            kept = vals[:, :K][vals[:, :K] > 0]
+            smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
-    K = sel.indices.shape[1]
-    return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, sel.smallest)
+    return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
 def _exact_values(x: Tensor, W_enc: Tensor, b_enc: Tensor, idx: Tensor, vals: Tensor, backend: Backend) -> Tensor:
