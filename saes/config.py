@@ -365,8 +365,12 @@ MATMUL_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bf16": torch.b
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it)."""
-    return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether ``device`` multiplies bf16 natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it; a
+    torch build without that query counts as not native)."""
+    try:
+        return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def check_precision(precision: str, device: torch.device, warn: bool = True) -> None:
