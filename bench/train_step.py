@@ -17,6 +17,9 @@ and would hide every difference between the trainers). Variants:
   ours-torch-topk    impl=torch (portable sparse autograd), to show what "auto" gains
   reference-topk     impl=reference (dense torch autograd)
   train-topk         one step of conceptdict.saes.train (gradient projection, clipping, renorm, bookkeeping)
+  train-topk-bf16    the same with precision="bf16" (the encoder matmul in bf16 chooses the latents; values, loss,
+                     weights and Adam float32); its floor is still the float32 matmul, so its "x matmul" over
+                     train-topk's is the speed-up (train_topk_bf16_tokens_over_float32)
   kind-KIND          one step of the kind's training forward from the kind table (saes.KINDS: topk, batchtopk,
                      jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
                      clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
@@ -64,7 +67,7 @@ KIND_VARIANTS = ("kind-topk", "kind-batchtopk", "kind-jumprelu", "kind-matryoshk
 # kinds that read several sources: name -> (sources in a batch, encoder matmuls of [B, D] @ [D, L] in the floor)
 MULTI_SOURCE = {"kind-crosscoder": (2, 2), "kind-transcoder": (2, 1), "kind-skip-transcoder": (2, 1)}
 OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk",
-        *KIND_VARIANTS, *MULTI_SOURCE)
+        "train-topk-bf16", *KIND_VARIANTS, *MULTI_SOURCE)
 OTHERS = ("sparsify", "saelens")
 
 
@@ -276,7 +279,7 @@ def _matmul(p: dict, meter: _Meter, batches) -> dict:
     return {"into_buffer_s": statistics.median(inner.times)}
 
 
-def _train(p: dict, meter: _Meter, batches) -> dict:
+def _train(p: dict, meter: _Meter, batches, precision: str = "float32") -> dict:
     from conceptdict.saes.training import TrainConfig, train
 
     stamps: list[float] = []
@@ -296,7 +299,8 @@ def _train(p: dict, meter: _Meter, batches) -> dict:
         stamps.append(time.perf_counter())
 
     cfg = TrainConfig(latents=p["L"], k=p["k"], batch_size=p["B"], tokens=p["B"] * (len(batches) - 1),
-                      eval_batches=0, init_rows=p["B"], checkpoint_every=0, log_every=10**9, device=p["device"])
+                      eval_batches=0, init_rows=p["B"], checkpoint_every=0, log_every=10**9, device=p["device"],
+                      precision=precision)
     train(cfg, stream())
     # stamps: before and after each batch's floor matmul, then the end; step i runs from after floor i to
     # before floor i + 1
@@ -372,8 +376,8 @@ def _measure(name: str, p: dict) -> dict:
     meter = _Meter(p["device"], floor)
     if name == "matmul":
         extra = _matmul(p, meter, batches)
-    elif name == "train-topk":
-        extra = _train(p, meter, batches + batches[:1])
+    elif name in ("train-topk", "train-topk-bf16"):
+        extra = _train(p, meter, batches + batches[:1], "bf16" if name.endswith("bf16") else "float32")
     elif name.startswith("kind-"):
         extra = _kind(name, p, meter, batches)
     elif name == "sparsify":
@@ -470,6 +474,8 @@ def ratios(res: dict, p: dict) -> dict:
         "reference_over_ours": ratio(rel("reference-topk"), rel("ours-topk")),
         "torch_impl_over_ours": ratio(rel("ours-torch-topk"), rel("ours-topk")),
         "train_step_over_ours": ratio(rel("train-topk"), rel("ours-topk")),
+        "train_topk_bf16_tokens_over_float32 (goal >= 1.6)": ratio(rel("train-topk"), rel("train-topk-bf16")),
+        "train_topk_bf16_tokens_over_float32_raw": ratio(step("train-topk"), step("train-topk-bf16")),
         "sparsify_over_reference": ratio(rel("sparsify"), rel("reference-topk")),
         "saelens_over_reference": ratio(rel("saelens"), rel("reference-topk")),
     }

@@ -133,6 +133,9 @@ class StepInputs(NamedTuple):
     per_row: bool = False
     """batchtopk, matryoshka, jumprelu: select per row (TopK) at this step, the run's TopK start
     (``TrainConfig.topk_start``)."""
+    matmul_dtype: torch.dtype | None = None
+    """torch.bfloat16 / float16: the dtype of the fused encoder's matmul (``TrainConfig.precision``), handed to
+    ``kernels.encode(mm_dtype=)``; None: float32."""
 
 
 def local_inputs(x: Tensor, **kw) -> StepInputs:

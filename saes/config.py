@@ -96,6 +96,9 @@ class TrainConfig:
     kernel_impl: str = field(default="auto", metadata=_help(
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
+    precision: Literal["float32", "bf16", "fp16"] = field(default="float32", metadata=_help(
+        "dtype of the encoder matmul that chooses each step's latents; weights, Adam, values and loss stay float32. "
+        "fp16 on CUDA only (docs/guide/train.md#precision)."))
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
     settings: Any = field(default=None, metadata=_help(
         "The kind's own settings (an instance of its KindSpec.settings dataclass); None: its defaults."))
@@ -150,6 +153,13 @@ class TrainConfig:
             raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
+        if self.precision not in MATMUL_DTYPES:
+            raise ValueError(f"precision={self.precision!r}: use one of {sorted(MATMUL_DTYPES)}")
+        if self.precision != "float32" and not spec.mixed_precision:
+            raise ValueError(f"precision={self.precision!r}: kind {self.kind!r} trains in float32 only; use "
+                             f"precision float32 or a kind with the fused encoder (topk, batchtopk, crosscoder, ...)")
+        if self.device != "auto":
+            check_precision(self.precision, torch.device(self.device), warn=False)
         if self.settings is not None and (spec.settings is None or not isinstance(self.settings, spec.settings)):
             want = spec.settings.__name__ if spec.settings is not None else "None (it has no settings)"
             raise ValueError(f"settings={self.settings!r} do not belong to kind {self.kind!r}, whose settings are "
@@ -348,6 +358,30 @@ def heldout_batch_count(cfg: TrainConfig) -> int:
     """Batches at the start of the data that training never uses (evaluation + calibration); a multi-epoch
     stream must leave their rows out of later epochs (``stream_batches(holdout_batches=)``)."""
     return eval_batch_count(cfg) + calibration_batch_count(cfg)
+
+
+MATMUL_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""``TrainConfig.precision`` -> the encoder matmul's dtype (``StepInputs.matmul_dtype``; None: float32)."""
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it; a
+    torch build without that query counts as not native)."""
+    try:
+        return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def check_precision(precision: str, device: torch.device, warn: bool = True) -> None:
+    """Refuse fp16 off CUDA (CPUs have no fast fp16 matmul and its range overflows without a loss scale); with
+    ``warn``, say when bf16 runs on a CPU that emulates it (several times slower than float32)."""
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError(f"precision='fp16' needs a CUDA device, not {device.type}; on CPU use precision bf16 "
+                         f"(or float32)")
+    if warn and precision == "bf16" and not native_bf16(device):
+        log.warning("precision bf16 on a CPU without AVX512-BF16 or AMX: its bf16 matmul is emulated and slower "
+                    "than float32 (docs/results/speed.md); precision float32 is faster here")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -38,8 +38,9 @@ from .batches import (Batches, SharedReads, TrainingData, checked, geometric_med
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
-from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
-                     eval_batch_count, heldout_batch_count, resolve, resolve_device, with_heldout_defaults)
+from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_count, check_precision,
+                     default_dead_tokens, default_lr, eval_batch_count, heldout_batch_count, resolve, resolve_device,
+                     with_heldout_defaults)
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
@@ -98,7 +99,8 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     warm = run.sparsity_warmup
     inputs = StepInputs(stats=stats, comm=comm, dead=dead.to(x.device) if use_aux else None, k_aux=r.aux_k,
                         settings=run.settings, warmup=min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0,
-                        schedule=lr / r.lr if r.lr else 1.0, code_l1=r.code_l1, per_row=st.step < r.topk_steps)
+                        schedule=lr / r.lr if r.lr else 1.0, code_l1=r.code_l1, per_row=st.step < r.topk_steps,
+                        matmul_dtype=MATMUL_DTYPES[cfg.precision])
     out = model.spec.train_forward(model, x, inputs)
     err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
@@ -217,6 +219,7 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
     cfg = with_heldout_defaults(cfg)  # a store's run has them sized already (saes.config.fit_to_store)
     check_tracker(cfg.log)
     device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None

@@ -151,6 +151,7 @@ def encode(
     dead: Tensor | None = None,
     k_aux: int = 0,
     impl: str = "auto",
+    mm_dtype: torch.dtype | None = None,
 ) -> Encoded:
     """The fused encoder of a training step: ONE matmul x [B, D] @ W_enc [D, L], then the selection.
 
@@ -159,9 +160,19 @@ def encode(
     given, the AuxK code (top ``k_aux`` among dead latents) from the same pre-activations. ``k=0`` skips
     the main code. Values (main and aux) are differentiable in x, W_enc and b_enc through the kept
     entries only; returns ``Encoded(values, indices, aux_values, aux_indices, smallest)``.
+
+    ``mm_dtype`` (bf16 / fp16, None: x's dtype): the dtype of the matmul that chooses the entries; their values
+    are recomputed in x's dtype (``sparse.encode``). The fast implementations only.
     """
-    fn = _fn("encode", impl, x.device)
-    return Encoded(*fn(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead, k_aux=k_aux))
+    if mm_dtype is None:
+        return Encoded(*_fn("encode", impl, x.device)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
+                                                      k_aux=k_aux))
+    name = resolve_impl("encode", impl, x.device)
+    if name == "reference":
+        raise ValueError(f"a {mm_dtype} encoder matmul needs a fast kernel, not kernel_impl='reference'; use "
+                         f"kernel_impl auto, torch or numba, or precision float32")
+    return Encoded(*_fn("encode", name, x.device)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
+                                                  k_aux=k_aux, mm_dtype=mm_dtype))
 
 
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:

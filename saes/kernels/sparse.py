@@ -213,6 +213,7 @@ def encode(
     dead: Tensor | None = None,
     k_aux: int = 0,
     dense_aux_ok: bool = True,
+    mm_dtype: torch.dtype | None = None,
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
@@ -224,26 +225,34 @@ def encode(
     With few dead latents (at most DENSE_AUX_FACTOR * k_aux) the AuxK code is dense over them, from a
     second, n_dead-wide matmul: values [B, n_dead] (zero outside each row's top k_aux) with indices the
     dead latents broadcast over rows (stride 0), which ``kernels.sparse_decode`` decodes with one matmul
-    (``dense_aux``; ``dense_aux_ok=False`` keeps the [B, k_aux] form)."""
+    (``dense_aux``; ``dense_aux_ok=False`` keeps the [B, k_aux] form).
+
+    ``mm_dtype`` (bf16, fp16): the matmul runs in that dtype and only chooses the entries; the kept values are
+    recomputed in x's dtype (:func:`_exact_values`), so the selection reads rounded scores while the values, the
+    loss and every gradient stay float32 (the backend sees float32 only; ``TrainConfig.precision``)."""
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
     if dense:
-        enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale)
+        enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, mm_dtype=mm_dtype)
         return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
     tau, floor = 0.0, float("-inf")
+    low = mm_dtype is not None and mm_dtype != x.dtype
     with torch.no_grad():
+        x_mm, W_mm = (x.to(mm_dtype), W_enc.to(mm_dtype)) if low else (x, W_enc)
         buf = x.new_empty(min(step, B), L) if cpu else None
+        buf_mm = x_mm.new_empty(min(step, B), L) if cpu and low else buf
         for s in range(0, B, step):
-            xs = x[s : s + step]
+            xs = x_mm[s : s + step]
             if cpu:  # into one reused chunk buffer; the selection adds b_enc (addmm would copy it in first)
-                pre, bias = torch.mm(xs, W_enc, out=buf[: xs.shape[0]]), b_enc
+                pre, bias = torch.mm(xs, W_mm, out=buf_mm[: xs.shape[0]]), b_enc
+                pre = buf[: xs.shape[0]].copy_(pre) if low else pre
             else:
-                pre, bias = torch.addmm(b_enc, xs, W_enc), None
+                pre, bias = torch.addmm(b_enc.to(W_mm.dtype), xs, W_mm).to(x.dtype), None
             if batch and k and main and backend.row_above is not None:
                 slots = min(L, ABOVE_SLOTS * n_candidates(k, L))
                 main.append(above_candidates(pre, tau, slots, scale, backend.row_above, bias))
@@ -265,9 +274,21 @@ def encode(
         aux_sel = _join(aux, x, B)
         idx = torch.cat([sel.indices, aux_sel.indices], dim=1)
         vals = torch.cat([sel.values, aux_sel.values], dim=1)
+        K = sel.indices.shape[1]
+        smallest = sel.smallest
+        if low:
+            vals = _exact_values(x, W_enc, b_enc, idx, vals, backend)
+            kept = vals[:, :K][vals[:, :K] > 0]
+            smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
-    K = sel.indices.shape[1]
-    return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, sel.smallest)
+    return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
+
+
+def _exact_values(x: Tensor, W_enc: Tensor, b_enc: Tensor, idx: Tensor, vals: Tensor, backend: Backend) -> Tensor:
+    """The kept entries ``idx`` [B, K] (chosen from a lower-precision matmul) at x's precision: relu(x W_enc + b_enc)
+    there by a gather-dot (B*K*D, against B*L*D for the matmul), 0 where ``vals`` is 0 (padding)."""
+    exact = backend.gather_dot(idx, x, W_enc.t(), None).to(x.dtype) + b_enc[idx]
+    return torch.where(vals > 0, exact.clamp_min(0), vals)
 
 
 # AuxK: a dense code over the dead latents when there are at most this many times k_aux of them. Dense
@@ -391,8 +412,9 @@ def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
     sparse_decode, encode_aux, gather_pre, encode_above), with the signatures of ``reference.py``."""
 
-    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0):
-        return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux)
+    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None):
+        return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux,
+                      mm_dtype=mm_dtype)
 
     def _encode_topk(x, W_enc, b_enc, k):
         enc = encode(x, W_enc, b_enc, k, backend)

@@ -90,7 +90,8 @@ def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bo
     if batch and inputs.comm.size > 1:
         return _global_batch_forward(model, x, inputs, scale, s)
     enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
-                         batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl)
+                         batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl,
+                         mm_dtype=inputs.matmul_dtype)
     values = enc.values * s if relative else enc.values
     fired, l0 = fired_from_code(enc.values, enc.indices, model.n_latents)
     aux = None
@@ -112,7 +113,7 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     k_local = min(-(-model.k * rows // B_r), model.n_latents)  # k_local * B_r >= k * B
     enc = kernels.encode((x - model.b_dec) / s, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
                          dead=inputs.dead, k_aux=inputs.k_aux if inputs.dead is not None else 0,
-                         impl=model.kernel_impl)
+                         impl=model.kernel_impl, mm_dtype=inputs.matmul_dtype)
     values = enc.values.detach()
     scores = values if scale is None else values * scale[enc.indices]
     alive = values > 0

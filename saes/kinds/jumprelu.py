@@ -276,7 +276,7 @@ def sparsity_warmup(settings: JumpReLUSettings) -> int | None:
 
 _COMMON = dict(uses_aux=True, uses_threshold=True, train_params=_train_params, init=_init, finish=_finish,
                scores=_ratio_scores, scales_thresholds=True, settings=JumpReLUSettings, calibrated=calibrates,
-               sparsity_warmup=sparsity_warmup)
+               sparsity_warmup=sparsity_warmup, mixed_precision=True)
 KINDS = (
     # batchtopk's defaults (docs/results/defaults.md)
     KindSpec(_train, threshold_encode, name="jumprelu", defaults=BATCHTOPK_DEFAULTS, **_COMMON),

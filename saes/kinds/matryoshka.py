@@ -111,8 +111,9 @@ KINDS = (
     # batchtopk's defaults (docs/results/defaults.md)
     KindSpec(_relative_train, relative_encode, uses_aux=True, uses_threshold=True, scores=relative_scores,
              relative=True, name="matryoshka", settings=MatryoshkaSettings, defaults=BATCHTOPK_DEFAULTS,
-             calibrated=True),
+             calibrated=True, mixed_precision=True),
     # trains as published, like batchtopk-absolute: the shared defaults (docs/results/defaults.md)
     KindSpec(_absolute_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
-             name="matryoshka-absolute", settings=MatryoshkaSettings, calibrated=True),
+             name="matryoshka-absolute", settings=MatryoshkaSettings, calibrated=True,
+             mixed_precision=True),
 )

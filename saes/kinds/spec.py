@@ -82,6 +82,9 @@ class KindSpec:
     carry the magnitude)."""
     skip: bool = False
     """Adds a linear skip path ``x W_skip`` [D, D] from the input to the reconstruction (initialised to zero)."""
+    mixed_precision: bool = False
+    """Whether its training forward passes ``StepInputs.matmul_dtype`` to ``kernels.encode`` (its one dense matmul),
+    so that it trains with ``TrainConfig.precision`` bf16 / fp16; other kinds train in float32 only."""
     name: str = ""
     """The kind's name (``TrainConfig.kind``, config.json's ``kind``)."""
     settings: type | None = None

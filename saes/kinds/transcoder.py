@@ -42,7 +42,7 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     decode, plus the dense skip path."""
     dead = inputs.dead
     enc = kernels.encode(x, model.W_enc, model.b_enc, model.k, dead=dead, k_aux=inputs.k_aux if dead is not None else 0,
-                         impl=model.kernel_impl)
+                         impl=model.kernel_impl, mm_dtype=inputs.matmul_dtype)
     y_hat = kernels.sparse_decode(enc.values, enc.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
                                   skip_zero_grads=True)
     if model.spec.skip:
@@ -62,7 +62,8 @@ def _encode(model: SparseCoder, x: Tensor) -> Tensor:
 
 
 KINDS = (
-    KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, sources="pair", name="transcoder"),
+    KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, sources="pair", name="transcoder",
+             mixed_precision=True),
     KindSpec(_train, _encode, uses_aux=True, uses_threshold=False, sources="pair", skip=True,
-             name="skip-transcoder"),
+             name="skip-transcoder", mixed_precision=True),
 )
