@@ -64,14 +64,21 @@ class _Array:
     read: object  # (start, stop) -> np.ndarray | torch.Tensor, rows of the array
 
 
+class DamagedHeader(ValueError):
+    """A .npy header numpy cannot parse (a truncated or damaged file)."""
+
+
 def _npy_stream(fh, name: str) -> _Array:
-    version = np.lib.format.read_magic(fh)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-    else:
+    try:
+        version = np.lib.format.read_magic(fh)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        parsed = read[version](fh) if version in read else None
+    except (ValueError, SyntaxError, EOFError, OSError):
+        raise DamagedHeader(f"array {name!r} has a damaged or truncated .npy header; re-save it with numpy.save") \
+            from None
+    if parsed is None:
         raise ValueError(f"array {name!r} uses .npy format version {version}; re-save it with numpy's default")
+    shape, fortran, dtype = parsed
     if dtype.hasobject:
         raise ValueError(f"array {name!r} holds Python objects; only numeric arrays can be imported (no pickles)")
     if fortran and len(shape) > 1:
@@ -143,11 +150,11 @@ def _load_npy(path: Path) -> np.ndarray:
     size")."""
     with open(path, "rb") as fh:
         try:
-            _npy_stream(fh, path.name)  # the header's checks: version, Python objects, Fortran order
-        except (ValueError, SyntaxError, EOFError, OSError) as e:
-            if "holds Python objects" in str(e) or "format version" in str(e) or "Fortran" in str(e):
-                raise ValueError(f"{path}: {e}") from None
+            _npy_stream(fh, path.name)  # the header's checks: parsed, version, Python objects, Fortran order
+        except DamagedHeader:
             raise ValueError(f"{path} has a damaged or truncated .npy header; re-save it with numpy.save") from None
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as e:

@@ -50,8 +50,7 @@ def claim(out: Path, command: str, overwrite: bool) -> Claim:
     """Check that ``command`` may write into ``out`` and mark it as conceptdict's. Raises FileExistsError naming a
     file of the user's unless ``overwrite``."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a directory; choose a directory path")
+    _not_a_file(out)
     created = not out.exists()
     if not created and not any((out / m).exists() for m in MARKERS):
         foreign = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
@@ -85,6 +84,11 @@ def release(out: Path, made: Claim, since: float) -> None:
                 out.rmdir()
 
 
+def _not_a_file(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a directory; choose a directory path")
+
+
 def check_not_inside(out: Path, inputs: Iterable[Any]) -> None:
     """Refuse an ``out`` that is one of the command's input directories or lies inside one."""
     where = Path(os.path.realpath(out))
@@ -110,15 +114,13 @@ def writing(out: str | Path, command: str, overwrite: bool = False, inputs: Iter
     releases it before the other ranks of a torchrun job open the finished store)."""
     out = Path(out)
     check_not_inside(out, inputs)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a directory; choose a directory path")
-    started, created = time.time(), not out.exists()
+    _not_a_file(out)  # before the lock, which makes the directory
+    started = time.time()
     new_parents = [p for p in out.absolute().parents if not p.exists()]  # made by mkdir(parents=True)
     lock = writer_lock(out, what="--out") if lock and _main_rank() else contextlib.nullcontext()
     try:
-        with lock:  # first: a second writer stops here, before it touches the directory
-            made = claim(out, command, overwrite)
-            made.created = created
+        with lock:  # first: a second writer stops here, before it touches the directory (and removes it again
+            made = claim(out, command, overwrite)  # when it made it and the claim's release left it empty)
             try:
                 yield out
             except BaseException:
