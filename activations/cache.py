@@ -77,7 +77,7 @@ class CacheConfig:
         "help": "Dtype the model runs in."})
     batch_size: int = field(default=32, metadata={"help": "Contexts per forward pass."})
     device: str = field(default="cpu", metadata={"help": "Torch device for the model (cpu, cuda, cuda:1 ...)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the document shuffle (only used with --shuffle)."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed of the document shuffle (only used with --shuffle)."})
     shuffle: bool = field(default=False, metadata={
         "help": "Shuffle documents with a 10,000-record buffer before tokenising."})
     sort_window: int = field(default=16, metadata={

@@ -80,11 +80,11 @@ def check_keys(data: dict[str, Any], cls: type, where: str) -> None:
 SCALAR_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
 
 
-def _coerce(tp: Any, value: Any, name: str = "", where: str = "config") -> Any:
+def _coerce(tp: Any, value: Any, name: str = "", where: str = "config", minimum: float | None = None) -> Any:
     if value is None:
         return None
     if tp in SCALAR_NAMES:
-        return _scalar(tp, value, name, where)
+        return _scalar(tp, value, name, where, minimum)
     if tp is Path:
         return Path(value)
     if get_origin(tp) is tuple and isinstance(value, list):
@@ -100,9 +100,10 @@ def _coerce(tp: Any, value: Any, name: str = "", where: str = "config") -> Any:
     return value
 
 
-def _scalar(tp: type, value: Any, name: str, where: str) -> Any:
-    """``value`` as the scalar type ``tp`` (an int is a number; a number given where text belongs is its text);
-    ConfigError naming the key and the expected type otherwise (a --config file's "eight" for k)."""
+def _scalar(tp: type, value: Any, name: str, where: str, minimum: float | None = None) -> Any:
+    """``value`` as the scalar type ``tp`` (an int is a number; a number given where text belongs is its text), at
+    least ``minimum`` (a field's ``metadata["min"]``); ConfigError naming the key and the expected type or bound
+    otherwise (a --config file's "eight" for k)."""
     if tp is str and (isinstance(value, (int, float, Path)) and not isinstance(value, bool)):
         return str(value)
     if tp is int and isinstance(value, float) and value.is_integer():
@@ -114,8 +115,8 @@ def _scalar(tp: type, value: Any, name: str, where: str) -> Any:
         raise ConfigError(f"{where}: {name}={value!r} must be {SCALAR_NAMES[tp]}, not {type(value).__name__}")
     if tp is float and not math.isfinite(value):
         raise ConfigError(f"{where}: {name}={value} must be a finite number")
-    if name == "seed" and value < 0:  # every stage's seed feeds numpy/torch generators, which take 0..2**63
-        raise ConfigError(f"{where}: seed={value} must be >= 0")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: {name}={value} must be >= {minimum}")
     return value
 
 
@@ -152,7 +153,7 @@ def config_from_dict(cls: type, data: dict[str, Any], where: str = "config") -> 
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             value = config_from_dict(tp, value, f"{where}.{f.name}")
         else:
-            value = _coerce(tp, value, f.name, where)
+            value = _coerce(tp, value, f.name, where, f.metadata.get("min"))
         kwargs[f.name] = value
     try:
         return cls(**kwargs)

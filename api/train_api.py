@@ -61,7 +61,7 @@ def train_settings() -> type:
     and ``diff`` and the keywords of :func:`train` are its fields."""
     def entry(f):
         owners = f"{', '.join(f.kinds)}: " if f.kinds else ""  # the kinds that read it
-        meta = {"help": owners + f.help, "kinds": f.kinds,
+        meta = {"help": owners + f.help, "kinds": f.kinds, "min": f.minimum,
                 **({} if f.default is dataclasses.MISSING else {"default": f.default})}
         return f.name, f.type | None if f.default is dataclasses.MISSING else f.type, field(default=None, metadata=meta)
 

@@ -48,7 +48,7 @@ class NegativeConfig:
         "help": "Hard negatives sharing one of the latent's top tokens (or top words) without activating it."})
     pool_rows: int = field(default=50_000, metadata={
         "help": "Store rows sampled as the pool every negative is drawn from (plus every latent's top rows)."})
-    seed: int = field(default=0, metadata={"help": "Seed for the pool and the draws."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed for the pool and the draws."})
 
     def __post_init__(self) -> None:
         if self.kinds not in ("random", "hard", "random+hard"):

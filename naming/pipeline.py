@@ -65,7 +65,7 @@ class NameConfig:
         "help": "Where vocabulary embeddings are cached (default $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."})
     chunk: int = field(default=4096, metadata={"help": "Store rows encoded at once."})
     device: str = field(default="cpu", metadata={"help": "Device for encoding and embedding."})
-    seed: int = field(default=0, metadata={"help": "Seed for sampled examples."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed for sampled examples."})
     llm: LlmConfig = field(default_factory=LlmConfig, metadata={"help": "Settings of the llm namer."})
 
     def __post_init__(self) -> None:

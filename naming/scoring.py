@@ -61,7 +61,7 @@ class ScoreConfig:
     batch_size: int = field(default=256, metadata={
         "help": "Texts embedded at once (short contexts: larger batches were ~2x faster on the demo's CPU)."})
     device: str = field(default="cpu", metadata={"help": "Device of the dictionary and the encoder."})
-    seed: int = field(default=0, metadata={"help": "Seed of the control derangement."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed of the control derangement."})
     llm: LlmConfig = field(default_factory=LlmConfig, metadata={
         "help": "Endpoint of the detection and fuzzing scorers and the llm namer (``--llm.url`` ...)."})
 

@@ -86,7 +86,8 @@ class TrainConfig:
         "it (docs/results/defaults.md#stopping-rule)."))
     stop_every: int | None = field(default=None, metadata=_help(
         "Stopping rule: steps between held-out evaluations; None: a 20th of the run's upper bound, at least 10."))
-    seed: int = field(default=0, metadata=_help("Seed of the initialisation (the data order is the stream's own seed)."))
+    seed: int = field(default=0, metadata={"min": 0, **_help(
+        "Seed of the initialisation (the data order is the stream's own seed).")})
     checkpoint_every: int = field(default=500, metadata=_help(
         "Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."))
     log_every: int = field(default=100, metadata=_help(

@@ -27,6 +27,8 @@ class FlatField(NamedTuple):
     """One or two sentences (the field's ``metadata["help"]``)."""
     kinds: tuple[str, ...] | None
     """The kinds that read it; None for the fields every kind shares."""
+    minimum: float | None = None
+    """The smallest value it takes (the field's ``metadata["min"]``), checked where settings are read."""
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -38,7 +40,7 @@ def _default(f: dataclasses.Field) -> Any:
 def _entry(f: dataclasses.Field, hints: dict[str, Any], kinds: tuple[str, ...] | None, owner: str) -> FlatField:
     if not f.metadata.get("help"):
         raise ValueError(f"{owner}.{f.name} has no help: declare it as field(default=..., metadata={{'help': ...}})")
-    return FlatField(f.name, hints[f.name], _default(f), f.metadata["help"], kinds)
+    return FlatField(f.name, hints[f.name], _default(f), f.metadata["help"], kinds, f.metadata.get("min"))
 
 
 def flat_train_fields() -> list[FlatField]:

@@ -99,7 +99,7 @@ class CbmConfig:
         "help": "Weights below zero_tol * max|W| are set to exactly zero after training."})
     min_class_size: int = field(default=5, metadata={
         "help": "Classes with fewer labelled inputs are dropped (logged)."})
-    seed: int = field(default=0, metadata={"help": "Seed for the split."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed for the split."})
     device: str = field(default="cpu", metadata={"help": "Device for encoding and training."})
 
     def __post_init__(self) -> None:

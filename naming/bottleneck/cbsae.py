@@ -70,7 +70,7 @@ class CbSaeConfig:
     lr: float = field(default=1e-3, metadata={"help": "Adam learning rate of the bottleneck."})
     max_rows: int = field(default=20000, metadata={
         "help": "Store rows used for training and evaluation (a uniform sample when the store is larger)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the row sample, the split and the initialisation."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed of the row sample, the split and the initialisation."})
     device: str = field(default="cpu", metadata={"help": "Device for training."})
 
 

@@ -87,7 +87,7 @@ class EraseConfig:
     contexts: int = field(default=16, metadata={
         "help": "Token contexts (rebuilt from the store) for the CE change; 0 skips it."})
     mlp_epochs: int = field(default=300, metadata={"help": "Epochs of the MLP probe (naming/bottleneck/probes.py)."})
-    seed: int = field(default=0, metadata={"help": "Seed for the row subset, the split and the probes."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed for the row subset, the split and the probes."})
     out: Path | None = field(default=None, metadata={
         "help": "Directory for erase.json, erase.html and the fitted erasers (erasers/METHOD/)."})
     device: str = field(default="cpu", metadata={"help": "Device for the dictionary and the model."})

@@ -68,7 +68,7 @@ class SteerConfig:
         "help": "Causal LMs: temperature of the sampled continuation (the greedy one is always made too)."})
     random_directions: int = field(default=8, metadata={
         "help": "Random directions of the steering vector's norm that the sentence effect is compared with."})
-    seed: int = field(default=0, metadata={"help": "Seed of the sampled continuations and the random directions."})
+    seed: int = field(default=0, metadata={"min": 0, "help": "Seed of the sampled continuations and the random directions."})
     model: str | None = field(default=None, metadata={
         "help": "Model to steer (default: the one recorded with the dictionary)."})
     out: Path | None = field(default=None, metadata={"help": "Directory for steer.json and steer.html."})
