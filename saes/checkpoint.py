@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field
+import logging
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,14 @@ from .flat import flat_train_fields, to_flat
 from .model import SparseCoder
 from .stopping import StopState
 
+log = logging.getLogger(__name__)
+
 SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl")
 """Settings a resumed run may change (logging and IO cadence, where it runs)."""
+
+
+STOP_KEYS = ("stop_patience", "stop_threshold", "stop_every")
+"""The stopping rule's settings (saes.stopping); a checkpoint written before the rule existed records none."""
 
 
 def config_key(cfg: TrainConfig) -> dict[str, Any]:
@@ -59,11 +66,23 @@ def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainSt
 
 def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(checkpoint, now): the settings ``cfg``'s kind reads, from a checkpoint's record (a setting added after it was
-    written at its default; other kinds' settings, which older runs recorded too, left out) and from ``cfg``."""
+    written at its default; other kinds' settings, which older runs recorded too, left out) and from ``cfg``; the
+    stopping rule's settings left out of both when the checkpoint predates the rule (:func:`resumed_config`)."""
     defaults = {f.name: f.default for f in flat_train_fields() if f.default is not MISSING}
-    now = {k: v for k, v in to_flat(cfg).items() if k not in SKIP}
+    skip = SKIP + (STOP_KEYS if not any(k in saved for k in STOP_KEYS) else ())
+    now = {k: v for k, v in to_flat(cfg).items() if k not in skip}
     merged = {**defaults, **saved}
     return {k: merged.get(k) for k in now}, now
+
+
+def resumed_config(ck: dict, cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` for resuming ``ck``: a checkpoint written before the stopping rule existed (none of
+    :data:`STOP_KEYS` recorded) was started without it and resumes with the rule off, to its recorded length."""
+    if any(k in ck["config"] for k in STOP_KEYS) or not cfg.stop_patience:
+        return cfg
+    log.info("the checkpoint at step %d was written before the stopping rule existed: resuming it with the rule off "
+             "(stop_patience=0), to its length tokens=%s", ck["step"], cfg.tokens)
+    return replace(cfg, stop_patience=0)
 
 
 def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> TrainState:

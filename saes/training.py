@@ -36,7 +36,7 @@ from torch import Tensor
 from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
-from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, save_checkpoint
+from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, resumed_config, save_checkpoint
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_count, check_precision,
                      default_dead_tokens, default_lr, eval_batch_count, heldout_batch_count, resolve, resolve_device,
@@ -223,6 +223,7 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
+    cfg = cfg if ck is None else resumed_config(ck, cfg)
     data = open_training_data(batches, eval_batch_count(cfg), cfg.init_rows, None if ck is None else ck["position"],
                               source, comm, calibration_batch_count(cfg))
     run = setup(cfg, data, batches, ck, device, source)

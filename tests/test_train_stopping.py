@@ -97,3 +97,31 @@ def test_a_resumed_run_stops_at_the_same_step_with_the_same_weights(tmp_path, ki
     summary = lambda d: json.loads((d / "config.json").read_text())["training"]  # noqa: E731
     assert summary(tmp_path / "cut")["stopping"] == summary(tmp_path / "full")["stopping"]
     assert summary(tmp_path / "cut")["steps"] == summary(tmp_path / "full")["steps"] < UPPER
+
+
+def test_a_checkpoint_from_before_the_rule_resumes_with_the_rule_off(tmp_path, caplog):
+    """A checkpoint that records no stop_* settings (written before the rule existed) resumes under a config with the
+    rule on, runs to its recorded length with the rule off (and says so), and ends as an uninterrupted run without
+    the rule does."""
+    off = train(_cfg(stop_patience=0), functools.partial(synthetic_batches, SPEC))
+    with pytest.raises(Crash):
+        train(_cfg(), crashing(functools.partial(synthetic_batches, SPEC), at=5), out=tmp_path)
+    path = tmp_path / "checkpoint.pt"
+    ck = torch.load(path, weights_only=True)
+    assert ck["step"] == 3 and ck["stop"]["history"]  # written after the first evaluation
+    for key in ("stop_patience", "stop_threshold", "stop_every"):
+        del ck["config"][key]
+    del ck["stop"]
+    torch.save(ck, path)
+    with caplog.at_level("INFO", logger="conceptdict.saes.checkpoint"):
+        resumed = train(_cfg(), functools.partial(synthetic_batches, SPEC), out=tmp_path, resume=True)
+    assert "written before the stopping rule existed" in caplog.text and "stop_patience=0" in caplog.text
+    assert resumed.training_summary["steps"] == UPPER and resumed.training_summary["stopping"] is None
+    for name, t in off.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], t), name
+    again = torch.load(path, weights_only=True)  # its next checkpoints record the rule off: they resume as they are
+    assert again["config"]["stop_patience"] == 0
+    with pytest.raises(ValueError, match="settings that differ"):  # one that records the rule is held to it
+        ck["config"]["stop_patience"] = 0
+        torch.save(ck, path)
+        train(_cfg(), functools.partial(synthetic_batches, SPEC), out=tmp_path, resume=True)
