@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 log = logging.getLogger(__name__)
 
 STDLIB_SPEC = "stdlib-docstrings"
+BROAD_SPEC = "broad-docstrings"
+"""The broad dictionary's text: every installed package's docstrings (``activations.broad``)."""
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -55,6 +57,10 @@ def describe_dataset(spec: str) -> dict:
     """The manifest's dataset descriptor for ``spec``; a local file's carries the sha256 of its contents."""
     if spec == STDLIB_SPEC:
         return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0]}
+    if spec == BROAD_SPEC:
+        from conceptdict.activations.broad import environment_key
+
+        return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0], "environment": environment_key()}
     check_local_path(spec, "--dataset")
     path = Path(spec).expanduser()
     if path.is_file():
@@ -138,6 +144,11 @@ def iter_records(spec: str | Iterable, split: str = "train", encoding: str = "ut
         return
     if spec == STDLIB_SPEC:
         yield from stdlib_docstrings()
+        return
+    if spec == BROAD_SPEC:
+        from conceptdict.activations.broad import broad_texts
+
+        yield from broad_texts()
         return
     import datasets
 
@@ -290,7 +301,7 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _docstrings_of(tree: ast.Module) -> Iterator[str]:
+def docstrings_of(tree: ast.Module) -> Iterator[str]:
     """Module, then public class/function docstrings in source order (nested ones after their parent)."""
     stack: list[ast.AST] = [tree]
     while stack:
@@ -338,7 +349,7 @@ def _collect_stdlib() -> list[dict]:
             except (SyntaxError, ValueError):
                 continue
             module = _module_name(path, root)
-            for doc in _docstrings_of(tree):
+            for doc in docstrings_of(tree):
                 text = inspect.cleandoc(doc).strip()
                 if (MIN_CHARS <= len(text) <= MAX_CHARS and len(text.split()) >= 5 and kept < MAX_PER_MODULE
                         and per_family.get(family, 0) < MAX_PER_FAMILY):

@@ -12,6 +12,9 @@ each returns a typed result and prints nothing):
 
     cache, import_array, train, evaluate, compare, diff, name, score, cbm, cbsae, steer, erase, export, demo
 
+    broad = cd.broad_dictionary()   # conceptdict broad: trained once on every installed package's docstrings
+    cd.cbm(broad.concepts, dataset="runs/task-store", label_column="topic", out="runs/cbm-broad")
+
 The objects a notebook needs:
 
     load(path_or_hf_id)      a dictionary in any format: .encode(x), .decode(codes), sae(x), .config
@@ -49,6 +52,7 @@ _WHERE = {
     "export": "concept_api",
     "steer": "edit_api", "erase": "edit_api", "splice": "edit_api",
     "demo": "demo_api",
+    "broad_dictionary": "broad_api",
     "load_concepts": ("conceptdict.naming", "load_concepts"),
     "describe": ("conceptdict.saes", "describe_dictionary"),
     "SparseCoder": ("conceptdict.saes", "SparseCoder"),

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "score": "score",
     "cbsae": "cbsae",
     "demo": "demo",
+    "broad": "broad",
 }
 
 

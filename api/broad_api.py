@@ -1,0 +1,135 @@
+"""The broad dictionary (``conceptdict broad``): Discover-then-Name's first half done once per model and hookpoint.
+
+Discover-then-Name trains its dictionary once on a large, broad dataset and fits each task's concept bottleneck on
+top of it. Here the broad text is what every machine that runs conceptdict has: the docstrings of the standard
+library and of every installed package (``broad-docstrings``, ``activations.broad``). :func:`broad_dictionary`
+caches them at the hookpoint, trains a dictionary with ``train``'s defaults (the stopping rule picks the length)
+and names its latents with ``name``'s, all under the cache directory the vocabulary embeddings use, keyed by the
+model, the hookpoint, the recipe and the text's fingerprint; later calls return the cached one. Its concepts fit a
+CBM on any task's labelled store at the same hookpoint: ``cd.cbm(broad.concepts, dataset=STORE, ...)``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from conceptdict.settings import config_from_dict
+
+log = logging.getLogger(__name__)
+
+RECIPE = 1
+"""The version of how a broad dictionary is built; a change here makes every cached one stale."""
+DONE_FILE = "broad.json"
+
+
+@dataclass
+class BroadConfig:
+    """Settings of ``conceptdict broad``."""
+
+    model: str = field(default="default", metadata={"help": "Model (name or directory; default: all-MiniLM-L6-v2)."})
+    hookpoint: str = field(default="sentence.mean_normalized", metadata={
+        "help": "Hookpoint the dictionary reads (the task stores a CBM uses must hold it)."})
+    dataset: str = field(default="broad-docstrings", metadata={
+        "help": "The broad text: broad-docstrings (the standard library's and every installed package's "
+                "docstrings), or any dataset `cache` reads."})
+    latents: int = field(default=2048, metadata={"min": 2, "help": "Latents of the broad dictionary."})
+    k: int = field(default=16, metadata={"min": 1, "help": "Active latents per row (train's default kind, topk)."})
+    vocab: str = field(default="wordfreq:en:20000", metadata={"help": "Vocabulary its latents are named from."})
+    context_length: int = field(default=128, metadata={"min": 2, "help": "Tokens per text (cache's default)."})
+    cache_dir: Path | None = field(default=None, metadata={
+        "help": "Where it is kept (default: the vocabulary cache, $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."})
+    device: str = field(default="cpu", metadata={"help": "Torch device for the model and the training."})
+    fresh: bool = field(default=False, metadata={"help": "Build it again even when a cached one exists."})
+
+
+class BroadDictionary(NamedTuple):
+    """Where a broad dictionary lies (its store, dictionary and concept dictionary) and how it was made."""
+
+    root: Path
+    store: Path
+    sae: Path
+    concepts: Path
+    texts: int
+    """Rows of its store (one per text)."""
+    built: bool
+    """True when this call built it, False when it was read from the cache."""
+    info: dict[str, Any]
+    """``broad.json``: the settings, the dataset's descriptor, the texts per source and the seconds per stage."""
+
+
+def broad_key(cfg: BroadConfig) -> str:
+    """Hex digest of what a broad dictionary is made from: the recipe, model, hookpoint, settings and the dataset's
+    descriptor (for broad-docstrings: the Python version and every installed distribution's version)."""
+    from conceptdict.activations.data import describe_dataset
+
+    parts = [RECIPE, cfg.model, cfg.hookpoint, cfg.latents, cfg.k, cfg.vocab, cfg.context_length,
+             describe_dataset(cfg.dataset)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def broad_root(cfg: BroadConfig) -> Path:
+    from conceptdict.naming.vocab import default_cache_dir
+
+    return Path(cfg.cache_dir or default_cache_dir()) / f"broad-{broad_key(cfg)}"
+
+
+def broad_dictionary(**settings: Any) -> BroadDictionary:
+    """The broad dictionary of ``model`` at ``hookpoint`` (``conceptdict broad``): read from the cache, or built
+    (cache the broad text, train with train's defaults, name with name's) and cached. Settings are
+    :class:`BroadConfig`'s."""
+    cfg = config_from_dict(BroadConfig, settings, "broad")
+    root = broad_root(cfg)
+    done = root / DONE_FILE
+    if done.exists() and not cfg.fresh:
+        info = json.loads(done.read_text())
+        log.info("broad dictionary from cache %s", root)
+        return _result(root, info, built=False)
+    info = _build(cfg, root)
+    done.write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: it marks a finished build
+    return _result(root, info, built=True)
+
+
+def _result(root: Path, info: dict, built: bool) -> BroadDictionary:
+    return BroadDictionary(root, root / "store", root / "sae", root / "concepts", info["texts"], built, info)
+
+
+def _build(cfg: BroadConfig, root: Path) -> dict[str, Any]:
+    from collections import Counter
+
+    from conceptdict.activations import ActivationStore, CacheConfig, cache_activations
+    from conceptdict.activations.data import describe_dataset, iter_records
+    from conceptdict.concept_api import name
+    from conceptdict.train_api import train
+
+    seconds = {}
+    t0 = time.perf_counter()
+    records = list(iter_records(cfg.dataset))
+    seconds["texts"] = time.perf_counter() - t0
+    log.info("broad dictionary: %d texts from %s -> %s", len(records), cfg.dataset, root)
+    t0 = time.perf_counter()
+    store = root / "store"
+    cache_activations(CacheConfig(model=cfg.model, hookpoints=[cfg.hookpoint], dataset=cfg.dataset, out=store,
+                                  context_length=cfg.context_length, device=cfg.device, overwrite=True),
+                      records=records)
+    seconds["cache"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sae = train(store=[store], hookpoint=[cfg.hookpoint], latents=cfg.latents, k=cfg.k, device=cfg.device,
+                out=root / "sae", overwrite=True)
+    seconds["train"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    name(root / "sae", vocab=cfg.vocab, device=cfg.device, out=root / "concepts", overwrite=True)
+    seconds["name"] = time.perf_counter() - t0
+    summary = sae.training_summary
+    return {
+        "recipe": RECIPE, "model": cfg.model, "hookpoint": cfg.hookpoint, "dataset": describe_dataset(cfg.dataset),
+        "latents": cfg.latents, "k": cfg.k, "vocab": cfg.vocab, "texts": ActivationStore(store).num_rows,
+        "sources": dict(Counter(r.get("source", cfg.dataset) for r in records)),
+        "packages": len({r["package"] for r in records if "package" in r}),
+        "steps": summary["steps"], "upper_bound": summary["resolved"]["total_steps"],
+        "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"), "seconds": seconds,
+    }
