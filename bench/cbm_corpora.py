@@ -13,6 +13,9 @@ seen" of issue 11.
 - ``pydocs``: docstrings of third-party Python packages installed beside conceptdict (torch, numpy, sympy,
   ...), labelled by the package they come from. The standard library is left out (that is the demo's corpus).
 - ``stdlib``: the demo's corpus (standard-library docstrings by module family), for reference.
+- ``man2``: a 2-class split of the man pages, user commands (section 1) against library calls (section 3).
+- ``debian30``: topics of short texts: the one-line synopsis alone (a few words) of Debian packages in the 30
+  largest sections that have at least :data:`PER_CLASS_30` packages, labelled by section.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from pathlib import Path
 
 PER_CLASS = 300
 """At most this many texts per label (so each corpus stays at a few thousand rows)."""
+PER_CLASS_2 = 700
+"""``man2``: texts per class of the 2-class split."""
+PER_CLASS_30 = 300
+"""``debian30``: texts per section of the 30-class one."""
 MIN_CHARS, MAX_CHARS = 40, 600
 
 MAN_SECTIONS = ("1", "2", "3", "5", "7", "8")
@@ -84,9 +91,10 @@ def _man_text(source: str) -> str | None:
     return _clip(" ".join(parts["NAME"]) + ". " + " ".join(parts["DESCRIPTION"]))
 
 
-def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS) -> list[dict]:
+def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS,
+             sections: tuple[str, ...] = MAN_SECTIONS) -> list[dict]:
     pairs = []
-    for sec in MAN_SECTIONS:
+    for sec in sections:
         for path in sorted((root / f"man{sec}").glob("*")):
             if not path.is_file() or path.is_symlink():
                 continue
@@ -106,9 +114,13 @@ def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS) ->
 # ---------------------------------------------------------------- Debian package descriptions
 
 
-def debian(per_class: int = PER_CLASS) -> list[dict]:
+def man2() -> list[dict]:
+    return manpages(per_class=PER_CLASS_2, sections=("1", "3"))
+
+
+def _apt_packages():
+    """(section, synopsis, first paragraph of the long description) of every package in the apt cache."""
     dump = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, check=True).stdout
-    pairs = []
     for block in dump.split("\n\n"):
         fields, last = {}, None
         for line in block.splitlines():
@@ -117,15 +129,29 @@ def debian(per_class: int = PER_CLASS) -> list[dict]:
             elif ":" in line:
                 last, _, value = line.partition(":")
                 fields[last] = value.strip()
-        section = fields.get("Section", "").rpartition("/")[2]
-        if section not in DEBIAN_SECTIONS or "Description" not in fields:
+        if "Description" not in fields:
             continue
         short, _, long = fields["Description"].partition("\n")
-        first = long.split("\n.\n")[0] if long else ""
-        text = _clip(f"{short}. {first}")
+        yield fields.get("Section", "").rpartition("/")[2], short, long.split("\n.\n")[0] if long else ""
+
+
+def debian(per_class: int = PER_CLASS) -> list[dict]:
+    pairs = []
+    for section, short, first in _apt_packages():
+        text = _clip(f"{short}. {first}") if section in DEBIAN_SECTIONS else None
         if text:
             pairs.append((section, text))
     return _take(pairs, per_class)
+
+
+def debian30(per_class: int = PER_CLASS_30, n_classes: int = 30) -> list[dict]:
+    by_section: dict[str, list[str]] = {}
+    for section, short, _ in _apt_packages():
+        short = " ".join(short.split())
+        if section and len(short.split()) >= 2:
+            by_section.setdefault(section, []).append(short)
+    big = sorted((s for s, t in by_section.items() if len(set(t)) >= per_class), key=lambda s: (-len(by_section[s]), s))
+    return _take(((s, t) for s in sorted(big[:n_classes]) for t in by_section[s]), per_class)
 
 
 # ---------------------------------------------------------------- third-party docstrings
@@ -167,7 +193,8 @@ def stdlib(per_class: int = PER_CLASS) -> list[dict]:
     return _take(((r["family"], r["text"]) for r in stdlib_docstrings()), per_class)
 
 
-CORPORA = {"manpages": manpages, "debian": debian, "pydocs": pydocs, "stdlib": stdlib}
+CORPORA = {"manpages": manpages, "debian": debian, "pydocs": pydocs, "stdlib": stdlib, "man2": man2,
+           "debian30": debian30}
 
 
 HOOKPOINT = "sentence.mean_normalized"
