@@ -41,6 +41,8 @@ class DemoContext:
     fast: bool = False
     artifacts: dict = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
+    broad: dict = field(default_factory=dict)
+    """Settings of the broad dictionary (``broad_api.BroadConfig``; empty: its defaults)."""
 
 
 def cache_step(ctx: DemoContext) -> StepResult:
@@ -130,6 +132,25 @@ def cbm_step(ctx: DemoContext) -> StepResult:
                       [f"{out}: predicts the module family of a docstring from its named concepts", format_cbm(result)])
 
 
+def broad_step(ctx: DemoContext) -> StepResult:
+    """The broad dictionary (``conceptdict broad``: built once on every installed package's docstrings, then
+    cached) -> ``cbm_broad/``: the same CBM on the sentence store, from the broad dictionary's concepts. Skipped
+    with ``fast`` (its one-time build takes tens of minutes)."""
+    if ctx.fast:
+        return StepResult({}, ["broad dictionary: skipped with --fast (`conceptdict broad` builds it once)"])
+    from conceptdict.broad_api import broad_dictionary
+    from conceptdict.concept_api import cbm
+
+    art, out = ctx.artifacts, ctx.out / "cbm_broad"
+    broad = broad_dictionary(**{"hookpoint": art["hookpoint"], **ctx.broad})
+    result = cbm(broad.concepts, dataset=art["store"], label_column=art.get("label_key", "family"), out=out)
+    info = broad.info
+    return StepResult({"cbm_broad": str(out), "cbm_broad_accuracy": result.metrics["accuracy"]},
+                      [f"{out}: the same task from the broad dictionary's concepts ({broad.concepts}: "
+                       f"{info['latents']} latents trained on {broad.texts} docstrings of the standard library and "
+                       f"{info['packages']} installed packages)", format_cbm(result)])
+
+
 def report_step(ctx: DemoContext) -> StepResult:
     """``concepts/`` + ``cbm/`` -> ``report/index.html`` (and ``report/tokens/`` for the token concepts)."""
     art = ctx.artifacts
@@ -145,7 +166,8 @@ def report_step(ctx: DemoContext) -> StepResult:
 
 
 STEPS: list[tuple[str, Callable[[DemoContext], StepResult]]] = [
-    ("cache", cache_step), ("train", train_step), ("name", name_step), ("cbm", cbm_step), ("report", report_step),
+    ("cache", cache_step), ("train", train_step), ("name", name_step), ("cbm", cbm_step), ("broad", broad_step),
+    ("report", report_step),
 ]
 """The steps in the order they run."""
 
