@@ -50,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"), help="stores and runs go here")
     p.add_argument("--broad", action="store_true", help="also the broad dictionary's route (built once, cached)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--own-from", type=Path, default=None,
+                   help="with --broad: take the own route's rows from this earlier --json run (same --work) and "
+                        "measure only the broad route")
     return p.parse_args(argv)
 
 
@@ -81,9 +84,11 @@ def cbm_row(result, seconds: float) -> dict:
             "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary")}
 
 
-def measure(name: str, args, broad: Path | None) -> dict:
+def measure(name: str, args, broad: Path | None, own: dict | None = None) -> dict:
     store = task_store(name, args.work)
     run = args.work / "runs" / name
+    if own is not None:
+        return {**own, **broad_row(store, run, broad)}
     sae, t_train = timed(cd.train, store=[store], hookpoint=[HOOKPOINT], out=run / "sae", overwrite=True, **FLAGS)
     _, t_name = timed(cd.name, run / "sae", vocab=VOCAB, out=run / "concepts", overwrite=True)
     own, t_cbm = timed(cd.cbm, run / "concepts", label_column="label", out=run / "cbm", overwrite=True)
@@ -94,11 +99,15 @@ def measure(name: str, args, broad: Path | None) -> dict:
            "n_test": labels["n_test"], "steps": summary["steps"], "upper_bound": summary["resolved"]["total_steps"],
            "stop_fired_at": stop.get("fired_at"), "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"),
            "train_seconds": t_train, "name_seconds": t_name, "own": cbm_row(own, t_cbm)}
-    if broad is not None:
-        res, t = timed(cd.cbm, broad, dataset=str(store), label_column="label", out=run / "cbm-broad",
-                       overwrite=True)
-        row["broad"] = cbm_row(res, t)
-    return row
+    return {**row, **broad_row(store, run, broad)}
+
+
+def broad_row(store: Path, run: Path, broad: Path | None) -> dict:
+    """``conceptdict cbm BROAD_CONCEPTS --dataset STORE --label-column label``."""
+    if broad is None:
+        return {}
+    res, t = timed(cd.cbm, broad, dataset=str(store), label_column="label", out=run / "cbm-broad", overwrite=True)
+    return {"broad": cbm_row(res, t)}
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -128,8 +137,9 @@ def main(argv=None) -> int:
         broad = built.concepts
         print(f"broad dictionary: {broad} ({built.texts} texts; {t:.0f} s, {'built' if built.built else 'cached'})")
     rows = []
-    for name in args.corpus or DEFAULT_CORPORA:
-        rows.append(measure(name, args, broad))
+    earlier = {r["corpus"]: r for r in json.loads(args.own_from.read_text())["rows"]} if args.own_from else {}
+    for name in args.corpus or (list(earlier) if earlier else DEFAULT_CORPORA):
+        rows.append(measure(name, args, broad, earlier.get(name)))
         print("\n".join(table(rows)[-1:]), flush=True)
     print("\n".join(table(rows)))
     worst = max(max(r["own"]["gap_points"], r.get("broad", {}).get("gap_points", -100)) for r in rows)
