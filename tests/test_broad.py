@@ -98,3 +98,15 @@ def test_the_demos_broad_step_fits_the_task_cbm_on_the_broad_concepts_and_is_ski
     assert done.artifacts["cbm_broad"] == str(tmp_path / "demo" / "cbm_broad")
     assert cbm["meta"]["dict_dir"] == str(cd.broad_dictionary(**broad_settings).concepts)
     assert set(cbm["classes"]) == {"animals", "food", "weather"} and "240 docstrings" in done.summary[0]
+
+
+def test_broad_docstrings_is_a_dataset_cache_reads_keyed_by_the_installed_packages(monkeypatch):
+    from conceptdict.activations import broad
+    from conceptdict.activations.data import describe_dataset, iter_records
+
+    monkeypatch.setattr(broad, "broad_texts", lambda: [{"text": "one text", "source": "stdlib", "package": "os"}])
+    assert list(iter_records("broad-docstrings")) == [{"text": "one text", "source": "stdlib", "package": "os"}]
+    desc = describe_dataset("broad-docstrings")
+    assert desc["kind"] == "builtin" and desc["environment"] == broad.environment_key()
+    monkeypatch.setattr(broad.importlib.metadata, "distributions", lambda: [])  # another set of packages
+    assert broad.environment_key() != desc["environment"]
