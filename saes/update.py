@@ -8,20 +8,22 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .adam import Adam
 from .checkpoint import TrainState
 from .comm import LOCAL, Comm, centred_sum_sq
 from .model import SparseCoder
 
 
-def make_optimizer(model: SparseCoder, lr: float) -> torch.optim.Adam:
-    """Adam (betas 0.9, 0.999), fused: the unfused CPU Adam cost ~300 ms against ~80 ms fused per step for
-    2.1M parameters in bench/train_step.py, several encoder matmuls' worth at D=768, L=16384.
+def make_optimizer(model: SparseCoder, lr: float) -> Adam:
+    """Adam (betas 0.9, 0.999), fused (``saes.adam``: torch's fused kernel without torch.optim's start-up cost): the
+    unfused CPU Adam cost ~300 ms against ~80 ms fused per step for 2.1M parameters in bench/train_step.py, several
+    encoder matmuls' worth at D=768, L=16384.
 
     It steps each parameter in storage order (``_storage_order``): W_enc is a transposed view of
     latent-major storage, and the fused CPU Adam copies a non-contiguous tensor to a contiguous one and
     back (+45 ms per step at D=768, L=16384); Adam is elementwise, so stepping the contiguous alias is the
     same update. ``apply_update`` points the aliases' gradients at the parameters' before the step."""
-    return torch.optim.Adam([_storage_order(p) for p in model.parameters()], lr=lr, betas=(0.9, 0.999), fused=True)
+    return Adam([_storage_order(p) for p in model.parameters()], lr=lr, betas=(0.9, 0.999))
 
 
 def _storage_order(p: Tensor) -> Tensor:
@@ -31,7 +33,7 @@ def _storage_order(p: Tensor) -> Tensor:
     return p.detach().t()
 
 
-def _link_grads(model: SparseCoder, opt: torch.optim.Optimizer) -> None:
+def _link_grads(model: SparseCoder, opt: Adam) -> None:
     """Give the optimizer's storage-order aliases (``make_optimizer``) their parameters' gradients."""
     params = [q for group in opt.param_groups for q in group["params"]]
     for p, q in zip(model.parameters(), params):
@@ -63,7 +65,7 @@ def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: s
     return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
 
 
-def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
+def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_clip: float,
                  comm: Comm = LOCAL) -> None:
     """Backpropagate ``loss`` (a parameter it does not reach gets a zero gradient), sum the gradients over
     processes, remove the decoder-gradient component parallel to each row, clip, take the Adam step at ``lr`` and
