@@ -70,8 +70,8 @@ def _above_bound(z: Tensor, lower: Tensor, m: int) -> tuple[Tensor, Tensor]:
     C = int(count.max())
     if C > m:
         return _support(z, m if m < z.shape[1] // 4 else z.shape[1])
-    rows, cols = above.nonzero(as_tuple=True)
-    pos = above.cumsum(dim=1)[rows, cols] - 1
+    rows, cols = above.nonzero(as_tuple=True)  # row by row, columns increasing
+    pos = torch.arange(rows.shape[0], device=z.device) - (count.cumsum(dim=0) - count)[rows]
     cand = torch.zeros(z.shape[0], C, dtype=torch.long, device=z.device)
     cand[rows, pos] = cols
     vals = z.gather(1, cand).masked_fill(torch.arange(C, device=z.device) >= count[:, None], float("-inf"))
