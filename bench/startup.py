@@ -20,7 +20,9 @@ Phases (seconds):
   => after_last_step
 
 ``--big-rows N`` also times a store of N random rows (D 384, the demo's width) with ``--tokens`` set to a few
-steps, to show which start-up costs grow with the store. Without ``--store`` a random store of the demo's
+steps, to show which start-up costs grow with the store, and the same with ``--no-verify`` (no sha256 of the
+shards, which every process checks once before reading a shard: the signal check and the shuffled first buffer
+read from every shard). Without ``--store`` a random store of the demo's
 shape (2,196 rows x 384) is imported to a temporary directory: the timings depend on shapes, not values.
 
     python bench/startup.py --store /tmp/w/demo/store --repeat 3 --big-rows 1000000 --json startup.json
@@ -149,7 +151,10 @@ def main(argv=None) -> int:
         results = {"demo": measure(store, work, "demo", args.repeat, [])}
         if args.big_rows:
             big = random_store(work, args.big_rows)
-            results[f"{args.big_rows}_rows"] = measure(big, work, "big", args.repeat, ["--tokens", str(20 * 4096)])
+            short = ["--tokens", str(20 * 4096)]
+            results[f"{args.big_rows}_rows"] = measure(big, work, "big", args.repeat, short)
+            # the same without the sha256 of every shard (the first buffer reads from all of them)
+            results[f"{args.big_rows}_no_verify"] = measure(big, work, "big-nv", args.repeat, [*short, "--no-verify"])
     keys = list(results["demo"])
     print(f"{'phase (s, median of ' + str(args.repeat) + ')':<28}" + "".join(f"{k:>16}" for k in results))
     for key in keys:
