@@ -128,7 +128,13 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
     if cfg.d_in is not None and cfg.d_in != D:
         raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
                          f"or drop --d-in")
-    if kind_spec(cfg.kind).transcodes:
+    spec = kind_spec(cfg.kind)
+    if spec.layered:
+        if S < 2 or S % 2:
+            raise ValueError(f"a {cfg.kind} needs each layer's MLP input and output, the inputs first; {source} "
+                             f"gives {S} source(s): pass --hookpoint IN_0 .. IN_N --hookpoint OUT_0 .. OUT_N")
+        S //= 2  # the layers
+    elif spec.transcodes:
         if S != 2:
             raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
                              f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")

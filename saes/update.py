@@ -79,6 +79,9 @@ def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, l
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     comm.reduce_grads(model)
+    mask = model.decoder_mask()
+    if mask is not None:  # a cross-layer transcoder's decoder entries to earlier layers stay zero (AuxK reaches them)
+        model.W_dec.grad.mul_(mask)
     unit = model.spec.unit_decoder
     if unit:
         model.remove_parallel_decoder_grad()

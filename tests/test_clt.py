@@ -1,0 +1,198 @@
+"""Cross-layer transcoders (kind ``clt``): shapes, the causal decoder mask, the sparse step against a dense reference,
+training through the one loop, exact resume, the artifact round trip."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from conceptdict.saes import KINDS, SparseCoder, TrainConfig, evaluate, load_dictionary, train
+from conceptdict.saes.comm import local_inputs
+from generators.synthetic import SyntheticSpec, synthetic_batch
+from crashing import Crash, crashing
+
+S, D = 3, 12
+SPEC = SyntheticSpec(n_atoms=48, d=D, active=3, batch_size=64, n_batches=16, seed=5)
+IMPLS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                                                   reason="no numba"))]
+
+
+def _maps():
+    g = torch.Generator().manual_seed(21)
+    return {(l, m): (torch.randn(D, 24, generator=g), torch.randn(24, D, generator=g) * 0.5)
+            for m in range(S) for l in range(m + 1)}
+
+
+MAPS = _maps()
+
+
+def layer_batches(start: int = 0, n: int = SPEC.n_batches, scale: float = 1.0):
+    """[B, 2S, D]: S layers' MLP inputs then outputs, where layer m's output sums sparse nonlinear maps of the inputs of
+    layers l <= m (what a CLT represents and a per-layer transcoder cannot); deterministic per batch (seekable)."""
+    for i in range(start, n):
+        xs = [synthetic_batch(SPEC, i * S + l) * scale for l in range(S)]
+        ys = [sum(torch.relu(xs[l] @ MAPS[l, m][0] - 1.5) @ MAPS[l, m][1] for l in range(m + 1)) for m in range(S)]
+        yield torch.stack(xs + ys, dim=1)
+
+
+def _cfg(**kw):
+    base = dict(latents=3 * 32, k=3, kind="clt", eval_batches=2, log_every=2, checkpoint_every=3, device="cpu",
+                init_rows=64, kernel_impl="reference")
+    return TrainConfig(**(base | kw))
+
+
+def _random_model(impl: str, masked: bool = True) -> SparseCoder:
+    g = torch.Generator().manual_seed(0)
+    m = SparseCoder(D, S * 16, 4, "clt", n_sources=S, kernel_impl=impl)
+    m.reset_parameters(generator=g)
+    assert not m.W_dec.any()  # a transcoder's decoder starts at zero
+    with torch.no_grad():
+        w = torch.randn(S * 16, S * D, generator=g)
+        m.W_dec.copy_(w * m.decoder_mask() if masked else w)
+        m.b_enc.copy_(torch.randn(S * 16, generator=g) * 0.1)
+        m.b_dec.copy_(torch.randn(S * D, generator=g))
+    return m
+
+
+@pytest.mark.unit
+def test_shapes_and_the_mask():
+    m = _random_model("reference")
+    assert tuple(m.W_enc.shape) == (D, S * 16) and tuple(m.W_dec.shape) == (S * 16, S * D)
+    assert m.data_sources == 2 * S
+    mask = m.decoder_mask()
+    assert mask.sum() == 16 * D * (S + (S - 1) + 1)  # layer l's 16 latents reach S - l layers
+    assert mask[0].all() and not mask[-1, : (S - 1) * D].any() and mask[-1, (S - 1) * D:].all()
+    with torch.no_grad():
+        m.b_enc.fill_(10.0)  # every pre-activation positive: TopK keeps exactly k of each layer's latents
+    assert m.encode(torch.randn(5, S, D)).view(5, S, 16).ne(0).sum(2).eq(4).all()
+    with pytest.raises(ValueError, match="not a multiple"):
+        SparseCoder(D, 50, 4, "clt", n_sources=S)
+    with pytest.raises(ValueError, match="per layer"):
+        SparseCoder(D, S * 4, 4, "clt", n_sources=S)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_layer_m_ignores_the_layers_after_it(impl):
+    """Changing the inputs of layers > m leaves layer m's reconstruction as it was, in training and inference, even
+    with non-zero decoder entries from later layers' latents to layer m (the forward reads only its triangle)."""
+    m = _random_model(impl, masked=False)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, S * D, generator=g)
+    for layer in range(S - 1):
+        x2 = x.clone()
+        x2[:, (layer + 1) * D:] += torch.randn(9, (S - layer - 1) * D, generator=g)
+        keep = slice(0, (layer + 1) * D)
+        for run in (lambda z: KINDS["clt"].train_forward(m, z, local_inputs(z)).x_hat,):
+            a, b = run(x), run(x2)
+            torch.testing.assert_close(a[:, keep], b[:, keep])
+            assert not torch.allclose(a[:, keep.stop:], b[:, keep.stop:])
+    m = _random_model(impl)
+    for layer in range(S - 1):
+        x2 = x.clone()
+        x2[:, (layer + 1) * D:] += 1.0
+        keep = slice(0, (layer + 1) * D)
+        torch.testing.assert_close(m(x.view(9, S, D)).reshape(9, -1)[:, keep], m(x2.view(9, S, D)).reshape(9, -1)[:, keep])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_the_sparse_step_equals_the_dense_reference(impl):
+    """x_hat and every gradient (main code and AuxK code) of the clt step equal a dense computation: per layer TopK of
+    relu(x_l W_enc^l + b_enc^l), then codes @ (W_dec * mask) + b_dec."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(37, S * D, generator=g), torch.randn(37, S * D, generator=g)
+    dead = torch.zeros(S * 16, dtype=torch.bool)
+    dead[::3] = True
+    m = _random_model(impl)
+    out = KINDS["clt"].train_forward(m, x, local_inputs(y, dead=dead, k_aux=2))
+    aux_hat = out.aux.values.unsqueeze(-1).mul(m.W_dec[out.aux.indices]).sum(1)
+    ((y - out.x_hat).pow(2).sum() + (y - out.x_hat.detach() - aux_hat).pow(2).sum()).backward()
+    m.W_dec.grad.mul_(m.decoder_mask())  # as saes.update.apply_update does: AuxK's decode reads the whole W_dec
+    got = [out.x_hat.detach()] + [p.grad.clone() for p in m.parameters()]
+
+    ref = _random_model("reference")
+    W_enc, b_enc = ref.W_enc, ref.b_enc
+    codes, aux_codes = [], []
+    for l in range(S):
+        lat = slice(l * 16, (l + 1) * 16)
+        pre = torch.relu(x[:, l * D:(l + 1) * D] @ W_enc[:, lat] + b_enc[lat])
+        top = pre.topk(4, dim=1)
+        codes.append(torch.zeros_like(pre).scatter(1, top.indices, top.values))
+        dead_pre = pre.masked_fill(~dead[lat], 0)
+        top = dead_pre.topk(2, dim=1)
+        aux_codes.append(torch.zeros_like(pre).scatter(1, top.indices, top.values))
+    W = ref.W_dec * ref.decoder_mask()
+    x_hat = torch.cat(codes, 1) @ W + ref.b_dec
+    aux_hat = torch.cat(aux_codes, 1) @ W
+    ((y - x_hat).pow(2).sum() + (y - x_hat.detach() - aux_hat).pow(2).sum()).backward()
+    want = [x_hat.detach()] + [p.grad for p in ref.parameters()]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    dense = torch.cat(codes, 1)
+    assert float(out.l0) == pytest.approx(float(dense.ne(0).sum(1).float().mean())) and out.fired.sum() == torch.cat(codes, 1).ne(0).any(0).sum()
+
+
+@pytest.mark.unit
+def test_training_lowers_fvu_and_keeps_the_mask(tmp_path):
+    """Through the one loop (AuxK on: every latent starts dead): held-out FVU well below the b_dec-only 1, each layer's
+    FVU below 1, and the decoder entries to earlier layers still exactly zero after the AuxK steps touched them."""
+    batches = list(layer_batches(n=40, scale=30.0))
+    model = train(_cfg(dead_tokens=64), batches, out=tmp_path,
+                  meta={"hookpoints": [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(S)]})
+    held = json.loads((tmp_path / "config.json").read_text())["training"]["heldout_eval"]
+    assert held["fvu"] < 0.7 and len(held["per_source_fvu"]) == S and max(held["per_source_fvu"]) < 0.8
+    assert not model.W_dec.masked_select(~model.decoder_mask()).any()
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["fvu"] < metrics[0]["fvu"] and max(m["aux"] for m in metrics) > 0
+
+
+@pytest.mark.unit
+def test_artifact_round_trip_in_raw_units(tmp_path):
+    """Trained on raw scales (inputs x30), saved and loaded: the same tensors, and the loaded CLT maps raw inputs to
+    raw outputs with the held-out FVU training recorded."""
+    batches = list(layer_batches(scale=30.0))
+    model = train(_cfg(), batches, out=tmp_path)
+    loaded = load_dictionary(tmp_path)
+    assert loaded.kind == "clt" and loaded.n_sources == S and loaded.n_latents == 3 * 32
+    for name, t in model.state_dict().items():  # norm_scale is saved only by the row-relative kinds
+        assert name == "norm_scale" or torch.equal(loaded.state_dict()[name], t), name
+    result = evaluate(loaded, batches[:2])
+    held = json.loads((tmp_path / "config.json").read_text())["training"]["heldout_eval"]
+    assert result.fvu == pytest.approx(held["fvu"], rel=1e-6)
+    rows = torch.cat(batches[:2])
+    y = rows[:, S:].reshape(len(rows), -1)
+    err = (loaded(rows[:, :S]).reshape(len(rows), -1) - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+    assert float(err) == pytest.approx(result.fvu, rel=1e-4)
+
+
+@pytest.mark.unit
+def test_loading_refuses_decoder_entries_to_earlier_layers(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    train(_cfg(), list(layer_batches()), out=tmp_path)
+    t = load_file(tmp_path / "weights.safetensors")
+    t["W_dec"][0, -1, 0] = 1.0  # target layer 0 from a latent of the last layer
+    save_file(t, tmp_path / "weights.safetensors")
+    with pytest.raises(ValueError, match="to a layer before its own"):
+        load_dictionary(tmp_path)
+
+
+@pytest.mark.unit
+def test_resume_gives_bit_identical_weights(tmp_path):
+    cfg = _cfg(dead_tokens=64)
+    full = train(cfg, layer_batches, out=tmp_path / "full")
+    with pytest.raises(Crash):
+        train(cfg, crashing(layer_batches, 10), out=tmp_path / "cut")
+    resumed = train(cfg, layer_batches, out=tmp_path / "cut", resume=True)
+    for name, t in full.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], t), name
+
+
+@pytest.mark.unit
+def test_a_clt_needs_inputs_and_outputs():
+    with pytest.raises(ValueError, match="needs each layer's MLP input and output"):
+        train(_cfg(), [b[:, :3] for b in layer_batches()])
