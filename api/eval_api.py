@@ -11,13 +11,15 @@ from typing import Any, NamedTuple
 import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
 from conceptdict.saes import evaluate as evaluate_rows
-from conceptdict.saes import config_file, format_table, threshold_line, with_splice_scores
+from conceptdict.saes import config_file, format_table, kind_spec, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
+from conceptdict.saes.replacement import clt_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
 
@@ -97,7 +99,8 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
     batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
     result = evaluate_rows(model, batches)
     result = splice_scores(result, model, store, hookpoints, cfg)
-    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 else None
+    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 and \
+        model.spec.sources == "several" else None
     if cfg.out is None and str(sae_dir).startswith("hf:"):
         raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
     out = cfg.out or Path(sae_dir) / "eval.json"
@@ -118,7 +121,7 @@ def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
     list of its stores (:func:`crosscoder_sources`)."""
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
-    if model.n_sources != 1:
+    if model.n_sources != 1 and not model.spec.transcodes:
         return (model, *crosscoder_sources(sae_dir, config, model, cfg))
     if cfg.store_b is not None:
         raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads one source; drop --store-b")
@@ -181,11 +184,14 @@ def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfi
 
 
 def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> list[str]:
-    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output)."""
+    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output); a cross-layer
+    transcoder's S inputs then S outputs."""
     pair = list(config.get("hookpoints") or [])
-    if len(pair) != 2:
-        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a transcoder needs [input, output]")
-    if cfg.hookpoint and cfg.hookpoint != pair[1]:
+    n = 2 * int(config.get("n_sources") or 1)
+    if len(pair) != n:
+        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a {config.get('kind')} needs "
+                         f"{'[input, output]' if n == 2 else f'{n // 2} MLP inputs then their {n // 2} outputs'}")
+    if cfg.hookpoint and (n > 2 or cfg.hookpoint != pair[1]):
         raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a transcoder from {pair[0]} to {pair[1]}; "
                          f"drop --hookpoint")
     missing = [h for h in pair if h not in store.hookpoints]
@@ -231,7 +237,7 @@ def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dic
 def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
     """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
-    if sae.n_sources > 1:  # a crosscoder's output spans several models or layers: nothing to splice into one
+    if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
         return result
     name = cfg.model or causal_lm_source(store)
     if name is None or cfg.contexts == 0 or store.level != "token":
@@ -239,6 +245,10 @@ def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[
     lm = load_model(name, device=cfg.device)
     bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
     ids, mask = rebuild_contexts(store, cfg.contexts, bos, pad)
+    if sae.spec.layered:  # a cross-layer transcoder replaces every MLP it covers at once
+        S = sae.n_sources
+        return replacement_scores(result, lm, clt_replacement(sae), list(zip(hookpoints[:S], hookpoints[S:])), ids,
+                                  mask)
 
     def swap(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -248,6 +258,16 @@ def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[
                             source=hookpoints[0] if len(hookpoints) > 1 else None)
     return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
                               losses.kl_replaced)
+
+
+def replacement_scores(result: EvalResult, lm, replacement, layers: list[tuple[str, str]], ids, mask) -> EvalResult:
+    """``result`` with the replacement model's CE loss recovered / KL score (every MLP in ``layers`` replaced at once,
+    errors not kept) and, in ``splice``, the error-kept forward's CE, KL and largest logit difference from clean."""
+    losses = replacement_losses(lm, layers, ids, replacement.encode, replacement.decode, attention_mask=mask)
+    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
+                              losses.kl_replaced, ce_with_errors=losses.ce_with_errors,
+                              kl_with_errors=losses.kl_with_errors,
+                              max_logit_diff_with_errors=losses.max_logit_diff_with_errors)
 
 
 # --------------------------------------------------------------------------- compare
@@ -343,8 +363,10 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
 
 
 def _reads_several(path) -> bool:
-    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1)."""
-    return int(load_dictionary_config(path).get("n_sources") or 1) > 1
+    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1, not a cross-layer
+    transcoder's layers)."""
+    config = load_dictionary_config(path)
+    return int(config.get("n_sources") or 1) > 1 and not kind_spec(config.get("kind", "topk")).transcodes
 
 
 def _labels(paths: list[Path]) -> list[str]:

@@ -67,13 +67,19 @@ class EvalResult:
     kl_score: float | None = None
     """(KL_zero - KL_sae) / KL_zero when spliced into a language model, else None."""
     splice: dict[str, float] | None = None
-    """The raw spliced losses (ce_clean, ce_zero, ce_replaced, kl_zero, kl_replaced) when measured."""
+    """The raw spliced losses (ce_clean, ce_zero, ce_replaced, kl_zero, kl_replaced) when measured; a replacement
+    model's (every MLP replaced at once) also ce_with_errors, kl_with_errors, max_logit_diff_with_errors."""
+    per_layer_l0: tuple[float, ...] = ()
+    """A cross-layer transcoder's mean L0 of each layer's latents (empty for other kinds)."""
+    per_layer_dead: tuple[float, ...] = ()
+    """A cross-layer transcoder's fraction of dead latents in each layer (empty for other kinds)."""
 
     def to_dict(self, with_density: bool = False) -> dict[str, Any]:
         """JSON-able dict; per-latent density only when asked."""
         out = asdict(self)
         out["per_source_fvu"] = list(self.per_source_fvu)
         out["density_histogram"] = list(self.density_histogram)
+        out["per_layer_l0"], out["per_layer_dead"] = list(self.per_layer_l0), list(self.per_layer_dead)
         if with_density:
             out["density"] = list(self.density)
         else:
@@ -145,6 +151,7 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
     mean_sq_elem = mean_sq_tok / (s.S * s.D)  # mean of x^2 over every element
     density = (s.fires / s.n).float()
     fvu = _ratio(err, var)
+    layers = density.view(s.S, -1) if model.spec.layered else density[:0].view(0, 1)  # [S, L/S]: each layer's
     return EvalResult(
         n_tokens=s.n,
         l0=float(s.l0) / s.n,
@@ -163,6 +170,8 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
         k=model.k,
         n_latents=model.n_latents,
         density=tuple(density.tolist()),
+        per_layer_l0=tuple(layers.sum(1).tolist()),
+        per_layer_dead=tuple((layers == 0).float().mean(1).tolist()),
     )
 
 
@@ -198,12 +207,13 @@ def kl_score(kl_zero: float, kl_sae: float) -> float:
 
 
 def with_splice_scores(result: EvalResult, ce_clean: float, ce_zero: float, ce_replaced: float,
-                       kl_zero: float, kl_replaced: float) -> EvalResult:
-    """``result`` with CE-loss-recovered and KL score filled from spliced losses (a SpliceLosses' numbers)."""
+                       kl_zero: float, kl_replaced: float, **more: float) -> EvalResult:
+    """``result`` with CE-loss-recovered and KL score filled from spliced losses (a SpliceLosses' numbers; ``more``:
+    further raw numbers kept in ``splice``, e.g. a replacement model's error-kept losses)."""
     import dataclasses
 
     raw = {"ce_clean": ce_clean, "ce_zero": ce_zero, "ce_replaced": ce_replaced,
-           "kl_zero": kl_zero, "kl_replaced": kl_replaced}
+           "kl_zero": kl_zero, "kl_replaced": kl_replaced, **more}
     return dataclasses.replace(result, ce_loss_recovered=ce_loss_recovered(ce_clean, ce_zero, ce_replaced),
                                kl_score=kl_score(kl_zero, kl_replaced), splice=raw)
 
@@ -234,8 +244,15 @@ def format_table(result: EvalResult) -> str:
         if value is None:
             continue
         rows.append((label, f"{value:.6g}" if isinstance(value, float) else str(value)))
-    if len(result.per_source_fvu) > 1:
+    if result.per_layer_l0:  # a cross-layer transcoder: its sources are layers
+        rows += [(f"layer {i}", f"FVU {v:.6g} | L0 {l0:.4g} | dead {d:.4g}") for i, (v, l0, d) in
+                 enumerate(zip(result.per_source_fvu, result.per_layer_l0, result.per_layer_dead))]
+    elif len(result.per_source_fvu) > 1:
         rows += [(f"FVU source {i}", f"{v:.6g}") for i, v in enumerate(result.per_source_fvu)]
+    if (result.splice or {}).get("max_logit_diff_with_errors") is not None:
+        sp = result.splice
+        rows.append(("replacement with error nodes", f"CE {sp['ce_with_errors']:.6g} (clean {sp['ce_clean']:.6g}), "
+                     f"KL {sp['kl_with_errors']:.3g}, max |logit - clean| {sp['max_logit_diff_with_errors']:.3g}"))
     rows.append(("density histogram", " ".join(map(str, result.density_histogram))))
     width = max(len(label) for label, _ in rows)
     note = ce_recovered_caveat(result)

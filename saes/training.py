@@ -46,7 +46,7 @@ from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .model import SparseCoder, kind_spec
 from . import stopping
-from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
+from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
     with torch.no_grad():
         out = model.spec.train_forward(model, last_x, StepInputs(stats=batch_stats(last_x, comm), comm=comm,
                                                                   settings=run.settings))
-        update_threshold(model, float(out.smallest), 0.0, st)
+        update_threshold(model, as_threshold(model, out.smallest), 0.0, st)
 
 
 def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,

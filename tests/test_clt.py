@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conceptdict.saes import KINDS, SparseCoder, TrainConfig, evaluate, load_dictionary, train
+from conceptdict.saes import KINDS, SparseCoder, evaluate, load_dictionary, train, train_config
 from conceptdict.saes.comm import local_inputs
 from generators.synthetic import SyntheticSpec, synthetic_batch
 from crashing import Crash, crashing
@@ -41,12 +41,15 @@ def layer_batches(start: int = 0, n: int = SPEC.n_batches, scale: float = 1.0):
 def _cfg(**kw):
     base = dict(latents=3 * 32, k=3, kind="clt", eval_batches=2, log_every=2, checkpoint_every=3, device="cpu",
                 init_rows=64, kernel_impl="reference")
-    return TrainConfig(**(base | kw))
+    return train_config(**(base | kw))
 
 
-def _random_model(impl: str, masked: bool = True) -> SparseCoder:
+KINDS_HERE = ("clt", "clt-batchtopk")
+
+
+def _random_model(impl: str, masked: bool = True, kind: str = "clt") -> SparseCoder:
     g = torch.Generator().manual_seed(0)
-    m = SparseCoder(D, S * 16, 4, "clt", n_sources=S, kernel_impl=impl)
+    m = SparseCoder(D, S * 16, 4, kind, n_sources=S, kernel_impl=impl)
     m.reset_parameters(generator=g)
     assert not m.W_dec.any()  # a transcoder's decoder starts at zero
     with torch.no_grad():
@@ -99,29 +102,37 @@ def test_layer_m_ignores_the_layers_after_it(impl):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("kind", KINDS_HERE)
 @pytest.mark.parametrize("impl", ["reference", *IMPLS])
-def test_the_sparse_step_equals_the_dense_reference(impl):
-    """x_hat and every gradient (main code and AuxK code) of the clt step equal a dense computation: per layer TopK of
-    relu(x_l W_enc^l + b_enc^l), then codes @ (W_dec * mask) + b_dec."""
+def test_the_sparse_step_equals_the_dense_reference(impl, kind):
+    """x_hat and every gradient (main code and AuxK code) of the clt step equal a dense computation: per layer TopK per
+    row (clt) or the top k*B entries of the batch (clt-batchtopk) of relu(x_l W_enc^l + b_enc^l), then
+    codes @ (W_dec * mask) + b_dec; clt-batchtopk's threshold estimate is each layer's smallest kept value."""
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(37, S * D, generator=g), torch.randn(37, S * D, generator=g)
+    B = 37
+    x, y = torch.randn(B, S * D, generator=g), torch.randn(B, S * D, generator=g)
     dead = torch.zeros(S * 16, dtype=torch.bool)
     dead[::3] = True
-    m = _random_model(impl)
-    out = KINDS["clt"].train_forward(m, x, local_inputs(y, dead=dead, k_aux=2))
+    m = _random_model(impl, kind=kind)
+    out = KINDS[kind].train_forward(m, x, local_inputs(y, dead=dead, k_aux=2))
     aux_hat = out.aux.values.unsqueeze(-1).mul(m.W_dec[out.aux.indices]).sum(1)
     ((y - out.x_hat).pow(2).sum() + (y - out.x_hat.detach() - aux_hat).pow(2).sum()).backward()
     m.W_dec.grad.mul_(m.decoder_mask())  # as saes.update.apply_update does: AuxK's decode reads the whole W_dec
     got = [out.x_hat.detach()] + [p.grad.clone() for p in m.parameters()]
 
-    ref = _random_model("reference")
+    ref = _random_model("reference", kind=kind)
     W_enc, b_enc = ref.W_enc, ref.b_enc
-    codes, aux_codes = [], []
+    codes, aux_codes, smallest = [], [], []
     for l in range(S):
         lat = slice(l * 16, (l + 1) * 16)
         pre = torch.relu(x[:, l * D:(l + 1) * D] @ W_enc[:, lat] + b_enc[lat])
-        top = pre.topk(4, dim=1)
-        codes.append(torch.zeros_like(pre).scatter(1, top.indices, top.values))
+        if kind == "clt":
+            top = pre.topk(4, dim=1)
+            codes.append(torch.zeros_like(pre).scatter(1, top.indices, top.values))
+        else:
+            top = pre.flatten().topk(4 * B)
+            codes.append(torch.zeros_like(pre).flatten().scatter(0, top.indices, top.values).view_as(pre))
+            smallest.append(top.values.min().detach())
         dead_pre = pre.masked_fill(~dead[lat], 0)
         top = dead_pre.topk(2, dim=1)
         aux_codes.append(torch.zeros_like(pre).scatter(1, top.indices, top.values))
@@ -133,7 +144,29 @@ def test_the_sparse_step_equals_the_dense_reference(impl):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     dense = torch.cat(codes, 1)
-    assert float(out.l0) == pytest.approx(float(dense.ne(0).sum(1).float().mean())) and out.fired.sum() == torch.cat(codes, 1).ne(0).any(0).sum()
+    assert float(out.l0) == pytest.approx(float(dense.ne(0).sum(1).float().mean()))
+    assert out.fired.equal(dense.ne(0).any(0))
+    if kind == "clt-batchtopk":
+        torch.testing.assert_close(out.smallest, torch.stack(smallest).repeat_interleave(16))
+    else:
+        assert out.smallest is None
+
+
+@pytest.mark.unit
+def test_clt_batchtopk_calibrates_one_threshold_per_layer(tmp_path):
+    """BatchTopK per layer trained, then JumpReLU inference with each layer's threshold calibrated on unseen rows:
+    the thresholds differ by layer and each layer's mean L0 on the calibration rows is k."""
+    batches = list(layer_batches(scale=30.0))
+    model = train(_cfg(kind="clt-batchtopk", calibration_batches=2, threshold_start_step=2), batches, out=tmp_path)
+    info = model.training_summary["threshold"]
+    assert len(info["per_layer"]) == S and len(set(info["per_layer"])) == S and info["calibrated_on_rows"] == 128
+    P = model.n_latents // S
+    assert model.threshold.view(S, P).eq(torch.tensor(info["per_layer"])[:, None]).all()
+    calibration = torch.cat(batches[2:4])  # the batches after the held-out ones
+    f = model.encode(calibration[:, :S]).view(len(calibration), S, P)
+    assert f.ne(0).sum(2).float().mean(0).tolist() == pytest.approx([model.k] * S, abs=0.05)
+    loaded = load_dictionary(tmp_path)
+    assert loaded.threshold.equal(model.threshold)
 
 
 @pytest.mark.unit
@@ -165,7 +198,7 @@ def test_artifact_round_trip_in_raw_units(tmp_path):
     assert result.fvu == pytest.approx(held["fvu"], rel=1e-6)
     rows = torch.cat(batches[:2])
     y = rows[:, S:].reshape(len(rows), -1)
-    err = (loaded(rows[:, :S]).reshape(len(rows), -1) - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+    err = (loaded(rows[:, :S]).detach().reshape(len(rows), -1) - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
     assert float(err) == pytest.approx(result.fvu, rel=1e-4)
 
 
@@ -182,8 +215,9 @@ def test_loading_refuses_decoder_entries_to_earlier_layers(tmp_path):
 
 
 @pytest.mark.unit
-def test_resume_gives_bit_identical_weights(tmp_path):
-    cfg = _cfg(dead_tokens=64)
+@pytest.mark.parametrize("kind", KINDS_HERE)
+def test_resume_gives_bit_identical_weights(tmp_path, kind):
+    cfg = _cfg(kind=kind, dead_tokens=64)
     full = train(cfg, layer_batches, out=tmp_path / "full")
     with pytest.raises(Crash):
         train(cfg, crashing(layer_batches, 10), out=tmp_path / "cut")
@@ -196,3 +230,34 @@ def test_resume_gives_bit_identical_weights(tmp_path):
 def test_a_clt_needs_inputs_and_outputs():
     with pytest.raises(ValueError, match="needs each layer's MLP input and output"):
         train(_cfg(), [b[:, :3] for b in layer_batches()])
+
+
+MLP = [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(2)]  # the tiny LM's 2 MLPs: inputs, outputs
+
+
+@pytest.mark.integration
+def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir):
+    """`train --kind clt` on both MLPs of the 2-layer tiny LM, then `eval --model`: every MLP replaced at once. With the
+    error nodes kept the spliced model gives the clean logits (to float tolerance: the splice reads each layer's input
+    and writes its output where the clean model does); without them, CE loss recovered and KL score of the
+    replacement model; per-layer FVU / L0 / dead."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+    from conceptdict.cli.main import main
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    out = tmp_path / "clt"
+    assert main(["train", "--kind", "clt", "--out", str(out), "--store", str(store), "--batch-size", "64",
+                 "--eval-batches", "2", "--log-every", "50", "--latents", "128", "--k", "4", "--kernel-impl",
+                 "reference", *[a for h in MLP for a in ("--hookpoint", h)]]) == 0
+    ev = cd.evaluate(out, model=str(tiny_lm_dir), contexts=4)
+    m, sp = ev.metrics, ev.metrics.splice
+    assert ev.hookpoints == MLP and len(m.per_source_fvu) == 2 and len(m.per_layer_l0) == 2
+    assert m.per_layer_l0 == pytest.approx((4.0, 4.0)) and len(m.per_layer_dead) == 2
+    assert sp["max_logit_diff_with_errors"] < 1e-4 and sp["ce_with_errors"] == pytest.approx(sp["ce_clean"], abs=1e-5)
+    assert sp["kl_with_errors"] < 1e-8 and sp["kl_replaced"] > sp["kl_with_errors"]
+    assert sp["ce_zero"] != sp["ce_clean"] and m.ce_loss_recovered is not None and m.kl_score is not None
+    record = json.loads((out / "eval.json").read_text())
+    assert record["metrics"]["splice"]["max_logit_diff_with_errors"] == sp["max_logit_diff_with_errors"]
+    assert "replacement with error nodes" in ev.format() and "layer 1" in ev.format()

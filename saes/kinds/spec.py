@@ -35,7 +35,8 @@ class TrainOutput(NamedTuple):
     l0: Tensor  # 0-dim: mean number of active latents per row (detached)
     sparsity_loss: Tensor | None  # 0-dim term added to the loss (ReLU-L1 and JumpReLU penalties, Matryoshka's
     # prefix reconstructions, SpaDE's distance penalty), None for TopK-style kinds
-    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
+    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None; [L] for a
+    # layered kind (each layer's smallest, over its latents)
     aux: kernels.SparseCode | None  # AuxK code [B, K'] over the dead latents when asked for, else None
 
 
