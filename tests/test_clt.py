@@ -261,3 +261,31 @@ def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir):
     record = json.loads((out / "eval.json").read_text())
     assert record["metrics"]["splice"]["max_logit_diff_with_errors"] == sp["max_logit_diff_with_errors"]
     assert "replacement with error nodes" in ev.format() and "layer 1" in ev.format()
+
+
+@pytest.mark.integration
+def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_dir):
+    """`train --kind transcoder --layers all`: OUT/0 and OUT/1, each reading its own layer's MLP input and output, each
+    equal to the transcoder trained alone on that pair (one read of the store for both); `--layers all` with a clt is
+    one dictionary over both layers; other kinds are refused."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    fast = dict(store=store, latents=32, k=4, batch_size=64, eval_batches=2, log_every=50, kernel_impl="reference")
+    both = cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", **fast)
+    assert sorted(both) == ["0", "1"]
+    for layer in (0, 1):
+        pair = [f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"]
+        config = json.loads((tmp_path / "plt" / str(layer) / "config.json").read_text())
+        assert config["hookpoints"] == pair and config["heldout"]["hookpoints"] == pair
+        alone = cd.train(kind="transcoder", hookpoint=pair, out=tmp_path / f"alone{layer}", **fast)
+        for name, t in alone.state_dict().items():
+            assert torch.equal(both[str(layer)].state_dict()[name], t), (layer, name)
+    clt = cd.train(kind="clt", layers=["0", "1"], out=tmp_path / "clt", **(fast | {"latents": 64}))
+    assert clt.n_sources == 2 and clt.config["hookpoints"] == MLP
+    with pytest.raises(ValueError, match="--layers trains a transcoder per MLP"):
+        cd.train(kind="topk", layers="all", out=tmp_path / "topk", **fast)
+    with pytest.raises(ValueError, match=r"lacks the MLP input/output of layer\(s\) \[5\]"):
+        cd.train(kind="transcoder", layers=["5"], out=tmp_path / "five", **fast)
