@@ -15,11 +15,13 @@ from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
-from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
+from conceptdict.saes import (KINDS, EvalResult, SparseCoder, load_dictionary, load_dictionary_config,
+                              match_hookpoint)
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import config_file, format_table, kind_spec, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
-from conceptdict.saes.replacement import clt_replacement
+from conceptdict.saes.evaluation import combine_layers
+from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
 
@@ -75,7 +77,7 @@ class Evaluation(NamedTuple):
 
     def format(self, source: str | Path = "") -> str:
         where = ", ".join(str(p) for p in self.store) if isinstance(self.store, list) else self.store
-        lines = [f"{self.dictionary.kind} dictionary {source} on {where} [{' -> '.join(self.hookpoints)}], "
+        lines = [f"{self.metrics.kind or self.dictionary.kind} dictionary {source} on {where} [{' -> '.join(self.hookpoints)}], "
                  f"{self.metrics.n_tokens} rows ({self.rows_from}):", format_table(self.metrics)]
         if self.latent_tags is not None:
             lines.append(tags_line(self.latent_tags))
@@ -95,10 +97,20 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
     out by default. Settings are :class:`EvalConfig`'s. Writes ``eval.json`` (``out=``, default DICT/eval.json)."""
     cfg = config_from_dict(EvalConfig, settings, "evaluate")
     sae_dir = Path(dictionary) if not str(dictionary).startswith("hf:") else dictionary
-    model, store, hookpoints = open_on_store(sae_dir, cfg)
-    batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
-    result = evaluate_rows(model, batches)
-    result = splice_scores(result, model, store, hookpoints, cfg)
+    layers = transcoder_set(sae_dir)
+    if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
+        opened = [open_on_store(d, cfg) for d in layers]
+        parts = [evaluate_rows(m, rows_for(d, s, h, cfg)[0]) for d, (m, s, h) in zip(layers, opened)]
+        model, store = opened[0][0], opened[0][1]
+        hookpoints = [h[0] for _, _, h in opened] + [h[1] for _, _, h in opened]
+        rows_from = rows_for(layers[0], store, opened[0][2], cfg)[1]
+        result = set_splice_scores(combine_layers(parts, f"{model.kind} x {len(layers)} layers"),
+                                   [m for m, _, _ in opened], store, hookpoints, cfg)
+    else:
+        model, store, hookpoints = open_on_store(sae_dir, cfg)
+        batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
+        result = evaluate_rows(model, batches)
+        result = splice_scores(result, model, store, hookpoints, cfg)
     tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 and \
         model.spec.sources == "several" else None
     if cfg.out is None and str(sae_dir).startswith("hf:"):
@@ -113,6 +125,39 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
               "threshold": (getattr(model, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")
     return Evaluation(result, model, where, hookpoints, rows_from, out, tags)
+
+
+def transcoder_set(path) -> list[Path]:
+    """The per-layer transcoders in ``path`` (``train --layers``: OUT/LAYER), ordered by layer; [] when ``path`` is a
+    dictionary itself or holds anything else."""
+    if str(path).startswith("hf:") or (Path(path) / "config.json").exists() or not Path(path).is_dir():
+        return []
+    subs = sorted((p for p in Path(path).iterdir() if (p / "config.json").exists() and p.name.isdigit()),
+                  key=lambda p: int(p.name))
+    kinds = {load_dictionary_config(p).get("kind") for p in subs}
+    return subs if subs and all(k in KINDS and kind_spec(k).transcodes and not kind_spec(k).layered
+                                for k in kinds) else []
+
+
+def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
+                      cfg: EvalConfig) -> EvalResult:
+    """:func:`splice_scores` of per-layer transcoders: every MLP replaced at once by its layer's transcoder."""
+    lm_ids = _lm_contexts(store, cfg)
+    if lm_ids is None:
+        return result
+    S = len(models)
+    return replacement_scores(result, *lm_ids[:1], transcoder_replacement(models),
+                              list(zip(hookpoints[:S], hookpoints[S:])), *lm_ids[1:])
+
+
+def _lm_contexts(store, cfg: EvalConfig):
+    """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
+    name = cfg.model or causal_lm_source(store)
+    if name is None or cfg.contexts == 0 or store.level != "token":
+        return None
+    lm = load_model(name, device=cfg.device)
+    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
+    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad))
 
 
 def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
@@ -239,12 +284,10 @@ def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
     if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
         return result
-    name = cfg.model or causal_lm_source(store)
-    if name is None or cfg.contexts == 0 or store.level != "token":
+    lm_ids = _lm_contexts(store, cfg)
+    if lm_ids is None:
         return result
-    lm = load_model(name, device=cfg.device)
-    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
-    ids, mask = rebuild_contexts(store, cfg.contexts, bos, pad)
+    lm, ids, mask = lm_ids
     if sae.spec.layered:  # a cross-layer transcoder replaces every MLP it covers at once
         S = sae.n_sources
         return replacement_scores(result, lm, clt_replacement(sae), list(zip(hookpoints[:S], hookpoints[S:])), ids,

@@ -196,6 +196,30 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
     return _result(model, s)
 
 
+def combine_layers(results: list[EvalResult], kind: str) -> EvalResult:
+    """One result for a set of per-layer transcoders measured layer by layer (a replacement model's): FVU, MSE and
+    dead / dense fractions over every layer's outputs and latents together, L0 the sum of the layers' (the latents a
+    token uses in the whole model), per-layer FVU / L0 / dead; cos_sim, l2_ratio, rel_recon_bias and the SAEBench
+    explained variance are means over the layers."""
+    n = min(r.n_tokens for r in results)
+    err = [r.mse * r.n_tokens for r in results]  # sum ||y - y_hat||^2 / D per layer (every layer has the same D)
+    var = [e / r.fvu if r.fvu else 0.0 for e, r in zip(err, results)]
+    lat = [r.n_latents for r in results]
+    mean = lambda key: sum(getattr(r, key) for r in results) / len(results)  # noqa: E731
+    fvu = _ratio(sum(err), sum(var))
+    return EvalResult(
+        n_tokens=n, l0=sum(r.l0 for r in results), mse=sum(r.mse for r in results) / len(results), fvu=fvu,
+        explained_variance=1.0 - fvu, explained_variance_saebench=mean("explained_variance_saebench"),
+        cos_sim=mean("cos_sim"), l2_ratio=mean("l2_ratio"), rel_recon_bias=mean("rel_recon_bias"),
+        dead_fraction=sum(r.dead_fraction * m for r, m in zip(results, lat)) / sum(lat),
+        dense_fraction=sum(r.dense_fraction * m for r, m in zip(results, lat)) / sum(lat),
+        per_source_fvu=tuple(r.fvu for r in results),
+        density_histogram=tuple(map(sum, zip(*(r.density_histogram for r in results)))),
+        kind=kind, k=sum(r.k for r in results), n_latents=sum(lat),
+        density=tuple(d for r in results for d in r.density),
+        per_layer_l0=tuple(r.l0 for r in results), per_layer_dead=tuple(r.dead_fraction for r in results))
+
+
 def ce_loss_recovered(ce_clean: float, ce_zero: float, ce_sae: float) -> float:
     """(CE_zero - CE_sae) / (CE_zero - CE_clean): 1 = the SAE loses nothing, 0 = as bad as zero-ablation."""
     return _ratio(ce_zero - ce_sae, ce_zero - ce_clean)

@@ -283,6 +283,16 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
         alone = cd.train(kind="transcoder", hookpoint=pair, out=tmp_path / f"alone{layer}", **fast)
         for name, t in alone.state_dict().items():
             assert torch.equal(both[str(layer)].state_dict()[name], t), (layer, name)
+    ev = cd.evaluate(tmp_path / "plt", model=str(tiny_lm_dir), contexts=4)  # the set: both MLPs replaced at once
+    m, sp = ev.metrics, ev.metrics.splice
+    held = [json.loads((tmp_path / "plt" / str(layer) / "config.json").read_text())["training"]["heldout_eval"]
+            for layer in (0, 1)]
+    assert m.kind == "transcoder x 2 layers" and ev.hookpoints == MLP
+    assert m.per_source_fvu == pytest.approx([h["fvu"] for h in held], rel=1e-6)
+    assert m.per_layer_l0 == pytest.approx([h["l0"] for h in held]) and m.l0 == pytest.approx(sum(m.per_layer_l0))
+    assert min(h["fvu"] for h in held) <= m.fvu <= max(h["fvu"] for h in held)
+    assert sp["max_logit_diff_with_errors"] < 1e-4 and sp["kl_with_errors"] < 1e-8 < sp["kl_replaced"]
+    assert (tmp_path / "plt" / "eval.json").exists()
     clt = cd.train(kind="clt", layers=["0", "1"], out=tmp_path / "clt", **(fast | {"latents": 64}))
     assert clt.n_sources == 2 and clt.config["hookpoints"] == MLP
     with pytest.raises(ValueError, match="--layers trains a transcoder per MLP"):
