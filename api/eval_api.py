@@ -15,12 +15,12 @@ from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
-from conceptdict.saes import (KINDS, EvalResult, SparseCoder, load_dictionary, load_dictionary_config,
-                              match_hookpoint)
+from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import config_file, format_table, kind_spec, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.saes.evaluation import combine_layers
+from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
@@ -125,18 +125,6 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
               "threshold": (getattr(model, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")
     return Evaluation(result, model, where, hookpoints, rows_from, out, tags)
-
-
-def transcoder_set(path) -> list[Path]:
-    """The per-layer transcoders in ``path`` (``train --layers``: OUT/LAYER), ordered by layer; [] when ``path`` is a
-    dictionary itself or holds anything else."""
-    if str(path).startswith("hf:") or (Path(path) / "config.json").exists() or not Path(path).is_dir():
-        return []
-    subs = sorted((p for p in Path(path).iterdir() if (p / "config.json").exists() and p.name.isdigit()),
-                  key=lambda p: int(p.name))
-    kinds = {load_dictionary_config(p).get("kind") for p in subs}
-    return subs if subs and all(k in KINDS and kind_spec(k).transcodes and not kind_spec(k).layered
-                                for k in kinds) else []
 
 
 def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],

@@ -299,3 +299,83 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
         cd.train(kind="topk", layers="all", out=tmp_path / "topk", **fast)
     with pytest.raises(ValueError, match=r"lacks the MLP input/output of layer\(s\) \[5\]"):
         cd.train(kind="transcoder", layers=["5"], out=tmp_path / "five", **fast)
+
+
+def _named(kind: str, tmp, **kw):
+    """A 3-layer dictionary trained on layer_batches, recorded at blocks.L.mlp.hook_in / hook_out."""
+    return train(_cfg(kind=kind, calibration_batches=2, threshold_start_step=2, **kw) if kind == "clt-batchtopk"
+                 else _cfg(kind=kind, **kw), list(layer_batches(scale=30.0)), out=tmp,
+                 meta={"hookpoints": [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(S)]})
+
+
+@pytest.mark.unit
+def test_circuit_tracer_clt_round_trip_and_its_formulas(tmp_path):
+    """export --format circuit-tracer of a clt-batchtopk: circuit-tracer's files (W_enc_l [P, D], W_dec_l [P, S-l, D],
+    threshold_l) computed with circuit-tracer's formulas (JumpReLU x * (x > threshold) of x W_enc_l^T + b_enc_l; layer
+    m's output sum_{l<=m} f_l W_dec_l[:, m-l] + b_dec_m) give our codes and reconstructions; reading the folder back
+    gives the same dictionary."""
+    import yaml
+    from safetensors.torch import load_file
+
+    import conceptdict as cd
+
+    model = _named("clt-batchtopk", tmp_path / "clt")
+    where = cd.export(tmp_path / "clt", format="circuit-tracer", out=tmp_path / "ct")
+    config = yaml.safe_load((where / "config.yaml").read_text())
+    assert config["model_kind"] == "cross_layer_transcoder"
+    assert (config["feature_input_hook"], config["feature_output_hook"]) == ("mlp.hook_in", "mlp.hook_out")
+    rows = torch.cat(list(layer_batches(n=2, scale=30.0)))
+    x = rows[:, :S]
+    P = model.n_latents // S
+    enc = [load_file(where / f"W_enc_{l}.safetensors") for l in range(S)]
+    dec = [load_file(where / f"W_dec_{l}.safetensors")[f"W_dec_{l}"] for l in range(S)]
+    assert [tuple(d.shape) for d in dec] == [(P, S - l, D) for l in range(S)]
+    f = []
+    for l in range(S):
+        pre = x[:, l] @ enc[l][f"W_enc_{l}"].T + enc[l][f"b_enc_{l}"]
+        f.append(pre * (pre > enc[l][f"threshold_{l}"]))
+    torch.testing.assert_close(torch.cat(f, 1), model.encode(x).detach(), rtol=1e-5, atol=1e-5)
+    recon = torch.stack([sum(f[l] @ dec[l][:, m - l] for l in range(m + 1)) + enc[m][f"b_dec_{m}"] for m in range(S)], 1)
+    torch.testing.assert_close(recon, model(x).detach(), rtol=1e-4, atol=1e-3)
+    back = cd.load(where)
+    assert back.kind == "clt-batchtopk"
+    for name, t in model.state_dict().items():
+        if name != "norm_scale":
+            torch.testing.assert_close(back.state_dict()[name], t, rtol=0, atol=0, msg=name)
+    assert back.config["hookpoints"] == [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(S)]
+    with pytest.raises(ValueError, match="train --kind clt-batchtopk"):
+        cd.export(_named_dir(tmp_path), format="circuit-tracer", out=tmp_path / "ct2")
+
+
+def _named_dir(tmp):
+    _named("clt", tmp / "topk")
+    return tmp / "topk"
+
+
+@pytest.mark.unit
+def test_circuit_tracer_transcoder_set_round_trip(tmp_path):
+    """A set of per-layer transcoders (OUT/LAYER, as train --layers writes it) exported as circuit-tracer's
+    transcoder_set: layer_l.safetensors each (W_enc [P, D], W_skip applied as x @ W_skip.T, k); each layer file reads
+    back (cd.load DIR/layer_l.safetensors) as the same transcoder with its hookpoints; the folder alone is refused."""
+    import yaml
+
+    import conceptdict as cd
+
+    batches = list(layer_batches(scale=30.0))
+    models = []
+    for l in range(S):
+        pairs = [b[:, [l, S + l]] for b in batches]
+        models.append(train(_cfg(kind="skip-transcoder", latents=32), pairs, out=tmp_path / "set" / str(l),
+                            meta={"hookpoints": [f"blocks.{l}.mlp.hook_in", f"blocks.{l}.mlp.hook_out"]}))
+    where = cd.export(tmp_path / "set", format="circuit-tracer", out=tmp_path / "ct")
+    config = yaml.safe_load((where / "config.yaml").read_text())
+    assert config["model_kind"] == "transcoder_set" and config["activation"] == "topk" and config["k"] == 3
+    for l, m in enumerate(models):
+        back = cd.load(where / f"layer_{l}.safetensors")
+        assert back.kind == "skip-transcoder" and back.config["hookpoints"] == [f"blocks.{l}.mlp.hook_in",
+                                                                                 f"blocks.{l}.mlp.hook_out"]
+        for name, t in m.state_dict().items():
+            if name != "norm_scale":
+                assert torch.equal(back.state_dict()[name], t), (l, name)
+    with pytest.raises(Exception, match="transcoder set of 3 layers"):
+        cd.load(where)
