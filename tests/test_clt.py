@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -379,3 +380,67 @@ def test_circuit_tracer_transcoder_set_round_trip(tmp_path):
                 assert torch.equal(back.state_dict()[name], t), (l, name)
     with pytest.raises(Exception, match="transcoder set of 3 layers"):
         cd.load(where)
+
+
+CT_FIXTURES = Path(__file__).parent / "fixtures" / "circuit_tracer"
+CT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-ct" / "bin" / "python"
+
+
+@pytest.mark.unit
+def test_reads_a_clt_written_by_circuit_tracer():
+    """The fixture circuit-tracer wrote (tests/fixtures/circuit_tracer/make_fixtures.py): read by cd.load as a
+    clt-batchtopk, its codes and reconstructions equal circuit-tracer's own on the same inputs."""
+    from safetensors.torch import load_file
+
+    import conceptdict as cd
+
+    ref = load_file(CT_FIXTURES / "reference.safetensors")
+    model = cd.load(CT_FIXTURES / "clt")
+    assert model.kind == "clt-batchtopk" and model.n_sources == 3 and model.n_latents == 24
+    assert model.config["hookpoints"] == [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(3)]
+    x = ref["x"].transpose(0, 1)  # [layers, N, D] -> [N, layers, D]
+    torch.testing.assert_close(model.encode(x), ref["codes"].transpose(0, 1).reshape(len(x), -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(x), ref["recon"].transpose(0, 1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_circuit_tracer_loads_our_exports(tmp_path):
+    """In the side environment (.venv-ct, see the fixtures script), circuit-tracer's own loaders read our exports: a
+    clt-batchtopk's features and reconstructions equal ours; a transcoder set's pre-activations and decodes (W_skip
+    orientation included) equal ours (circuit-tracer 0.5's set loader applies ReLU/JumpReLU, not TopK)."""
+    import subprocess
+
+    from safetensors.torch import load_file, save_file
+
+    import conceptdict as cd
+
+    if not CT_PYTHON.exists():
+        pytest.skip("no .venv-ct (see tests/fixtures/circuit_tracer/make_fixtures.py for how to make it)")
+    clt = _named("clt-batchtopk", tmp_path / "clt")
+    cd.export(tmp_path / "clt", format="circuit-tracer", out=tmp_path / "clt-ct")
+    rows = torch.cat(list(layer_batches(n=1, scale=30.0)))[:, :S]  # [N, S, D]
+    save_file({"x": rows.transpose(0, 1).contiguous()}, str(tmp_path / "x.safetensors"))
+
+    def run(export):
+        proc = subprocess.run([str(CT_PYTHON), str(CT_FIXTURES / "make_fixtures.py"), "--check", str(export),
+                               str(tmp_path / "x.safetensors"), str(tmp_path / "got.safetensors")],
+                              capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return load_file(tmp_path / "got.safetensors")
+
+    got = run(tmp_path / "clt-ct")
+    torch.testing.assert_close(got["codes"].transpose(0, 1).reshape(len(rows), -1), clt.encode(rows).detach(),
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got["recon"].transpose(0, 1), clt(rows).detach(), rtol=1e-5, atol=1e-3)
+    batches = list(layer_batches(scale=30.0))
+    tcs = [train(_cfg(kind="skip-transcoder", latents=32), [b[:, [l, S + l]] for b in batches],
+                 out=tmp_path / "set" / str(l), meta={"hookpoints": [f"blocks.{l}.mlp.hook_in",
+                                                                     f"blocks.{l}.mlp.hook_out"]}) for l in range(S)]
+    cd.export(tmp_path / "set", format="circuit-tracer", out=tmp_path / "set-ct")
+    got = run(tmp_path / "set-ct")
+    for l, tc in enumerate(tcs):
+        x = rows[:, l]
+        pre = x @ tc.W_enc + tc.b_enc
+        torch.testing.assert_close(got[f"pre/{l}"], pre.detach(), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got[f"decode/{l}"], tc.reconstruct(x, torch.relu(pre)).detach(), rtol=1e-5,
+                                   atol=1e-3)

@@ -9,7 +9,8 @@ A folder with ``config.yaml`` naming ``model_kind`` and the hooks every layer's 
   pre-activation) or ReLU: read as a ``clt-batchtopk`` (its inference rule is JumpReLU with a threshold per
   latent, equal to circuit-tracer's for thresholds >= 0). A ``clt`` (TopK per layer) has no such rule there.
 - ``transcoder_set``: ``layer_{l}.safetensors`` per layer with ``W_enc`` [P, D], ``W_dec`` [P, D], ``b_enc``,
-  ``b_dec``, optional ``W_skip`` (applied as ``x @ W_skip.T``) and ``activation: topk`` + ``k`` in config.yaml
+  ``b_dec``, optional ``W_skip`` (applied as ``x @ W_skip.T``) and ``activation: topk`` + ``k`` in config.yaml (newer
+  circuit-tracer also writes a ``k`` tensor, which it reads; 0.5, on PyPI, refuses that tensor and has no TopK)
   (TopK of the pre-activations: equal to ours, TopK of their ReLU, on rows with at least k positive ones). A set is
   many dictionaries: ``DIR/layer_{l}.safetensors`` names one (every command reads that path); ``DIR`` itself only
   when it holds one layer.
@@ -184,7 +185,7 @@ def write_clt(model: SparseCoder, out: Path, hookpoints: Sequence[str], model_na
 def write_set(models: Sequence[SparseCoder], hookpoints: Sequence[Sequence[str]], out: Path,
               model_name: str | None) -> Path:
     """Per-layer transcoders (layer l's [input, output] hookpoints in ``hookpoints[l]``) as a circuit-tracer
-    transcoder set: ``layer_{l}.safetensors`` each, TopK with their common k."""
+    transcoder set: ``layer_{l}.safetensors`` each, TopK with their common k (in config.yaml)."""
     layers, in_hook = _layer_hooks([h[0] for h in hookpoints], "the set's inputs")
     _, out_hook = _layer_hooks([h[1] for h in hookpoints], "the set's outputs")
     _check_layers(layers, "this transcoder set")
@@ -198,8 +199,8 @@ def write_set(models: Sequence[SparseCoder], hookpoints: Sequence[Sequence[str]]
     out.mkdir(parents=True, exist_ok=True)
     for l, m in enumerate(models):
         t = {"W_enc": m.W_enc.detach().float().T.contiguous(), "W_dec": m.W_dec.detach().float().contiguous(),
-             "b_enc": m.b_enc.detach().float().clone(), "b_dec": m.b_dec.detach().float().clone(),
-             "k": torch.tensor(m.k)}
+             "b_enc": m.b_enc.detach().float().clone(), "b_dec": m.b_dec.detach().float().clone()}
+        # k lives in config.yaml only: circuit-tracer 0.5 (PyPI) refuses a "k" tensor in a layer file
         if m.spec.skip:
             t["W_skip"] = m.W_skip.detach().float().T.contiguous()
         save_file(t, str(out / f"layer_{l}.safetensors"))
