@@ -444,3 +444,27 @@ def test_circuit_tracer_loads_our_exports(tmp_path):
         torch.testing.assert_close(got[f"pre/{l}"], pre.detach(), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(got[f"decode/{l}"], tc.reconstruct(x, torch.relu(pre)).detach(), rtol=1e-5,
                                    atol=1e-3)
+
+
+@pytest.mark.integration
+def test_layers_all_from_a_models_forward(tmp_path, tiny_lm_dir):
+    """`train --model M --layers all`: the model's MLP pairs found among its hookpoints, one forward per batch feeding
+    a transcoder per layer (OUT/0, OUT/1, each recording its own pair), or one clt over both layers."""
+    from fixtures_models import tiny_corpus
+
+    from conceptdict.cli.main import main
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(120)))
+    def common(latents: int) -> list[str]:
+        return ["--model", str(tiny_lm_dir), "--dataset", str(docs), "--context-length", "32", "--forward-batch-size",
+                "4", "--latents", str(latents), "--k", "4", "--batch-size", "32", "--tokens", str(32 * 12),
+                "--eval-batches", "2", "--buffer-rows", "160", "--kernel-impl", "torch", "--layers", "all"]
+
+    assert main(["train", "--kind", "transcoder", "--out", str(tmp_path / "plt"), *common(32)]) == 0
+    for layer in (0, 1):
+        config = json.loads((tmp_path / "plt" / str(layer) / "config.json").read_text())
+        assert config["hookpoints"] == [f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"]
+        assert config["training"]["heldout_eval"]["fvu"] < 1.0
+    assert main(["train", "--kind", "clt", "--out", str(tmp_path / "clt"), *common(64)]) == 0
+    assert json.loads((tmp_path / "clt" / "config.json").read_text())["hookpoints"] == MLP
