@@ -46,7 +46,7 @@ from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .model import SparseCoder, kind_spec
 from . import stopping
-from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
+from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,13 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
     if cfg.d_in is not None and cfg.d_in != D:
         raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
                          f"or drop --d-in")
-    if kind_spec(cfg.kind).transcodes:
+    spec = kind_spec(cfg.kind)
+    if spec.layered:
+        if S < 2 or S % 2:
+            raise ValueError(f"a {cfg.kind} needs each layer's MLP input and output, the inputs first; {source} "
+                             f"gives {S} source(s): pass --hookpoint IN_0 .. IN_N --hookpoint OUT_0 .. OUT_N")
+        S //= 2  # the layers
+    elif spec.transcodes:
         if S != 2:
             raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
                              f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")
@@ -200,8 +206,8 @@ class Job:
     sink: MetricsSink
     name: str
     """How the logs name it (empty for a single dictionary)."""
-    pick: int | None = None
-    """The source of each [B, S, D] batch it trains on (None: the whole batch)."""
+    pick: int | list[int] | None = None
+    """The source(s) of each [B, S, D] batch it trains on (None: the whole batch)."""
     last_x: Tensor | None = None
     metrics: dict[str, float] | None = None
 
@@ -262,7 +268,7 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
                 resume: bool = False, metas: list[dict[str, Any] | None] | None = None,
                 sinks: list[MetricsSink | None] | None = None, names: list[str] | None = None,
                 source: str = "the training batches", comm: Comm = LOCAL,
-                picks: list[int | None] | None = None) -> list[SparseCoder]:
+                picks: list[int | tuple[int, ...] | None] | None = None) -> list[SparseCoder]:
     """Train several dictionaries on ONE pass over ``batches``: every batch read is stepped by each dictionary
     whose next training batch it is, each with its own model, optimizer, schedule, checkpoint, metrics and
     artifact (``outs[i]``), so each ends bit for bit as :func:`train` alone on the same batches would end.
@@ -273,7 +279,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     ``SharedReads`` (each its held-out and first batches, then the loop), so every batch is made once (e.g. one
     forward); with several dictionaries ``batches`` must be a list or a function start_batch -> iterable.
     ``picks[i]``: dictionary i trains on source ``picks[i]`` of every [B, S, D] batch (several hookpoints of one
-    forward feed one dictionary each); None: on the whole batch."""
+    forward feed one dictionary each; a tuple: those sources, e.g. one layer's MLP input and output for its
+    transcoder); None: on the whole batch."""
     n = len(cfgs)
     if not n or len(outs) != n:
         raise ValueError(f"train_sweep needs one output per config; got {n} configs and {len(outs)} outputs")
@@ -289,7 +296,7 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1  # the (picked) stream it opened
             else checked(shared.read_on(first), first, source))
     for job, p in zip(jobs, picks if n > 1 else [None]):
-        job.pick = p
+        job.pick = list(p) if isinstance(p, tuple) else p
     _loop(jobs, enumerate(data, first), comm)
     models = []
     for job, meta in zip(jobs, metas or [None] * n):
@@ -373,7 +380,7 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
     with torch.no_grad():
         out = model.spec.train_forward(model, last_x, StepInputs(stats=batch_stats(last_x, comm), comm=comm,
                                                                   settings=run.settings))
-        update_threshold(model, float(out.smallest), 0.0, st)
+        update_threshold(model, as_threshold(model, out.smallest), 0.0, st)
 
 
 def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,

@@ -81,6 +81,9 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     comm.reduce_grads(model)
+    mask = model.decoder_mask()
+    if mask is not None:  # a cross-layer transcoder's decoder entries to earlier layers stay zero (AuxK reaches them)
+        model.W_dec.grad.mul_(mask)
     unit = model.spec.unit_decoder
     if unit:
         model.remove_parallel_decoder_grad()
@@ -93,13 +96,20 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
 
 
 @torch.no_grad()
-def update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
+def update_threshold(model: SparseCoder, smallest: float | Tensor, momentum: float, st: TrainState) -> None:
     """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
-    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
+    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta).
+    ``smallest``: one number, or one per latent [L] (a cross-layer transcoder's, one per layer)."""
     n = st.threshold_updates
     m = min(momentum, n / (n + 1))
     model.threshold.mul_(m).add_((1 - m) * smallest)
     st.threshold_updates += 1
+
+
+def as_threshold(model: SparseCoder, smallest: Tensor) -> float | Tensor:
+    """A kind's ``TrainOutput.smallest`` as :func:`update_threshold` takes it: a float for one threshold, else a
+    tensor [L] on the threshold's device."""
+    return float(smallest) if smallest.dim() == 0 else smallest.detach().to(model.threshold)
 
 
 def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
@@ -109,6 +119,6 @@ def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, sm
     st.since_fired += rows
     st.since_fired[fired.cpu()] = 0
     if smallest is not None and st.step >= threshold_start:
-        update_threshold(model, float(smallest), momentum, st)
+        update_threshold(model, as_threshold(model, smallest), momentum, st)
     st.step += 1
     st.rows += rows

@@ -80,7 +80,7 @@ def test_the_registry_answers_what_kind_lists_used_to():
     several = sorted(k for k in saes.KINDS if saes.is_crosscoder(k))
     assert several == ["crosscoder", "crosscoder-absolute", "crosscoder-l1"]
     pairs = sorted(k for k in saes.KINDS if saes.reads_several_sources(k) and not saes.is_crosscoder(k))
-    assert pairs == ["skip-transcoder", "transcoder"] and all(saes.kind_spec(k).transcodes for k in pairs)
+    assert pairs == ["clt", "clt-batchtopk", "skip-transcoder", "transcoder"] and all(saes.kind_spec(k).transcodes for k in pairs)
     assert calibration_batch_count(saes.train_config(latents=8, k=2, kind="matryoshka")) == 2
     assert calibration_batch_count(saes.train_config(latents=8, k=2, kind="crosscoder-l1")) == 0
     assert flat_for_kind({"kind": "relu", "l1_coeff": 1.0, "l0_coeff": 2.0, "lr": 1.0}, "relu") == {

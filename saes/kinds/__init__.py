@@ -23,6 +23,7 @@ MODULES: tuple[str, ...] = (
     "spade",
     "crosscoder",
     "transcoder",
+    "clt",
     "gated",
 )
 """The modules of the built-in kinds, in the order ``--help`` and the flat settings list them."""
@@ -43,6 +44,9 @@ def register(spec: KindSpec) -> KindSpec:
         raise ValueError(f"kind {spec.name!r} is already registered")
     if spec.sources not in ("one", "several", "pair"):
         raise ValueError(f"kind {spec.name!r}: sources={spec.sources!r} must be 'one', 'several' or 'pair'")
+    if spec.layered and (spec.sources != "pair" or spec.skip):
+        raise ValueError(f"kind {spec.name!r} is layered: it needs sources='pair' (the layers' inputs then outputs) "
+                         f"and no skip path")
     if spec.calibrated and spec.scores is None:
         raise ValueError(f"kind {spec.name!r} calibrates a threshold but has no scores to calibrate it on")
     unknown = sorted(set(spec.defaults) - set(SHARED_DEFAULTS))

@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 
 
 def pre_activations(model: "SparseCoder", x: Tensor) -> Tensor:
-    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders)."""
+    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders; a
+    layered kind: each layer's input x_l [B, D] times its encoder block)."""
+    if model.spec.layered:
+        S, D = model.n_sources, model.d_in
+        W = model.W_enc.view(D, S, model.n_latents // S).transpose(0, 1)  # [S, D, L/S]
+        return torch.bmm(x.view(-1, S, D).transpose(0, 1), W).transpose(0, 1).reshape(x.shape[0], -1) + model.b_enc
     return (x if model.spec.transcodes else x - model.b_dec) @ model.W_enc + model.b_enc
+
 
 def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
     active = values > 0

@@ -35,7 +35,8 @@ class TrainOutput(NamedTuple):
     l0: Tensor  # 0-dim: mean number of active latents per row (detached)
     sparsity_loss: Tensor | None  # 0-dim term added to the loss (ReLU-L1 and JumpReLU penalties, Matryoshka's
     # prefix reconstructions, SpaDE's distance penalty), None for TopK-style kinds
-    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
+    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None; [L] for a
+    # layered kind (each layer's smallest, over its latents)
     aux: kernels.SparseCode | None  # AuxK code [B, K'] over the dead latents when asked for, else None
 
 
@@ -96,11 +97,15 @@ class KindSpec:
     sources: Sources = "one"
     """What the data holds: "one" source per dictionary (a dictionary per hookpoint; a store's several sources
     are flattened), "several" (a crosscoder: one code over every source) or "pair" (a transcoder: the component's
-    input then its output, [B, 2, D]; the code is read from the input, uncentred (``x W_enc + b_enc``: ``b_dec``
+    input then its output, [B, 2, D]; a ``layered`` kind: S layers' inputs then their outputs, [B, 2S, D]; the code is read from the input, uncentred (``x W_enc + b_enc``: ``b_dec``
     is the output's bias), and the reconstruction targets the output; the weights are single-source)."""
     calibrated: bool | Callable[[Any], bool] = False
     """Whether a run sets aside ``calibration_batches`` to calibrate the inference threshold (needs ``scores``); a
     callable of the kind's settings where they decide (JumpReLU: only with the target penalty)."""
+    layered: bool = False
+    """A cross-layer transcoder (``sources == "pair"`` over S layers): the L latents are S equal blocks, block l reads
+    only layer l's input (``W_enc [D, L]``: one encoder [D, L/S] per layer) and decodes only to layers >= l (the
+    entries of ``W_dec [L, S*D]`` outside :meth:`SparseCoder.decoder_mask` stay zero)."""
     sparsity_warmup: Callable[[Any], int | None] | None = None
     """(settings) -> steps over which ``StepInputs.warmup`` rises linearly to 1 (None: the learning rate's warm-up)."""
 

@@ -54,14 +54,18 @@ def trainable_kinds() -> list[str]:
 
 def _batches(kind: str, start: int):
     """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16], transcoders the same
-    two as (input, output)."""
-    from conceptdict.saes import reads_several_sources
+    two as (input, output), cross-layer transcoders two layers' inputs then outputs [64, 4, 16]."""
+    from conceptdict.saes import KINDS, reads_several_sources
     from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
     for x in synthetic_batches(spec, start):
         pair = reads_several_sources(kind)
-        yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if pair else x
+        y = 0.6 * x + 0.4 * x.roll(1, dims=1)
+        if KINDS[kind].layered:
+            yield torch.stack([x, y, y, 0.5 * y + torch.relu(x - 0.5)], dim=1)
+        else:
+            yield torch.stack([x, y], dim=1) if pair else x
 
 
 class _Record:
