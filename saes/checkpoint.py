@@ -15,14 +15,102 @@ from .flat import flat_train_fields, to_flat
 from .model import SparseCoder
 from .stopping import StopState
 
-SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl")
-"""Settings a resumed run may change (logging and IO cadence, where it runs)."""
+SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl", "latent_shards")
+"""Settings a resumed run may change (logging and IO cadence, where it runs, over how many latent shards)."""
 
 
 def config_key(cfg: TrainConfig) -> dict[str, Any]:
     """The settings a checkpoint records: every flat setting (``saes.to_flat(every_kind=True)``, as written before
     kinds owned their settings) except :data:`SKIP`."""
     return {k: v for k, v in to_flat(cfg, every_kind=True).items() if k not in SKIP}
+
+
+def shard_file(name: str, shard: int, shards: int) -> str:
+    """The checkpoint file of latent shard ``shard`` of ``shards``: ``name`` itself unsharded, else
+    ``checkpoint.shard-1-of-4.pt``."""
+    if shards == 1:
+        return name
+    stem, _, ext = name.rpartition(".")
+    return f"{stem}.shard-{shard}-of-{shards}.{ext}"
+
+
+def save_sharded(out: Path, name: str, state: dict[str, Any], shards: Any) -> None:
+    """Write this latent shard's ``state`` (``shards``: the seam's latent-shard group, saes.comm) as its file in
+    ``out``; once every shard's is written, remove the files of another shard count (a run resumed on another)."""
+    save_checkpoint(out / shard_file(name, shards.rank, shards.size), state)
+    shards.barrier()
+    if shards.rank == 0:
+        stem = name.rpartition(".")[0]
+        mine = {shard_file(name, i, shards.size) for i in range(shards.size)}
+        for old in [out / name, *out.glob(f"{stem}.shard-*-of-*.*")]:
+            if old.name not in mine and old.exists():
+                old.unlink()
+
+
+def load_sharded(out: Path, name: str, shard: int, shards: int) -> dict[str, Any]:
+    """The checkpoint in ``out`` as latent shard ``shard`` of ``shards`` resumes it, whatever shard count wrote it:
+    its shards' files joined along the latents and this shard's part taken (the complete set with the latest step
+    when more than one is there)."""
+    stem = name.rpartition(".")[0]
+    sets: dict[int, list[Path]] = {1: [out / name]} if (out / name).exists() else {}
+    for path in out.glob(f"{stem}.shard-*-of-*.*"):
+        n = int(path.name.split("-of-")[1].split(".")[0])
+        sets.setdefault(n, [])
+    for n in [n for n in sets if n > 1]:
+        sets[n] = [out / shard_file(name, i, n) for i in range(n)]
+        if not all(p.exists() for p in sets[n]):
+            del sets[n]
+    if not sets:
+        return load_checkpoint(out / name)  # names what is missing
+    parts = max(([load_checkpoint(p) for p in paths] for paths in sets.values()), key=lambda ps: ps[0]["step"])
+    whole = join_shards(parts)
+    return whole if shards == 1 else take_shard(whole, shard, shards)
+
+
+def _axes(ck: dict[str, Any]) -> tuple[dict[str, int | None], dict[int, int | None]]:
+    axes = ck.get("latent_axes") or {"model": {}, "optimizer": {}}  # written before latent shards: never split
+    return axes["model"], axes["optimizer"]
+
+
+def _split(ck: dict[str, Any], cut) -> dict[str, Any]:
+    """``ck`` with every per-latent tensor passed through ``cut(tensor, axis)``."""
+    model_axes, opt_axes = _axes(ck)
+    out = dict(ck)
+    out["model"] = {k: v if model_axes.get(k) is None else cut(v, model_axes[k]) for k, v in ck["model"].items()}
+    opt = dict(ck["optimizer"])
+    opt["state"] = {i: {k: v if opt_axes.get(i) is None or v.dim() == 0 else cut(v, opt_axes[i])
+                        for k, v in st.items()} for i, st in ck["optimizer"]["state"].items()}
+    out["optimizer"] = opt
+    out["since_fired"] = cut(ck["since_fired"], 0)
+    return out
+
+
+def join_shards(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One checkpoint out of its latent shards' (in shard order): per-latent tensors concatenated along their
+    latents, everything else shard 0's."""
+    if len(parts) == 1:
+        return parts[0]
+    model_axes, opt_axes = _axes(parts[0])
+    joined = dict(parts[0])
+    joined["model"] = {k: v if model_axes.get(k) is None else torch.cat([p["model"][k] for p in parts],
+                                                                        dim=model_axes[k])
+                       for k, v in parts[0]["model"].items()}
+    joined["optimizer"] = dict(parts[0]["optimizer"])
+    joined["optimizer"]["state"] = {
+        i: {k: v if opt_axes.get(i) is None or v.dim() == 0 else
+            torch.cat([p["optimizer"]["state"][i][k] for p in parts], dim=opt_axes[i]) for k, v in st.items()}
+        for i, st in parts[0]["optimizer"]["state"].items()}
+    joined["since_fired"] = torch.cat([p["since_fired"] for p in parts])
+    return joined
+
+
+def take_shard(ck: dict[str, Any], shard: int, shards: int) -> dict[str, Any]:
+    """Latent shard ``shard`` of ``shards`` of a whole checkpoint (its latents' slice of every per-latent tensor)."""
+    def cut(v: Tensor, axis: int) -> Tensor:
+        n = v.shape[axis] // shards
+        return v.narrow(axis, shard * n, n).clone()
+
+    return _split(ck, cut)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -54,7 +142,17 @@ def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainSt
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
         "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(), "stop": st.stop.to_dict(),
         "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
+        "latent_axes": latent_axes(model),
     }
+
+
+def latent_axes(model: SparseCoder) -> dict[str, dict]:
+    """Along which axis each model and optimizer entry runs over the latents (None: every shard holds it whole),
+    so that a checkpoint's latent shards join and split (``load_sharded``); the optimizer's entries are numbered as
+    its parameters (``update.make_optimizer``: storage order, latents first)."""
+    names = [name for name, _ in model.named_parameters()]
+    return {"model": {k: model.latent_axis(k) for k in model.state_dict()},
+            "optimizer": {i: None if model.latent_axis(n) is None else 0 for i, n in enumerate(names)}}
 
 
 def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -60,12 +60,15 @@ class SparseCoder(nn.Module):
     def spec(self) -> KindSpec:
         return kind_spec(self.kind)
 
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)) -> None:
         """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
         zero (sparsify's rule: it predicts another activation, so a tied decoder would start with a random map;
-        the first steps give each latent its direction)."""
+        the first steps give each latent its direction). ``shard`` (i, N): this module holds latents
+        [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
         with torch.no_grad():
-            w = torch.randn(self.W_dec.shape, generator=generator, dtype=torch.float32)
+            i, n = shard
+            L = self.n_latents
+            w = torch.randn((L * n, self.W_dec.shape[1]), generator=generator, dtype=torch.float32)[i * L: (i + 1) * L]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
             self.W_enc.copy_(w.T)
@@ -152,6 +155,15 @@ class SparseCoder(nn.Module):
         return w if self.n_sources == 1 else w.view(self.n_latents, self.n_sources, self.d_in)
 
     # -- training helpers -----------------------------------------------------------------------
+    def latent_axis(self, name: str) -> int | None:
+        """The axis along which the state entry ``name`` (``state_dict`` naming) runs over the latents, None for
+        the entries every latent shares (b_dec, W_skip, norm_scale): how latent shards split and join it."""
+        if name == "W_enc":
+            return 1
+        per_latent = {"W_dec", "b_enc", "threshold", *self.spec.buffers,
+                      *(self.spec.train_params(self) if self.spec.train_params else {})}
+        return 0 if name in per_latent else None
+
     def add_train_params(self) -> None:
         """Register the kind's extra training parameters (``KindSpec.train_params``), after the weights."""
         for name, t in (self.spec.train_params(self) if self.spec.train_params else {}).items():

@@ -1,0 +1,110 @@
+"""Latent-sharded training (``latent_shards``): 2 and 4 gloo ranks each holding a slice of the latents, and 2 shards x
+2 data ranks, train the dictionary one process trains (within the data-parallel test's 1e-4); a checkpoint written
+by 2 shards resumes on 4 and back on 2 to the uninterrupted result; the final dictionary is one ordinary artifact.
+
+Two torchrun launches (startup dominates): 2 processes (every kind on 2 shards; a 2-shard run killed after its
+step-6 checkpoint), then 4 processes (every kind on 4 shards and on 2 x 2; the killed run resumed on 4 shards and
+killed again after a step-9 checkpoint; that resumed on 2 shards x 2 data ranks to the end).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_distributed_train import base_config, failure, max_diff, one_process, synthetic_store, torchrun
+
+from conceptdict.saes import reads_several_sources, train, train_config
+
+KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
+LAYOUTS = {"2": (2, 2), "4": (4, 4), "2x2": (2, 4)}
+"""name -> (latent shards, processes)."""
+
+
+def hookpoints(kind: str) -> list[str]:
+    return ["a", "b"] if reads_several_sources(kind) else ["a"]
+
+
+def state(model) -> dict:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shards")
+    store = synthetic_store(tmp)
+    refs = {kind: state(one_process(store, hookpoints(kind), train_config(**base_config(kind)))) for kind in KINDS}
+    launches: dict[int, list[dict]] = {2: [], 4: []}
+    for name, (shards, nproc) in LAYOUTS.items():
+        for kind in KINDS:
+            launches[nproc].append({"config": base_config(kind, latent_shards=shards), "stores": [str(store)],
+                                    "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors")})
+    out = tmp / "resharded"
+    cfg = base_config("batchtopk", checkpoint_every=6)
+    one = {"stores": [str(store)], "hookpoints": ["a"], "out": str(out), "weights": str(tmp / "never.safetensors")}
+    launches[2].append({**one, "config": {**cfg, "latent_shards": 2}, "interrupt_at": 11})  # checkpoint: step 6
+    launches[4].append({**one, "config": {**cfg, "latent_shards": 4, "checkpoint_every": 3}, "resume": True,
+                        "interrupt_at": 14})  # resumed from step 6 on 4 shards; checkpoint at step 9, killed at 10
+    launches[4].append({**one, "config": {**cfg, "latent_shards": 2}, "resume": True,
+                        "weights": str(tmp / "resharded.safetensors")})  # 2 shards x 2 data ranks, to the end
+    for nproc, runs in launches.items():
+        proc = torchrun(f"shards{nproc}", {"runs": runs}, tmp, nproc=nproc)
+        assert proc.returncode == 0, failure(proc)
+    return tmp, refs, store
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_latent_shards_train_the_one_process_dictionary(sharded_runs, kind, layout):
+    tmp, refs, _ = sharded_runs
+    path = tmp / f"{kind}-{layout}.safetensors"
+    got = load_file(path)
+    assert got["W_dec"].shape[0] == 64, "the returned dictionary is the whole one, not a shard"
+    for r in range(1, LAYOUTS[layout][1]):
+        assert max_diff(got, load_file(f"{path}.rank{r}")) == 0.0, f"{kind} on {layout}: rank {r} holds another"
+    diff = max_diff(got, refs[kind])
+    assert diff < 1e-4, f"{kind} on {layout} latent shards: weights differ from 1 process by {diff:.2e}"
+
+
+@pytest.mark.integration
+def test_checkpoint_reshards_from_two_to_four_and_back(sharded_runs):
+    tmp, refs, _ = sharded_runs
+    diff = max_diff(load_file(tmp / "resharded.safetensors"), refs["batchtopk"])
+    assert diff < 1e-4, f"2 -> 4 -> 2 shard resume differs from the uninterrupted run by {diff:.2e}"
+    out = tmp / "resharded"
+    names = sorted(p.name for p in out.glob("checkpoint*.pt"))
+    assert names == ["checkpoint.shard-0-of-2.pt", "checkpoint.shard-1-of-2.pt"], names
+    parts = [torch.load(out / n, weights_only=True) for n in names]
+    assert [p["step"] for p in parts] == [14, 14] and parts[0]["model"]["W_dec"].shape[0] == 32
+
+
+@pytest.mark.integration
+def test_sharded_checkpoint_resumes_in_one_process(sharded_runs, tmp_path):
+    """The shard files join into one checkpoint: one process resumes the 2-shard run's last checkpoint (step 14)
+    and reads the same dictionary; the artifact the sharded run saved is an ordinary one (``cd.load``)."""
+    import conceptdict as cd
+
+    tmp, refs, store = sharded_runs
+    out = tmp / "resharded"
+    loaded = cd.load(out)
+    assert loaded.n_latents == 64 and max_diff(state(loaded), refs["batchtopk"]) < 1e-4
+    assert loaded.config["training"]["steps"] == 14
+    cfg = train_config(**base_config("batchtopk", checkpoint_every=6))
+    model = one_process(store, ["a"], cfg, out=out, resume=True)
+    assert max_diff(state(model), refs["batchtopk"]) < 1e-4
+    assert sorted(p.name for p in out.glob("checkpoint*.pt")) == ["checkpoint.pt"]
+
+
+@pytest.mark.unit
+def test_kinds_that_cannot_be_sharded_refuse(tmp_path):
+    with pytest.raises(ValueError, match="kind 'matryoshka' cannot be trained with latent_shards=2; the kinds that "
+                                         "can: batchtopk"):
+        train_config(kind="matryoshka", latents=64, k=4, latent_shards=2)
+    with pytest.raises(ValueError, match="latent_shards=3 must .* divide latents=64"):
+        train_config(latents=64, k=4, latent_shards=3)
+    with pytest.raises(ValueError, match="latent_shards=2 but the seam holds 1 latent shard"):
+        train(train_config(latents=64, k=4, latent_shards=2), [torch.randn(32, 8)] * 4)
