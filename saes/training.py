@@ -310,8 +310,10 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
             raise ValueError(f"{source} yielded no training batches (after {len(job.data.held_out)} held-out ones)")
         _save(job, comm)
         _settle_threshold(cfg, run, job.last_x, comm)
-        if comm.shards.size > 1:  # one ordinary dictionary from here on, on every process
-            run = job.run = run._replace(model=gather_shards(run.model, comm.shards), opt=None)
+        if comm.shards.size > 1:  # one ordinary dictionary from here on, on every process (Adam state freed first)
+            run.model.zero_grad(set_to_none=True)
+            run = job.run = run._replace(opt=None)
+            run = job.run = run._replace(model=gather_shards(run.model, comm.shards))
         models.append(_finish(run, cfg, job.data, job.out, meta, job.metrics))
     comm.barrier()
     return models
