@@ -108,3 +108,33 @@ def test_kinds_that_cannot_be_sharded_refuse(tmp_path):
         train_config(latents=64, k=4, latent_shards=3)
     with pytest.raises(ValueError, match="latent_shards=2 but the seam holds 1 latent shard"):
         train(train_config(latents=64, k=4, latent_shards=2), [torch.randn(32, 8)] * 4)
+
+
+@pytest.mark.integration
+def test_the_command_line_trains_sharded_and_every_command_reads_the_artifact(sharded_runs, tmp_path, capsys):
+    """``torchrun --nproc_per_node=2 conceptdict train --latent-shards 2`` writes the dictionary one process writes
+    (the flag reaches the run through TrainConfig), an ordinary artifact that ``eval``, ``export`` (SAELens) and
+    ``cd.load`` read unchanged."""
+    import conceptdict as cd
+    from conceptdict.cli.main import main
+    from test_distributed_cli import _cli
+
+    _, _, store = sharded_runs
+    args = ["train", "--store", str(store), "--hookpoint", "a", "--kind", "topk", "--latents", "64", "--k", "4",
+            "--batch-size", "128", "--tokens", "1280", "--seed", "2", "--device", "cpu", "--kernel-impl", "torch"]
+    weights = {}
+    for n, extra in ((1, []), (2, ["--latent-shards", "2"])):
+        out = tmp_path / f"sae{n}"
+        proc = _cli([*args, *extra, "--out", str(out)], n, tmp_path, capsys)
+        assert proc.returncode == 0, failure(proc)
+        weights[n] = load_file(out / "weights.safetensors")
+    assert max_diff(weights[1], weights[2]) < 1e-4
+    sharded = tmp_path / "sae2"
+    assert sorted(p.name for p in sharded.glob("checkpoint*")) == ["checkpoint.shard-0-of-2.pt",
+                                                                   "checkpoint.shard-1-of-2.pt"]
+    assert cd.load(sharded).n_latents == 64
+    one, two = (cd.evaluate(tmp_path / f"sae{n}", store=str(store)) for n in (1, 2))
+    assert two.metrics.fvu == pytest.approx(one.metrics.fvu, abs=1e-4)
+    assert two.metrics.l0 == pytest.approx(one.metrics.l0, abs=1e-3)
+    assert main(["export", str(sharded), "--format", "saelens", "--out", str(tmp_path / "saelens")]) == 0
+    assert cd.load(tmp_path / "saelens").n_latents == 64
