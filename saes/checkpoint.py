@@ -49,22 +49,23 @@ def save_sharded(out: Path, name: str, state: dict[str, Any], shards: Any) -> No
 
 def load_sharded(out: Path, name: str, shard: int, shards: int) -> dict[str, Any]:
     """The checkpoint in ``out`` as latent shard ``shard`` of ``shards`` resumes it, whatever shard count wrote it:
-    its shards' files joined along the latents and this shard's part taken (the complete set with the latest step
-    when more than one is there)."""
+    this shard's latents sliced out of the files (memory-mapped: only those slices are read) and joined; the
+    complete set with the latest step when more than one is there."""
     stem = name.rpartition(".")[0]
-    sets: dict[int, list[Path]] = {1: [out / name]} if (out / name).exists() else {}
-    for path in out.glob(f"{stem}.shard-*-of-*.*"):
+    sets = {1: [out / name]} if (out / name).exists() else {}
+    for path in out.glob(f"{stem}.shard-*-of-*.pt"):
         n = int(path.name.split("-of-")[1].split(".")[0])
-        sets.setdefault(n, [])
-    for n in [n for n in sets if n > 1]:
-        sets[n] = [out / shard_file(name, i, n) for i in range(n)]
-        if not all(p.exists() for p in sets[n]):
-            del sets[n]
+        paths = [out / shard_file(name, i, n) for i in range(n)]
+        if all(p.exists() for p in paths):
+            sets[n] = paths
     if not sets:
         return load_checkpoint(out / name)  # names what is missing
-    parts = max(([load_checkpoint(p) for p in paths] for paths in sets.values()), key=lambda ps: ps[0]["step"])
-    whole = join_shards(parts)
-    return whole if shards == 1 else take_shard(whole, shard, shards)
+    mapped = shards > 1 or max(sets) > 1
+    parts = max(([read_checkpoint(p, mmap=mapped) for p in paths] for paths in sets.values()),
+                key=lambda ps: ps[0]["step"])
+    if len(parts) == 1 and shards == 1:
+        return parts[0]
+    return take_shard(parts, shard, shards)
 
 
 def _axes(ck: dict[str, Any]) -> tuple[dict[str, int | None], dict[int, int | None]]:
@@ -72,45 +73,28 @@ def _axes(ck: dict[str, Any]) -> tuple[dict[str, int | None], dict[int, int | No
     return axes["model"], axes["optimizer"]
 
 
-def _split(ck: dict[str, Any], cut) -> dict[str, Any]:
-    """``ck`` with every per-latent tensor passed through ``cut(tensor, axis)``."""
-    model_axes, opt_axes = _axes(ck)
-    out = dict(ck)
-    out["model"] = {k: v if model_axes.get(k) is None else cut(v, model_axes[k]) for k, v in ck["model"].items()}
-    opt = dict(ck["optimizer"])
-    opt["state"] = {i: {k: v if opt_axes.get(i) is None or v.dim() == 0 else cut(v, opt_axes[i])
-                        for k, v in st.items()} for i, st in ck["optimizer"]["state"].items()}
-    out["optimizer"] = opt
-    out["since_fired"] = cut(ck["since_fired"], 0)
-    return out
-
-
-def join_shards(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One checkpoint out of its latent shards' (in shard order): per-latent tensors concatenated along their
-    latents, everything else shard 0's."""
-    if len(parts) == 1:
-        return parts[0]
+def take_shard(parts: list[dict[str, Any]], shard: int, shards: int) -> dict[str, Any]:
+    """Latent shard ``shard`` of ``shards`` out of a checkpoint written as ``len(parts)`` latent shards (in order):
+    every per-latent tensor's slice of this shard's latents (copied out of the parts it spans), everything else
+    part 0's."""
     model_axes, opt_axes = _axes(parts[0])
-    joined = dict(parts[0])
-    joined["model"] = {k: v if model_axes.get(k) is None else torch.cat([p["model"][k] for p in parts],
-                                                                        dim=model_axes[k])
-                       for k, v in parts[0]["model"].items()}
-    joined["optimizer"] = dict(parts[0]["optimizer"])
-    joined["optimizer"]["state"] = {
-        i: {k: v if opt_axes.get(i) is None or v.dim() == 0 else
-            torch.cat([p["optimizer"]["state"][i][k] for p in parts], dim=opt_axes[i]) for k, v in st.items()}
-        for i, st in parts[0]["optimizer"]["state"].items()}
-    joined["since_fired"] = torch.cat([p["since_fired"] for p in parts])
-    return joined
 
+    def cut(tensors: list[Tensor], axis: int | None) -> Tensor:
+        if axis is None or tensors[0].dim() == 0:
+            return tensors[0].clone()
+        n = tensors[0].shape[axis]  # latents per part
+        lo, hi = shard * n * len(tensors) // shards, (shard + 1) * n * len(tensors) // shards
+        pieces = [t.narrow(axis, max(lo, j * n) - j * n, min(hi, (j + 1) * n) - max(lo, j * n))
+                  for j, t in enumerate(tensors) if max(lo, j * n) < min(hi, (j + 1) * n)]
+        return torch.cat(pieces, dim=axis)  # a copy, off the mapped files
 
-def take_shard(ck: dict[str, Any], shard: int, shards: int) -> dict[str, Any]:
-    """Latent shard ``shard`` of ``shards`` of a whole checkpoint (its latents' slice of every per-latent tensor)."""
-    def cut(v: Tensor, axis: int) -> Tensor:
-        n = v.shape[axis] // shards
-        return v.narrow(axis, shard * n, n).clone()
-
-    return _split(ck, cut)
+    ck = {k: v.clone() if isinstance(v, Tensor) else v for k, v in parts[0].items()}
+    ck["model"] = {k: cut([p["model"][k] for p in parts], model_axes.get(k)) for k in parts[0]["model"]}
+    ck["optimizer"] = dict(parts[0]["optimizer"])
+    ck["optimizer"]["state"] = {i: {k: cut([p["optimizer"]["state"][i][k] for p in parts], opt_axes.get(i))
+                                    for k in st} for i, st in parts[0]["optimizer"]["state"].items()}
+    ck["since_fired"] = cut([p["since_fired"] for p in parts], 0)
+    return ck
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
