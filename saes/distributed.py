@@ -21,11 +21,11 @@ one process out of per-process parts:
 The training state is therefore independent of the number of processes: checkpoints (written by rank 0
 only) resume under any number of processes, or in one.
 
-Latent shards (``--latent-shards N``, :func:`process_group_comm`): the job's ``N x R`` processes form R data
-groups of N consecutive ranks; rank ``g`` holds latent shard ``g % N`` and reads data part ``g // N``. The
-:class:`TorchComm` a process trains with spans its data group (the R processes holding its latents), and its
-``shards`` is the TorchComm of its shard group (the N processes reading its rows). Joining the job (process group, device, quiet
-ranks) is the command line's (``conceptdict.ranks``); this module only talks over a group that exists.
+Latent shards (``--latent-shards N``, :func:`process_group_comm`): rank ``g`` of the job's ``N x R`` processes holds
+latent shard ``g % N`` and reads data part ``g // N``. The :class:`TorchComm` a process trains with spans its data
+group (the R processes holding its latents); its ``shards`` is the TorchComm of its shard group (the N consecutive
+ranks reading its rows). Joining the job (process group, device, quiet ranks) is the command line's
+(``conceptdict.ranks``); this module only talks over a group that exists.
 
 Shapes: B global batch rows, B_r this process's rows.
 """

@@ -107,5 +107,6 @@ def is_crosscoder(kind: str) -> bool:
     return kind_spec(kind).sources == "several"
 
 
-__all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "check_shards", "is_crosscoder",
+__all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "check_shards",
+           "is_crosscoder",
            "kind_spec", "reads_several_sources", "register", "trainable_kinds", "unregister"]

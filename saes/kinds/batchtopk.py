@@ -53,5 +53,6 @@ KINDS = (
              calibrated=True, mixed_precision=True, shardable=True),
     # the absolute rule trains as published: the shared defaults (docs/results/defaults.md)
     KindSpec(absolute_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
-             name="batchtopk-absolute", settings=ThresholdSettings, calibrated=True, mixed_precision=True, shardable=True),
+             name="batchtopk-absolute", settings=ThresholdSettings, calibrated=True, mixed_precision=True,
+             shardable=True),
 )

@@ -216,7 +216,8 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     # value: this process's share of P(L0 of the whole batch); gradient: P'(L0) times this process's part of the
     # L0, which summed over processes is the gradient of P(L0 of the whole batch)
     whole = sparsity_penalty(l0_all, model.k, rule)
-    penalty = coeff * (whole / (inputs.comm.size * inputs.comm.shards.size) + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
+    share = whole / (inputs.comm.size * inputs.comm.shards.size)  # every process of the job holds a share
+    penalty = coeff * (share + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
     penalty = add_code_l1(penalty, f * s if relative else f, inputs)
     fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
     aux = None

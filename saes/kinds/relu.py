@@ -46,4 +46,5 @@ def encode(model: "SparseCoder", x: Tensor) -> Tensor:
     return torch.relu(pre_activations(model, x))
 
 
-KINDS = (KindSpec(train_forward, encode, uses_aux=False, uses_threshold=False, name="relu", settings=L1Settings, shardable=True),)
+KINDS = (KindSpec(train_forward, encode, uses_aux=False, uses_threshold=False, name="relu", settings=L1Settings,
+                  shardable=True),)
