@@ -9,6 +9,7 @@ killed again after a step-9 checkpoint; that resumed on 2 shards x 2 data ranks 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,18 @@ def state(model) -> dict:
 def sharded_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shards")
     store = synthetic_store(tmp)
-    refs = {kind: state(one_process(store, hookpoints(kind), train_config(**base_config(kind)))) for kind in KINDS}
+    refs = {kind: state(one_process(store, hookpoints(kind), train_config(**base_config(kind)), out=tmp / f"{kind}-1"))
+            for kind in KINDS}
     launches: dict[int, list[dict]] = {2: [], 4: []}
     for name, (shards, nproc) in LAYOUTS.items():
         for kind in KINDS:
             launches[nproc].append({"config": base_config(kind, latent_shards=shards), "stores": [str(store)],
-                                    "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors")})
+                                    "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors"),
+                                    **({"out": str(tmp / f"{kind}-2")} if name == "2" else {})})
+    stop = base_config("batchtopk", tokens=128 * 40, stop_patience=2, stop_every=3, stop_threshold=0.05)
+    refs["stopping"] = state(one_process(store, ["a"], train_config(**stop), out=tmp / "stop-1"))
+    launches[2].append({"config": {**stop, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
+                        "out": str(tmp / "stop-2"), "weights": str(tmp / "stopping.safetensors")})
     out = tmp / "resharded"
     cfg = base_config("batchtopk", checkpoint_every=6)
     one = {"stores": [str(store)], "hookpoints": ["a"], "out": str(out), "weights": str(tmp / "never.safetensors")}
@@ -68,6 +75,27 @@ def test_latent_shards_train_the_one_process_dictionary(sharded_runs, kind, layo
         assert max_diff(got, load_file(f"{path}.rank{r}")) == 0.0, f"{kind} on {layout}: rank {r} holds another"
     diff = max_diff(got, refs[kind])
     assert diff < 1e-4, f"{kind} on {layout} latent shards: weights differ from 1 process by {diff:.2e}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_runs_report_the_one_process_metrics(sharded_runs, kind):
+    """The logged loss, FVU, L0, AuxK and dead share of the last step sum each shard's part of its latents (the L0,
+    the penalties, the dead counters) as one process counts them."""
+    tmp, _, _ = sharded_runs
+    one, two = (json.loads((tmp / f"{kind}-{n}" / "config.json").read_text())["training"]["last_step"] for n in (1, 2))
+    for key in ("loss", "fvu", "l0", "aux", "dead"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), f"{kind}: {key} {two[key]} vs {one[key]}"
+
+
+@pytest.mark.integration
+def test_two_shards_stop_where_one_process_stops(sharded_runs):
+    """The stopping rule's held-out FVU goes through the sharded forward: 2 shards stop at one process's step."""
+    tmp, refs, _ = sharded_runs
+    one, two = (json.loads((tmp / d / "config.json").read_text())["training"] for d in ("stop-1", "stop-2"))
+    assert one["stopping"]["fired_at"] is not None and one["steps"] < 40
+    assert (two["steps"], two["stopping"]["fired_at"]) == (one["steps"], one["stopping"]["fired_at"])
+    assert max_diff(load_file(tmp / "stopping.safetensors"), refs["stopping"]) < 1e-4
 
 
 @pytest.mark.integration
