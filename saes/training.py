@@ -240,8 +240,10 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
     run = setup(cfg, data, batches, ck, device, source, comm)
     writes = out if is_main(comm) else None
     if is_main(comm):
-        log.info("training %s%s on %s%s: resolved %s", name and f"[{name}] ", run.model.extra_repr(), device,
-                 f" x {comm.size} processes" if comm.size > 1 else "", run.resolved.to_dict())
+        where = (f" x {comm.size} processes" if comm.size > 1 else "") + (
+            f", its latents in {comm.shards.size} shards" if comm.shards.size > 1 else "")
+        log.info("training %s%s on %s%s: resolved %s", name and f"[{name}] ", run.model.extra_repr(), device, where,
+                 run.resolved.to_dict())
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
     sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)

@@ -26,7 +26,6 @@ def pre_activations(model: "SparseCoder", x: Tensor) -> Tensor:
     return (x if model.spec.transcodes else x - model.b_dec) @ model.W_enc + model.b_enc
 
 
-
 def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
     active = values > 0
     fired = torch.zeros(n_latents, dtype=torch.bool, device=values.device)
