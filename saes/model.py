@@ -20,6 +20,22 @@ from .kinds.common import pre_activations, relative_acts
 __all__ = ["KINDS", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
 
 
+def _draw_blocks(rows: int, width: int, elements: int = 1 << 20) -> list[tuple[int, int]]:
+    """Row ranges [s, e) that draw a [rows, width] normal matrix block by block with the numbers of one draw: torch's
+    CPU normal fills 16 values at a time, so blocks of a multiple of 16 rows (about ``elements`` values each) give
+    the same stream, and a tail under 16 values joins the block before it. A latent shard draws the whole
+    dictionary's initialisation holding one block at a time, not the whole [L, width] matrix."""
+    step = max(16, elements // max(width, 1) // 16 * 16)
+    out, s = [], 0
+    while s < rows:
+        e = min(rows, s + step)
+        if (rows - e) * width < 16:
+            e = rows
+        out.append((s, e))
+        s = e
+    return out
+
+
 class SparseCoder(nn.Module):
     """A sparse dictionary over S sources of width D each (S = 1: an SAE).
 
@@ -67,8 +83,13 @@ class SparseCoder(nn.Module):
         [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
         with torch.no_grad():
             i, n = shard
-            L = self.n_latents
-            w = torch.randn((L * n, self.W_dec.shape[1]), generator=generator, dtype=torch.float32)[i * L: (i + 1) * L]
+            L, width = self.n_latents, self.W_dec.shape[1]
+            w = torch.empty(L, width)
+            for s, e in _draw_blocks(L * n, width):  # the whole draw, a block of rows at a time; keep our rows
+                block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
+                a, b = max(s, i * L), min(e, (i + 1) * L)
+                if a < b:
+                    w[a - i * L: b - i * L] = block[a - s: b - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
             self.W_enc.copy_(w.T)

@@ -166,3 +166,25 @@ def test_the_command_line_trains_sharded_and_every_command_reads_the_artifact(sh
     assert two.metrics.l0 == pytest.approx(one.metrics.l0, abs=1e-3)
     assert main(["export", str(sharded), "--format", "saelens", "--out", str(tmp_path / "saelens")]) == 0
     assert cd.load(tmp_path / "saelens").n_latents == 64
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("d, latents, shards", [(5, 132, 4), (12, 64, 2), (96, 2048, 4)])
+def test_shards_draw_the_one_process_initialisation_block_by_block(d, latents, shards):
+    """Each shard draws the whole dictionary's random start a block of rows at a time (never the whole [L, D]) and
+    keeps its rows: together they are the one-process draw, tails under torch's 16-value fill included."""
+    from conceptdict.saes.model import SparseCoder, _draw_blocks
+
+    one = SparseCoder(d, latents, 2)
+    one.reset_parameters(torch.Generator().manual_seed(7))
+    parts = []
+    for i in range(shards):
+        part = SparseCoder(d, latents // shards, 2)
+        part.reset_parameters(torch.Generator().manual_seed(7), shard=(i, shards))
+        parts.append(part.W_dec.detach())
+    assert torch.equal(torch.cat(parts), one.W_dec.detach())
+    g = torch.Generator().manual_seed(7)
+    whole = torch.randn((latents, d), generator=g)
+    g = torch.Generator().manual_seed(7)
+    blocks = [torch.randn((e - s, d), generator=g) for s, e in _draw_blocks(latents, d, elements=256)]
+    assert len(blocks) > 1 and torch.equal(torch.cat(blocks), whole)
