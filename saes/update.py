@@ -106,9 +106,13 @@ def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Ten
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return
     ids = {id(p) for p in shared}
-    own = [p.grad for p in model.parameters() if id(p) not in ids]
-    sq = comm.shards.all_sum(torch.stack([g.double().pow(2).sum() for g in own]).sum())
-    total = (sq + sum(p.grad.double().pow(2).sum() for p in shared)).sqrt()
+
+    def sq(grads: list[Tensor]) -> Tensor:  # sum of squares, from one norm per tensor (no [L, D] temporaries)
+        return torch.stack([torch.linalg.vector_norm(g) for g in grads]).double().square().sum() if grads else \
+            torch.zeros((), dtype=torch.float64)
+
+    own = sq([p.grad for p in model.parameters() if id(p) not in ids])
+    total = (comm.shards.all_sum(own) + sq([p.grad for p in shared])).sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for p in model.parameters():
         p.grad.mul_(coef.to(p.grad.dtype))

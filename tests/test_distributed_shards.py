@@ -45,6 +45,10 @@ def sharded_runs(tmp_path_factory):
             launches[nproc].append({"config": base_config(kind, latent_shards=shards), "stores": [str(store)],
                                     "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors"),
                                     **({"out": str(tmp / f"{kind}-2")} if name == "2" else {})})
+    clip = base_config("topk", grad_clip=0.05)  # the clipping is active at every step (the norm counts every shard)
+    refs["clipped"] = state(one_process(store, ["a"], train_config(**clip)))
+    launches[2].append({"config": {**clip, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
+                        "weights": str(tmp / "clipped.safetensors")})
     stop = base_config("batchtopk", tokens=128 * 40, stop_patience=2, stop_every=3, stop_threshold=0.05)
     refs["stopping"] = state(one_process(store, ["a"], train_config(**stop), out=tmp / "stop-1"))
     launches[2].append({"config": {**stop, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
@@ -86,6 +90,13 @@ def test_sharded_runs_report_the_one_process_metrics(sharded_runs, kind):
     one, two = (json.loads((tmp / f"{kind}-{n}" / "config.json").read_text())["training"]["last_step"] for n in (1, 2))
     for key in ("loss", "fvu", "l0", "aux", "dead"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), f"{kind}: {key} {two[key]} vs {one[key]}"
+
+
+@pytest.mark.integration
+def test_gradient_clipping_takes_the_norm_over_every_shard(sharded_runs):
+    tmp, refs, _ = sharded_runs
+    diff = max_diff(load_file(tmp / "clipped.safetensors"), refs["clipped"])
+    assert diff < 1e-4, f"clipped 2-shard run differs from 1 process by {diff:.2e}"
 
 
 @pytest.mark.integration
