@@ -200,14 +200,14 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
     names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)
     cfgs, passes = plan_store_run([(name, cfg) for name, cfg, _ in runs], rows)
-    w = ranks.current()
+    comm = run_comm(cfgs)
     device = resolve_device(cfgs[0].device)
     reads = [[hookpoints[i] for i in pick] if pick is not None else hookpoints for _, _, pick in runs]
     metas = [{"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hps,
               "model": stores[0].manifest.get("model", {}), "level": stores[0].level,
               "heldout": heldout_recipe(stores, hps, c.batch_size, c.seed, eval_batch_count(c), cmd.buffer_rows)}
              for c, hps in zip(cfgs, reads)]
-    if w.main:
+    if ranks.current().main:
         for out, c in zip(outs, cfgs):
             write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(to_flat(c))}, out,
                                   "train_config.json")
@@ -218,12 +218,12 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
             # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
             # moved to the training device in the store's dtype and converted there
             return stream_batches(stores, hookpoints, p.batch_size, seed=p.seed, epochs=p.epochs,
-                                  buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                                  buffer_rows=cmd.buffer_rows, start_batch=start, part=(comm.rank, comm.size),
                                   holdout_batches=p.heldout_batches, device=device)
 
         trained = train_sweep([cfgs[i] for i in p.members], batches, outs=[outs[i] for i in p.members],
                               resume=cmd.resume, metas=[metas[i] for i in p.members],
-                              names=[names[i] for i in p.members], source=desc, comm=process_group_comm(),
+                              names=[names[i] for i in p.members], source=desc, comm=comm,
                               picks=[runs[i][2] for i in p.members])
         for i, model in zip(p.members, trained):
             models[i] = model
@@ -250,7 +250,7 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
         chosen["hookpoints"], chosen["runs"] = with_layers(cmd, points, available, f"model {live.model}")
         return chosen["hookpoints"]
 
-    w, comm = ranks.current(), process_group_comm()
+    w, comm = ranks.current(), run_comm([cfg for _, cfg in points])
     model = open_model(live, choose, resolve_device(points[0][1].device))
     hookpoints = chosen["hookpoints"]
     check_sources(points, len(hookpoints))
@@ -273,7 +273,8 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
 
         def batches(start: int, batch=batch, seed=seed):
             return live_batches(live, model, hookpoints, batch, seed=seed, buffer_rows=cmd.buffer_rows,
-                                start_batch=start, part=w.part, gather=comm.gather_rows if w.size > 1 else None)
+                                start_batch=start, part=(comm.rank, comm.size),
+                                gather=comm.gather_rows if comm.size > 1 else None)
 
         trained = train_sweep([cfgs[i] for i in members], batches, outs=[outs[i] for i in members],
                               resume=cmd.resume, metas=[metas[i] for i in members],
@@ -282,6 +283,15 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
         for i, m in zip(members, trained):
             models[i] = m
     return list(zip(names, outs, models))
+
+
+def run_comm(cfgs: list[TrainConfig]):
+    """The seam of this rank for a run's dictionaries (``saes.distributed.process_group_comm``): data parallel, and
+    with ``latent_shards`` its latent shards (every dictionary of one run takes the same count)."""
+    counts = sorted({c.latent_shards for c in cfgs})
+    if len(counts) > 1:
+        raise ConfigError(f"latent_shards takes one value per run, not {counts}: sweep it in separate runs")
+    return process_group_comm(counts[0])
 
 
 def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | dict[str, SparseCoder]:

@@ -20,6 +20,22 @@ from .kinds.common import pre_activations, relative_acts
 __all__ = ["KINDS", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
 
 
+def _draw_blocks(rows: int, width: int, elements: int = 1 << 20) -> list[tuple[int, int]]:
+    """Row ranges [s, e) that draw a [rows, width] normal matrix block by block with the numbers of one draw: torch's
+    CPU normal fills 16 values at a time, so blocks of a multiple of 16 rows (about ``elements`` values each) give
+    the same stream, and a tail under 16 values joins the block before it. A latent shard draws the whole
+    dictionary's initialisation holding one block at a time, not the whole [L, width] matrix."""
+    step = max(16, elements // max(width, 1) // 16 * 16)
+    out, s = [], 0
+    while s < rows:
+        e = min(rows, s + step)
+        if (rows - e) * width < 16:
+            e = rows
+        out.append((s, e))
+        s = e
+    return out
+
+
 class SparseCoder(nn.Module):
     """A sparse dictionary over S sources of width D each (S = 1: an SAE).
 
@@ -70,12 +86,20 @@ class SparseCoder(nn.Module):
     def spec(self) -> KindSpec:
         return kind_spec(self.kind)
 
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)) -> None:
         """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
         zero (sparsify's rule: it predicts another activation, so a tied decoder would start with a random map;
-        the first steps give each latent its direction)."""
+        the first steps give each latent its direction). ``shard`` (i, N): this module holds latents
+        [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
         with torch.no_grad():
-            w = torch.randn(self.W_dec.shape, generator=generator, dtype=torch.float32)
+            i, n = shard
+            L, width = self.n_latents, self.W_dec.shape[1]
+            w = torch.empty(L, width)
+            for s, e in _draw_blocks(L * n, width):  # the whole draw, a block of rows at a time; keep our rows
+                block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
+                a, b = max(s, i * L), min(e, (i + 1) * L)
+                if a < b:
+                    w[a - i * L: b - i * L] = block[a - s: b - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
             if self.spec.layered:  # each latent's encoder: its row's block of its own layer, at unit norm
@@ -183,6 +207,15 @@ class SparseCoder(nn.Module):
         return w if self.n_sources == 1 else w.view(self.n_latents, self.n_sources, self.d_in)
 
     # -- training helpers -----------------------------------------------------------------------
+    def latent_axis(self, name: str) -> int | None:
+        """The axis along which the state entry ``name`` (``state_dict`` naming) runs over the latents, None for
+        the entries every latent shares (b_dec, W_skip, norm_scale): how latent shards split and join it."""
+        if name == "W_enc":
+            return 1
+        per_latent = {"W_dec", "b_enc", "threshold", *self.spec.buffers,
+                      *(self.spec.train_params(self) if self.spec.train_params else {})}
+        return 0 if name in per_latent else None
+
     def add_train_params(self) -> None:
         """Register the kind's extra training parameters (``KindSpec.train_params``), after the weights."""
         for name, t in (self.spec.train_params(self) if self.spec.train_params else {}).items():

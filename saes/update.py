@@ -10,7 +10,7 @@ from torch import Tensor
 from . import kernels
 from .adam import Adam
 from .checkpoint import TrainState
-from .comm import LOCAL, Comm, centred_sum_sq
+from .comm import LOCAL, Comm, centred_sum_sq, shard_sum
 from .model import SparseCoder
 
 
@@ -56,11 +56,15 @@ def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: s
              comm: Comm = LOCAL) -> Tensor:
     """AuxK (OpenAI): the dead latents' code ``aux`` [B_r, K'] reconstructs the detached residual e [B_r, F]
     through the decoder WITHOUT b_dec; returns this process's part of ||e - e_hat||^2 / ||e - mean(e)||^2
-    (the denominator over the whole batch; 0 when K' = 0)."""
-    if aux.values.shape[1] == 0:
+    (the denominator over the whole batch; 0 when K' = 0). Latent shards: each decodes its latents' part of the
+    code and the parts are summed."""
+    sharded = comm.shards.size > 1
+    if aux.values.shape[1] == 0 and not sharded:
         return residual.new_zeros(())
     zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
-    e_hat = kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
+    e_hat = (kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
+             if aux.values.shape[1] else torch.zeros_like(residual))
+    e_hat = shard_sum(e_hat, comm)
     _, denom = centred_sum_sq(residual, comm)
     return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
 
@@ -81,6 +85,10 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     comm.reduce_grads(model)
+    shared = [p for name, p in model.named_parameters() if model.latent_axis(name) is None]
+    if comm.shards.size > 1:  # every shard holds these: each has its latents' part of their gradient
+        for p in shared:
+            p.grad.copy_(comm.shards.all_sum(p.grad))
     mask = model.decoder_mask()
     if mask is not None:  # a cross-layer transcoder's decoder entries to earlier layers stay zero (AuxK reaches them)
         model.W_dec.grad.mul_(mask)
@@ -88,11 +96,31 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
     if unit:
         model.remove_parallel_decoder_grad()
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        clip_grads(model, grad_clip, comm, shared)
     _link_grads(model, opt)
     opt.step()
     if unit:
         model.normalize_decoder()
+
+
+@torch.no_grad()
+def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Tensor]) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over the whole dictionary: with latent shards the norm counts every
+    shard's latents once and the parameters every shard holds (``shared``) once."""
+    if comm.shards.size == 1:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    ids = {id(p) for p in shared}
+
+    def sq(grads: list[Tensor]) -> Tensor:  # sum of squares, from one norm per tensor (no [L, D] temporaries)
+        return torch.stack([torch.linalg.vector_norm(g) for g in grads]).double().square().sum() if grads else \
+            torch.zeros((), dtype=torch.float64)
+
+    own = sq([p.grad for p in model.parameters() if id(p) not in ids])
+    total = (comm.shards.all_sum(own) + sq([p.grad for p in shared])).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in model.parameters():
+        p.grad.mul_(coef.to(p.grad.dtype))
 
 
 @torch.no_grad()

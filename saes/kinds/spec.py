@@ -72,9 +72,9 @@ class KindSpec:
     """Parameters the kind trains besides the weights (JumpReLU's log-threshold, SpaDE's scale): (model) ->
     name -> initial tensor. Registered for training (:meth:`SparseCoder.add_train_params`), kept in checkpoints,
     never saved with the dictionary: ``finish`` turns them into the inference form."""
-    init: Callable[["SparseCoder", Tensor], None] | None = None
-    """Fresh run: (model, rows [N, S*D] normalised) -> None, the kind's own initialisation from the first rows,
-    after b_dec (e.g. JumpReLU's starting threshold)."""
+    init: Callable[["SparseCoder", Tensor, Any], None] | None = None
+    """Fresh run: (model, rows [N, S*D] normalised, comm) -> None, the kind's own initialisation from the first rows,
+    after b_dec (e.g. JumpReLU's starting threshold; ``comm.shards`` holds the other latents, saes.comm)."""
     finish: Callable[["SparseCoder"], None] | None = None
     """End of training, before the normalisation is folded in: (model) -> None, writes the inference form
     (threshold, weights) from the trained parameters; the ``train_params`` are dropped after it."""
@@ -86,6 +86,10 @@ class KindSpec:
     mixed_precision: bool = False
     """Whether its training forward passes ``StepInputs.matmul_dtype`` to ``kernels.encode`` (its one dense matmul),
     so that it trains with ``TrainConfig.precision`` bf16 / fp16; other kinds train in float32 only."""
+    shardable: bool = False
+    """Whether it trains with its latents split over processes (``TrainConfig.latent_shards``): its forward selects
+    through the seam's ``shards`` (saes.kinds.common), its per-latent state is what ``SparseCoder.latent_axis``
+    names, and it reads no latent's neighbours (Matryoshka's prefixes, SpaDE's simplex do)."""
     name: str = ""
     """The kind's name (``TrainConfig.kind``, config.json's ``kind``)."""
     settings: type | None = None
