@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .adam import Adam
 from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
@@ -119,7 +120,7 @@ class TrainState:
     stop: StopState = field(default_factory=StopState)  # the stopping rule's state (saes.stopping)
 
 
-def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainState, cfg: TrainConfig,
+def checkpoint_state(model: SparseCoder, opt: Adam, st: TrainState, cfg: TrainConfig,
                       gen: torch.Generator, resolved: Resolved) -> dict:
     return {
         "model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -148,7 +149,7 @@ def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str
     return {k: merged.get(k) for k in now}, now
 
 
-def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> TrainState:
+def restore(ck: dict, model: SparseCoder, opt: Adam, cfg: TrainConfig, source: str) -> TrainState:
     saved, now = _resumed_settings(ck["config"], cfg)
     if saved != now:
         diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}

@@ -11,11 +11,16 @@ Shapes: B batch rows, D input width per source, S sources, L latents, K kept ent
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from .kinds import KINDS, KindSpec, TrainOutput, kind_spec
 from .kinds.common import pre_activations, relative_acts
+
+if TYPE_CHECKING:
+    from .comm import Comm
 
 __all__ = ["KINDS", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
 
@@ -266,3 +271,17 @@ class SparseCoder(nn.Module):
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "
                 f"n_sources={self.n_sources}")
+
+
+def gather_shards(model: SparseCoder, shards: Comm) -> SparseCoder:
+    """The whole dictionary (with its training parameters) out of every latent shard's ``model``, on every shard."""
+    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
+                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
+    whole.add_train_params()
+    state = {}
+    for name, t in model.state_dict().items():
+        axis = model.latent_axis(name)
+        t = t.detach()
+        state[name] = t if axis is None else shards.gather_rows(t.movedim(axis, 0).contiguous()).movedim(0, axis)
+    whole.load_state_dict(state)
+    return whole

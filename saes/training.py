@@ -33,6 +33,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from torch import Tensor
 
+from .adam import Adam
 from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
@@ -44,7 +45,7 @@ from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_cou
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
-from .model import SparseCoder, kind_spec
+from .model import SparseCoder, gather_shards, kind_spec
 from . import stopping
 from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
@@ -64,7 +65,7 @@ class Run(NamedTuple):
     model: SparseCoder
     gen: torch.Generator
     """The initialisation generator (its state goes into checkpoints)."""
-    opt: torch.optim.Optimizer
+    opt: Adam
     state: TrainState
     resolved: Resolved
     settings: Any
@@ -75,7 +76,7 @@ class Run(NamedTuple):
     """The running threshold estimate's momentum (the kind's ``threshold_momentum``; 0 for kinds without one)."""
 
 
-def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: torch.optim.Optimizer, state: TrainState,
+def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Adam, state: TrainState,
              resolved: Resolved) -> Run:
     """The :class:`Run` of ``cfg``: the kind's settings and what the steps read of them, resolved once."""
     spec, settings = model.spec, cfg.kind_settings
@@ -381,20 +382,6 @@ def _save(job: Job, comm: Comm) -> None:
     if job.shard_out is not None:
         save_sharded(job.shard_out, CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, job.cfg, run.gen,
                                                                       run.resolved), comm.shards)
-
-
-def gather_shards(model: SparseCoder, shards: Comm) -> SparseCoder:
-    """The whole dictionary (with its training parameters) out of every latent shard's ``model``, on every shard."""
-    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
-                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
-    whole.add_train_params()
-    state = {}
-    for name, t in model.state_dict().items():
-        axis = model.latent_axis(name)
-        t = t.detach()
-        state[name] = t if axis is None else shards.gather_rows(t.movedim(axis, 0).contiguous()).movedim(0, axis)
-    whole.load_state_dict(state)
-    return whole
 
 
 def _log_metrics(job: Job, clock: dict[int, tuple[float, int]]) -> None:
