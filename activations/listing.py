@@ -153,3 +153,29 @@ def _image_rows(handle) -> list[HookpointInfo]:
         d = handle.d_model(name)
         out.append(HookpointInfo(name, f"[{d}]", d, "text", "embeds texts (vocabulary namer); not cached over images"))
     return out
+
+
+MLP_IN, MLP_OUT = "blocks.{}.mlp.hook_in", "blocks.{}.mlp.hook_out"
+"""A layer's MLP input and output hookpoints (what a transcoder of that MLP reads and predicts)."""
+
+
+def mlp_layers(layers: list[str] | str, available: list[str], where: str) -> list[tuple[int, str, str]]:
+    """[(layer, MLP input hookpoint, MLP output hookpoint)] of ``layers`` ("all", or layer numbers) among the
+    ``available`` hookpoints (a store's, or a model's); ``where`` names them in the error."""
+    names = set(available)
+    have = sorted(int(h.split(".")[1]) for h in names if h.startswith("blocks.") and h.endswith(".mlp.hook_in")
+                  and h.split(".")[1].isdigit() and MLP_OUT.format(h.split(".")[1]) in names)
+    wanted = [layers] if isinstance(layers, str) else [str(x) for x in layers]
+    if wanted == ["all"]:
+        if not have:
+            raise ValueError(f"{where} holds no MLP input/output pair ({MLP_IN.format('N')}, {MLP_OUT.format('N')}): "
+                             f"cache both of each layer for --layers")
+        return [(l, MLP_IN.format(l), MLP_OUT.format(l)) for l in have]
+    bad = [x for x in wanted if not x.isdigit()]
+    if bad:
+        raise ValueError(f"--layers {' '.join(wanted)}: give 'all' or layer numbers (e.g. --layers 0 --layers 3)")
+    missing = [int(x) for x in wanted if int(x) not in have]
+    if missing:
+        raise ValueError(f"--layers: {where} lacks the MLP input/output of layer(s) {missing} (it has layers "
+                         f"{have}); cache {MLP_IN.format(missing[0])} and {MLP_OUT.format(missing[0])}")
+    return [(int(x), MLP_IN.format(x), MLP_OUT.format(x)) for x in dict.fromkeys(wanted)]

@@ -83,13 +83,16 @@ def level_of(hookpoints: list[str]) -> str:
     return "sequence" if levels.pop() else "token"
 
 
-def open_model(cfg: LiveConfig, hookpoints: list[str], device: str | torch.device) -> models.ModelHandle:
+def open_model(cfg: LiveConfig, hookpoints: list[str] | Callable[[list[str]], list[str]],
+               device: str | torch.device) -> models.ModelHandle:
     """The model (the loader of `cache`: hub name, local directory or "default"), its hookpoints checked, all
-    of one width."""
+    of one width. ``hookpoints`` may be a function of the model's hookpoint names that returns the ones to read
+    (e.g. choosing its MLPs)."""
     if not cfg.model or not cfg.dataset:
         raise ValueError("training from a model needs --model and --dataset (e.g. --model default "
                          "--dataset stdlib-docstrings)")
     model = models.load_model(cfg.model, device=str(device), dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
+    hookpoints = hookpoints(list(model.hookpoints)) if callable(hookpoints) else hookpoints
     models.check_hookpoints(model, hookpoints)
     widths = {h: model.d_model(h) for h in hookpoints}
     if len(set(widths.values())) > 1:

@@ -396,7 +396,7 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
                          f"(causal={model.is_causal}) at {hookpoint!r}")
     tokens = tokens.to(model.device)
     mask = attention_mask.to(model.device) if attention_mask is not None else torch.ones_like(tokens)
-    keep = _loss_mask(model, tokens, mask)
+    keep = loss_mask(model, tokens, mask)
     if not bool(keep.any()):
         raise ValueError("no scoreable positions: every next-token target is BOS/pad/special")
 
@@ -423,17 +423,17 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
     clean = run(None)
     targets = tokens[:, 1:]
     logp_clean = clean.log_softmax(-1)
-    results = [_ce(logp_clean, targets, keep)]
+    results = [next_token_ce(logp_clean, targets, keep)]
     kls = []
     for edit in (zero, swap):
         logp = run(edit, read_source=edit is swap and source is not None).log_softmax(-1)
-        results.append(_ce(logp, targets, keep))
+        results.append(next_token_ce(logp, targets, keep))
         kl = (logp_clean.exp() * (logp_clean - logp)).sum(-1)
         kls.append(kl[keep].mean().item())
     return SpliceLosses(results[0], results[1], results[2], kls[0], kls[1])
 
 
-def _loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[N, T-1] bool: predictions from a real input token to a real, non-special target token."""
     special = set(model.special_ids()) | set(getattr(model.tokenizer, "all_special_ids", None) or [])
     is_special = torch.zeros_like(tokens, dtype=torch.bool)
@@ -443,6 +443,6 @@ def _loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> 
     return real[:, :-1] & real[:, 1:] & ~is_special[:, 1:]
 
 
-def _ce(logp: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> float:
+def next_token_ce(logp: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> float:
     nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return nll[keep].mean().item()

@@ -214,7 +214,7 @@ def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any
     return CbSaeResult(cfg.out / "dictionary", cfg.out / "concepts", summary)
 
 
-DICTIONARY_FORMATS = ("saelens", "sparsify", "dictionary-learning")
+DICTIONARY_FORMATS = ("saelens", "sparsify", "dictionary-learning", "circuit-tracer")
 
 
 @dataclass
@@ -222,9 +222,11 @@ class ExportConfig:
     """Settings of ``conceptdict export``."""
 
     out: Path | None = field(default=None, metadata={"help": "Output directory."})
-    format: Literal["json", "html", "neuronpedia", "saelens", "sparsify", "dictionary-learning"] = field(
-        default="html", metadata={"help": "json, html or neuronpedia (a concept dictionary); saelens, sparsify or "
-                                          "dictionary-learning (a dictionary, with a README.md model card)."})
+    format: Literal["json", "html", "neuronpedia", "saelens", "sparsify", "dictionary-learning",
+                    "circuit-tracer"] = field(
+        default="html", metadata={"help": "json, html or neuronpedia (a concept dictionary); saelens, sparsify, "
+                                          "dictionary-learning or circuit-tracer (a dictionary, with a README.md model "
+                                          "card; circuit-tracer: a CLT, or train --layers' set of transcoders)."})
     cbm: Path | None = field(default=None, metadata={"help": "html only: a CBM directory whose pages are added."})
     per_page: int = field(default=200, metadata={"help": "html only: concept cards per page."})
     neuronpedia_model: str | None = field(default=None, metadata={
@@ -305,6 +307,15 @@ def export_dictionary_files(source: Path, fmt: str, out: Path) -> Path:
     from conceptdict.saes import open_dictionary
     from conceptdict.saes.formats.export import export_dictionary
 
+    from conceptdict.saes.formats import transcoder_set
+
+    layers = transcoder_set(source) if fmt == "circuit-tracer" else []
+    if layers:  # train --layers' OUT: one transcoder per MLP, written as circuit-tracer's transcoder set
+        from conceptdict.saes.formats.circuit_tracer import write_set
+
+        opened = [open_dictionary(d) for d in layers]
+        return write_set([m for m, _ in opened], [c.get("hookpoints") or [] for _, c in opened], out,
+                         hub_id_of(opened[0][1].get("model")) or None)
     ref = dictionary_of(source)
     model, config = open_dictionary(ref.path)
     recorded = (ref.concepts.meta.get("model") if ref.concepts else None) or config.get("model")

@@ -11,13 +11,17 @@ from typing import Any, NamedTuple
 import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
 from conceptdict.saes import evaluate as evaluate_rows
-from conceptdict.saes import config_file, format_table, threshold_line, with_splice_scores
+from conceptdict.saes import config_file, format_table, kind_spec, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
+from conceptdict.saes.evaluation import combine_layers
+from conceptdict.saes.formats import transcoder_set
+from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
 
@@ -73,7 +77,7 @@ class Evaluation(NamedTuple):
 
     def format(self, source: str | Path = "") -> str:
         where = ", ".join(str(p) for p in self.store) if isinstance(self.store, list) else self.store
-        lines = [f"{self.dictionary.kind} dictionary {source} on {where} [{' -> '.join(self.hookpoints)}], "
+        lines = [f"{self.metrics.kind or self.dictionary.kind} dictionary {source} on {where} [{' -> '.join(self.hookpoints)}], "
                  f"{self.metrics.n_tokens} rows ({self.rows_from}):", format_table(self.metrics)]
         if self.latent_tags is not None:
             lines.append(tags_line(self.latent_tags))
@@ -93,11 +97,22 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
     out by default. Settings are :class:`EvalConfig`'s. Writes ``eval.json`` (``out=``, default DICT/eval.json)."""
     cfg = config_from_dict(EvalConfig, settings, "evaluate")
     sae_dir = Path(dictionary) if not str(dictionary).startswith("hf:") else dictionary
-    model, store, hookpoints = open_on_store(sae_dir, cfg)
-    batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
-    result = evaluate_rows(model, batches)
-    result = splice_scores(result, model, store, hookpoints, cfg)
-    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 else None
+    layers = transcoder_set(sae_dir)
+    if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
+        opened = [open_on_store(d, cfg) for d in layers]
+        parts = [evaluate_rows(m, rows_for(d, s, h, cfg)[0]) for d, (m, s, h) in zip(layers, opened)]
+        model, store = opened[0][0], opened[0][1]
+        hookpoints = [h[0] for _, _, h in opened] + [h[1] for _, _, h in opened]
+        rows_from = rows_for(layers[0], store, opened[0][2], cfg)[1]
+        result = set_splice_scores(combine_layers(parts, f"{model.kind} x {len(layers)} layers"),
+                                   [m for m, _, _ in opened], store, hookpoints, cfg)
+    else:
+        model, store, hookpoints = open_on_store(sae_dir, cfg)
+        batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
+        result = evaluate_rows(model, batches)
+        result = splice_scores(result, model, store, hookpoints, cfg)
+    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 and \
+        model.spec.sources == "several" else None
     if cfg.out is None and str(sae_dir).startswith("hf:"):
         raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
     out = cfg.out or Path(sae_dir) / "eval.json"
@@ -112,13 +127,34 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
     return Evaluation(result, model, where, hookpoints, rows_from, out, tags)
 
 
+def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
+                      cfg: EvalConfig) -> EvalResult:
+    """:func:`splice_scores` of per-layer transcoders: every MLP replaced at once by its layer's transcoder."""
+    lm_ids = _lm_contexts(store, cfg)
+    if lm_ids is None:
+        return result
+    S = len(models)
+    return replacement_scores(result, *lm_ids[:1], transcoder_replacement(models),
+                              list(zip(hookpoints[:S], hookpoints[S:])), *lm_ids[1:])
+
+
+def _lm_contexts(store, cfg: EvalConfig):
+    """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
+    name = cfg.model or causal_lm_source(store)
+    if name is None or cfg.contexts == 0 or store.level != "token":
+        return None
+    lm = load_model(name, device=cfg.device)
+    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
+    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad))
+
+
 def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
     """(dictionary, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
     hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder). A crosscoder gets the
     list of its stores (:func:`crosscoder_sources`)."""
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
-    if model.n_sources != 1:
+    if model.n_sources != 1 and not model.spec.transcodes:
         return (model, *crosscoder_sources(sae_dir, config, model, cfg))
     if cfg.store_b is not None:
         raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads one source; drop --store-b")
@@ -181,11 +217,14 @@ def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfi
 
 
 def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> list[str]:
-    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output)."""
+    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output); a cross-layer
+    transcoder's S inputs then S outputs."""
     pair = list(config.get("hookpoints") or [])
-    if len(pair) != 2:
-        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a transcoder needs [input, output]")
-    if cfg.hookpoint and cfg.hookpoint != pair[1]:
+    n = 2 * int(config.get("n_sources") or 1)
+    if len(pair) != n:
+        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a {config.get('kind')} needs "
+                         f"{'[input, output]' if n == 2 else f'{n // 2} MLP inputs then their {n // 2} outputs'}")
+    if cfg.hookpoint and (n > 2 or cfg.hookpoint != pair[1]):
         raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a transcoder from {pair[0]} to {pair[1]}; "
                          f"drop --hookpoint")
     missing = [h for h in pair if h not in store.hookpoints]
@@ -231,14 +270,16 @@ def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dic
 def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
     """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
     the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
-    if sae.n_sources > 1:  # a crosscoder's output spans several models or layers: nothing to splice into one
+    if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
         return result
-    name = cfg.model or causal_lm_source(store)
-    if name is None or cfg.contexts == 0 or store.level != "token":
+    lm_ids = _lm_contexts(store, cfg)
+    if lm_ids is None:
         return result
-    lm = load_model(name, device=cfg.device)
-    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
-    ids, mask = rebuild_contexts(store, cfg.contexts, bos, pad)
+    lm, ids, mask = lm_ids
+    if sae.spec.layered:  # a cross-layer transcoder replaces every MLP it covers at once
+        S = sae.n_sources
+        return replacement_scores(result, lm, clt_replacement(sae), list(zip(hookpoints[:S], hookpoints[S:])), ids,
+                                  mask)
 
     def swap(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -248,6 +289,16 @@ def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[
                             source=hookpoints[0] if len(hookpoints) > 1 else None)
     return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
                               losses.kl_replaced)
+
+
+def replacement_scores(result: EvalResult, lm, replacement, layers: list[tuple[str, str]], ids, mask) -> EvalResult:
+    """``result`` with the replacement model's CE loss recovered / KL score (every MLP in ``layers`` replaced at once,
+    errors not kept) and, in ``splice``, the error-kept forward's CE, KL and largest logit difference from clean."""
+    losses = replacement_losses(lm, layers, ids, replacement.encode, replacement.decode, attention_mask=mask)
+    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
+                              losses.kl_replaced, ce_with_errors=losses.ce_with_errors,
+                              kl_with_errors=losses.kl_with_errors,
+                              max_logit_diff_with_errors=losses.max_logit_diff_with_errors)
 
 
 # --------------------------------------------------------------------------- compare
@@ -343,8 +394,10 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
 
 
 def _reads_several(path) -> bool:
-    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1)."""
-    return int(load_dictionary_config(path).get("n_sources") or 1) > 1
+    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1, not a cross-layer
+    transcoder's layers)."""
+    config = load_dictionary_config(path)
+    return int(config.get("n_sources") or 1) > 1 and not kind_spec(config.get("kind", "topk")).transcodes
 
 
 def _labels(paths: list[Path]) -> list[str]:

@@ -18,7 +18,9 @@ from conceptdict.saes.artifact import CONFIG_FILE
 from conceptdict.saes.config import default_batch_size, eval_batch_count, resolve_device, with_heldout_defaults
 from conceptdict.saes.distributed import process_group_comm
 from conceptdict.saes.formats.saelens import KIND_TO_ARCH, exports_exactly
-from conceptdict.saes.plan import check_sources, per_hookpoint_runs, plan_store_run, stream_groups, sweep_points
+from conceptdict.activations.listing import mlp_layers
+from conceptdict.saes.plan import (check_sources, layer_runs, per_hookpoint_runs, plan_store_run, stream_groups,
+                                   sweep_points)
 from conceptdict.saes.training import train_sweep
 from conceptdict.settings import (
     ConfigError,
@@ -43,6 +45,11 @@ class TrainCommand:
     hookpoints: list[str] = field(default_factory=list, metadata={
         "flag": "hookpoint", "help": "Hookpoint(s) to train on (default: the store's only one); a transcoder takes "
                                      "two, the component's input then its output."})
+    layers: list[str] = field(default_factory=list, metadata={
+        "flag": "layers", "help": "'all' or layer numbers (repeatable): train on these layers' MLPs "
+                                  "(blocks.N.mlp.hook_in -> hook_out) instead of --hookpoint: a transcoder kind makes "
+                                  "one dictionary per layer in OUT/LAYER from one read of each batch, a clt one "
+                                  "over all of them."})
     out: Path | None = field(default=None, metadata={
         "help": "Output directory for the dictionary (config.json, weights.safetensors, checkpoint, metrics)."})
     resume: bool = field(default=False, metadata={
@@ -174,20 +181,33 @@ def _outputs(out: Path | None, names: list[str], cmd: TrainCommand) -> list[Path
     return outs
 
 
+def with_layers(cmd: TrainCommand, points: list[tuple[str, TrainConfig]], available: list[str], where: str):
+    """(hookpoints, [(name, config, sources)]) of the run: ``cmd.layers``' MLP inputs then outputs
+    (``saes.plan.layer_runs``) among the ``available`` hookpoints, else ``cmd.hookpoints`` with each point on them."""
+    if not cmd.layers:
+        return cmd.hookpoints, [(name, cfg, None) for name, cfg in points]
+    if cmd.hookpoints:
+        raise ConfigError(f"--layers {' '.join(cmd.layers)} picks the MLP hookpoints itself; drop --hookpoint")
+    return layer_runs(mlp_layers(cmd.layers, available, where), points)
+
+
 def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
     """Open the stores, size the runs, stream this rank's part of every batch ONCE into ``saes.train_sweep``."""
-    stores, hookpoints, rows, desc = open_training_data(cmd.stores, cmd.hookpoints)
+    hookpoints, runs = with_layers(cmd, points, ActivationStore(cmd.stores[0]).hookpoints if cmd.stores and
+                                   cmd.layers else [], f"store {cmd.stores[0] if cmd.stores else ''}")
+    stores, hookpoints, rows, desc = open_training_data(cmd.stores, hookpoints)
     check_sources(points, len(stores) * len(hookpoints))
-    names = [name for name, _ in points]
+    names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)
-    cfgs, passes = plan_store_run(points, rows)
-    w = ranks.current()
+    cfgs, passes = plan_store_run([(name, cfg) for name, cfg, _ in runs], rows)
+    comm = run_comm(cfgs)
     device = resolve_device(cfgs[0].device)
-    metas = [{"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hookpoints,
+    reads = [[hookpoints[i] for i in pick] if pick is not None else hookpoints for _, _, pick in runs]
+    metas = [{"stores": [str(s.path.resolve()) for s in stores], "hookpoints": hps,
               "model": stores[0].manifest.get("model", {}), "level": stores[0].level,
-              "heldout": heldout_recipe(stores, hookpoints, c.batch_size, c.seed, eval_batch_count(c), cmd.buffer_rows)}
-             for c in cfgs]
-    if w.main:
+              "heldout": heldout_recipe(stores, hps, c.batch_size, c.seed, eval_batch_count(c), cmd.buffer_rows)}
+             for c, hps in zip(cfgs, reads)]
+    if ranks.current().main:
         for out, c in zip(outs, cfgs):
             write_resolved_config({"command": to_jsonable(cmd), "train": to_jsonable(to_flat(c))}, out,
                                   "train_config.json")
@@ -198,12 +218,13 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
             # this rank's rows of every global batch (one process: every row), read ahead by a background thread,
             # moved to the training device in the store's dtype and converted there
             return stream_batches(stores, hookpoints, p.batch_size, seed=p.seed, epochs=p.epochs,
-                                  buffer_rows=cmd.buffer_rows, start_batch=start, part=w.part,
+                                  buffer_rows=cmd.buffer_rows, start_batch=start, part=(comm.rank, comm.size),
                                   holdout_batches=p.heldout_batches, device=device)
 
         trained = train_sweep([cfgs[i] for i in p.members], batches, outs=[outs[i] for i in p.members],
                               resume=cmd.resume, metas=[metas[i] for i in p.members],
-                              names=[names[i] for i in p.members], source=desc, comm=process_group_comm())
+                              names=[names[i] for i in p.members], source=desc, comm=comm,
+                              picks=[runs[i][2] for i in p.members])
         for i, model in zip(p.members, trained):
             models[i] = model
     return list(zip(names, outs, models))
@@ -218,33 +239,42 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
     if cmd.stores:
         raise ConfigError("give --store (train on a cached store) or --model (train from the model's forward), "
                           "not both")
-    if cmd.out is None or not cmd.hookpoints:
-        raise ConfigError("conceptdict train --model needs --hookpoint H (repeatable) and --out SAE_DIR")
+    if cmd.out is None or not (cmd.hookpoints or cmd.layers):
+        raise ConfigError("conceptdict train --model needs --hookpoint H (repeatable) or --layers, and --out SAE_DIR")
     if any(cfg.tokens is None for _, cfg in points):
         raise ConfigError("conceptdict train --model needs --tokens N: the activation rows to train on (the dataset "
                           "is read once, so it must hold at least N + held-out rows)")
-    check_sources(points, len(cmd.hookpoints))
-    runs = per_hookpoint_runs(cmd.hookpoints, points)
+    chosen: dict[str, Any] = {}
+
+    def choose(available: list[str]) -> list[str]:  # with the model's hookpoint names at hand: --layers' MLPs
+        chosen["hookpoints"], chosen["runs"] = with_layers(cmd, points, available, f"model {live.model}")
+        return chosen["hookpoints"]
+
+    w, comm = ranks.current(), run_comm([cfg for _, cfg in points])
+    model = open_model(live, choose, resolve_device(points[0][1].device))
+    hookpoints = chosen["hookpoints"]
+    check_sources(points, len(hookpoints))
+    runs = chosen["runs"] if cmd.layers else per_hookpoint_runs(hookpoints, points)
     names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)
     cfgs = [with_heldout_defaults(cfg if cfg.batch_size else dataclasses.replace(
         cfg, batch_size=default_batch_size(cfg.tokens))) for _, cfg, _ in runs]
-    w, comm = ranks.current(), process_group_comm()
-    model = open_model(live, cmd.hookpoints, resolve_device(cfgs[0].device))
-    metas = [{"model": model.load_info, "hookpoints": [cmd.hookpoints[s]] if s is not None else cmd.hookpoints,
-              "level": level_of(cmd.hookpoints), "dataset": describe_dataset(live.dataset),
-              "live": to_jsonable(live)} for _, _, s in runs]
+    reads = [hookpoints if s is None else [hookpoints[i] for i in ([s] if isinstance(s, int) else s)]
+             for _, _, s in runs]
+    metas = [{"model": model.load_info, "hookpoints": hps, "level": level_of(hookpoints),
+              "dataset": describe_dataset(live.dataset), "live": to_jsonable(live)} for hps in reads]
     if w.main:
         for out, cfg in zip(outs, cfgs):
             write_resolved_config({"command": to_jsonable(cmd), "live": to_jsonable(live),
                                    "train": to_jsonable(to_flat(cfg))}, out, "train_config.json")
-    desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(cmd.hookpoints)}"
+    desc = f"model {live.model} over {live.dataset}, hookpoint {', '.join(hookpoints)}"
     models: list[SparseCoder | None] = [None] * len(cfgs)
     for (batch, seed), members in stream_groups(cfgs).items():  # one forward pass per way of batching
 
         def batches(start: int, batch=batch, seed=seed):
-            return live_batches(live, model, cmd.hookpoints, batch, seed=seed, buffer_rows=cmd.buffer_rows,
-                                start_batch=start, part=w.part, gather=comm.gather_rows if w.size > 1 else None)
+            return live_batches(live, model, hookpoints, batch, seed=seed, buffer_rows=cmd.buffer_rows,
+                                start_batch=start, part=(comm.rank, comm.size),
+                                gather=comm.gather_rows if comm.size > 1 else None)
 
         trained = train_sweep([cfgs[i] for i in members], batches, outs=[outs[i] for i in members],
                               resume=cmd.resume, metas=[metas[i] for i in members],
@@ -253,6 +283,15 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
         for i, m in zip(members, trained):
             models[i] = m
     return list(zip(names, outs, models))
+
+
+def run_comm(cfgs: list[TrainConfig]):
+    """The seam of this rank for a run's dictionaries (``saes.distributed.process_group_comm``): data parallel, and
+    with ``latent_shards`` its latent shards (every dictionary of one run takes the same count)."""
+    counts = sorted({c.latent_shards for c in cfgs})
+    if len(counts) > 1:
+        raise ConfigError(f"latent_shards takes one value per run, not {counts}: sweep it in separate runs")
+    return process_group_comm(counts[0])
 
 
 def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | dict[str, SparseCoder]:

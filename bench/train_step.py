@@ -3,9 +3,10 @@
 The variants run in two subprocesses (this project's interpreter, and the benchmark environment with
 sparsify and SAELens) on the same synthetic activations (generated from a fixed seed with the same torch
 version in both), the same shapes and the same number of steps; each variant's peak memory is measured
-from its own baseline, one variant after the other. A step is forward + backward + Adam (torch.optim.Adam with fused=True, the
-same optimizer for every trainer: the unfused CPU Adam alone costs several encoder matmuls at L=16384
-and would hide every difference between the trainers). Variants:
+from its own baseline, one variant after the other. A step is forward + backward + Adam (torch's fused Adam
+kernel for every trainer: torch.optim.Adam(fused=True) for the others, conceptdict.saes.adam.Adam, which calls the
+same kernel, for ours; the unfused CPU Adam alone costs several encoder matmuls at L=16384 and would hide every
+difference between the trainers). Variants:
 
   matmul             the encoder matmul alone, x [B, D] @ W_enc [D, L] + b_enc (the floor); every other
                      variant also times it just before each of its steps
@@ -23,7 +24,8 @@ and would hide every difference between the trainers). Variants:
   kind-KIND          one step of the kind's training forward from the kind table (saes.KINDS: topk, batchtopk,
                      jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
                      clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
-                     are the ratios to kind-topk
+                     are the ratios to kind-topk; ``--precision bf16`` (fp16 on CUDA) runs them with the
+                     encoder matmul in that dtype, as ``train --precision`` does
   kind-crosscoder    the same for the crosscoder (2 sources: batches [B, 2*D], W_enc [2*D, L]); its floor is
                      2 encoder matmuls [B, D] @ [D, L], one per source, timed back to back
   kind-transcoder    the same for the transcoder and the skip transcoder: batches of (input, output) pairs
@@ -62,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {
     "full": dict(D=768, L=16384, k=32, B=4096, steps=4, warmup=2),
     "small": dict(D=256, L=4096, k=16, B=1024, steps=3, warmup=1),
+    "tiny": dict(D=32, L=256, k=8, B=128, steps=2, warmup=1),  # checks that every row runs (bench/gpu.py --dry-run)
 }
 KIND_VARIANTS = ("kind-topk", "kind-batchtopk", "kind-jumprelu", "kind-matryoshka", "kind-spade")
 # kinds that read several sources: name -> (sources in a batch, encoder matmuls of [B, D] @ [D, L] in the floor)
@@ -232,11 +235,11 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     from conceptdict.saes import SparseCoder, TrainConfig
     from conceptdict.saes.comm import local_inputs
-    from conceptdict.saes.config import kind_default
+    from conceptdict.saes.config import MATMUL_DTYPES, kind_default
     from conceptdict.saes.training import apply_update, make_optimizer
 
     kind = name.split("-", 1)[1]
-    cfg = TrainConfig(latents=p["L"], k=p["k"], kind=kind)
+    cfg = TrainConfig(latents=p["L"], k=p["k"], kind=kind, precision=p.get("precision", "float32"))
     n_sources = MULTI_SOURCE[name][0] if kind.startswith("crosscoder") else 1
     model = SparseCoder(p["D"], p["L"], p["k"], kind, n_sources=n_sources).to(p["device"])
     model.reset_parameters(generator=torch.Generator().manual_seed(0))
@@ -248,7 +251,8 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     def step(batch):
         x, target = model.split(batch)
-        inputs = local_inputs(target)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"))
+        inputs = local_inputs(target)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"),
+                                               matmul_dtype=MATMUL_DTYPES[cfg.precision])
         out = model.spec.train_forward(model, x, inputs)
         loss = (target - out.x_hat).pow(2).sum() / inputs.stats.total_var
         if out.sparsity_loss is not None:
@@ -482,7 +486,8 @@ def ratios(res: dict, p: dict) -> dict:
 
 
 def print_table(res: dict, rat: dict, p: dict) -> None:
-    print(f"D={p['D']} L={p['L']} k={p['k']} B={p['B']} device={p['device']} steps={p['steps']} (+{p['warmup']} warm-up)"
+    print(f"D={p['D']} L={p['L']} k={p['k']} B={p['B']} device={p['device']} precision(kind-*)={p.get('precision')} "
+          f"steps={p['steps']} (+{p['warmup']} warm-up)"
           f" floor={p.get('floor', 'fresh')}")
     print("x matmul: median over steps of the step over the encoder matmul timed just before it")
     print(f"{'variant':18s} {'step ms':>9s} {'matmul ms':>9s} {'x matmul':>9s} {'tokens/s':>10s} {'peak MiB':>9s}  impl")
@@ -503,6 +508,9 @@ def print_table(res: dict, rat: dict, p: dict) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="small preset (about a minute on 2 cores)")
+    ap.add_argument("--tiny", action="store_true", help="tiny preset: checks that the rows run, measures nothing")
+    ap.add_argument("--precision", default="float32", choices=("float32", "bf16", "fp16"),
+                    help="the encoder matmul's precision in the kind-* rows (train-topk-bf16 is always bf16)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the Triton path on CUDA)")
     ap.add_argument("--steps", type=int, help="timed steps per variant (median reported)")
     ap.add_argument("--warmup", type=int, help="untimed steps first (numba/triton compilation, torch.compile)")
@@ -522,7 +530,8 @@ def main(argv=None) -> None:
     if a.worker:
         worker(a.worker.split(","), json.loads(a.params))
         return
-    p = dict(PRESETS["small" if a.small else "full"], device=a.device, floor=a.floor, threads=a.threads)
+    preset = "tiny" if a.tiny else "small" if a.small else "full"
+    p = dict(PRESETS[preset], device=a.device, floor=a.floor, threads=a.threads, precision=a.precision)
     p.update({k: v for k, v in (("steps", a.steps), ("warmup", a.warmup)) if v is not None})
     names = [n for n in OURS + OTHERS if not a.only or n in a.only]
     res = run_worker(sys.executable, [n for n in names if n in OURS], p, a.timeout) if set(names) & set(OURS) else {}

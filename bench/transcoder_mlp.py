@@ -47,10 +47,11 @@ def word_tokenizer(texts: list[str], size: int):
     return over_vocab(SPECIALS + [w for w, _ in counts.most_common(size - len(SPECIALS))])
 
 
-def train_lm(directory: Path, steps: int, layer: int, *, vocab: int = 2000, d_model: int = 64, context: int = 64,
-             batch: int = 32, lr: float = 3e-3, seed: int = 0) -> dict:
-    """Train a 2-layer GPT-2 on the docstrings of the running Python (next-token loss, AdamW, linear decay), save it
-    with its tokenizer under ``directory``, and return its held-out loss with and without ``layer``'s MLP."""
+def train_lm(directory: Path, steps: int, layer: int | None, *, vocab: int = 2000, d_model: int = 64,
+             context: int = 64, batch: int = 32, lr: float = 3e-3, seed: int = 0, n_layer: int = 2) -> dict:
+    """Train an ``n_layer`` GPT-2 on the docstrings of the running Python (next-token loss, AdamW, linear decay), save
+    it with its tokenizer under ``directory``, and return its held-out loss with and without ``layer``'s MLP (None:
+    every MLP zeroed at once)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -60,7 +61,7 @@ def train_lm(directory: Path, steps: int, layer: int, *, vocab: int = 2000, d_mo
     tok = word_tokenizer(texts, vocab)
     ids = torch.tensor([i for t in texts for i in [tok.eos_token_id, *tok(t)["input_ids"]]])
     split = int(0.9 * len(ids))
-    cfg = GPT2Config(n_layer=2, n_embd=d_model, n_head=4, n_positions=2 * context, vocab_size=len(tok),
+    cfg = GPT2Config(n_layer=n_layer, n_embd=d_model, n_head=4, n_positions=2 * context, vocab_size=len(tok),
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(cfg)
@@ -83,9 +84,11 @@ def train_lm(directory: Path, steps: int, layer: int, *, vocab: int = 2000, d_mo
     held = windows(split, len(ids), 256)
     with torch.no_grad():
         clean = float(model(input_ids=held, labels=held).loss)
-        hook = model.transformer.h[layer].mlp.register_forward_hook(lambda _m, _i, out: torch.zeros_like(out))
+        hooks = [model.transformer.h[i].mlp.register_forward_hook(lambda _m, _i, out: torch.zeros_like(out))
+                 for i in ([layer] if layer is not None else range(n_layer))]
         ablated = float(model(input_ids=held, labels=held).loss)
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     model.save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
     return {"tokens": len(ids), "steps": steps, "loss": clean, "loss_mlp_zeroed": ablated}

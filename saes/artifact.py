@@ -3,7 +3,9 @@
 Native: ``config.json`` + ``weights.safetensors`` with ``W_enc [D, L]``, ``b_enc [L]``, ``W_dec [L, D]``,
 ``b_dec [D]`` (+ ``threshold [L]`` for kinds with a JumpReLU inference rule, ``W_skip [D, D]`` for skip
 transcoders, whose config.json also names ``input_hookpoint`` and ``output_hookpoint``); with S > 1 sources the encoder
-and decoder carry a leading sources axis: ``W_enc [S, D, L]``, ``W_dec [S, L, D]``, ``b_dec [S, D]``.
+and decoder carry a leading sources axis: ``W_enc [S, D, L]``, ``W_dec [S, L, D]``, ``b_dec [S, D]`` (a cross-layer
+transcoder over S layers: ``W_enc [S, D, L/S]``, one encoder per layer; ``W_dec [S, L, D]`` per target layer, zero
+from a latent to the layers before its own).
 Weights are always in raw activation units (any training normalisation is folded in; its constants are
 recorded in config.json). Configuration is read from config.json, never inferred from tensor names.
 
@@ -49,7 +51,8 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
     S, D, L = model.n_sources, model.d_in, model.n_latents
     out = {"W_enc": model.W_enc, "b_enc": model.b_enc, "W_dec": model.W_dec, "b_dec": model.b_dec}
     if S > 1:
-        out["W_enc"] = model.W_enc.reshape(S, D, L)
+        out["W_enc"] = (model.W_enc.view(D, S, L // S).transpose(0, 1) if model.spec.layered  # [S, D, L/S]
+                        else model.W_enc.reshape(S, D, L))
         out["W_dec"] = model.W_dec.view(L, S, D).permute(1, 0, 2)
         out["b_dec"] = model.b_dec.view(S, D)
     if model.spec.uses_threshold:
@@ -130,9 +133,16 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     if missing:
         raise ValueError(f"{path} lacks tensors {missing} that a {cfg['kind']} dictionary needs; re-save it")
     lead = (S,) if S > 1 else ()
-    W_enc = _expect("W_enc", t["W_enc"], (*lead, D, L), path).reshape(S * D, L)
+    if model.spec.layered:  # one encoder [D, L/S] per layer
+        W_enc = _expect("W_enc", t["W_enc"], (S, D, L // S), path).transpose(0, 1).reshape(D, L)
+    else:
+        W_enc = _expect("W_enc", t["W_enc"], (*lead, D, L), path).reshape(S * D, L)
     W_dec = _expect("W_dec", t["W_dec"], (*lead, L, D), path)
     W_dec = W_dec.permute(1, 0, 2).reshape(L, S * D) if S > 1 else W_dec
+    mask = model.decoder_mask()
+    if mask is not None and W_dec.masked_select(~mask).any():
+        raise ValueError(f"{path}: W_dec has non-zero entries from a {kind} latent to a layer before its own, which "
+                         f"it never writes to; the artifact is inconsistent, re-save it")
     b_dec = _expect("b_dec", t["b_dec"], (*lead, D), path).reshape(S * D)
     state = {"W_enc": W_enc, "b_enc": _expect("b_enc", t["b_enc"], (L,), path), "W_dec": W_dec, "b_dec": b_dec,
              "threshold": t["threshold"] if "threshold" in t else model.threshold,

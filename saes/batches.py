@@ -64,8 +64,10 @@ def open_at(batches: Batches, start: int) -> Iterator[Tensor]:
     return itertools.islice(iter(batches), start, None)
 
 
-def picked(batches: Batches, source: int | None) -> Batches:
-    """``batches`` with every [B, S, D] batch cut to its source ``source`` [B, D] (None: unchanged)."""
+def picked(batches: Batches, source: int | tuple[int, ...] | None) -> Batches:
+    """``batches`` with every [B, S, D] batch cut to its source ``source`` [B, D] (several: [B, len(source), D], e.g.
+    one layer's MLP input and output; None: unchanged)."""
+    source = list(source) if isinstance(source, tuple) else source
     if source is None:
         return batches
     if seekable(batches):

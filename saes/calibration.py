@@ -19,37 +19,42 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 1024) -> tuple[float, int]:
     """Set the inference threshold of a thresholded kind so that the mean L0 over the rows of ``batches``
-    ([B, D] / [B, S, D], in the model's input units) is its k: theta = the (N k)-th largest of the kind's
+    ([B, D] / [B, S, D], a transcoder's (input, output) pairs, in the model's input units) is its k: theta = the (N k)-th largest of the kind's
     scores (``KindSpec.scores``) over the N rows, i.e. BatchTopK over the whole set. Returns (theta, N). A kind
     with learned thresholds per latent (``KindSpec.scales_thresholds``: its scores are the ratios to them) has
-    every threshold multiplied by theta instead."""
+    every threshold multiplied by theta instead. A layered kind (a cross-layer transcoder) gets one theta per layer,
+    each over its own latents (mean L0 = k per layer); the theta returned is their mean."""
     spec = model.spec
     if spec.scores is None:
         raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
-    rows = [model.flatten_input(x.to(model.W_dec.device).float()) for x in batches]
+    rows = [model.split(model.flatten_batch(x.to(model.W_dec.device).float()))[0] for x in batches]  # the inputs
     n = sum(x.shape[0] for x in rows)
     keep = max(1, int(round(n * model.k)))
-    top = model.W_dec.new_empty(0)
+    groups = model.layer_of_latent()
+    tops = [model.W_dec.new_empty(0) for _ in range(int(groups.max()) + 1)]
     for x in rows:
         for part in x.split(chunk):
-            scores = spec.scores(model, part).flatten()
-            top = torch.cat([top, scores[scores > 0]])
-            if top.numel() > keep:
-                top = top.topk(keep, sorted=False).values
-    theta = float(top.min()) if top.numel() >= keep else 0.0
+            scores = spec.scores(model, part)
+            for g, top in enumerate(tops):
+                got = scores[:, groups == g].flatten()
+                top = torch.cat([top, got[got > 0]])
+                tops[g] = top.topk(keep, sorted=False).values if top.numel() > keep else top
+    thetas = [float(top.min()) if top.numel() >= keep else 0.0 for top in tops]
     # inference keeps scores strictly above theta: step just below the (N k)-th score so that it is kept too
-    theta = float(torch.nextafter(torch.tensor(theta), torch.tensor(-math.inf))) if theta > 0 else 0.0
-    if theta == 0:
+    thetas = [float(torch.nextafter(torch.tensor(t), torch.tensor(-math.inf))) if t > 0 else 0.0 for t in thetas]
+    if 0 in thetas:
         log.warning("fewer than k = %d latents per row are positive on the %d calibration rows: the threshold is 0 "
                     "(every positive activation fires)", model.k, n)
     if spec.scales_thresholds:
         # inference compares z with theta * threshold_j, not z / threshold_j with theta: a relative margin of 1e-6
         # keeps the (N k)-th entry through that product's rounding
-        theta *= 1 - 1e-6
-        model.threshold.mul_(theta)
+        thetas = [t * (1 - 1e-6) for t in thetas]
+    if len(thetas) == 1:
+        model.threshold.mul_(thetas[0]) if spec.scales_thresholds else model.threshold.fill_(thetas[0])
     else:
-        model.threshold.fill_(theta)
-    return theta, n
+        per_latent = torch.tensor(thetas, dtype=model.threshold.dtype, device=model.threshold.device)[groups]
+        model.threshold.mul_(per_latent) if spec.scales_thresholds else model.threshold.copy_(per_latent)
+    return (thetas[0] if len(thetas) == 1 else sum(thetas) / len(thetas)), n
 
 
 def threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str, Any]:
@@ -66,11 +71,23 @@ def threshold_summary(model: SparseCoder, calibration: list[Tensor]) -> dict[str
                                                  if n else ""),
                 "factor": factor, "calibrated_on_rows": n,
                 "mean": float(t.mean()), "min": float(t.min()), "max": float(t.max())}
-    running = float(model.threshold[0])
+    running, layers = float(model.threshold[0]), _per_layer(model)
     if not calibration:
         return {"value": running, "running_estimate": running, "calibrated_on_rows": 0,
-                "rule": "running estimate from training batches"}
+                "rule": "running estimate from training batches", **({"per_layer": layers} if layers else {})}
     theta, n = calibrate_threshold(model, calibration)
     log.info("inference threshold %.6g calibrated on %d unseen rows (running estimate %.6g)", theta, n, running)
-    return {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
-            "rule": "mean L0 = k on rows never trained on"}
+    out = {"value": theta, "running_estimate": running, "calibrated_on_rows": n,
+           "rule": "mean L0 = k on rows never trained on"}
+    if layers:  # a cross-layer transcoder: one threshold per layer, calibrated per layer ("value" is their mean)
+        out.update(running_estimate=sum(layers) / len(layers), rule="mean L0 = k per layer on rows never trained on",
+                   per_layer=_per_layer(model), running_per_layer=layers)
+    return out
+
+
+def _per_layer(model: SparseCoder) -> list[float] | None:
+    """A layered kind's threshold of each layer (None for other kinds)."""
+    if not model.spec.layered:
+        return None
+    P = model.n_latents // model.n_sources
+    return [float(t) for t in model.threshold[::P]]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .adam import Adam
 from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
@@ -18,8 +19,8 @@ from .stopping import StopState
 
 log = logging.getLogger(__name__)
 
-SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl")
-"""Settings a resumed run may change (logging and IO cadence, where it runs)."""
+SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl", "latent_shards")
+"""Settings a resumed run may change (logging and IO cadence, where it runs, over how many latent shards)."""
 
 
 STOP_KEYS = ("stop_patience", "stop_threshold", "stop_every")
@@ -30,6 +31,78 @@ def config_key(cfg: TrainConfig) -> dict[str, Any]:
     """The settings a checkpoint records: every flat setting (``saes.to_flat(every_kind=True)``, as written before
     kinds owned their settings) except :data:`SKIP`."""
     return {k: v for k, v in to_flat(cfg, every_kind=True).items() if k not in SKIP}
+
+
+def shard_file(name: str, shard: int, shards: int) -> str:
+    """The checkpoint file of latent shard ``shard`` of ``shards``: ``name`` itself unsharded, else
+    ``checkpoint.shard-1-of-4.pt``."""
+    if shards == 1:
+        return name
+    stem, _, ext = name.rpartition(".")
+    return f"{stem}.shard-{shard}-of-{shards}.{ext}"
+
+
+def save_sharded(out: Path, name: str, state: dict[str, Any], shards: Any) -> None:
+    """Write this latent shard's ``state`` (``shards``: the seam's latent-shard group, saes.comm) as its file in
+    ``out``; once every shard's is written, remove the files of another shard count (a run resumed on another)."""
+    save_checkpoint(out / shard_file(name, shards.rank, shards.size), state)
+    shards.barrier()
+    if shards.rank == 0:
+        stem = name.rpartition(".")[0]
+        mine = {shard_file(name, i, shards.size) for i in range(shards.size)}
+        for old in [out / name, *out.glob(f"{stem}.shard-*-of-*.*")]:
+            if old.name not in mine and old.exists():
+                old.unlink()
+
+
+def load_sharded(out: Path, name: str, shard: int, shards: int) -> dict[str, Any]:
+    """The checkpoint in ``out`` as latent shard ``shard`` of ``shards`` resumes it, whatever shard count wrote it:
+    this shard's latents sliced out of the files (memory-mapped: only those slices are read) and joined; the
+    complete set with the latest step when more than one is there."""
+    stem = name.rpartition(".")[0]
+    sets = {1: [out / name]} if (out / name).exists() else {}
+    for path in out.glob(f"{stem}.shard-*-of-*.pt"):
+        n = int(path.name.split("-of-")[1].split(".")[0])
+        paths = [out / shard_file(name, i, n) for i in range(n)]
+        if all(p.exists() for p in paths):
+            sets[n] = paths
+    if not sets:
+        return load_checkpoint(out / name)  # names what is missing
+    mapped = shards > 1 or max(sets) > 1
+    parts = max(([read_checkpoint(p, mmap=mapped) for p in paths] for paths in sets.values()),
+                key=lambda ps: ps[0]["step"])
+    if len(parts) == 1 and shards == 1:
+        return parts[0]
+    return take_shard(parts, shard, shards)
+
+
+def _axes(ck: dict[str, Any]) -> tuple[dict[str, int | None], dict[int, int | None]]:
+    axes = ck.get("latent_axes") or {"model": {}, "optimizer": {}}  # written before latent shards: never split
+    return axes["model"], axes["optimizer"]
+
+
+def take_shard(parts: list[dict[str, Any]], shard: int, shards: int) -> dict[str, Any]:
+    """Latent shard ``shard`` of ``shards`` out of a checkpoint written as ``len(parts)`` latent shards (in order):
+    every per-latent tensor's slice of this shard's latents (copied out of the parts it spans), everything else
+    part 0's."""
+    model_axes, opt_axes = _axes(parts[0])
+
+    def cut(tensors: list[Tensor], axis: int | None) -> Tensor:
+        if axis is None or tensors[0].dim() == 0:
+            return tensors[0].clone()
+        n = tensors[0].shape[axis]  # latents per part
+        lo, hi = shard * n * len(tensors) // shards, (shard + 1) * n * len(tensors) // shards
+        pieces = [t.narrow(axis, max(lo, j * n) - j * n, min(hi, (j + 1) * n) - max(lo, j * n))
+                  for j, t in enumerate(tensors) if max(lo, j * n) < min(hi, (j + 1) * n)]
+        return torch.cat(pieces, dim=axis)  # a copy, off the mapped files
+
+    ck = {k: v.clone() if isinstance(v, Tensor) else v for k, v in parts[0].items()}
+    ck["model"] = {k: cut([p["model"][k] for p in parts], model_axes.get(k)) for k in parts[0]["model"]}
+    ck["optimizer"] = dict(parts[0]["optimizer"])
+    ck["optimizer"]["state"] = {i: {k: cut([p["optimizer"]["state"][i][k] for p in parts], opt_axes.get(i))
+                                    for k in st} for i, st in parts[0]["optimizer"]["state"].items()}
+    ck["since_fired"] = cut([p["since_fired"] for p in parts], 0)
+    return ck
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -54,14 +127,24 @@ class TrainState:
     stop: StopState = field(default_factory=StopState)  # the stopping rule's state (saes.stopping)
 
 
-def checkpoint_state(model: SparseCoder, opt: torch.optim.Optimizer, st: TrainState, cfg: TrainConfig,
+def checkpoint_state(model: SparseCoder, opt: Adam, st: TrainState, cfg: TrainConfig,
                       gen: torch.Generator, resolved: Resolved) -> dict:
     return {
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
         "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(), "stop": st.stop.to_dict(),
         "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
+        "latent_axes": latent_axes(model),
     }
+
+
+def latent_axes(model: SparseCoder) -> dict[str, dict]:
+    """Along which axis each model and optimizer entry runs over the latents (None: every shard holds it whole),
+    so that a checkpoint's latent shards join and split (``load_sharded``); the optimizer's entries are numbered as
+    its parameters (``update.make_optimizer``: storage order, latents first)."""
+    names = [name for name, _ in model.named_parameters()]
+    return {"model": {k: model.latent_axis(k) for k in model.state_dict()},
+            "optimizer": {i: None if model.latent_axis(n) is None else 0 for i, n in enumerate(names)}}
 
 
 def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -85,7 +168,7 @@ def resumed_config(ck: dict, cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, stop_patience=0)
 
 
-def restore(ck: dict, model: SparseCoder, opt: torch.optim.Optimizer, cfg: TrainConfig, source: str) -> TrainState:
+def restore(ck: dict, model: SparseCoder, opt: Adam, cfg: TrainConfig, source: str) -> TrainState:
     saved, now = _resumed_settings(ck["config"], cfg)
     if saved != now:
         diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}

@@ -7,7 +7,14 @@ identity; under torch.distributed it is ``saes.distributed.TorchComm``, which al
 A data-parallel run is therefore the same code as a single-process run, and a new kind written against
 this seam trains data-parallel without further work.
 
-Shapes: B global batch rows, B_r this process's rows, F = S*D the flattened width, L latents.
+Latent sharding (``TrainConfig.latent_shards``) is a second communicator on the same seam: ``comm.shards``, the
+processes that hold the other latents of this process's dictionary and read the same rows. A ``Comm``'s own
+operations span its data group (the processes holding the same latents, each its part of the batch); what spans
+the latents goes through ``comm.shards`` (the decode's partial sums, the TopK candidates, the gradients of the
+parameters every shard holds), and what spans the whole job through :func:`job_sum` / :func:`job_min` /
+:func:`job_gather`. One process, or data parallel alone, has ``shards.size == 1`` and every such step is the identity.
+
+Shapes: B global batch rows, B_r this process's rows, F = S*D the flattened width, L latents (L_s this shard's).
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ class Comm(Protocol):
     def barrier(self) -> None:
         """Wait for every process."""
 
+    @property
+    def shards(self) -> "Comm":
+        """The latent-shard group: the processes holding this dictionary's other latents (size 1: unsharded)."""
+
 
 class LocalComm:
     """The seam of one process: this process holds the whole batch, every operation is the identity."""
@@ -70,14 +81,58 @@ class LocalComm:
     def barrier(self) -> None:
         return None
 
+    @property
+    def shards(self) -> "LocalComm":
+        return self
+
 
 LOCAL = LocalComm()
 """The one-process seam (the default of ``saes.train``)."""
 
 
 def is_main(comm: Comm) -> bool:
-    """True on the process that logs and writes files (rank 0)."""
-    return comm.rank == 0
+    """True on the process that logs and writes files (rank 0 of the job: data rank 0 of latent shard 0)."""
+    return comm.rank == 0 and comm.shards.rank == 0
+
+
+def job_sum(comm: Comm, t: Tensor) -> Tensor:
+    """Sum of ``t`` over every process of the job (the data group, then the latent shards)."""
+    return comm.shards.all_sum(comm.all_sum(t))
+
+
+def job_min(comm: Comm, t: Tensor) -> Tensor:
+    """Elementwise minimum of ``t`` over every process of the job."""
+    return comm.shards.all_min(comm.all_min(t))
+
+
+def job_gather(comm: Comm, x: Tensor) -> Tensor:
+    """Every process's rows of ``x`` concatenated (data ranks within each shard, then the shards)."""
+    return comm.shards.gather_rows(comm.gather_rows(x))
+
+
+class _ShardSum(torch.autograd.Function):
+    """Sum over the latent shards; its gradient is the incoming one unchanged (every shard computes the same loss
+    of the sum, so d loss / d part = d loss / d sum on each)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, shards: "Comm") -> Tensor:
+        return shards.all_sum(t)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return g, None
+
+
+def shard_sum(t: Tensor, comm: Comm) -> Tensor:
+    """The sum over the latent shards of each one's part ``t`` (a partial reconstruction), differentiable; ``t``
+    itself without sharding."""
+    return t if comm.shards.size == 1 else _ShardSum.apply(t, comm.shards)
+
+
+def shard_bias(bias: Tensor, comm: Comm) -> Tensor:
+    """A parameter every shard holds (b_dec), added to one part of a :func:`shard_sum`: itself on shard 0, zeros
+    elsewhere, so the sum holds it once and its gradient from that sum reaches one shard."""
+    return bias if comm.shards.rank == 0 else torch.zeros_like(bias)
 
 
 class BatchStats(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from .kinds import SHARED_DEFAULTS, kind_spec
+from .kinds import SHARED_DEFAULTS, check_shards, kind_spec
 from .metrics import TRACKERS
 from .model import SparseCoder
 
@@ -101,6 +101,8 @@ class TrainConfig:
         "dtype of the encoder matmul that chooses each step's latents; weights, Adam, values and loss stay float32. "
         "fp16 on CUDA only (docs/guide/train.md#precision)."))
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
+    latent_shards: int = field(default=1, metadata={"min": 1, **_help(
+        "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
     settings: Any = field(default=None, metadata=_help(
         "The kind's own settings (an instance of its KindSpec.settings dataclass); None: its defaults."))
 
@@ -165,6 +167,7 @@ class TrainConfig:
             want = spec.settings.__name__ if spec.settings is not None else "None (it has no settings)"
             raise ValueError(f"settings={self.settings!r} do not belong to kind {self.kind!r}, whose settings are "
                              f"{want}; build the config with saes.train_config(kind=..., <setting>=...)")
+        check_shards(self.kind, self.latents, self.k, self.latent_shards)
         check = getattr(self.kind_settings, "check", None)
         if check is not None:
             check(self)

@@ -67,13 +67,19 @@ class EvalResult:
     kl_score: float | None = None
     """(KL_zero - KL_sae) / KL_zero when spliced into a language model, else None."""
     splice: dict[str, float] | None = None
-    """The raw spliced losses (ce_clean, ce_zero, ce_replaced, kl_zero, kl_replaced) when measured."""
+    """The raw spliced losses (ce_clean, ce_zero, ce_replaced, kl_zero, kl_replaced) when measured; a replacement
+    model's (every MLP replaced at once) also ce_with_errors, kl_with_errors, max_logit_diff_with_errors."""
+    per_layer_l0: tuple[float, ...] = ()
+    """A cross-layer transcoder's mean L0 of each layer's latents (empty for other kinds)."""
+    per_layer_dead: tuple[float, ...] = ()
+    """A cross-layer transcoder's fraction of dead latents in each layer (empty for other kinds)."""
 
     def to_dict(self, with_density: bool = False) -> dict[str, Any]:
         """JSON-able dict; per-latent density only when asked."""
         out = asdict(self)
         out["per_source_fvu"] = list(self.per_source_fvu)
         out["density_histogram"] = list(self.density_histogram)
+        out["per_layer_l0"], out["per_layer_dead"] = list(self.per_layer_l0), list(self.per_layer_dead)
         if with_density:
             out["density"] = list(self.density)
         else:
@@ -145,6 +151,7 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
     mean_sq_elem = mean_sq_tok / (s.S * s.D)  # mean of x^2 over every element
     density = (s.fires / s.n).float()
     fvu = _ratio(err, var)
+    layers = density.view(s.S, -1) if model.spec.layered else density[:0].view(0, 1)  # [S, L/S]: each layer's
     return EvalResult(
         n_tokens=s.n,
         l0=float(s.l0) / s.n,
@@ -163,6 +170,8 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
         k=model.k,
         n_latents=model.n_latents,
         density=tuple(density.tolist()),
+        per_layer_l0=tuple(layers.sum(1).tolist()),
+        per_layer_dead=tuple((layers == 0).float().mean(1).tolist()),
     )
 
 
@@ -187,6 +196,30 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
     return _result(model, s)
 
 
+def combine_layers(results: list[EvalResult], kind: str) -> EvalResult:
+    """One result for a set of per-layer transcoders measured layer by layer (a replacement model's): FVU, MSE and
+    dead / dense fractions over every layer's outputs and latents together, L0 the sum of the layers' (the latents a
+    token uses in the whole model), per-layer FVU / L0 / dead; cos_sim, l2_ratio, rel_recon_bias and the SAEBench
+    explained variance are means over the layers."""
+    n = min(r.n_tokens for r in results)
+    err = [r.mse * r.n_tokens for r in results]  # sum ||y - y_hat||^2 / D per layer (every layer has the same D)
+    var = [e / r.fvu if r.fvu else 0.0 for e, r in zip(err, results)]
+    lat = [r.n_latents for r in results]
+    mean = lambda key: sum(getattr(r, key) for r in results) / len(results)  # noqa: E731
+    fvu = _ratio(sum(err), sum(var))
+    return EvalResult(
+        n_tokens=n, l0=sum(r.l0 for r in results), mse=sum(r.mse for r in results) / len(results), fvu=fvu,
+        explained_variance=1.0 - fvu, explained_variance_saebench=mean("explained_variance_saebench"),
+        cos_sim=mean("cos_sim"), l2_ratio=mean("l2_ratio"), rel_recon_bias=mean("rel_recon_bias"),
+        dead_fraction=sum(r.dead_fraction * m for r, m in zip(results, lat)) / sum(lat),
+        dense_fraction=sum(r.dense_fraction * m for r, m in zip(results, lat)) / sum(lat),
+        per_source_fvu=tuple(r.fvu for r in results),
+        density_histogram=tuple(map(sum, zip(*(r.density_histogram for r in results)))),
+        kind=kind, k=sum(r.k for r in results), n_latents=sum(lat),
+        density=tuple(d for r in results for d in r.density),
+        per_layer_l0=tuple(r.l0 for r in results), per_layer_dead=tuple(r.dead_fraction for r in results))
+
+
 def ce_loss_recovered(ce_clean: float, ce_zero: float, ce_sae: float) -> float:
     """(CE_zero - CE_sae) / (CE_zero - CE_clean): 1 = the SAE loses nothing, 0 = as bad as zero-ablation."""
     return _ratio(ce_zero - ce_sae, ce_zero - ce_clean)
@@ -198,12 +231,13 @@ def kl_score(kl_zero: float, kl_sae: float) -> float:
 
 
 def with_splice_scores(result: EvalResult, ce_clean: float, ce_zero: float, ce_replaced: float,
-                       kl_zero: float, kl_replaced: float) -> EvalResult:
-    """``result`` with CE-loss-recovered and KL score filled from spliced losses (a SpliceLosses' numbers)."""
+                       kl_zero: float, kl_replaced: float, **more: float) -> EvalResult:
+    """``result`` with CE-loss-recovered and KL score filled from spliced losses (a SpliceLosses' numbers; ``more``:
+    further raw numbers kept in ``splice``, e.g. a replacement model's error-kept losses)."""
     import dataclasses
 
     raw = {"ce_clean": ce_clean, "ce_zero": ce_zero, "ce_replaced": ce_replaced,
-           "kl_zero": kl_zero, "kl_replaced": kl_replaced}
+           "kl_zero": kl_zero, "kl_replaced": kl_replaced, **more}
     return dataclasses.replace(result, ce_loss_recovered=ce_loss_recovered(ce_clean, ce_zero, ce_replaced),
                                kl_score=kl_score(kl_zero, kl_replaced), splice=raw)
 
@@ -234,8 +268,15 @@ def format_table(result: EvalResult) -> str:
         if value is None:
             continue
         rows.append((label, f"{value:.6g}" if isinstance(value, float) else str(value)))
-    if len(result.per_source_fvu) > 1:
+    if result.per_layer_l0:  # a cross-layer transcoder: its sources are layers
+        rows += [(f"layer {i}", f"FVU {v:.6g} | L0 {l0:.4g} | dead {d:.4g}") for i, (v, l0, d) in
+                 enumerate(zip(result.per_source_fvu, result.per_layer_l0, result.per_layer_dead))]
+    elif len(result.per_source_fvu) > 1:
         rows += [(f"FVU source {i}", f"{v:.6g}") for i, v in enumerate(result.per_source_fvu)]
+    if (result.splice or {}).get("max_logit_diff_with_errors") is not None:
+        sp = result.splice
+        rows.append(("replacement with error nodes", f"CE {sp['ce_with_errors']:.6g} (clean {sp['ce_clean']:.6g}), "
+                     f"KL {sp['kl_with_errors']:.3g}, max |logit - clean| {sp['max_logit_diff_with_errors']:.3g}"))
     rows.append(("density histogram", " ".join(map(str, result.density_histogram))))
     width = max(len(label) for label, _ in rows)
     note = ce_recovered_caveat(result)

@@ -25,13 +25,14 @@ class CorruptFileError(ValueError):
     """A file that exists but cannot be read as what it should be; the message names it and the fix."""
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The training state saved at ``path`` (tensors and plain values only)."""
+def read_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The training state saved at ``path`` (tensors and plain values only); ``mmap``: its tensors memory-mapped
+    from the file (read as they are touched: a latent shard reads its slices of another shard count's files)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start training there")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except PermissionError:
         raise
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:

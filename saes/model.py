@@ -11,13 +11,34 @@ Shapes: B batch rows, D input width per source, S sources, L latents, K kept ent
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from .kinds import KINDS, KindSpec, TrainOutput, kind_spec
 from .kinds.common import pre_activations, relative_acts
 
+if TYPE_CHECKING:
+    from .comm import Comm
+
 __all__ = ["KINDS", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
+
+
+def _draw_blocks(rows: int, width: int, elements: int = 1 << 20) -> list[tuple[int, int]]:
+    """Row ranges [s, e) that draw a [rows, width] normal matrix block by block with the numbers of one draw: torch's
+    CPU normal fills 16 values at a time, so blocks of a multiple of 16 rows (about ``elements`` values each) give
+    the same stream, and a tail under 16 values joins the block before it. A latent shard draws the whole
+    dictionary's initialisation holding one block at a time, not the whole [L, width] matrix."""
+    step = max(16, elements // max(width, 1) // 16 * 16)
+    out, s = [], 0
+    while s < rows:
+        e = min(rows, s + step)
+        if (rows - e) * width < 16:
+            e = rows
+        out.append((s, e))
+        s = e
+    return out
 
 
 class SparseCoder(nn.Module):
@@ -35,16 +56,23 @@ class SparseCoder(nn.Module):
         kind_spec(kind)
         if d_in < 1 or n_latents < 1 or n_sources < 1:
             raise ValueError(f"d_in={d_in}, n_latents={n_latents}, n_sources={n_sources} must all be >= 1")
-        if not 1 <= k < n_latents:
-            raise ValueError(f"k={k} must be at least 1 and below n_latents={n_latents}; lower --k or raise --latents")
+        layered = kind_spec(kind).layered
+        per_layer = n_latents // n_sources if layered else n_latents
+        if layered and n_latents % n_sources:
+            raise ValueError(f"a {kind} splits its latents equally over its {n_sources} layers; n_latents={n_latents} "
+                             f"is not a multiple: pass --latents {per_layer * n_sources or n_sources}")
+        if not 1 <= k < per_layer:
+            raise ValueError(f"k={k} must be at least 1 and below n_latents={per_layer}"
+                             f"{' per layer' if layered else ''}; lower --k or raise --latents")
         self.d_in, self.n_latents, self.k, self.kind, self.n_sources = d_in, n_latents, k, kind, n_sources
         self.kernel_impl = kernel_impl
         width = n_sources * d_in
         kw = {"dtype": dtype, "device": device}
         # stored latent-major ([L, S*D] in memory, a transposed view): each latent's encoder vector is
         # contiguous, so the sparse encoder backward writes whole rows (saes/kernels) and no transpose copy
-        # is ever made; the logical shape, the files and every formula stay [S*D, L]
-        self.W_enc = nn.Parameter(torch.empty(n_latents, width, **kw).t())
+        # is ever made; the logical shape, the files and every formula stay [S*D, L] (a layered kind: [D, L],
+        # each latent reading its own layer)
+        self.W_enc = nn.Parameter(torch.empty(n_latents, d_in if layered else width, **kw).t())
         self.b_enc = nn.Parameter(torch.zeros(n_latents, **kw))
         self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
@@ -54,20 +82,35 @@ class SparseCoder(nn.Module):
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
             self.register_buffer(name, torch.zeros(n_latents, **kw))
+        if layered:  # latent j of layer j // (L/S) decodes to the layers from its own on
+            self.register_buffer("dec_mask", (torch.arange(width, device=device) // d_in)[None, :]
+                                 >= (torch.arange(n_latents, device=device) // per_layer)[:, None], persistent=False)
         self.reset_parameters()
 
     @property
     def spec(self) -> KindSpec:
         return kind_spec(self.kind)
 
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)) -> None:
         """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
         zero (sparsify's rule: it predicts another activation, so a tied decoder would start with a random map;
-        the first steps give each latent its direction)."""
+        the first steps give each latent its direction). ``shard`` (i, N): this module holds latents
+        [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
         with torch.no_grad():
-            w = torch.randn(self.W_dec.shape, generator=generator, dtype=torch.float32)
+            i, n = shard
+            L, width = self.n_latents, self.W_dec.shape[1]
+            w = torch.empty(L, width)
+            for s, e in _draw_blocks(L * n, width):  # the whole draw, a block of rows at a time; keep our rows
+                block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
+                a, b = max(s, i * L), min(e, (i + 1) * L)
+                if a < b:
+                    w[a - i * L: b - i * L] = block[a - s: b - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
+            if self.spec.layered:  # each latent's encoder: its row's block of its own layer, at unit norm
+                w = w.view(self.n_latents, self.n_sources, self.d_in)[torch.arange(self.n_latents),
+                                                                      self.layer_of_latent()]
+                w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.W_enc.copy_(w.T)
             self.b_enc.zero_()
             self.b_dec.zero_()
@@ -87,25 +130,42 @@ class SparseCoder(nn.Module):
 
     @property
     def data_sources(self) -> int:
-        """Sources in a training / evaluation batch: 2 (input, output) for transcoders, else ``n_sources``."""
-        return 2 if self.spec.transcodes else self.n_sources
+        """Sources in a training / evaluation batch: 2 (input, output) per layer for transcoders, else
+        ``n_sources``."""
+        return 2 * self.n_sources if self.spec.transcodes else self.n_sources
 
     def flatten_batch(self, x: Tensor) -> Tensor:
         """A training / evaluation batch -> [B, data_sources * D]: a transcoder's [B, 2, D] (input, output)
-        pairs, else :meth:`flatten_input`."""
+        pairs (a cross-layer transcoder's [B, 2S, D]: the S layers' inputs, then their outputs), else
+        :meth:`flatten_input`."""
         if not self.spec.transcodes:
             return self.flatten_input(x)
-        if x.dim() != 3 or x.shape[1:] != (2, self.d_in):
-            raise ValueError(f"a {self.kind} trains and evaluates on (input, output) pairs [B, 2, {self.d_in}]; got "
-                             f"{list(x.shape)}: give two hookpoints, the component's input then its output")
-        return x.reshape(x.shape[0], 2 * self.d_in)
+        S = self.data_sources
+        if x.dim() != 3 or x.shape[1:] != (S, self.d_in):
+            what = ("give two hookpoints, the component's input then its output" if S == 2 else
+                    f"give {S} hookpoints, the {S // 2} MLP inputs then their outputs")
+            raise ValueError(f"a {self.kind} trains and evaluates on (input, output) pairs [B, {S}, {self.d_in}]; got "
+                             f"{list(x.shape)}: {what}")
+        return x.reshape(x.shape[0], S * self.d_in)
 
     def split(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """A flattened batch (:meth:`flatten_batch`) -> (encoder input, reconstruction target): the same rows
         for an SAE or crosscoder, the input and output halves for a transcoder."""
         if not self.spec.transcodes:
             return batch, batch
-        return batch[:, : self.d_in], batch[:, self.d_in:]
+        half = self.n_sources * self.d_in
+        return batch[:, :half], batch[:, half:]
+
+    # -- layers (cross-layer transcoders) ---------------------------------------------------------
+    def layer_of_latent(self) -> Tensor:
+        """[L] int64: the layer whose input each latent reads (all 0 unless the kind is layered)."""
+        per_layer = self.n_latents // self.n_sources if self.spec.layered else self.n_latents
+        return torch.arange(self.n_latents, device=self.W_dec.device) // per_layer
+
+    def decoder_mask(self) -> Tensor | None:
+        """bool [L, S*D]: the decoder entries a layered kind has (a latent of layer l writes to layers >= l); the
+        others stay zero. None for every other kind."""
+        return self.dec_mask if self.spec.layered else None
 
     def reconstruct(self, x: Tensor, f: Tensor) -> Tensor:
         """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
@@ -152,6 +212,15 @@ class SparseCoder(nn.Module):
         return w if self.n_sources == 1 else w.view(self.n_latents, self.n_sources, self.d_in)
 
     # -- training helpers -----------------------------------------------------------------------
+    def latent_axis(self, name: str) -> int | None:
+        """The axis along which the state entry ``name`` (``state_dict`` naming) runs over the latents, None for
+        the entries every latent shares (b_dec, W_skip, norm_scale): how latent shards split and join it."""
+        if name == "W_enc":
+            return 1
+        per_latent = {"W_dec", "b_enc", "threshold", *self.spec.buffers,
+                      *(self.spec.train_params(self) if self.spec.train_params else {})}
+        return 0 if name in per_latent else None
+
     def add_train_params(self) -> None:
         """Register the kind's extra training parameters (``KindSpec.train_params``), after the weights."""
         for name, t in (self.spec.train_params(self) if self.spec.train_params else {}).items():
@@ -186,9 +255,13 @@ class SparseCoder(nn.Module):
         [c_in, c_out]: the encoder takes c_in, the decoder c_out, the skip path c_in / c_out."""
         scale = scale.to(self.W_enc)
         c_in = c_out = scale.repeat_interleave(self.d_in)
-        if self.spec.transcodes:
-            c_in, c_out, scale = scale[0].expand(self.d_in), scale[1].expand(self.d_in), scale[:1]
-        self.W_enc.mul_(c_in[:, None])
+        if self.spec.transcodes:  # [c_in of each layer, then c_out of each]
+            S = self.n_sources
+            c_in, c_out, scale = c_in[: S * self.d_in], c_out[S * self.d_in:], scale[:S]
+        if self.spec.layered:  # W_enc [D, L]: each latent's column takes its layer's c_in
+            self.W_enc.mul_(scale[self.layer_of_latent()][None, :])
+        else:
+            self.W_enc.mul_(c_in[:, None])
         self.W_dec.div_(c_out[None, :])
         self.b_dec.div_(c_out)
         if self.spec.skip:
@@ -198,3 +271,17 @@ class SparseCoder(nn.Module):
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "
                 f"n_sources={self.n_sources}")
+
+
+def gather_shards(model: SparseCoder, shards: Comm) -> SparseCoder:
+    """The whole dictionary (with its training parameters) out of every latent shard's ``model``, on every shard."""
+    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
+                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
+    whole.add_train_params()
+    state = {}
+    for name, t in model.state_dict().items():
+        axis = model.latent_axis(name)
+        t = t.detach()
+        state[name] = t if axis is None else shards.gather_rows(t.movedim(axis, 0).contiguous()).movedim(0, axis)
+    whole.load_state_dict(state)
+    return whole

@@ -7,7 +7,7 @@ import logging
 from typing import Any, NamedTuple
 
 from .config import TrainConfig, fit_to_store, heldout_batch_count, one_pass_rows, sweep_configs
-from .kinds import is_crosscoder, reads_several_sources
+from .kinds import is_crosscoder, kind_spec, reads_several_sources
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +84,22 @@ def per_hookpoint_runs(hookpoints: list[str], points: list[tuple[str, TrainConfi
         raise ValueError("a sweep over --model's hookpoints cannot mix kinds that read every hookpoint (crosscoder, "
                          "transcoder) with kinds trained on each; run them separately")
     return [(f"{hp}/{name}" if name else hp, cfg, s) for s, hp in enumerate(hookpoints) for name, cfg in points]
+
+
+def layer_runs(pairs: list[tuple[int, str, str]], points: list[tuple[str, TrainConfig]]
+               ) -> tuple[list[str], list[tuple[str, TrainConfig, tuple[int, int] | None]]]:
+    """(hookpoints to stream, [(name, TrainConfig, sources)]) of a run over the MLPs ``pairs`` [(layer, input, output)]:
+    the stream holds every input then every output; a cross-layer transcoder reads all of them (one dictionary), a
+    transcoder kind makes one dictionary per layer (named LAYER[/POINT]) from its (input, output) sources."""
+    n = len(pairs)
+    hookpoints = [p[1] for p in pairs] + [p[2] for p in pairs]
+    layered = {kind_spec(c.kind).layered for _, c in points}
+    if layered == {True}:
+        return hookpoints, [(name, cfg, None) for name, cfg in points]
+    bad = sorted({c.kind for _, c in points if not kind_spec(c.kind).transcodes or kind_spec(c.kind).layered})
+    if bad:
+        raise ValueError(f"--layers trains a transcoder per MLP or one cross-layer transcoder; kind(s) {bad} do not "
+                         f"read an MLP's input and output: use --kind transcoder, skip-transcoder, clt or "
+                         f"clt-batchtopk (one kind family per run)")
+    return hookpoints, [(f"{layer}/{name}" if name else str(layer), cfg, (i, n + i))
+                        for i, (layer, _, _) in enumerate(pairs) for name, cfg in points]

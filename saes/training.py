@@ -33,10 +33,11 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from torch import Tensor
 
+from .adam import Adam
 from .batches import (Batches, SharedReads, TrainingData, checked, geometric_median, normalisation_scale,
                       open_training_data, picked, seekable, shape_of)
 from .calibration import calibrate_threshold, threshold_summary
-from .checkpoint import TrainState, checkpoint_state, load_checkpoint, restore, resumed_config, save_checkpoint
+from .checkpoint import TrainState, checkpoint_state, load_sharded, restore, resumed_config, save_sharded
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_count, check_precision,
                      default_dead_tokens, default_lr, eval_batch_count, heldout_batch_count, resolve, resolve_device,
@@ -44,9 +45,9 @@ from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_cou
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
-from .model import SparseCoder, kind_spec
+from .model import SparseCoder, gather_shards, kind_spec
 from . import stopping
-from .update import aux_loss, apply_update, lr_at, make_optimizer, record_step, update_threshold
+from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Run(NamedTuple):
     model: SparseCoder
     gen: torch.Generator
     """The initialisation generator (its state goes into checkpoints)."""
-    opt: torch.optim.Optimizer
+    opt: Adam
     state: TrainState
     resolved: Resolved
     settings: Any
@@ -75,7 +76,7 @@ class Run(NamedTuple):
     """The running threshold estimate's momentum (the kind's ``threshold_momentum``; 0 for kinds without one)."""
 
 
-def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: torch.optim.Optimizer, state: TrainState,
+def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Adam, state: TrainState,
              resolved: Resolved) -> Run:
     """The :class:`Run` of ``cfg``: the kind's settings and what the steps read of them, resolved once."""
     spec, settings = model.spec, cfg.kind_settings
@@ -95,7 +96,8 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     x, target = model.split(x)  # a transcoder reads the input half and reconstructs the output half
     stats = batch_stats(target, comm)
     dead = st.since_fired >= r.dead_tokens
-    use_aux = model.spec.uses_aux and bool(dead.any())
+    # latent shards: AuxK runs when any shard has a dead latent (every shard then takes part in its selection)
+    use_aux = model.spec.uses_aux and bool(comm.shards.any(dead.any().reshape(1)))
     warm = run.sparsity_warmup
     inputs = StepInputs(stats=stats, comm=comm, dead=dead.to(x.device) if use_aux else None, k_aux=r.aux_k,
                         settings=run.settings, warmup=min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0,
@@ -113,34 +115,45 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
         loss = loss + out.sparsity_loss
     apply_update(model, run.opt, loss, lr, cfg.grad_clip, comm)
     record_step(model, st, comm.any(out.fired), stats.rows, out.smallest, r.threshold_start_step, run.momentum)
+    own = out.sparsity_loss.detach() if out.sparsity_loss is not None else x.new_zeros(())
     parts = comm.all_sum(torch.stack([loss.detach(), fvu.detach(), aux.detach().reshape(()),
-                                      out.l0.float() * x.shape[0] / stats.rows]).cpu().double())
+                                      out.l0.float() * x.shape[0] / stats.rows, own, dead.sum()]).cpu().double())
+    if comm.shards.size > 1:  # each shard's L0, penalty and dead latents are its latents' part
+        more = comm.shards.all_sum(parts[3:])
+        parts = torch.cat([(parts[0] - parts[4] + more[1]).reshape(1), parts[1:3], more])
     return {"loss": float(parts[0]), "fvu": float(parts[1]), "l0": float(parts[3]), "aux": float(parts[2]),
-            "dead": float(dead.float().mean()), "lr": lr}
+            "dead": float(parts[5] / comm.size / (dead.numel() * comm.shards.size)), "lr": lr}
 
 
 # -- a run ------------------------------------------------------------------------------------------
 
-def build_model(cfg: TrainConfig, first: Tensor, device: torch.device,
-                source: str) -> tuple[SparseCoder, torch.Generator]:
-    """A freshly initialised dictionary shaped by the batch ``first`` and the generator that initialised it."""
+def build_model(cfg: TrainConfig, first: Tensor, device: torch.device, source: str,
+                shards: Comm = LOCAL) -> tuple[SparseCoder, torch.Generator]:
+    """A freshly initialised dictionary shaped by the batch ``first`` and the generator that initialised it; with
+    latent shards, this shard's latents of it (the rows of the whole dictionary's initialisation)."""
     S, D = shape_of(first)
     if cfg.d_in is not None and cfg.d_in != D:
         raise ValueError(f"config d_in={cfg.d_in} but {source} has D={D}; pick the matching store/hookpoint "
                          f"or drop --d-in")
-    if kind_spec(cfg.kind).transcodes:
+    spec = kind_spec(cfg.kind)
+    if spec.layered:
+        if S < 2 or S % 2:
+            raise ValueError(f"a {cfg.kind} needs each layer's MLP input and output, the inputs first; {source} "
+                             f"gives {S} source(s): pass --hookpoint IN_0 .. IN_N --hookpoint OUT_0 .. OUT_N")
+        S //= 2  # the layers
+    elif spec.transcodes:
         if S != 2:
             raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
                              f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")
         S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = SparseCoder(D, cfg.latents, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
-    model.reset_parameters(generator=gen)
+    model = SparseCoder(D, cfg.latents // shards.size, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
+    model.reset_parameters(generator=gen, shard=(shards.rank, shards.size))
     model.add_train_params()
     return model.to(device), gen
 
 
-def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> Tensor:
+def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig, comm: Comm) -> Tensor:
     """Normalisation scale [S] and b_dec from the first rows (flattened [N, S*D]); returns the scale."""
     S, D = model.data_sources, model.d_in
     scale = normalisation_scale(sample, S, D) if cfg.normalize else torch.ones(S)
@@ -151,19 +164,19 @@ def _init_from_sample(model: SparseCoder, sample: Tensor, cfg: TrainConfig) -> T
         elif cfg.b_dec_init == "mean":
             model.b_dec.copy_(xs.mean(dim=0))
         if model.spec.init is not None:
-            model.spec.init(model, xs)
+            model.spec.init(model, xs, comm)
     log.info("init: scale per source %s, b_dec=%s of %d rows", [round(float(c), 4) for c in scale],
              cfg.b_dec_init, sample.shape[0])
     return scale
 
 
 def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, Any] | None, device: torch.device,
-          source: str) -> Run:
+          source: str, comm: Comm = LOCAL) -> Run:
     """The model, optimizer and state of a run, fresh or resumed from the checkpoint ``ck``: the first whole
     batch shapes the model; a fresh run initialises b_dec and the scale from the head's rows and starts
     after the held-out batches."""
     first = (data.whole_head or data.held_out or data.calibration)[0]
-    model, gen = build_model(cfg, first, device, source)
+    model, gen = build_model(cfg, first, device, source, comm.shards)
     n_held = len(data.held_out) + len(data.calibration)
     total = math.ceil(cfg.tokens / first.shape[0]) if cfg.tokens else (
         len(batches) - n_held if hasattr(batches, "__len__") else None)
@@ -177,8 +190,8 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
                              f"{r.to_dict()}); the data's length changed: pass the same tokens= as the first run")
     else:
         flat = torch.cat([model.flatten_batch(x) for x in data.whole_head])[: cfg.init_rows]
-        st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg).cpu(),
-                        since_fired=torch.zeros(cfg.latents, dtype=torch.int64))
+        st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg, comm).cpu(),
+                        since_fired=torch.zeros(model.n_latents, dtype=torch.int64))
     return make_run(cfg, model, gen, opt, st, r)
 
 
@@ -197,11 +210,13 @@ class Job:
     data: TrainingData
     out: Path | None
     """Where this process writes (None on ranks > 0 and without an output directory)."""
+    shard_out: Path | None
+    """Where this process writes its latent shard of the checkpoint (the output directory on data rank 0)."""
     sink: MetricsSink
     name: str
     """How the logs name it (empty for a single dictionary)."""
-    pick: int | None = None
-    """The source of each [B, S, D] batch it trains on (None: the whole batch)."""
+    pick: int | list[int] | None = None
+    """The source(s) of each [B, S, D] batch it trains on (None: the whole batch)."""
     last_x: Tensor | None = None
     metrics: dict[str, float] | None = None
 
@@ -222,22 +237,28 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
     check_precision(cfg.precision, device)
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
-    ck = load_checkpoint(out / CHECKPOINT_FILE) if resume else None
+    if cfg.latent_shards != comm.shards.size:
+        raise ValueError(f"latent_shards={cfg.latent_shards} but the seam holds {comm.shards.size} latent shard(s); "
+                         f"train through saes.distributed.process_group_comm(latent_shards={cfg.latent_shards}) "
+                         f"under torchrun, as `conceptdict train --latent-shards` does")
+    ck = load_sharded(out, CHECKPOINT_FILE, comm.shards.rank, comm.shards.size) if resume else None
     cfg = cfg if ck is None else resumed_config(ck, cfg)
     data = open_training_data(batches, eval_batch_count(cfg), cfg.init_rows, None if ck is None else ck["position"],
                               source, comm, calibration_batch_count(cfg))
-    run = setup(cfg, data, batches, ck, device, source)
+    run = setup(cfg, data, batches, ck, device, source, comm)
     writes = out if is_main(comm) else None
     if is_main(comm):
-        log.info("training %s%s on %s%s: resolved %s", name and f"[{name}] ", run.model.extra_repr(), device,
-                 f" x {comm.size} processes" if comm.size > 1 else "", run.resolved.to_dict())
+        where = (f" x {comm.size} processes" if comm.size > 1 else "") + (
+            f", its latents in {comm.shards.size} shards" if comm.shards.size > 1 else "")
+        log.info("training %s%s on %s%s: resolved %s", name and f"[{name}] ", run.model.extra_repr(), device, where,
+                 run.resolved.to_dict())
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
     sink = sink or (JsonlSink(out / METRICS_FILE, keep_until_step=run.state.step if ck else None)
                     if writes is not None else NullSink())
     if cfg.log is not None and is_main(comm):
         sink = TeeSink(sink, tracker_sink(cfg.log, name or (out.name if out else ""), to_flat(cfg), out))
-    return Job(cfg, run, data, writes, sink, name)
+    return Job(cfg, run, data, writes, out if comm.rank == 0 else None, sink, name)
 
 
 def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, resume: bool = False,
@@ -263,7 +284,7 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
                 resume: bool = False, metas: list[dict[str, Any] | None] | None = None,
                 sinks: list[MetricsSink | None] | None = None, names: list[str] | None = None,
                 source: str = "the training batches", comm: Comm = LOCAL,
-                picks: list[int | None] | None = None) -> list[SparseCoder]:
+                picks: list[int | tuple[int, ...] | None] | None = None) -> list[SparseCoder]:
     """Train several dictionaries on ONE pass over ``batches``: every batch read is stepped by each dictionary
     whose next training batch it is, each with its own model, optimizer, schedule, checkpoint, metrics and
     artifact (``outs[i]``), so each ends bit for bit as :func:`train` alone on the same batches would end.
@@ -274,7 +295,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     ``SharedReads`` (each its held-out and first batches, then the loop), so every batch is made once (e.g. one
     forward); with several dictionaries ``batches`` must be a list or a function start_batch -> iterable.
     ``picks[i]``: dictionary i trains on source ``picks[i]`` of every [B, S, D] batch (several hookpoints of one
-    forward feed one dictionary each); None: on the whole batch."""
+    forward feed one dictionary each; a tuple: those sources, e.g. one layer's MLP input and output for its
+    transcoder); None: on the whole batch."""
     n = len(cfgs)
     if not n or len(outs) != n:
         raise ValueError(f"train_sweep needs one output per config; got {n} configs and {len(outs)} outputs")
@@ -290,17 +312,19 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1  # the (picked) stream it opened
             else checked(shared.read_on(first), first, source))
     for job, p in zip(jobs, picks if n > 1 else [None]):
-        job.pick = p
+        job.pick = list(p) if isinstance(p, tuple) else p
     _loop(jobs, enumerate(data, first), comm)
     models = []
     for job, meta in zip(jobs, metas or [None] * n):
         run, cfg = job.run, job.cfg
         if run.state.step == 0:
             raise ValueError(f"{source} yielded no training batches (after {len(job.data.held_out)} held-out ones)")
-        if job.out is not None:
-            save_checkpoint(job.out / CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, cfg, run.gen,
-                                                                        run.resolved))
+        _save(job, comm)
         _settle_threshold(cfg, run, job.last_x, comm)
+        if comm.shards.size > 1:  # one ordinary dictionary from here on, on every process (Adam state freed first)
+            run.model.zero_grad(set_to_none=True)
+            run = job.run = run._replace(opt=None)
+            run = job.run = run._replace(model=gather_shards(run.model, comm.shards))
         models.append(_finish(run, cfg, job.data, job.out, meta, job.metrics))
     comm.barrier()
     return models
@@ -349,8 +373,16 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
                      st.stop.best, cfg.stop_patience, st.stop.end_step, r.total_steps)
     if st.step % cfg.log_every == 0 and is_main(comm):
         _log_metrics(job, clock)
-    if job.out is not None and cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-        save_checkpoint(job.out / CHECKPOINT_FILE, checkpoint_state(model, run.opt, st, cfg, run.gen, r))
+    if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+        _save(job, comm)
+
+
+def _save(job: Job, comm: Comm) -> None:
+    """Write the job's checkpoint: data rank 0 of every latent shard its shard (``checkpoint.save_sharded``)."""
+    run = job.run
+    if job.shard_out is not None:
+        save_sharded(job.shard_out, CHECKPOINT_FILE, checkpoint_state(run.model, run.opt, run.state, job.cfg, run.gen,
+                                                                      run.resolved), comm.shards)
 
 
 def _log_metrics(job: Job, clock: dict[int, tuple[float, int]]) -> None:
@@ -374,7 +406,7 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
     with torch.no_grad():
         out = model.spec.train_forward(model, last_x, StepInputs(stats=batch_stats(last_x, comm), comm=comm,
                                                                   settings=run.settings))
-        update_threshold(model, float(out.smallest), 0.0, st)
+        update_threshold(model, as_threshold(model, out.smallest), 0.0, st)
 
 
 def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,

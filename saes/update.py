@@ -8,20 +8,22 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .adam import Adam
 from .checkpoint import TrainState
-from .comm import LOCAL, Comm, centred_sum_sq
+from .comm import LOCAL, Comm, centred_sum_sq, shard_sum
 from .model import SparseCoder
 
 
-def make_optimizer(model: SparseCoder, lr: float) -> torch.optim.Adam:
-    """Adam (betas 0.9, 0.999), fused: the unfused CPU Adam cost ~300 ms against ~80 ms fused per step for
-    2.1M parameters in bench/train_step.py, several encoder matmuls' worth at D=768, L=16384.
+def make_optimizer(model: SparseCoder, lr: float) -> Adam:
+    """Adam (betas 0.9, 0.999), fused (``saes.adam``: torch's fused kernel without torch.optim's start-up cost): the
+    unfused CPU Adam cost ~300 ms against ~80 ms fused per step for 2.1M parameters in bench/train_step.py, several
+    encoder matmuls' worth at D=768, L=16384.
 
     It steps each parameter in storage order (``_storage_order``): W_enc is a transposed view of
     latent-major storage, and the fused CPU Adam copies a non-contiguous tensor to a contiguous one and
     back (+45 ms per step at D=768, L=16384); Adam is elementwise, so stepping the contiguous alias is the
     same update. ``apply_update`` points the aliases' gradients at the parameters' before the step."""
-    return torch.optim.Adam([_storage_order(p) for p in model.parameters()], lr=lr, betas=(0.9, 0.999), fused=True)
+    return Adam([_storage_order(p) for p in model.parameters()], lr=lr, betas=(0.9, 0.999))
 
 
 def _storage_order(p: Tensor) -> Tensor:
@@ -31,7 +33,7 @@ def _storage_order(p: Tensor) -> Tensor:
     return p.detach().t()
 
 
-def _link_grads(model: SparseCoder, opt: torch.optim.Optimizer) -> None:
+def _link_grads(model: SparseCoder, opt: Adam) -> None:
     """Give the optimizer's storage-order aliases (``make_optimizer``) their parameters' gradients."""
     params = [q for group in opt.param_groups for q in group["params"]]
     for p, q in zip(model.parameters(), params):
@@ -54,16 +56,20 @@ def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: s
              comm: Comm = LOCAL) -> Tensor:
     """AuxK (OpenAI): the dead latents' code ``aux`` [B_r, K'] reconstructs the detached residual e [B_r, F]
     through the decoder WITHOUT b_dec; returns this process's part of ||e - e_hat||^2 / ||e - mean(e)||^2
-    (the denominator over the whole batch; 0 when K' = 0)."""
-    if aux.values.shape[1] == 0:
+    (the denominator over the whole batch; 0 when K' = 0). Latent shards: each decodes its latents' part of the
+    code and the parts are summed."""
+    sharded = comm.shards.size > 1
+    if aux.values.shape[1] == 0 and not sharded:
         return residual.new_zeros(())
     zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
-    e_hat = kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
+    e_hat = (kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
+             if aux.values.shape[1] else torch.zeros_like(residual))
+    e_hat = shard_sum(e_hat, comm)
     _, denom = centred_sum_sq(residual, comm)
     return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
 
 
-def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, lr: float, grad_clip: float,
+def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_clip: float,
                  comm: Comm = LOCAL) -> None:
     """Backpropagate ``loss`` (a parameter it does not reach gets a zero gradient), sum the gradients over
     processes, remove the decoder-gradient component parallel to each row, clip, take the Adam step at ``lr`` and
@@ -79,11 +85,18 @@ def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, l
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     comm.reduce_grads(model)
+    shared = [p for name, p in model.named_parameters() if model.latent_axis(name) is None]
+    if comm.shards.size > 1:  # every shard holds these: each has its latents' part of their gradient
+        for p in shared:
+            p.grad.copy_(comm.shards.all_sum(p.grad))
+    mask = model.decoder_mask()
+    if mask is not None:  # a cross-layer transcoder's decoder entries to earlier layers stay zero (AuxK reaches them)
+        model.W_dec.grad.mul_(mask)
     unit = model.spec.unit_decoder
     if unit:
         model.remove_parallel_decoder_grad()
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        clip_grads(model, grad_clip, comm, shared)
     _link_grads(model, opt)
     opt.step()
     if unit:
@@ -91,13 +104,40 @@ def apply_update(model: SparseCoder, opt: torch.optim.Optimizer, loss: Tensor, l
 
 
 @torch.no_grad()
-def update_threshold(model: SparseCoder, smallest: float, momentum: float, st: TrainState) -> None:
+def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Tensor]) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over the whole dictionary: with latent shards the norm counts every
+    shard's latents once and the parameters every shard holds (``shared``) once."""
+    if comm.shards.size == 1:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    ids = {id(p) for p in shared}
+
+    def sq(grads: list[Tensor]) -> Tensor:  # sum of squares, from one norm per tensor (no [L, D] temporaries)
+        return torch.stack([torch.linalg.vector_norm(g) for g in grads]).double().square().sum() if grads else \
+            torch.zeros((), dtype=torch.float64)
+
+    own = sq([p.grad for p in model.parameters() if id(p) not in ids])
+    total = (comm.shards.all_sum(own) + sq([p.grad for p in shared])).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in model.parameters():
+        p.grad.mul_(coef.to(p.grad.dtype))
+
+
+@torch.no_grad()
+def update_threshold(model: SparseCoder, smallest: float | Tensor, momentum: float, st: TrainState) -> None:
     """theta <- m' * theta + (1 - m') * smallest with m' = min(m, n / (n + 1)) after n updates: the plain mean of
-    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta)."""
+    the first 1 / (1 - m) estimates, then the exponential running estimate (short runs get a settled theta).
+    ``smallest``: one number, or one per latent [L] (a cross-layer transcoder's, one per layer)."""
     n = st.threshold_updates
     m = min(momentum, n / (n + 1))
     model.threshold.mul_(m).add_((1 - m) * smallest)
     st.threshold_updates += 1
+
+
+def as_threshold(model: SparseCoder, smallest: Tensor) -> float | Tensor:
+    """A kind's ``TrainOutput.smallest`` as :func:`update_threshold` takes it: a float for one threshold, else a
+    tensor [L] on the threshold's device."""
+    return float(smallest) if smallest.dim() == 0 else smallest.detach().to(model.threshold)
 
 
 def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, smallest: Tensor | None,
@@ -107,6 +147,6 @@ def record_step(model: SparseCoder, st: TrainState, fired: Tensor, rows: int, sm
     st.since_fired += rows
     st.since_fired[fired.cpu()] = 0
     if smallest is not None and st.step >= threshold_start:
-        update_threshold(model, float(smallest), momentum, st)
+        update_threshold(model, as_threshold(model, smallest), momentum, st)
     st.step += 1
     st.rows += rows

@@ -5,8 +5,9 @@
     torchrun --nproc_per_node=2 tests/distributed_entry.py cli SPEC.json
 
 ``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train
-data-parallel (``saes.train`` over ``saes.distributed.TorchComm``) on this rank's slices
-(``stream_batches(part=...)``) and, on rank 0, save the weights. ``cache``: ``cache_distributed`` of the spec's
+data-parallel, latent-sharded with its config's ``latent_shards`` (``saes.train`` over
+``saes.distributed.process_group_comm``) on this rank's data part (``stream_batches(part=...)``) and, on rank 0,
+save the weights (other ranks: WEIGHTS.rankN). ``cache``: ``cache_distributed`` of the spec's
 CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that many
 full-size forwards, once its first shard is listed (a killed rank). ``cli``: the command line
 ``conceptdict SPEC["argv"]`` (its exit status is the process's). The job is joined as the command line joins it
@@ -60,25 +61,27 @@ def run_train(spec: dict) -> None:
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict import ranks
     from conceptdict.saes import train, train_config
-    from conceptdict.saes.distributed import TorchComm
+    from conceptdict.saes.distributed import process_group_comm
 
     w = ranks.current()
+    comms = {}  # one seam per latent-shard count (its groups are made once, by every rank alike)
 
     for run in spec["runs"]:
         cfg = train_config(**run["config"])
         stores = [ActivationStore(p) for p in run["stores"]]
         hps = run["hookpoints"]
+        comm = comms.setdefault(cfg.latent_shards, process_group_comm(cfg.latent_shards))
 
-        def batches(start, stores=stores, hps=hps, cfg=cfg, stop=run.get("interrupt_at")):
+        def batches(start, stores=stores, hps=hps, cfg=cfg, stop=run.get("interrupt_at"), comm=comm):
             it = stream_batches(stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, start_batch=start,
-                                part=w.part)
+                                part=(comm.rank, comm.size))  # this rank's data part (its shards read it too)
             for position, x in enumerate(it, start):
                 if stop is not None and position >= stop:
                     raise KeyboardInterrupt  # the job is killed before reading this global batch
                 yield x
 
         try:
-            model = train(cfg, batches, out=run.get("out"), resume=run.get("resume", False), comm=TorchComm())
+            model = train(cfg, batches, out=run.get("out"), resume=run.get("resume", False), comm=comm)
         except KeyboardInterrupt:
             if run.get("interrupt_at") is None:
                 raise

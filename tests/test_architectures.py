@@ -111,6 +111,26 @@ def test_encode_sparsemax_values_and_grads(impl, candidates):
 
 
 @pytest.mark.parametrize("impl", FAST)
+# supports of 143-254 / 67-140 / 4-16 of the 400 latents: together they take every path (the whole row sorted, 4x
+# the candidates, the scores above the lower bound sorted alone)
+@pytest.mark.parametrize("lam", [0.002, 0.005, 0.1])
+@pytest.mark.parametrize("candidates", [4, 16])
+def test_encode_sparsemax_wide_supports(impl, lam, candidates):
+    """Rows whose support exceeds the candidates: found from the scores above a lower bound of the threshold, from
+    4x more candidates, or from the whole row; every path must give the reference's code and gradients."""
+    x, W, b, _ = _inputs(seed=3, B=24, D=16, L=400)
+    w = torch.randn(24, 400, generator=torch.Generator().manual_seed(4))
+    lam = torch.tensor(lam)
+
+    def fn(i, x, W_enc, b, lam):
+        f, idx, z, kept = kernels.encode_sparsemax(x, W_enc, b, lam, candidates, impl=i)
+        assert int(kept.sum(dim=1).max()) >= candidates  # some row filled its candidates: the wide path ran
+        return (_dense(f, idx, W_enc.shape[1]) * w).sum()
+
+    _assert_same(fn, impl, x, W, b, extra=(lam,))
+
+
+@pytest.mark.parametrize("impl", FAST)
 def test_prefix_decodes_values_and_grads(impl):
     x, W, b, w = _inputs()
     W_dec = torch.randn(W.shape[0], x.shape[1])

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from golden.make_golden import GOLDEN, compare, golden_run, trainable_kinds
+from golden.make_golden import BF16_KINDS, GOLDEN, compare, golden_run, trainable_kinds
 
 from conceptdict.saes import KINDS
 
@@ -30,3 +30,14 @@ def test_training_matches_golden_numbers(kind):
     assert len(want["fvu"]) == WANT["steps"] and any(want["aux"]) == KINDS[kind].uses_aux
     bad = compare(golden_run(kind), want)
     assert not bad, f"{kind} trains differently from tests/golden/training.json:\n" + "\n".join(bad[:12])
+
+
+def test_bf16_runs_are_pinned():
+    assert sorted(WANT["bf16"]) == sorted(BF16_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(WANT["bf16"]))
+def test_bf16_training_matches_golden_numbers(kind):
+    """precision="bf16": the latents chosen by a bf16 matmul, their values, the loss and Adam in float32."""
+    bad = compare(golden_run(kind, "bf16"), WANT["bf16"][kind])
+    assert not bad, f"{kind} (bf16) trains differently from tests/golden/training.json:\n" + "\n".join(bad[:12])

@@ -25,9 +25,10 @@ OLD_FIELDS = [
     "spade_coeff", "threshold_start_step", "threshold_momentum", "calibration_batches", "eval_batches", "seed",
     "checkpoint_every", "log_every", "kernel_impl", "device", "d_in"]
 """TrainConfig's fields before the kinds owned their settings: every one is still a flat name."""
-ADDED_FIELDS = ["log", "stop_patience", "stop_threshold", "stop_every", "precision"]
+ADDED_FIELDS = ["log", "stop_patience", "stop_threshold", "stop_every", "precision", "latent_shards"]
 """Flat names added since (``log``: the optional metrics tracker, saes/metrics.py; ``stop_*``: the stopping rule,
-saes/stopping.py; ``precision``: the encoder matmul's dtype, saes/config.py)."""
+saes/stopping.py; ``precision``: the encoder matmul's dtype, saes/config.py; ``latent_shards``: the latents split
+over processes, saes/distributed.py)."""
 
 
 def test_every_former_field_is_a_flat_name_with_short_help():
@@ -80,7 +81,7 @@ def test_the_registry_answers_what_kind_lists_used_to():
     several = sorted(k for k in saes.KINDS if saes.is_crosscoder(k))
     assert several == ["crosscoder", "crosscoder-absolute", "crosscoder-l1"]
     pairs = sorted(k for k in saes.KINDS if saes.reads_several_sources(k) and not saes.is_crosscoder(k))
-    assert pairs == ["skip-transcoder", "transcoder"] and all(saes.kind_spec(k).transcodes for k in pairs)
+    assert pairs == ["clt", "clt-batchtopk", "skip-transcoder", "transcoder"] and all(saes.kind_spec(k).transcodes for k in pairs)
     assert calibration_batch_count(saes.train_config(latents=8, k=2, kind="matryoshka")) == 2
     assert calibration_batch_count(saes.train_config(latents=8, k=2, kind="crosscoder-l1")) == 0
     assert flat_for_kind({"kind": "relu", "l1_coeff": 1.0, "l0_coeff": 2.0, "lr": 1.0}, "relu") == {

@@ -156,9 +156,11 @@ def test_a_sweep_from_the_model_equals_its_separate_runs_and_runs_each_forward_o
 
 
 @pytest.mark.integration
-def test_two_ranks_train_the_one_process_dictionary(docs, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--latent-shards", "2"]], ids=["data-parallel", "latent-shards"])
+def test_two_ranks_train_the_one_process_dictionary(docs, tmp_path, extra):
     """torchrun --nproc_per_node=2: each rank runs the model on its forward batches; the result is the
-    one-process dictionary (the store-based tolerance, test_distributed_train.py)."""
+    one-process dictionary (the store-based tolerance, test_distributed_train.py). With --latent-shards 2 both
+    ranks are one data part: each runs every forward batch and holds half the latents."""
     from test_distributed_train import TORCHRUN, failure
 
     model_dir, dataset, _ = docs
@@ -168,7 +170,7 @@ def test_two_ranks_train_the_one_process_dictionary(docs, tmp_path):
             "--kernel-impl", "torch"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"argv": [*args, "--out", str(tmp_path / "two")]}))
+    spec.write_text(json.dumps({"argv": [*args, *extra, "--out", str(tmp_path / "two")]}))
     cmd = [str(TORCHRUN), "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", str(ENTRY),
            "cli", str(spec)]
     env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "tests"),

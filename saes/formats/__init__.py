@@ -7,6 +7,8 @@
 - ``sparsify``: ``cfg.json`` + ``sae.safetensors`` (``saes.formats.sparsify``);
 - ``dictionary-learning``: ``ae.pt`` + ``config.json`` (``saes.formats.dictlearn``);
 - ``gemma-scope``: ``params.npz`` (``saes.formats.gemmascope``);
+- ``circuit-tracer``: ``config.yaml`` with ``model_kind`` (a cross-layer transcoder's folder, or one
+  ``layer_N.safetensors`` of a transcoder set; ``saes.formats.circuit_tracer``);
 
 ``hf:REPO[/SUBDIR][@REVISION]`` names (``saes.formats.hub``) and ``RELEASE/SAE_ID`` release names
 (``gpt2-small-res-jb/blocks.8.hook_resid_pre``, ``saes.formats.releases``). A directory whose only recognisable content
@@ -24,13 +26,15 @@ from typing import Any
 
 import torch
 
-from . import dictlearn, gemmascope, hub, native, releases, saelens, sparsify
+from . import circuit_tracer, dictlearn, gemmascope, hub, native, releases, saelens, sparsify
+from ..kinds import KINDS
 from .common import Loaded
 from .files import FormatError
 from .hookpoints import match_hookpoint
 
 FORMATS: dict[str, ModuleType] = {"conceptdict": native, "saelens": saelens, "sparsify": sparsify,
-                                  "dictionary-learning": dictlearn, "gemma-scope": gemmascope}
+                                  "dictionary-learning": dictlearn, "gemma-scope": gemmascope,
+                                  "circuit-tracer": circuit_tracer}
 """format name -> module with ``NEEDS`` (what it reads), ``matches(dir) -> bool`` and ``read(dir) -> Loaded``."""
 
 
@@ -83,6 +87,16 @@ def check_finite(model: torch.nn.Module, where: str) -> None:
                               "training diverged; retrain it (or restore the file)")
 
 
+def transcoder_set(path: str | Path) -> list[Path]:
+    """The per-layer transcoders in ``path`` (``conceptdict train --layers``: OUT/LAYER, conceptdict's format), ordered
+    by layer; [] when ``path`` is a dictionary itself or holds anything else."""
+    if hub.is_hub_name(path) or not Path(path).is_dir() or detect_format(Path(path)) is not None:
+        return []
+    subs = sorted((p for p in Path(path).iterdir() if p.name.isdigit() and native.matches(p)), key=lambda p: int(p.name))
+    specs = [KINDS.get(native.read_config(p).get("kind")) for p in subs]
+    return subs if subs and all(s is not None and s.transcodes and not s.layered for s in specs) else []
+
+
 def load_dictionary(source: str | Path, device: str | torch.device = "cpu"):
     """The SparseCoder at ``source`` (any format; see the module docstring)."""
     return open_dictionary(source, device).model
@@ -116,5 +130,6 @@ def import_saelens(directory: str | Path):
 
 
 __all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens",
+           "transcoder_set",
            "load_dictionary",
            "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]

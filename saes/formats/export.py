@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ..model import SparseCoder
-from . import dictlearn, saelens, sparsify
+from . import circuit_tracer, dictlearn, saelens, sparsify
 from .hookpoints import to_transformer_lens
 
-EXPORT_FORMATS = ("saelens", "sparsify", "dictionary-learning")
-LIBRARY = {"saelens": "saelens", "sparsify": "sparsify", "dictionary-learning": "dictionary_learning"}
+EXPORT_FORMATS = ("saelens", "sparsify", "dictionary-learning", "circuit-tracer")
+LIBRARY = {"saelens": "saelens", "sparsify": "sparsify", "dictionary-learning": "dictionary_learning",
+           "circuit-tracer": "circuit-tracer"}
 
 
 def model_name_of(config: dict[str, Any]) -> str | None:
@@ -39,11 +40,19 @@ def export_dictionary(model: SparseCoder, config: dict[str, Any], fmt: str, out:
     default to the ones it records (``model_name=""``: none, e.g. a model known only by a local path); ``evals`` (an eval.json record) adds its metrics to the card."""
     model_name = model_name_of(config) if model_name is None else (model_name or None)  # "": no name to give
     hookpoint = hookpoint or hookpoint_of(config)
-    if model.spec.transcodes and fmt != "sparsify":
+    if model.spec.transcodes and fmt not in ("sparsify", "circuit-tracer"):
         raise ValueError(f"a {model.kind} (encodes {config.get('input_hookpoint')}, decodes "
                          f"{config.get('output_hookpoint')}) has no {fmt} layout here; export it with --format "
-                         f"sparsify, whose format holds transcoders and skip transcoders")
-    if fmt == "saelens":
+                         f"sparsify or circuit-tracer, whose formats hold transcoders")
+    if fmt == "circuit-tracer":
+        hps = config.get("hookpoints") or []
+        if model.spec.layered:
+            where = circuit_tracer.write_clt(model, out, hps, model_name)
+        elif model.spec.transcodes:
+            where = circuit_tracer.write_set([model], [hps], out, model_name)
+        else:
+            raise ValueError(f"circuit-tracer holds transcoders (per layer, or cross-layer); a {model.kind} is neither")
+    elif fmt == "saelens":
         where = saelens.write(model, out, {"model_name": model_name, "conceptdict_hookpoint": hookpoint,
                                            "hook_name": to_transformer_lens(hookpoint) if hookpoint else None})
     elif fmt == "sparsify":

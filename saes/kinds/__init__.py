@@ -23,6 +23,7 @@ MODULES: tuple[str, ...] = (
     "spade",
     "crosscoder",
     "transcoder",
+    "clt",
     "gated",
 )
 """The modules of the built-in kinds, in the order ``--help`` and the flat settings list them."""
@@ -43,6 +44,9 @@ def register(spec: KindSpec) -> KindSpec:
         raise ValueError(f"kind {spec.name!r} is already registered")
     if spec.sources not in ("one", "several", "pair"):
         raise ValueError(f"kind {spec.name!r}: sources={spec.sources!r} must be 'one', 'several' or 'pair'")
+    if spec.layered and (spec.sources != "pair" or spec.skip):
+        raise ValueError(f"kind {spec.name!r} is layered: it needs sources='pair' (the layers' inputs then outputs) "
+                         f"and no skip path")
     if spec.calibrated and spec.scores is None:
         raise ValueError(f"kind {spec.name!r} calibrates a threshold but has no scores to calibrate it on")
     unknown = sorted(set(spec.defaults) - set(SHARED_DEFAULTS))
@@ -90,10 +94,23 @@ def reads_several_sources(kind: str) -> bool:
     return kind_spec(kind).sources != "one"
 
 
+def check_shards(kind: str, latents: int, k: int, shards: int) -> None:
+    """ValueError unless a ``kind`` dictionary of ``latents`` latents, ``k`` per row, trains over ``shards`` latent
+    shards (``TrainConfig.latent_shards``): a shardable kind, whole shards of more than k latents."""
+    if shards > 1 and not kind_spec(kind).shardable:
+        can = ", ".join(sorted(name for name, spec in KINDS.items() if spec.shardable))
+        raise ValueError(f"kind {kind!r} cannot be trained with latent_shards={shards}; the kinds that can: {can} "
+                         f"(or latent_shards 1)")
+    if shards < 1 or latents % shards or k >= latents // shards:
+        raise ValueError(f"latent_shards={shards} must be at least 1 and divide latents={latents} into shards of "
+                         f"more than k={k} latents; pick latents a multiple of it above {shards * k}")
+
+
 def is_crosscoder(kind: str) -> bool:
     """Whether ``kind`` is a crosscoder: one code over several sources."""
     return kind_spec(kind).sources == "several"
 
 
-__all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "is_crosscoder",
+__all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "check_shards",
+           "is_crosscoder",
            "kind_spec", "reads_several_sources", "register", "trainable_kinds", "unregister"]

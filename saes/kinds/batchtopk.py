@@ -50,8 +50,9 @@ BATCHTOPK_DEFAULTS = {"code_l1": 0.15, "aux_alpha": 0.25, "dead_share": 1 / 64, 
 KINDS = (
     KindSpec(relative_train, relative_encode, uses_aux=True, uses_threshold=True, scores=relative_scores,
              relative=True, name="batchtopk", settings=ThresholdSettings, defaults=BATCHTOPK_DEFAULTS,
-             calibrated=True, mixed_precision=True),
+             calibrated=True, mixed_precision=True, shardable=True),
     # the absolute rule trains as published: the shared defaults (docs/results/defaults.md)
     KindSpec(absolute_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
-             name="batchtopk-absolute", settings=ThresholdSettings, calibrated=True, mixed_precision=True),
+             name="batchtopk-absolute", settings=ThresholdSettings, calibrated=True, mixed_precision=True,
+             shardable=True),
 )

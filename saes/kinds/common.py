@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import kernels
-from ..comm import StepInputs
+from ..comm import Comm, StepInputs, job_gather, job_min, shard_bias, shard_sum
 from .spec import TrainOutput
 
 if TYPE_CHECKING:
@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 
 
 def pre_activations(model: "SparseCoder", x: Tensor) -> Tensor:
-    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders)."""
+    """x_flat [B, S*D] -> pre-activations [B, L] = (x - b_dec) W_enc + b_enc (x W_enc + b_enc for transcoders; a
+    layered kind: each layer's input x_l [B, D] times its encoder block)."""
+    if model.spec.layered:
+        S, D = model.n_sources, model.d_in
+        W = model.W_enc.view(D, S, model.n_latents // S).transpose(0, 1)  # [S, D, L/S]
+        return torch.bmm(x.view(-1, S, D).transpose(0, 1), W).transpose(0, 1).reshape(x.shape[0], -1) + model.b_enc
     return (x if model.spec.transcodes else x - model.b_dec) @ model.W_enc + model.b_enc
+
 
 def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
     active = values > 0
@@ -68,10 +74,42 @@ def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *,
 
 def decode_train_code(model: "SparseCoder", c: "TrainCode", inputs: StepInputs, *, tie_break: bool) -> TrainOutput:
     """The sparse decode of a training code ``c``; ``tie_break``: with :func:`add_code_l1`'s penalty."""
-    x_hat = kernels.sparse_decode(c.values, c.indices, model.W_dec, model.b_dec, impl=model.kernel_impl,
-                                  skip_zero_grads=True)
+    x_hat = sharded_decode(model, c.values, c.indices, inputs.comm)
     penalty = add_code_l1(None, c.values, inputs) if tie_break else None
     return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
+
+
+def sharded_decode(model: "SparseCoder", values: Tensor, indices: Tensor, comm: Comm,
+                   skip_zero_grads: bool = True) -> Tensor:
+    """x_hat [B_r, F] = b_dec + the code values/indices [B_r, K] (this shard's latents) decoded
+    (``kernels.sparse_decode``): each latent shard decodes its own entries and the partial reconstructions are
+    summed over the shards (differentiable)."""
+    part = kernels.sparse_decode(values, indices, model.W_dec, shard_bias(model.b_dec, comm), impl=model.kernel_impl,
+                                 skip_zero_grads=skip_zero_grads)
+    return shard_sum(part, comm)
+
+
+def shard_keep(values: Tensor, k: int, comm: Comm) -> Tensor | None:
+    """bool [B_r, K]: which of this latent shard's candidates ``values`` [B_r, K] (each row's best entries among
+    its latents) are among the row's ``k`` largest over every shard's candidates (gathered, N K per row), chosen
+    alike on every shard; None without latent shards. The global TopK (and the AuxK code's) out of local ones."""
+    shards = comm.shards
+    if shards.size == 1:
+        return None
+    B, K = values.shape
+    width = int(-shards.all_min(torch.tensor(-K)))  # the widest shard's candidates (AuxK: its dead latents)
+    padded = values.detach().new_full((B, max(width, 1)), -math.inf)
+    padded[:, :K] = values.detach()
+    every = shards.gather_rows(padded.unsqueeze(0)).permute(1, 0, 2).reshape(B, -1)  # [B, N W]
+    chosen = torch.zeros_like(every, dtype=torch.bool)
+    chosen.scatter_(1, every.topk(min(k, every.shape[1]), dim=1).indices, True)
+    return chosen.view(B, shards.size, -1)[:, shards.rank, :K]
+
+
+def shard_code(values: Tensor, k: int, comm: Comm) -> Tensor:
+    """``values`` [B_r, K] with the entries :func:`shard_keep` drops set to 0 (unchanged without latent shards)."""
+    keep = shard_keep(values, k, comm)
+    return values if keep is None else values * keep
 
 
 def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bool,
@@ -87,16 +125,18 @@ def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bo
     compared across the batch relative to their row's norm."""
     dead, k_aux = inputs.dead, inputs.k_aux if inputs.dead is not None else 0
     s = row_scale(model, x) if relative else x.new_ones(x.shape[0], 1)
-    if batch and inputs.comm.size > 1:
+    if batch and (inputs.comm.size > 1 or inputs.comm.shards.size > 1):
         return _global_batch_forward(model, x, inputs, scale, s)
     enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
                          batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl,
                          mm_dtype=inputs.matmul_dtype)
-    values = enc.values * s if relative else enc.values
-    fired, l0 = fired_from_code(enc.values, enc.indices, model.n_latents)
+    kept = shard_code(enc.values, model.k, inputs.comm)  # latent shards: the row's global top k
+    values = kept * s if relative else kept
+    fired, l0 = fired_from_code(kept, enc.indices, model.n_latents)
     aux = None
     if dead is not None:
-        aux = kernels.SparseCode(enc.aux_values * s if relative else enc.aux_values, enc.aux_indices)
+        aux_values = shard_code(enc.aux_values, k_aux, inputs.comm)
+        aux = kernels.SparseCode(aux_values * s if relative else aux_values, enc.aux_indices)
     smallest = None
     if batch:
         smallest = enc.smallest.detach() if scale is None else scaled_smallest(enc.values, enc.indices, scale)
@@ -108,7 +148,8 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     """BatchTopK over a batch spread over processes: each keeps its local top ``k * B`` candidates (a
     superset of its share of the global selection), the seam gathers their scores, and the ``k * B``-th
     largest is the cut every process applies; ``smallest`` is the global smallest kept score. ``s`` [B_r, 1]:
-    the row scale of the relative rule (ones otherwise), as in :func:`sparse_train_forward`."""
+    the row scale of the relative rule (ones otherwise), as in :func:`sparse_train_forward`. Latent shards are
+    more processes of the same gather: each holds its latents' candidates of its rows."""
     comm, rows, B_r = inputs.comm, inputs.stats.rows, x.shape[0]
     k_local = min(-(-model.k * rows // B_r), model.n_latents)  # k_local * B_r >= k * B
     enc = kernels.encode((x - model.b_dec) / s, model.W_enc, model.b_enc, k_local, batch=True, scale=scale,
@@ -117,7 +158,7 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     values = enc.values.detach()
     scores = values if scale is None else values * scale[enc.indices]
     alive = values > 0
-    everything = comm.gather_rows(scores[alive].float().reshape(-1))
+    everything = job_gather(comm, scores[alive].float().reshape(-1))
     n_keep = model.k * rows
     cut = (everything.topk(n_keep, sorted=False).values.min().to(scores.dtype) if everything.numel() > n_keep
            else scores.new_tensor(-math.inf))
@@ -128,9 +169,11 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     idx = enc.indices.gather(1, order)
     fired, l0 = fired_from_code(vals.detach(), idx, model.n_latents)
     kept_scores = scores.masked_fill(~keep, math.inf)
-    smallest = comm.all_min(kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
+    smallest = job_min(comm, kept_scores.min() if kept_scores.numel() else x.new_tensor(math.inf))
     smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
-    aux = kernels.SparseCode(enc.aux_values * s, enc.aux_indices) if inputs.dead is not None else None
+    aux = None
+    if inputs.dead is not None:
+        aux = kernels.SparseCode(shard_code(enc.aux_values, inputs.k_aux, comm) * s, enc.aux_indices)
     return TrainCode(vals, idx, fired, l0, smallest, aux)
 
 

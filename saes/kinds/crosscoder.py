@@ -199,10 +199,10 @@ def _batchtopk_scores(model: SparseCoder, x: Tensor) -> Tensor:
 KINDS = (
     KindSpec(_batchtopk_train, _relative_encode, uses_aux=True, uses_threshold=True, scores=_relative_scores,
              relative=True, sources="several", name="crosscoder", settings=ThresholdSettings, calibrated=True,
-             mixed_precision=True),
+             mixed_precision=True, shardable=True),
     KindSpec(_absolute_train, _batchtopk_encode, uses_aux=True, uses_threshold=True, scores=_batchtopk_scores,
              sources="several", name="crosscoder-absolute", settings=ThresholdSettings, calibrated=True,
-             mixed_precision=True),
+             mixed_precision=True, shardable=True),
     KindSpec(_l1_train, _l1_encode, uses_aux=False, uses_threshold=False, sources="several", name="crosscoder-l1",
              settings=L1Settings),
 )

@@ -65,10 +65,10 @@ import torch
 from torch import Tensor
 
 from .. import kernels
-from ..comm import StepInputs
+from ..comm import LOCAL, Comm, StepInputs, job_sum
 from .batchtopk import BATCHTOPK_DEFAULTS
 from .common import (add_code_l1, decode_train_code, fired_from_code, relative_encode, relative_scores, relu_scores,
-                     row_scale, threshold_encode, train_code)
+                     row_scale, shard_code, sharded_decode, threshold_encode, train_code)
 from .spec import KindSpec, TrainOutput
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _topk_start(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: boo
     c = train_code(model, x, inputs, batch=False, relative=relative)
     with torch.no_grad():
         z = c.values.detach() / row_scale(model, x) if relative else c.values.detach()
-        kth = z.masked_fill(z <= 0, math.inf).min(dim=1).values
+        kth = inputs.comm.shards.all_min(z.masked_fill(z <= 0, math.inf).min(dim=1).values)  # over every latent
         found = torch.isfinite(kth)
         total = inputs.comm.all_sum(torch.stack([kth[found].sum(), found.sum().to(kth.dtype)]).double())
         if total[1] > 0:
@@ -208,20 +208,22 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     f = JumpReLU.apply(z, th, eps) * kept
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
     # d loss / d f drives the threshold's estimator (the padding is cut off by ``kept`` above)
-    x_hat = kernels.sparse_decode(f * s if relative else f, idx, model.W_dec, model.b_dec, impl=model.kernel_impl)
+    x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=False)
     l0 = (Step.apply(z, th, eps) * kept).sum() / inputs.stats.rows  # this process's part of the batch's mean
-    l0_all = inputs.comm.all_sum(l0.detach())
+    l0_all = job_sum(inputs.comm, l0.detach())  # over the rows of every data rank and the latents of every shard
     coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup
     rule = cfg.jumprelu_penalty if cfg is not None else "target"
     # value: this process's share of P(L0 of the whole batch); gradient: P'(L0) times this process's part of the
     # L0, which summed over processes is the gradient of P(L0 of the whole batch)
     whole = sparsity_penalty(l0_all, model.k, rule)
-    penalty = coeff * (whole / inputs.comm.size + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
+    share = whole / (inputs.comm.size * inputs.comm.shards.size)  # every process of the job holds a share
+    penalty = coeff * (share + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
     penalty = add_code_l1(penalty, f * s if relative else f, inputs)
     fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
     aux = None
     if inputs.dead is not None:  # AuxK over the dead latents, on the kind's scale (the loop asks when uses_aux)
         aux = kernels.encode_aux(centred, model.W_enc, model.b_enc, inputs.dead, inputs.k_aux, impl=model.kernel_impl)
+        aux = kernels.SparseCode(shard_code(aux.values, inputs.k_aux, inputs.comm), aux.indices)  # global top k_aux
         if relative:
             aux = kernels.SparseCode(aux.values * s, aux.indices)
     return TrainOutput(x_hat, fired, l0_rows, penalty, None, aux)
@@ -241,15 +243,17 @@ def _train_relative(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainO
 
 
 @torch.no_grad()
-def _init(model: SparseCoder, rows: Tensor) -> None:
+def _init(model: SparseCoder, rows: Tensor, comm: Comm = LOCAL) -> None:
     """theta_j = the (N k)-th largest pre-activation over the N first rows (L0 ~ k at the first step); for the
-    relative kind, of the row-relative pre-activations."""
+    relative kind, of the row-relative pre-activations; over every latent shard's latents."""
     centred = rows - model.b_dec
     if model.spec.relative:
         centred = centred / row_scale(model, rows)
     pre = torch.relu(centred @ model.W_enc + model.b_enc).flatten()
-    keep = min(pre.numel(), max(1, rows.shape[0] * model.k))
-    theta = max(float(pre.topk(keep, sorted=False).values.min()), 1e-3)
+    keep = min(pre.numel() * comm.shards.size, max(1, rows.shape[0] * model.k))
+    top = pre.topk(min(keep, pre.numel()), sorted=False).values  # this shard's candidates
+    top = comm.shards.gather_rows(top) if comm.shards.size > 1 else top
+    theta = max(float(top.topk(keep, sorted=False).values.min()), 1e-3)
     model.scaled_log_threshold.fill_(math.log(theta) / THRESHOLD_RATE)
 
 
@@ -276,7 +280,7 @@ def sparsity_warmup(settings: JumpReLUSettings) -> int | None:
 
 _COMMON = dict(uses_aux=True, uses_threshold=True, train_params=_train_params, init=_init, finish=_finish,
                scores=_ratio_scores, scales_thresholds=True, settings=JumpReLUSettings, calibrated=calibrates,
-               sparsity_warmup=sparsity_warmup, mixed_precision=True)
+               sparsity_warmup=sparsity_warmup, mixed_precision=True, shardable=True)
 KINDS = (
     # batchtopk's defaults (docs/results/defaults.md)
     KindSpec(_train, threshold_encode, name="jumprelu", defaults=BATCHTOPK_DEFAULTS, **_COMMON),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..comm import StepInputs
+from ..comm import StepInputs, shard_bias, shard_sum
 from .common import pre_activations
 from .spec import KindSpec, TrainOutput
 
@@ -32,7 +32,7 @@ def l1_weight(inputs: StepInputs) -> float:
 
 def train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs) -> TrainOutput:
     acts = torch.relu(pre_activations(model, x))
-    x_hat = acts @ model.W_dec + model.b_dec
+    x_hat = shard_sum(acts @ model.W_dec + shard_bias(model.b_dec, inputs.comm), inputs.comm)  # latent shards' sum
     # L1 on f_j * sum_s |d_j^s| per row, averaged over the WHOLE batch's rows and divided by its RMS norm of
     # x - mean, so the coefficient does not depend on the scale of x (nor on how the batch is split)
     penalty = (acts * model.decoder_norms().sum(dim=0)).sum() / inputs.stats.rows
@@ -46,4 +46,5 @@ def encode(model: "SparseCoder", x: Tensor) -> Tensor:
     return torch.relu(pre_activations(model, x))
 
 
-KINDS = (KindSpec(train_forward, encode, uses_aux=False, uses_threshold=False, name="relu", settings=L1Settings),)
+KINDS = (KindSpec(train_forward, encode, uses_aux=False, uses_threshold=False, name="relu", settings=L1Settings,
+                  shardable=True),)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import kernels
-from ..comm import StepInputs
+from ..comm import LOCAL, Comm, StepInputs
 from .common import fired_from_code
 from .spec import KindSpec, TrainOutput
 
@@ -113,7 +113,7 @@ def _train_params(model: SparseCoder) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def _init(model: SparseCoder, rows: Tensor) -> None:
+def _init(model: SparseCoder, rows: Tensor, comm: Comm = LOCAL) -> None:
     """Prototype j and decoder row j start at the same data row (centred by b_dec), rows taken evenly spaced
     through the initialisation sample (again from the start where L exceeds it), each moved by PERTURB of the
     row scale along latent j's random initial direction (so the start depends on the seed and repeated rows

@@ -35,7 +35,8 @@ class TrainOutput(NamedTuple):
     l0: Tensor  # 0-dim: mean number of active latents per row (detached)
     sparsity_loss: Tensor | None  # 0-dim term added to the loss (ReLU-L1 and JumpReLU penalties, Matryoshka's
     # prefix reconstructions, SpaDE's distance penalty), None for TopK-style kinds
-    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None
+    smallest: Tensor | None  # 0-dim: smallest kept activation (BatchTopK threshold estimate), else None; [L] for a
+    # layered kind (each layer's smallest, over its latents)
     aux: kernels.SparseCode | None  # AuxK code [B, K'] over the dead latents when asked for, else None
 
 
@@ -71,9 +72,9 @@ class KindSpec:
     """Parameters the kind trains besides the weights (JumpReLU's log-threshold, SpaDE's scale): (model) ->
     name -> initial tensor. Registered for training (:meth:`SparseCoder.add_train_params`), kept in checkpoints,
     never saved with the dictionary: ``finish`` turns them into the inference form."""
-    init: Callable[["SparseCoder", Tensor], None] | None = None
-    """Fresh run: (model, rows [N, S*D] normalised) -> None, the kind's own initialisation from the first rows,
-    after b_dec (e.g. JumpReLU's starting threshold)."""
+    init: Callable[["SparseCoder", Tensor, Any], None] | None = None
+    """Fresh run: (model, rows [N, S*D] normalised, comm) -> None, the kind's own initialisation from the first rows,
+    after b_dec (e.g. JumpReLU's starting threshold; ``comm.shards`` holds the other latents, saes.comm)."""
     finish: Callable[["SparseCoder"], None] | None = None
     """End of training, before the normalisation is folded in: (model) -> None, writes the inference form
     (threshold, weights) from the trained parameters; the ``train_params`` are dropped after it."""
@@ -85,6 +86,10 @@ class KindSpec:
     mixed_precision: bool = False
     """Whether its training forward passes ``StepInputs.matmul_dtype`` to ``kernels.encode`` (its one dense matmul),
     so that it trains with ``TrainConfig.precision`` bf16 / fp16; other kinds train in float32 only."""
+    shardable: bool = False
+    """Whether it trains with its latents split over processes (``TrainConfig.latent_shards``): its forward selects
+    through the seam's ``shards`` (saes.kinds.common), its per-latent state is what ``SparseCoder.latent_axis``
+    names, and it reads no latent's neighbours (Matryoshka's prefixes, SpaDE's simplex do)."""
     name: str = ""
     """The kind's name (``TrainConfig.kind``, config.json's ``kind``)."""
     settings: type | None = None
@@ -96,11 +101,15 @@ class KindSpec:
     sources: Sources = "one"
     """What the data holds: "one" source per dictionary (a dictionary per hookpoint; a store's several sources
     are flattened), "several" (a crosscoder: one code over every source) or "pair" (a transcoder: the component's
-    input then its output, [B, 2, D]; the code is read from the input, uncentred (``x W_enc + b_enc``: ``b_dec``
+    input then its output, [B, 2, D]; a ``layered`` kind: S layers' inputs then their outputs, [B, 2S, D]; the code is read from the input, uncentred (``x W_enc + b_enc``: ``b_dec``
     is the output's bias), and the reconstruction targets the output; the weights are single-source)."""
     calibrated: bool | Callable[[Any], bool] = False
     """Whether a run sets aside ``calibration_batches`` to calibrate the inference threshold (needs ``scores``); a
     callable of the kind's settings where they decide (JumpReLU: only with the target penalty)."""
+    layered: bool = False
+    """A cross-layer transcoder (``sources == "pair"`` over S layers): the L latents are S equal blocks, block l reads
+    only layer l's input (``W_enc [D, L]``: one encoder [D, L/S] per layer) and decodes only to layers >= l (the
+    entries of ``W_dec [L, S*D]`` outside :meth:`SparseCoder.decoder_mask` stay zero)."""
     sparsity_warmup: Callable[[Any], int | None] | None = None
     """(settings) -> steps over which ``StepInputs.warmup`` rises linearly to 1 (None: the learning rate's warm-up)."""
 

@@ -28,4 +28,5 @@ def encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 # topk keeps the shared defaults (saes.kinds.spec.SHARED_DEFAULTS; docs/results/defaults.md)
-KINDS = (KindSpec(train_forward, encode, uses_aux=True, uses_threshold=False, name="topk", mixed_precision=True),)
+KINDS = (KindSpec(train_forward, encode, uses_aux=True, uses_threshold=False, name="topk", mixed_precision=True,
+                  shardable=True),)

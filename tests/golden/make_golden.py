@@ -7,7 +7,9 @@ Every kind of ``saes.KINDS`` that trains runs ``STEPS`` steps of ``saes.train`` 
 ``generators.synthetic`` (two sources for crosscoder kinds), with the dense reference kernels on CPU, one torch
 thread, and settings chosen so that every term is active in a few steps: warm-up and the final decay of the
 learning rate, AuxK over latents dead after two batches, the BatchTopK threshold estimate, the L1 penalty.
-The numbers are what ``tests/test_golden.py`` holds the training loop to (relative tolerance ``RTOL``).
+The numbers are what ``tests/test_golden.py`` holds the training loop to (relative tolerance ``RTOL``). A second
+section, ``bf16``, pins ``BF16_KINDS`` trained with ``precision="bf16"`` (the portable torch kernels: bf16 needs a
+fast kernel); the float32 numbers above stay the contract of the default path.
 
 When regenerating is legitimate: ONLY when a change is MEANT to change training numerics (the learning-rate
 schedule, a loss term or its weight, the dead-latent rule, the threshold update, a kind's selection, the
@@ -39,6 +41,11 @@ SETTINGS = dict(latents=128, k=4, batch_size=64, tokens=64 * STEPS, eval_batches
                 l1_coeff=0.05, checkpoint_every=0, log_every=1, kernel_impl="reference", device="cpu")
 
 
+BF16_KINDS = ("topk", "batchtopk", "crosscoder")
+"""Kinds also pinned with ``precision="bf16"`` (the encoder matmul choosing the latents in bf16): bf16 needs a fast
+kernel, so these runs use ``kernel_impl="torch"`` (the portable one; the float32 runs use the dense reference)."""
+
+
 def trainable_kinds() -> list[str]:
     from conceptdict.saes import KINDS
 
@@ -47,14 +54,18 @@ def trainable_kinds() -> list[str]:
 
 def _batches(kind: str, start: int):
     """Planted-atom batches [64, 16]; crosscoder kinds get two aligned sources [64, 2, 16], transcoders the same
-    two as (input, output)."""
-    from conceptdict.saes import reads_several_sources
+    two as (input, output), cross-layer transcoders two layers' inputs then outputs [64, 4, 16]."""
+    from conceptdict.saes import KINDS, reads_several_sources
     from generators.synthetic import SyntheticSpec, synthetic_batches
 
     spec = SyntheticSpec(n_atoms=48, d=16, active=3, batch_size=64, n_batches=STEPS + 3, seed=7)
     for x in synthetic_batches(spec, start):
         pair = reads_several_sources(kind)
-        yield torch.stack([x, 0.6 * x + 0.4 * x.roll(1, dims=1)], dim=1) if pair else x
+        y = 0.6 * x + 0.4 * x.roll(1, dims=1)
+        if KINDS[kind].layered:
+            yield torch.stack([x, y, y, 0.5 * y + torch.relu(x - 0.5)], dim=1)
+        else:
+            yield torch.stack([x, y], dim=1) if pair else x
 
 
 class _Record:
@@ -70,8 +81,8 @@ class _Record:
         pass
 
 
-def golden_run(kind: str) -> dict:
-    """The per-step metrics and the final threshold of one seeded run of ``kind``."""
+def golden_run(kind: str, precision: str = "float32") -> dict:
+    """The per-step metrics and the final threshold of one seeded run of ``kind`` (``BF16_KINDS`` also in bf16)."""
     from conceptdict.saes import train, train_config
     from conceptdict.saes.flat import flat_for_kind
 
@@ -80,8 +91,10 @@ def golden_run(kind: str) -> dict:
     try:
         sink = _Record()
         # SETTINGS' kind-specific entries (l1_coeff, threshold_start_step) go to the kinds that read them
-        model = train(train_config(**flat_for_kind({"kind": kind, **SETTINGS}, kind)), functools.partial(_batches, kind),
-                      sink=sink)
+        settings = dict(SETTINGS, kind=kind)
+        if precision != "float32":
+            settings.update(precision=precision, kernel_impl="torch")
+        model = train(train_config(**flat_for_kind(settings, kind)), functools.partial(_batches, kind), sink=sink)
     finally:
         torch.set_num_threads(threads)
     out = {m: [float(r[m]) for r in sink.rows] for m in METRICS}
@@ -109,14 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with training.json instead of rewriting it")
     args = ap.parse_args(argv)
     got = {kind: golden_run(kind) for kind in trainable_kinds()}
+    got_bf16 = {kind: golden_run(kind, "bf16") for kind in BF16_KINDS}
     if args.check:
-        want = json.loads(GOLDEN.read_text())["kinds"]
-        bad = [f"{kind} {line}" for kind in want for line in compare(got.get(kind, {}), want[kind])]
-        print("\n".join(bad) or f"{len(want)} kinds match {GOLDEN.name}")
+        doc = json.loads(GOLDEN.read_text())
+        bad = [f"{kind} {line}" for kind in doc["kinds"] for line in compare(got.get(kind, {}), doc["kinds"][kind])]
+        bad += [f"{kind} bf16 {line}" for kind in doc["bf16"] for line in compare(got_bf16.get(kind, {}),
+                                                                                  doc["bf16"][kind])]
+        print("\n".join(bad) or f"{len(doc['kinds'])} kinds and {len(doc['bf16'])} bf16 runs match {GOLDEN.name}")
         return 1 if bad else 0
     doc = {"about": "per-step training metrics pinned by tests/test_golden.py; regenerate with "
                     "tests/golden/make_golden.py (its docstring says when that is legitimate)",
-           "torch": torch.__version__, "steps": STEPS, "settings": SETTINGS, "kinds": got}
+           "torch": torch.__version__, "steps": STEPS, "settings": SETTINGS, "kinds": got, "bf16": got_bf16}
     GOLDEN.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {GOLDEN} ({len(got)} kinds)")
     return 0

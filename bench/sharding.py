@@ -1,0 +1,182 @@
+"""Issue 37: latent-sharded training (``latent_shards``) on CPU with gloo: peak memory per rank, tokens/s and the share
+of the wall time spent communicating, for N = 1, 2, 4 shards of the same dictionary.
+
+Each N trains the same dictionary (same store, flags and seed) through ``conceptdict.saes.train`` over
+``saes.distributed.process_group_comm(latent_shards=N)`` under ``torchrun --nproc_per_node=N`` (N = 1: one plain
+process, the identity seam). Every process gets ``--threads / N`` torch threads, so the runs share one CPU budget.
+Reported per N:
+
+- ``train MiB/rank``: the largest peak resident memory over the ranks during the training loop (read when the last
+  step logs), less the process's resident memory before ``train()`` (imports, the store): the dictionary's weights,
+  gradients, Adam state and the step's buffers; ``end MiB/rank`` the same at the end of the run, where every rank
+  holds the whole gathered dictionary to calibrate, evaluate and save it;
+- ``formula MiB/rank``: 32 D L / N bytes (W_enc, W_dec, their gradients and two Adam moments in float32);
+- ``tokens/s`` of the ``train()`` call (initialisation, the final gather and evaluation included; process start-up
+  and the kernels' compilation excluded) and ``comm share``: the wall time spent inside the seam's collectives
+  (every all-reduce and gather of the data and shard groups) over the wall time, on rank 0.
+
+    .venv/bin/python bench/sharding.py                # D=512 L=32768 k=32 B=1024, 8 steps
+    .venv/bin/python bench/sharding.py --small --json out.json
+
+On a shared 2-core machine N = 4 runs 4 processes on 2 cores: tokens/s there measures overhead, not scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from distributed import make_store  # noqa: E402  (bench/distributed.py: the same synthetic store)
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = {
+    "default": dict(D=512, L=32768, k=32, B=1024, steps=8, rows=16384),
+    "small": dict(D=128, L=4096, k=16, B=512, steps=6, rows=8192),
+}
+COLLECTIVES = ("all_sum", "all_min", "any", "gather_rows", "reduce_grads", "barrier")
+
+
+def rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed_seam(seam, clock: dict) -> None:
+    """Wrap the collectives of ``seam`` and its ``shards`` (instance attributes) to add their wall time to
+    ``clock["s"]``; a collective called inside another (gather_rows counts rows with all_sum) counts once."""
+    depth = [0]
+    for comm in {id(seam): seam, id(seam.shards): seam.shards}.values():
+        for name in COLLECTIVES:
+            inner = getattr(comm, name)
+
+            def wrapped(*args, _inner=inner, **kwargs):
+                depth[0] += 1
+                t = time.perf_counter()
+                try:
+                    return _inner(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+                    if depth[0] == 0:
+                        clock["s"] += time.perf_counter() - t
+
+            setattr(comm, name, wrapped)
+
+
+class PeakSink:
+    """A metrics sink that records the peak resident memory when each step logs (the last: the loop's peak)."""
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+
+    def write(self, record) -> None:
+        self.peak = rss_mib()
+
+    def close(self) -> None:
+        pass
+
+
+def worker(spec: dict) -> dict:
+    """Train once in this process (a torchrun rank or the whole job); returns rank 0's figures, the memory the
+    largest over the ranks."""
+    import torch
+
+    from conceptdict import ranks
+    from conceptdict.activations import ActivationStore, stream_batches
+    from conceptdict.saes import train, train_config
+    from conceptdict.saes.distributed import process_group_comm
+
+    w = ranks.join("gloo")
+    n = spec["shards"]
+    torch.set_num_threads(max(1, spec["threads"] // n))
+    seam = process_group_comm(n)
+    store = ActivationStore(spec["store"])
+    cfg = train_config(kind=spec["kind"], latents=spec["L"], k=spec["k"], batch_size=spec["B"],
+                       tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=1,
+                       checkpoint_every=0, device="cpu", seed=0, latent_shards=n)
+    batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
+                                           start_batch=start, part=(seam.rank, seam.size))
+    small = train_config(**{**spec["warm"], "latent_shards": n, "device": "cpu"})
+    train(small, batches, comm=seam)  # compiles the kernels, touches the store: not timed, and small
+    torch.set_num_threads(max(1, spec["threads"] // n))
+    clock = {"s": 0.0}
+    timed_seam(seam, clock)
+    ranks.barrier()
+    base, sink = rss_mib(), PeakSink()
+    t = time.perf_counter()
+    clock["s"] = 0.0
+    model = train(cfg, batches, comm=seam, sink=sink)
+    wall = time.perf_counter() - t
+    mem = torch.tensor([sink.peak - base, rss_mib() - base])
+    if w.size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        dist.destroy_process_group()
+    D, L = spec["D"], spec["L"]
+    return {"shards": n, "threads_per_process": torch.get_num_threads(), "wall_s": wall,
+            "tokens_per_s": cfg.tokens / wall, "comm_s": clock["s"], "comm_share": clock["s"] / wall,
+            "train_mib_per_rank": float(mem[0]), "end_mib_per_rank": float(mem[1]),
+            "formula_mib_per_rank": 32 * D * L / n / 2 ** 20,
+            "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu")}
+
+
+def launch(spec: dict, shards: int, tmp: Path) -> dict:
+    path, out = tmp / f"spec-{shards}.json", tmp / f"result-{shards}.json"
+    path.write_text(json.dumps(spec | {"shards": shards, "result": str(out)}))
+    per = str(max(1, spec["threads"] // shards))
+    env = os.environ | {"OMP_NUM_THREADS": per, "NUMBA_NUM_THREADS": per}
+    cmd = [sys.executable, __file__, "--worker", str(path)] if shards == 1 else [
+        str(Path(sys.executable).with_name("torchrun")), f"--nproc_per_node={shards}", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0", __file__, "--worker", str(path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shards}-shard run failed:\n{proc.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="a preset that finishes in about a minute")
+    p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="latent shard counts to run")
+    p.add_argument("--kind", default="topk", help="dictionary kind (a shardable one)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads shared by a run")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker is not None:
+        spec = json.loads(args.worker.read_text())
+        result = worker(spec)
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(spec["result"]).write_text(json.dumps(result))
+        return 0
+    preset = PRESETS["small" if args.small else "default"]
+    warm = dict(kind=args.kind, latents=256, k=preset["k"] // 4, batch_size=preset["B"], tokens=2 * preset["B"],
+                eval_batches=1, init_rows=preset["B"], log_every=10 ** 9, checkpoint_every=0, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        store = make_store(tmp, preset["rows"], preset["D"])
+        spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm}
+        runs = [launch(spec, n, tmp) for n in args.shards]
+    print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} B={preset['B']} steps={preset['steps']} "
+          f"threads={args.threads} (shared by each run's processes)")
+    print(f"{'shards':>6} {'formula MiB/rank':>16} {'train MiB/rank':>14} {'end MiB/rank':>12} {'tokens/s':>9} "
+          f"{'comm share':>10} {'held-out FVU':>12}")
+    for r in runs:
+        print(f"{r['shards']:>6} {r['formula_mib_per_rank']:>16.0f} {r['train_mib_per_rank']:>14.0f} "
+              f"{r['end_mib_per_rank']:>12.0f} {r['tokens_per_s']:>9,.0f} {100 * r['comm_share']:>9.1f}% "
+              f"{r['heldout_fvu'] or float('nan'):>12.5f}")
+    if args.json:
+        args.json.write_text(json.dumps({"preset": preset, "kind": args.kind, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

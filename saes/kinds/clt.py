@@ -1,0 +1,132 @@
+"""Cross-layer transcoders (CLT; Ameisen et al. 2025, "Circuit Tracing"): one dictionary that replaces the MLPs of
+S layers at once.
+
+Latents come in S equal blocks of P = L / S. Block l reads only layer l's MLP input x_l (the residual stream
+before the MLP) and writes to the MLP outputs of layer l and every later layer:
+
+    f_l = TopK(x_l W_enc^l + b_enc^l)               (k per layer, so the whole code keeps S k latents)
+    y_hat_m = sum_{l <= m} f_l W_dec^{l -> m} + b_dec_m
+
+As a :class:`SparseCoder`, ``n_sources = S`` layers of width D, ``W_enc [D, L]`` (column block l is layer l's
+encoder), ``W_dec [L, S*D]`` whose entries from a latent of layer l to a layer m < l are zero
+(:meth:`SparseCoder.decoder_mask`: the forward never reads them, the update keeps their gradient at zero), ``b_dec
+[S*D]`` the outputs' bias. The training data is [B, 2S, D]: the S layers' MLP inputs, then their outputs
+(``--hookpoint`` in that order), split by :meth:`SparseCoder.split` like a transcoder's pair. The per-layer FVU is
+``EvalResult.per_source_fvu``; the decoder norm of each latent per target layer is
+:meth:`SparseCoder.decoder_norms`.
+
+Kinds: ``clt`` (TopK per layer and row, as above) and ``clt-batchtopk`` (BatchTopK per layer: the top k*B entries of
+each layer's block over the batch, as the CLT libraries train; inference is JumpReLU with one threshold per layer,
+estimated while training and calibrated per layer so that each layer's mean L0 on unseen rows is k).
+
+Training is the one loop: per layer the shared TopK / BatchTopK training code (``common.train_code``: one fused
+encode with that layer's AuxK code over its dead latents, BatchTopK's cut over every process), then per layer one
+sparse decode into the layers it reaches (the decode is the sum of S sparse decodes over the upper block triangle
+of W_dec, half the work of one decode over the full width).
+
+Memory: ``W_dec`` holds the full [L, S*D] (the triangle is about half of it) and ``W_enc`` [D, L]; with Adam's two
+moments and the gradient that is 4 (S D L + D L) floats: S = 12 layers, D = 768, P = 8192 latents per layer
+(L = 98304) is 4 x 13 x 768 x 98304 x 4 bytes = 15.7 GB, within one 80 GB GPU; S = 26, D = 2304, P = 16384 is
+about 400 GB and needs the decoder sharded or streamed (not done here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import kernels
+from ..comm import StepInputs
+from .batchtopk import ThresholdSettings
+from .common import relu_scores, threshold_encode, train_code
+from .spec import KindSpec, TrainOutput
+
+if TYPE_CHECKING:
+    from ..model import SparseCoder
+
+
+def layer_slices(model: SparseCoder) -> list[tuple[slice, slice]]:
+    """For each layer l: (its latents' slice of L, its input's slice of S*D)."""
+    P, D = model.n_latents // model.n_sources, model.d_in
+    return [(slice(l * P, (l + 1) * P), slice(l * D, (l + 1) * D)) for l in range(model.n_sources)]
+
+
+class LayerEncoder(NamedTuple):
+    """Layer l's encoder as ``common.train_code`` reads a model: uncentred (b_dec 0: the outputs' bias is not the
+    input's), its k, its P latents."""
+
+    W_enc: Tensor
+    b_enc: Tensor
+    b_dec: Tensor
+    k: int
+    n_latents: int
+    kernel_impl: str
+
+
+def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tensor]) -> Tensor:
+    """sum over layers l of the sparse decode of layer l's code (values, indices within the layer [B, K_l]) into the
+    outputs of layers >= l -> [B, S*D] (with ``b_dec``). Reads only the decoder's upper block triangle."""
+    D, out = model.d_in, None
+    for l, ((lat, _), v, i) in enumerate(zip(layer_slices(model), values, indices)):
+        part = kernels.sparse_decode(v, i, model.W_dec[lat, l * D:], None, impl=model.kernel_impl,
+                                     skip_zero_grads=True)
+        part = F.pad(part, (l * D, 0))
+        out = part if out is None else out + part
+    return out + model.b_dec
+
+
+def _train_rule(model: SparseCoder, x: Tensor, inputs: StepInputs, batch: bool) -> TrainOutput:
+    """x: the layers' (normalised) MLP inputs [B_r, S*D]; returns the prediction of their outputs [B_r, S*D]. Per layer
+    the shared training code (TopK per row, or BatchTopK over the batch: ``batch``), then :func:`layered_decode`."""
+    dead, zero = inputs.dead, x.new_zeros(())
+    codes = []
+    for lat, src in layer_slices(model):
+        layer = LayerEncoder(model.W_enc[:, lat], model.b_enc[lat], zero, model.k, lat.stop - lat.start,
+                             model.kernel_impl)
+        codes.append(train_code(layer, x[:, src], inputs._replace(dead=dead[lat] if dead is not None else None),
+                                batch=batch))
+    y_hat = layered_decode(model, [c.values for c in codes], [c.indices for c in codes])
+    fired = torch.cat([c.fired for c in codes])
+    aux = None
+    if dead is not None:
+        aux = kernels.SparseCode(torch.cat([c.aux.values for c in codes], 1),
+                                 torch.cat([c.aux.indices + lat.start for c, (lat, _) in
+                                            zip(codes, layer_slices(model))], 1))
+    smallest = None
+    if batch:  # one threshold estimate per layer, over its latents
+        P = model.n_latents // model.n_sources
+        smallest = torch.stack([c.smallest for c in codes]).repeat_interleave(P)
+    return TrainOutput(y_hat, fired, sum(c.l0 for c in codes), None, smallest, aux)
+
+
+def _topk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    """Kind ``clt``: TopK per layer and row."""
+    return _train_rule(model, x, inputs, batch=False)
+
+
+def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
+    """Kind ``clt-batchtopk``: BatchTopK per layer (per row while ``inputs.per_row``, the run's TopK start)."""
+    return _train_rule(model, x, inputs, batch=not inputs.per_row)
+
+
+def _topk_encode(model: SparseCoder, x: Tensor) -> Tensor:
+    """Inference of ``clt``: TopK per layer of x_l W_enc^l + b_enc^l, as dense codes [B, L]."""
+    f = torch.zeros(x.shape[0], model.n_latents, dtype=x.dtype, device=x.device)
+    for lat, src in layer_slices(model):
+        code = kernels.encode_topk(x[:, src], model.W_enc[:, lat], model.b_enc[lat], model.k, impl=model.kernel_impl)
+        f.scatter_(1, code.indices + lat.start, code.values)
+    return f
+
+
+# inference of clt-batchtopk is JumpReLU: relu(pre) where it exceeds its latent's (its layer's) threshold;
+# common.pre_activations reads each layer's input with its own encoder
+KINDS = (
+    KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False, sources="pair", layered=True,
+             name="clt", mixed_precision=True),
+    KindSpec(_batchtopk_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
+             sources="pair", layered=True, name="clt-batchtopk", settings=ThresholdSettings, calibrated=True,
+             mixed_precision=True),
+)

@@ -1,0 +1,201 @@
+"""Latent-sharded training (``latent_shards``): 2 and 4 gloo ranks each holding a slice of the latents, and 2 shards x
+2 data ranks, train the dictionary one process trains (within the data-parallel test's 1e-4); a checkpoint written
+by 2 shards resumes on 4 and back on 2 to the uninterrupted result; the final dictionary is one ordinary artifact.
+
+Two torchrun launches (startup dominates): 2 processes (every kind on 2 shards; a 2-shard run killed after its
+step-6 checkpoint), then 4 processes (every kind on 4 shards and on 2 x 2; the killed run resumed on 4 shards and
+killed again after a step-9 checkpoint; that resumed on 2 shards x 2 data ranks to the end).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_distributed_train import base_config, failure, max_diff, one_process, synthetic_store, torchrun
+
+from conceptdict.saes import reads_several_sources, train, train_config
+
+KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
+LAYOUTS = {"2": (2, 2), "4": (4, 4), "2x2": (2, 4)}
+"""name -> (latent shards, processes)."""
+
+
+def hookpoints(kind: str) -> list[str]:
+    return ["a", "b"] if reads_several_sources(kind) else ["a"]
+
+
+def state(model) -> dict:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shards")
+    store = synthetic_store(tmp)
+    refs = {kind: state(one_process(store, hookpoints(kind), train_config(**base_config(kind)), out=tmp / f"{kind}-1"))
+            for kind in KINDS}
+    launches: dict[int, list[dict]] = {2: [], 4: []}
+    for name, (shards, nproc) in LAYOUTS.items():
+        for kind in KINDS:
+            launches[nproc].append({"config": base_config(kind, latent_shards=shards), "stores": [str(store)],
+                                    "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors"),
+                                    **({"out": str(tmp / f"{kind}-2")} if name == "2" else {})})
+    clip = base_config("topk", grad_clip=0.05)  # the clipping is active at every step (the norm counts every shard)
+    refs["clipped"] = state(one_process(store, ["a"], train_config(**clip)))
+    launches[2].append({"config": {**clip, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
+                        "weights": str(tmp / "clipped.safetensors")})
+    stop = base_config("batchtopk", tokens=128 * 40, stop_patience=2, stop_every=3, stop_threshold=0.05)
+    refs["stopping"] = state(one_process(store, ["a"], train_config(**stop), out=tmp / "stop-1"))
+    launches[2].append({"config": {**stop, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
+                        "out": str(tmp / "stop-2"), "weights": str(tmp / "stopping.safetensors")})
+    out = tmp / "resharded"
+    cfg = base_config("batchtopk", checkpoint_every=6)
+    one = {"stores": [str(store)], "hookpoints": ["a"], "out": str(out), "weights": str(tmp / "never.safetensors")}
+    launches[2].append({**one, "config": {**cfg, "latent_shards": 2}, "interrupt_at": 11})  # checkpoint: step 6
+    launches[4].append({**one, "config": {**cfg, "latent_shards": 4, "checkpoint_every": 3}, "resume": True,
+                        "interrupt_at": 14})  # resumed from step 6 on 4 shards; checkpoint at step 9, killed at 10
+    launches[4].append({**one, "config": {**cfg, "latent_shards": 2}, "resume": True,
+                        "weights": str(tmp / "resharded.safetensors")})  # 2 shards x 2 data ranks, to the end
+    for nproc, runs in launches.items():
+        proc = torchrun(f"shards{nproc}", {"runs": runs}, tmp, nproc=nproc)
+        assert proc.returncode == 0, failure(proc)
+    return tmp, refs, store
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_latent_shards_train_the_one_process_dictionary(sharded_runs, kind, layout):
+    tmp, refs, _ = sharded_runs
+    path = tmp / f"{kind}-{layout}.safetensors"
+    got = load_file(path)
+    assert got["W_dec"].shape[0] == 64, "the returned dictionary is the whole one, not a shard"
+    for r in range(1, LAYOUTS[layout][1]):
+        assert max_diff(got, load_file(f"{path}.rank{r}")) == 0.0, f"{kind} on {layout}: rank {r} holds another"
+    diff = max_diff(got, refs[kind])
+    assert diff < 1e-4, f"{kind} on {layout} latent shards: weights differ from 1 process by {diff:.2e}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_runs_report_the_one_process_metrics(sharded_runs, kind):
+    """The logged loss, FVU, L0, AuxK and dead share of the last step sum each shard's part of its latents (the L0,
+    the penalties, the dead counters) as one process counts them."""
+    tmp, _, _ = sharded_runs
+    one, two = (json.loads((tmp / f"{kind}-{n}" / "config.json").read_text())["training"]["last_step"] for n in (1, 2))
+    for key in ("loss", "fvu", "l0", "aux", "dead"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), f"{kind}: {key} {two[key]} vs {one[key]}"
+
+
+@pytest.mark.integration
+def test_gradient_clipping_takes_the_norm_over_every_shard(sharded_runs):
+    tmp, refs, _ = sharded_runs
+    diff = max_diff(load_file(tmp / "clipped.safetensors"), refs["clipped"])
+    assert diff < 1e-4, f"clipped 2-shard run differs from 1 process by {diff:.2e}"
+
+
+@pytest.mark.integration
+def test_two_shards_stop_where_one_process_stops(sharded_runs):
+    """The stopping rule's held-out FVU goes through the sharded forward: 2 shards stop at one process's step."""
+    tmp, refs, _ = sharded_runs
+    one, two = (json.loads((tmp / d / "config.json").read_text())["training"] for d in ("stop-1", "stop-2"))
+    assert one["stopping"]["fired_at"] is not None and one["steps"] < 40
+    assert (two["steps"], two["stopping"]["fired_at"]) == (one["steps"], one["stopping"]["fired_at"])
+    assert max_diff(load_file(tmp / "stopping.safetensors"), refs["stopping"]) < 1e-4
+
+
+@pytest.mark.integration
+def test_checkpoint_reshards_from_two_to_four_and_back(sharded_runs):
+    tmp, refs, _ = sharded_runs
+    diff = max_diff(load_file(tmp / "resharded.safetensors"), refs["batchtopk"])
+    assert diff < 1e-4, f"2 -> 4 -> 2 shard resume differs from the uninterrupted run by {diff:.2e}"
+    out = tmp / "resharded"
+    names = sorted(p.name for p in out.glob("checkpoint*.pt"))
+    assert names == ["checkpoint.shard-0-of-2.pt", "checkpoint.shard-1-of-2.pt"], names
+    parts = [torch.load(out / n, weights_only=True) for n in names]
+    assert [p["step"] for p in parts] == [14, 14] and parts[0]["model"]["W_dec"].shape[0] == 32
+
+
+@pytest.mark.integration
+def test_sharded_checkpoint_resumes_in_one_process(sharded_runs, tmp_path):
+    """The shard files join into one checkpoint: one process resumes the 2-shard run's last checkpoint (step 14)
+    and reads the same dictionary; the artifact the sharded run saved is an ordinary one (``cd.load``)."""
+    import conceptdict as cd
+
+    tmp, refs, store = sharded_runs
+    out = tmp / "resharded"
+    loaded = cd.load(out)
+    assert loaded.n_latents == 64 and max_diff(state(loaded), refs["batchtopk"]) < 1e-4
+    assert loaded.config["training"]["steps"] == 14
+    cfg = train_config(**base_config("batchtopk", checkpoint_every=6))
+    model = one_process(store, ["a"], cfg, out=out, resume=True)
+    assert max_diff(state(model), refs["batchtopk"]) < 1e-4
+    assert sorted(p.name for p in out.glob("checkpoint*.pt")) == ["checkpoint.pt"]
+
+
+@pytest.mark.unit
+def test_kinds_that_cannot_be_sharded_refuse(tmp_path):
+    with pytest.raises(ValueError, match="kind 'matryoshka' cannot be trained with latent_shards=2; the kinds that "
+                                         "can: batchtopk"):
+        train_config(kind="matryoshka", latents=64, k=4, latent_shards=2)
+    with pytest.raises(ValueError, match="latent_shards=3 must .* divide latents=64"):
+        train_config(latents=64, k=4, latent_shards=3)
+    with pytest.raises(ValueError, match="latent_shards=2 but the seam holds 1 latent shard"):
+        train(train_config(latents=64, k=4, latent_shards=2), [torch.randn(32, 8)] * 4)
+
+
+@pytest.mark.integration
+def test_the_command_line_trains_sharded_and_every_command_reads_the_artifact(sharded_runs, tmp_path, capsys):
+    """``torchrun --nproc_per_node=2 conceptdict train --latent-shards 2`` writes the dictionary one process writes
+    (the flag reaches the run through TrainConfig), an ordinary artifact that ``eval``, ``export`` (SAELens) and
+    ``cd.load`` read unchanged."""
+    import conceptdict as cd
+    from conceptdict.cli.main import main
+    from test_distributed_cli import _cli
+
+    _, _, store = sharded_runs
+    args = ["train", "--store", str(store), "--hookpoint", "a", "--kind", "topk", "--latents", "64", "--k", "4",
+            "--batch-size", "128", "--tokens", "1280", "--seed", "2", "--device", "cpu", "--kernel-impl", "torch"]
+    weights = {}
+    for n, extra in ((1, []), (2, ["--latent-shards", "2"])):
+        out = tmp_path / f"sae{n}"
+        proc = _cli([*args, *extra, "--out", str(out)], n, tmp_path, capsys)
+        assert proc.returncode == 0, failure(proc)
+        weights[n] = load_file(out / "weights.safetensors")
+    assert max_diff(weights[1], weights[2]) < 1e-4
+    sharded = tmp_path / "sae2"
+    assert sorted(p.name for p in sharded.glob("checkpoint*")) == ["checkpoint.shard-0-of-2.pt",
+                                                                   "checkpoint.shard-1-of-2.pt"]
+    assert cd.load(sharded).n_latents == 64
+    one, two = (cd.evaluate(tmp_path / f"sae{n}", store=str(store)) for n in (1, 2))
+    assert two.metrics.fvu == pytest.approx(one.metrics.fvu, abs=1e-4)
+    assert two.metrics.l0 == pytest.approx(one.metrics.l0, abs=1e-3)
+    assert main(["export", str(sharded), "--format", "saelens", "--out", str(tmp_path / "saelens")]) == 0
+    assert cd.load(tmp_path / "saelens").n_latents == 64
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("d, latents, shards", [(5, 132, 4), (12, 64, 2), (96, 2048, 4)])
+def test_shards_draw_the_one_process_initialisation_block_by_block(d, latents, shards):
+    """Each shard draws the whole dictionary's random start a block of rows at a time (never the whole [L, D]) and
+    keeps its rows: together they are the one-process draw, tails under torch's 16-value fill included."""
+    from conceptdict.saes.model import SparseCoder, _draw_blocks
+
+    one = SparseCoder(d, latents, 2)
+    one.reset_parameters(torch.Generator().manual_seed(7))
+    parts = []
+    for i in range(shards):
+        part = SparseCoder(d, latents // shards, 2)
+        part.reset_parameters(torch.Generator().manual_seed(7), shard=(i, shards))
+        parts.append(part.W_dec.detach())
+    assert torch.equal(torch.cat(parts), one.W_dec.detach())
+    g = torch.Generator().manual_seed(7)
+    whole = torch.randn((latents, d), generator=g)
+    g = torch.Generator().manual_seed(7)
+    blocks = [torch.randn((e - s, d), generator=g) for s, e in _draw_blocks(latents, d, elements=256)]
+    assert len(blocks) > 1 and torch.equal(torch.cat(blocks), whole)
