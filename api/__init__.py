@@ -53,6 +53,7 @@ _WHERE = {
     "steer": "edit_api", "erase": "edit_api", "splice": "edit_api",
     "demo": "demo_api",
     "broad_dictionary": "broad_api",
+    "cached_broad_dictionary": "broad_api",
     "load_concepts": ("conceptdict.naming", "load_concepts"),
     "describe": ("conceptdict.saes", "describe_dictionary"),
     "SparseCoder": ("conceptdict.saes", "SparseCoder"),

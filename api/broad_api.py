@@ -78,6 +78,14 @@ def broad_root(cfg: BroadConfig) -> Path:
     return Path(cfg.cache_dir or default_cache_dir()) / f"broad-{broad_key(cfg)}"
 
 
+def cached_broad_dictionary(**settings: Any) -> BroadDictionary | None:
+    """The broad dictionary these settings (:class:`BroadConfig`'s) describe if it is cached, else None (nothing is
+    built: :func:`broad_dictionary` builds it)."""
+    root = broad_root(config_from_dict(BroadConfig, settings, "broad"))
+    done = root / DONE_FILE
+    return _result(root, json.loads(done.read_text()), built=False) if done.exists() else None
+
+
 def broad_dictionary(**settings: Any) -> BroadDictionary:
     """The broad dictionary of ``model`` at ``hookpoint`` (``conceptdict broad``): read from the cache, or built
     (cache the broad text, train with train's defaults, name with name's) and cached. Settings are

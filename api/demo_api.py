@@ -31,6 +31,8 @@ class StepResult(NamedTuple):
 
     artifacts: dict
     summary: list[str]
+    done: bool = True
+    """False: the step did not run (it needs something not there yet); the next demo tries it again."""
 
 
 @dataclass
@@ -43,6 +45,8 @@ class DemoContext:
     summary: list[str] = field(default_factory=list)
     broad: dict = field(default_factory=dict)
     """Settings of the broad dictionary (``broad_api.BroadConfig``; empty: its defaults)."""
+    build_broad: bool = False
+    """Build the broad dictionary when it is not cached (tens of minutes once); else the broad step waits for it."""
 
 
 def cache_step(ctx: DemoContext) -> StepResult:
@@ -134,15 +138,21 @@ def cbm_step(ctx: DemoContext) -> StepResult:
 
 def broad_step(ctx: DemoContext) -> StepResult:
     """The broad dictionary (``conceptdict broad``: built once on every installed package's docstrings, then
-    cached) -> ``cbm_broad/``: the same CBM on the sentence store, from the broad dictionary's concepts. Skipped
-    with ``fast`` (its one-time build takes tens of minutes)."""
+    cached) -> ``cbm_broad/``: the same CBM on the sentence store, from the broad dictionary's concepts. Its one-time
+    build takes tens of minutes, so the demo builds it only with ``build_broad`` (``demo --broad``); otherwise it
+    uses a cached one, or says how to build it and runs next time. Skipped with ``fast``."""
     if ctx.fast:
         return StepResult({}, ["broad dictionary: skipped with --fast (`conceptdict broad` builds it once)"])
-    from conceptdict.broad_api import broad_dictionary
+    from conceptdict.broad_api import broad_dictionary, cached_broad_dictionary
     from conceptdict.concept_api import cbm
 
     art, out = ctx.artifacts, ctx.out / "cbm_broad"
-    broad = broad_dictionary(**{"hookpoint": art["hookpoint"], **ctx.broad})
+    settings = {"hookpoint": art["hookpoint"], **ctx.broad}
+    broad = broad_dictionary(**settings) if ctx.build_broad else cached_broad_dictionary(**settings)
+    if broad is None:
+        return StepResult({}, ["broad dictionary: not built yet. `conceptdict broad` builds it once (about 20 "
+                               "minutes on a 2-core CPU, then cached); the next `conceptdict demo` then fits the "
+                               "same CBM on its concepts (or run `conceptdict demo --broad`)"], done=False)
     result = cbm(broad.concepts, dataset=art["store"], label_column=art.get("label_key", "family"), out=out)
     info = broad.info
     return StepResult({"cbm_broad": str(out), "cbm_broad_accuracy": result.metrics["accuracy"]},
@@ -172,12 +182,14 @@ STEPS: list[tuple[str, Callable[[DemoContext], StepResult]]] = [
 """The steps in the order they run."""
 
 
-def demo(out: str | Path = "runs/demo", fast: bool = False, fresh: bool = False) -> tuple[list[str], list[str]]:
-    """Run (or reuse) every step of the demo in ``out``; returns (one status line per step, the summary lines)."""
+def demo(out: str | Path = "runs/demo", fast: bool = False, fresh: bool = False,
+         broad: bool = False) -> tuple[list[str], list[str]]:
+    """Run (or reuse) every step of the demo in ``out``; returns (one status line per step, the summary lines).
+    ``broad``: build the broad dictionary if it is not cached yet (tens of minutes, once)."""
     from conceptdict.outdir import writing
 
     with writing(out, "demo"):
-        return _demo(DemoContext(out=Path(out), fast=fast), fresh)
+        return _demo(DemoContext(out=Path(out), fast=fast, build_broad=broad), fresh)
 
 
 def _demo(ctx: DemoContext, fresh: bool) -> tuple[list[str], list[str]]:
@@ -193,8 +205,10 @@ def _demo(ctx: DemoContext, fresh: bool) -> tuple[list[str], list[str]]:
         else:
             start = time.perf_counter()
             result = step(ctx)
-            marker.write_text(json.dumps({**result._asdict(), "fast": ctx.fast}, indent=1) + "\n")
-            status.append(f"{step_name:7s} done in {time.perf_counter() - start:.1f} s")
+            if result.done:
+                marker.write_text(json.dumps({**result._asdict(), "fast": ctx.fast}, indent=1) + "\n")
+            status.append(f"{step_name:7s} {'done' if result.done else 'waits'} in "
+                          f"{time.perf_counter() - start:.1f} s")
         ctx.artifacts.update(result.artifacts)
         ctx.summary.extend(result.summary)
     return status, ctx.summary

@@ -84,7 +84,7 @@ def test_broad_command_prints_where_it_is_and_how_to_use_it(broad_settings, caps
     assert main(["broad", *flags]) == 0 and "broad dictionary (cached)" in capsys.readouterr().out
 
 
-def test_the_demos_broad_step_fits_the_task_cbm_on_the_broad_concepts_and_is_skipped_when_fast(
+def test_the_demos_broad_step_waits_for_a_build_fits_the_task_cbm_on_the_broad_concepts_and_is_skipped_when_fast(
         broad_settings, tiny_sentence_store, tmp_path):
     from conceptdict import demo_api as demo
 
@@ -92,10 +92,16 @@ def test_the_demos_broad_step_fits_the_task_cbm_on_the_broad_concepts_and_is_ski
     art = {"store": str(store), "hookpoint": "sentence.mean_normalized", "label_key": "topic"}
     fast = demo.broad_step(demo.DemoContext(tmp_path / "fast", fast=True, artifacts=art, broad=broad_settings))
     assert fast.artifacts == {} and "skipped" in fast.summary[0]
-    assert not (tmp_path / "cache").exists()  # nothing built
-    done = demo.broad_step(demo.DemoContext(tmp_path / "demo", artifacts=art, broad=broad_settings))
-    cbm = json.loads((tmp_path / "demo" / "cbm_broad" / "cbm.json").read_text())
-    assert done.artifacts["cbm_broad"] == str(tmp_path / "demo" / "cbm_broad")
+    # not cached and not asked to build: nothing is built, the step is not done (the next demo tries again)
+    waits = demo.broad_step(demo.DemoContext(tmp_path / "demo", artifacts=art, broad=broad_settings))
+    assert not waits.done and waits.artifacts == {} and "`conceptdict broad`" in waits.summary[0]
+    assert not (tmp_path / "cache").exists() and cd.cached_broad_dictionary(**broad_settings) is None
+    built = demo.broad_step(demo.DemoContext(tmp_path / "demo", artifacts=art, broad=broad_settings, build_broad=True))
+    assert built.done and cd.cached_broad_dictionary(**broad_settings) is not None
+    # a later demo without --broad uses the cached one
+    done = demo.broad_step(demo.DemoContext(tmp_path / "demo2", artifacts=art, broad=broad_settings))
+    cbm = json.loads((tmp_path / "demo2" / "cbm_broad" / "cbm.json").read_text())
+    assert done.done and done.artifacts["cbm_broad"] == str(tmp_path / "demo2" / "cbm_broad")
     assert cbm["meta"]["dict_dir"] == str(cd.broad_dictionary(**broad_settings).concepts)
     assert set(cbm["classes"]) == {"animals", "food", "weather"} and "240 docstrings" in done.summary[0]
 
