@@ -104,6 +104,16 @@ def worker(spec: dict) -> dict:
     return result
 
 
+def worker_main(path: Path, worker) -> int:
+    """One process of a benchmark run (a torchrun rank, or the whole job): ``worker`` on the spec at ``path``;
+    rank 0 writes its figures to the spec's ``result`` path."""
+    spec = json.loads(path.read_text())
+    result = worker(spec)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(spec["result"]).write_text(json.dumps(result))
+    return 0
+
+
 def launch(spec: dict, nproc: int, tmp: Path) -> dict:
     tag = f"{nproc}x{spec['threads']}"
     path, out = tmp / f"spec-{tag}.json", tmp / f"result-{tag}.json"
@@ -135,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        spec = json.loads(args.worker.read_text())
-        result = worker(spec)
-        if int(os.environ.get("RANK", "0")) == 0:
-            Path(spec["result"]).write_text(json.dumps(result))
-        return 0
+        return worker_main(args.worker, worker)
     preset = PRESETS["small" if args.small else "default"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

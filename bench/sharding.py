@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributed import make_store  # noqa: E402  (bench/distributed.py: the same synthetic store)
+from distributed import make_store, worker_main  # noqa: E402  (bench/distributed.py: the same synthetic store)
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {
@@ -152,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        spec = json.loads(args.worker.read_text())
-        result = worker(spec)
-        if int(os.environ.get("RANK", "0")) == 0:
-            Path(spec["result"]).write_text(json.dumps(result))
-        return 0
+        return worker_main(args.worker, worker)
     preset = PRESETS["small" if args.small else "default"]
     warm = dict(kind=args.kind, latents=256, k=preset["k"] // 4, batch_size=preset["B"], tokens=2 * preset["B"],
                 eval_batches=1, init_rows=preset["B"], log_every=10 ** 9, checkpoint_every=0, seed=0)
