@@ -17,6 +17,10 @@ is measured by :func:`saes.evaluate` (so its numbers equal ``conceptdict eval``'
   latents no other dictionary matches, and, where dictionaries carry names (concepts.json), the names only
   one of them found. Decoders are compared only within one space: dictionaries whose reconstruction targets
   the same hookpoint (a transcoder's is its output) with the same width;
+- a **set of per-layer transcoders** (``train --layers``, a replacement model) is one entry: its evaluation is the
+  layers' combined (:func:`combine_layers`: FVU over every layer, L0 the sum, per-layer FVU / L0 / dead), its weight
+  metrics are each layer's (every latent compared within its own layer) pooled over the layers, and its latents
+  are matched with no other dictionary's (they live in one layer's output each);
 - the **FVU-L0 frontier**: the dictionaries no other beats on both FVU and L0.
 
 Shapes: N rows, D width, L latents.
@@ -31,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .evaluation import evaluate
+from .evaluation import EvalResult, combine_layers, evaluate
 from .model import SparseCoder
 
 SPLIT_COSINE = 0.5
@@ -53,6 +57,9 @@ class Entry:
     """Concept name per latent when the dictionary has been named."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything to carry into the report (path, hookpoints)."""
+    layers: list[tuple[SparseCoder, list[Tensor]]] = field(default_factory=list)
+    """A set of per-layer transcoders: (transcoder, its rows) per layer, in layer order; ``model`` and ``batches``
+    are then layer 0's."""
 
 
 def _unit_rows(w: Tensor) -> Tensor:
@@ -78,8 +85,13 @@ def max_other_cosine(a: Tensor, b: Tensor | None = None, chunk: int = 2048) -> t
 
 
 def encoder_decoder_cosine(model: SparseCoder) -> Tensor:
-    """cos(W_enc[:, j], W_dec[j]) per latent [L] (both over the flattened width)."""
-    return torch.nn.functional.cosine_similarity(model.W_enc.detach().T.float(), model.W_dec.detach().float(), dim=1)
+    """cos(W_enc[:, j], W_dec[j]) per latent [L] (both over the flattened width; a cross-layer transcoder's decoder
+    to its latent's own layer)."""
+    dec = model.W_dec.detach().float()
+    if model.spec.layered:  # encoder [D, L]; layer l's latents decode to block l of [L, S * D]
+        D, P = model.d_in, model.n_latents // model.n_sources
+        dec = torch.cat([dec[l * P:(l + 1) * P, l * D:(l + 1) * D] for l in range(model.n_sources)])
+    return torch.nn.functional.cosine_similarity(model.W_enc.detach().T.float(), dec, dim=1)
 
 
 @torch.no_grad()
@@ -127,6 +139,27 @@ def _weights(e: Entry, fires: Tensor) -> dict[str, float]:
             "split_fraction": split_fraction(dec, fires)}
 
 
+def _measure(e: Entry, cofire_rows: int) -> tuple[EvalResult, dict[str, float], Tensor]:
+    """(evaluation, weight metrics, decoder rows [L, D]) of an entry; a set's pooled over its layers (module
+    docstring: live counts weight the split fraction, latent counts the other means)."""
+    if not e.layers:
+        result = evaluate(e.model, e.batches)
+        return result, _weights(e, firing(e.model, e.batches, cofire_rows)), e.model.W_dec.detach()
+    parts = [evaluate(m, b) for m, b in e.layers]
+    result = combine_layers(parts, f"{e.model.kind} x {len(parts)} layers")
+    each = [_weights(Entry(e.name, m, b, e.space), firing(m, b, cofire_rows)) for m, b in e.layers]
+    sizes = [m.n_latents for m, _ in e.layers]
+    live = [sum(d > 0 for d in r.density) for r in parts]
+
+    def pooled(key: str, by: list[int]) -> float:
+        return sum(w[key] * n for w, n in zip(each, by)) / max(sum(by), 1)
+
+    weights = {key: pooled(key, sizes) for key in each[0]}
+    weights["decoder_max_cosine_max"] = max(w["decoder_max_cosine_max"] for w in each)
+    weights["split_fraction"] = pooled("split_fraction", live)
+    return result, weights, torch.cat([m.W_dec.detach() for m, _ in e.layers])
+
+
 def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
     """Names whose (L0, FVU) no other point beats on both (lower is better; ties do not beat)."""
     def beaten(p):
@@ -144,15 +177,14 @@ def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int
     live_dirs: dict[str, Tensor] = {}
     lives: dict[str, list[bool]] = {}
     for e in entries:
-        result = evaluate(e.model, e.batches)
-        fires = firing(e.model, e.batches, cofire_rows)
+        result, weights, decoder = _measure(e, cofire_rows)
         live = torch.tensor(result.density) > 0
         lives[e.name] = live.tolist()
-        live_dirs[e.name] = e.model.W_dec.detach().float().cpu()[live]
-        rows[e.name] = {"name": e.name, "kind": e.model.kind, "n_latents": e.model.n_latents, "k": e.model.k,
-                        "space": e.space, **e.info, "metrics": result.to_dict(), "weights": _weights(e, fires),
-                        "live_latents": int(live.sum())}
-        if e.model.n_sources == 2:  # a crosscoder's live latents per diff tag (shared, A-only, B-only, other)
+        live_dirs[e.name] = decoder.float().cpu()[live]
+        rows[e.name] = {"name": e.name, "kind": result.kind if e.layers else e.model.kind,
+                        "n_latents": result.n_latents, "k": e.model.k, "space": e.space, **e.info,
+                        "metrics": result.to_dict(), "weights": weights, "live_latents": int(live.sum())}
+        if e.model.n_sources == 2 and e.model.spec.sources == "several":  # a crosscoder's live latents per diff tag
             from .diffing import live_tag_counts
 
             rows[e.name]["latent_tags"] = live_tag_counts(e.model, torch.tensor(result.density))
@@ -161,7 +193,7 @@ def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int
     for a in entries:
         matches[a.name] = {}
         for b in entries:
-            if a is b or a.space != b.space or a.model.W_dec.shape[1] != b.model.W_dec.shape[1]:
+            if a is b or a.layers or b.layers or a.space != b.space or a.model.W_dec.shape[1] != b.model.W_dec.shape[1]:
                 continue
             best, _ = max_other_cosine(live_dirs[a.name], live_dirs[b.name])
             matches[a.name][b.name] = float((best >= match_threshold).float().mean()) if best.numel() else 0.0

@@ -302,6 +302,45 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
         cd.train(kind="transcoder", layers=["5"], out=tmp_path / "five", **fast)
 
 
+@pytest.mark.integration
+def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_dir):
+    """`compare` of a PLT set, a skip-PLT set (train --layers folders) and a CLT of the same total latents and L0: each
+    a row whose numbers (replacement CE / KL with every MLP replaced at once, per-layer FVU / L0 / dead) equal
+    `eval --model`'s of that replacement; a set's latents match no other dictionary's; a 2-layer CLT gets no
+    crosscoder diff tags."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    fast = dict(store=store, latents=32, k=4, batch_size=64, eval_batches=2, log_every=50, kernel_impl="reference")
+    cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", **fast)
+    cd.train(kind="skip-transcoder", layers="all", out=tmp_path / "skip", **fast)
+    cd.train(kind="clt", layers="all", out=tmp_path / "clt", **(fast | {"latents": 64}))
+    names = ("plt", "skip", "clt")
+    got = cd.compare([tmp_path / n for n in names], store=store, model=str(tiny_lm_dir), contexts=4,
+                     out=tmp_path / "cmp")
+    rows = {r["name"]: r for r in got.result["dictionaries"]}
+    assert [rows[n]["kind"] for n in names] == ["transcoder x 2 layers", "skip-transcoder x 2 layers", "clt"]
+    assert {(rows[n]["n_latents"], rows[n]["k"]) for n in names} == {(64, 4)}
+    for n in names:
+        alone = cd.evaluate(tmp_path / n, model=str(tiny_lm_dir), contexts=4, out=tmp_path / f"{n}.json").metrics
+        m = rows[n]["metrics"]
+        assert m["per_source_fvu"] == pytest.approx(list(alone.per_source_fvu), rel=1e-6) and len(m["per_source_fvu"]) == 2
+        assert m["per_layer_l0"] == pytest.approx(list(alone.per_layer_l0)) and m["l0"] == pytest.approx(alone.l0)
+        assert m["per_layer_dead"] == pytest.approx(list(alone.per_layer_dead)) and m["fvu"] == pytest.approx(alone.fvu)
+        assert m["ce_loss_recovered"] == pytest.approx(alone.ce_loss_recovered, abs=1e-6)
+        assert m["kl_score"] == pytest.approx(alone.kl_score, abs=1e-6)
+        assert m["splice"]["max_logit_diff_with_errors"] < 1e-4 and "latent_tags" not in rows[n]
+    assert rows["plt"]["unique_latents"] is None and got.result["matches"]["plt"] == {}
+    assert 0.0 <= rows["skip"]["weights"]["split_fraction"] <= 1.0
+    text = got.format()
+    assert "plt: per layer 0: FVU" in text and "clt: per layer 0: FVU" in text
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["dictionaries"][1]["metrics"]["per_layer_l0"]
+    page = (tmp_path / "cmp" / "index.html").read_text()
+    assert "<h2>Per layer</h2>" in page and "<tr><td>skip</td><td>1</td>" in page and "<td>clt</td><td>1</td>" in page
+
+
 def _named(kind: str, tmp, **kw):
     """A 3-layer dictionary trained on layer_batches, recorded at blocks.L.mlp.hook_in / hook_out."""
     return train(_cfg(kind=kind, calibration_batches=2, threshold_start_step=2, **kw) if kind == "clt-batchtopk"
