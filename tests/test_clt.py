@@ -341,6 +341,47 @@ def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_di
     assert "<h2>Per layer</h2>" in page and "<tr><td>skip</td><td>1</td>" in page and "<td>clt</td><td>1</td>" in page
 
 
+@pytest.mark.integration
+def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer(tmp_path, tiny_lm_dir):
+    """`name` on a 2-layer clt: each feature's evidence is its code from both layers' MLP inputs (the top example's
+    activation is the clt's code on that row), the logit lens reads its decoder to the last layer's MLP output, and
+    concepts.json, the text card and the HTML report carry its layer and decoder norm per target layer (a 2-layer clt
+    gets no crosscoder diff tags)."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+    from conceptdict.activations import ActivationStore, load_model
+    from conceptdict.naming.evidence import logit_lens
+    from conceptdict.naming.reports.report_text import format_concept
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    clt = cd.train(kind="clt", layers="all", out=tmp_path / "clt", store=store, latents=16, k=2, batch_size=64,
+                   eval_batches=2, log_every=50, kernel_impl="reference")
+    named = cd.name(tmp_path / "clt", namer="logit-lens", model=str(tiny_lm_dir), top_k=3, logit_tokens=3,
+                    out=tmp_path / "names")
+    norms = clt.decoder_norms().detach()  # [target layer, L]
+    assert len(named.concepts) == 16 and named.directions.shape == (16, 2, clt.d_in)
+    rows = ActivationStore(store)
+    firing = 0
+    for c in named.concepts:
+        assert c.extra["layer"] == c.id // 8 and "relative_norm" not in c.extra
+        assert c.extra["decoder_norms"] == pytest.approx(norms[:, c.id].tolist(), abs=1e-4)
+        assert c.extra["decoder_norms"][0] == 0.0 or c.id < 8  # layer 1's features write nothing to layer 0
+        if c.top_examples:
+            firing += 1
+            row = c.top_examples[0].row
+            x = torch.stack([rows.rows(h, row, row + 1).float() for h in MLP[:2]], dim=1)
+            assert float(clt.encode(x)[0, c.id]) == pytest.approx(c.top_examples[0].activation, rel=1e-4)
+    assert firing >= 8
+    lm = load_model(str(tiny_lm_dir))
+    lens = logit_lens(named.directions[:, 1], lm.unembed().cpu(), k=3)
+    assert [c.logit_top for c in named.concepts] == [tuple(lm.decode(ids)) for ids in lens.top_ids.tolist()]
+    assert "decoder norm per layer: 0: " in format_concept(named.concepts[0])
+    saved = json.loads((tmp_path / "names" / "concepts.json").read_text())["concepts"]
+    assert saved[9]["extra"]["decoder_norms"][0] == 0.0 and len(saved[9]["extra"]["decoder_norms"]) == 2
+    assert "decoder norm per layer: 0: " in "".join(p.read_text() for p in (tmp_path / "names" / "report").glob("*.html"))
+
+
 def _named(kind: str, tmp, **kw):
     """A 3-layer dictionary trained on layer_batches, recorded at blocks.L.mlp.hook_in / hook_out."""
     return train(_cfg(kind=kind, calibration_batches=2, threshold_start_step=2, **kw) if kind == "clt-batchtopk"
