@@ -380,6 +380,24 @@ def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer
     saved = json.loads((tmp_path / "names" / "concepts.json").read_text())["concepts"]
     assert saved[9]["extra"]["decoder_norms"][0] == 0.0 and len(saved[9]["extra"]["decoder_norms"]) == 2
     assert "decoder norm per layer: 0: " in "".join(p.read_text() for p in (tmp_path / "names" / "report").glob("*.html"))
+    from conceptdict.naming.scoring import SCORERS, register_scorer
+
+    seen = {}
+
+    def record(ctx, names):  # score: every negative drawn from rows where the clt's feature is silent
+        seen.update(ctx.samples)
+        return {j: {"score": 1.0} for j in names}
+
+    register_scorer("clt-negatives", record)
+    try:
+        cd.score(tmp_path / "names", scorers=["clt-negatives"])
+    finally:
+        del SCORERS["clt-negatives"]
+    negatives = [(j, e.row) for j, sample in seen.items() for e in sample.negatives]
+    assert len(seen) >= 8 and negatives
+    for j, row in negatives:
+        x = torch.stack([rows.rows(h, row, row + 1).float() for h in MLP[:2]], dim=1)
+        assert float(clt.encode(x)[0, j]) == 0.0
 
 
 def _named(kind: str, tmp, **kw):
