@@ -343,10 +343,11 @@ def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_di
 
 @pytest.mark.integration
 def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer(tmp_path, tiny_lm_dir):
-    """`name` on a 2-layer clt: each feature's evidence is its code from both layers' MLP inputs (the top example's
+    """`name` and `score` on a 2-layer clt: each feature's evidence is its code from both layers' MLP inputs (the top example's
     activation is the clt's code on that row), the logit lens reads its decoder to the last layer's MLP output, and
     concepts.json, the text card and the HTML report carry its layer and decoder norm per target layer (a 2-layer clt
-    gets no crosscoder diff tags)."""
+    gets no crosscoder diff tags); `score` draws negatives where the feature is silent; a PLT layer names from its own
+    input with the logit lens of its decoder."""
     from fixtures_models import build_tiny_lm_store
 
     import conceptdict as cd
@@ -398,6 +399,15 @@ def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer
     for j, row in negatives:
         x = torch.stack([rows.rows(h, row, row + 1).float() for h in MLP[:2]], dim=1)
         assert float(clt.encode(x)[0, j]) == 0.0
+    plt = cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", store=store, latents=8, k=2, batch_size=64,
+                   eval_batches=2, log_every=50, kernel_impl="reference")["1"]  # a PLT: one layer folder at a time
+    layer = cd.name(tmp_path / "plt" / "1", namer="logit-lens", model=str(tiny_lm_dir), top_k=3, logit_tokens=3)
+    lens = logit_lens(plt.decoder_directions().float(), lm.unembed().cpu(), k=3)
+    assert [c.logit_top for c in layer.concepts] == [tuple(lm.decode(ids)) for ids in lens.top_ids.tolist()]
+    for c in layer.concepts:
+        if c.top_examples:
+            x = rows.rows("blocks.1.mlp.hook_in", c.top_examples[0].row, c.top_examples[0].row + 1).float()
+            assert float(plt.encode(x)[0, c.id]) == pytest.approx(c.top_examples[0].activation, rel=1e-4)
 
 
 def _named(kind: str, tmp, **kw):
