@@ -576,3 +576,43 @@ def test_layers_all_from_a_models_forward(tmp_path, tiny_lm_dir):
         assert config["training"]["heldout_eval"]["fvu"] < 1.0
     assert main(["train", "--kind", "clt", "--out", str(tmp_path / "clt"), *common(64)]) == 0
     assert json.loads((tmp_path / "clt" / "config.json").read_text())["hookpoints"] == MLP
+
+
+@pytest.mark.unit
+def test_hub_names_read_circuit_tracer_layouts_from_the_cache_offline(tmp_path, monkeypatch):
+    """`hf:` names of circuit-tracer's layouts, read from a local Hugging Face cache with the hub off: a CLT repo (its
+    root, or a folder of it) and one layer of a transcoder set (`hf:REPO/layer_N.safetensors`, which needs the
+    set's config.yaml beside it) load as the same dictionaries as the local folders."""
+    from huggingface_hub import constants
+    from test_foreign_formats import _fake_hub_cache
+
+    from conceptdict.saes.formats import FormatError
+    from conceptdict.saes.formats.circuit_tracer import write_set
+
+    clt_dir = Path(__file__).parent / "fixtures" / "circuit_tracer" / "clt"
+    g = torch.Generator().manual_seed(3)
+    tcs = []
+    for kind in ("transcoder", "skip-transcoder"):
+        tc = SparseCoder(D, 16, 4, kind)
+        tc.reset_parameters(generator=g)
+        with torch.no_grad():
+            tc.W_dec.copy_(torch.randn(16, D, generator=g))
+        tcs.append(tc)
+    set_dir = write_set(tcs, [[f"blocks.{l}.mlp.hook_in", f"blocks.{l}.mlp.hook_out"] for l in range(2)],
+                        tmp_path / "set", None)
+    cache = tmp_path / "hub"
+    _fake_hub_cache(cache, "someone/tiny-clt", "d" * 40,
+                    {**{f.name: f for f in clt_dir.iterdir()}, **{f"clt/{f.name}": f for f in clt_dir.iterdir()}})
+    _fake_hub_cache(cache, "someone/tiny-plt", "e" * 40, {f.name: f for f in set_dir.iterdir()})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    local = load_dictionary(clt_dir)
+    for name in ("hf:someone/tiny-clt", "hf:someone/tiny-clt/clt"):
+        hub = load_dictionary(name)
+        assert hub.kind == "clt-batchtopk" and hub.n_sources == local.n_sources
+        for key, t in local.state_dict().items():
+            assert torch.equal(hub.state_dict()[key], t), (name, key)
+    layer = load_dictionary("hf:someone/tiny-plt/layer_1.safetensors")
+    assert torch.equal(layer.W_dec, load_dictionary(set_dir / "layer_1.safetensors").W_dec) and layer.spec.skip
+    with pytest.raises(FormatError, match="layer_7.safetensors"):
+        load_dictionary("hf:someone/tiny-plt/layer_7.safetensors")
