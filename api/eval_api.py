@@ -387,13 +387,15 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
         hookpoints = [h[0] for *_, h in parts] + [h[1] for *_, h in parts] if layers else hookpoints
         entries.append(Entry(label, model, read[0], hookpoints[-1], None if layers else ref.names,
                              {"path": str(path), "hookpoints": hookpoints},
-                             [(m, b) for (m, _, _), b in zip(parts, read)] if layers else []))
+                             [Entry(f"{label}/{l}", m, b, h[-1]) for l, ((m, _, h), b) in enumerate(zip(parts, read))]
+                             if layers else []))
         opened.append((ecfg, store))
     result = compare_entries(entries, cfg.match_threshold)
     for row, entry, (ecfg, store) in zip(result["dictionaries"], entries, opened):
         if cfg.model and cfg.contexts:
             metrics = EvalResult(**row["metrics"])
-            row["metrics"] = (set_splice_scores(metrics, [m for m, _ in entry.layers], store, row["hookpoints"], ecfg)
+            row["metrics"] = (set_splice_scores(metrics, [sub.model for sub in entry.layers], store, row["hookpoints"],
+                                                ecfg)
                               if entry.layers else
                               splice_scores(metrics, entry.model, store, row["hookpoints"], ecfg)).to_dict()
     result["rows_from"] = rows_from

@@ -306,8 +306,8 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
 def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_dir):
     """`compare` of a PLT set, a skip-PLT set (train --layers folders) and a CLT of the same total latents and L0: each
     a row whose numbers (replacement CE / KL with every MLP replaced at once, per-layer FVU / L0 / dead) equal
-    `eval --model`'s of that replacement; a set's latents match no other dictionary's; a 2-layer CLT gets no
-    crosscoder diff tags."""
+    `eval --model`'s of that replacement; the two sets' latents are matched layer by layer (a CLT's decoder spans
+    every layer: matched with neither); a 2-layer CLT gets no crosscoder diff tags."""
     from fixtures_models import build_tiny_lm_store
 
     import conceptdict as cd
@@ -332,7 +332,8 @@ def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_di
         assert m["ce_loss_recovered"] == pytest.approx(alone.ce_loss_recovered, abs=1e-6)
         assert m["kl_score"] == pytest.approx(alone.kl_score, abs=1e-6)
         assert m["splice"]["max_logit_diff_with_errors"] < 1e-4 and "latent_tags" not in rows[n]
-    assert rows["plt"]["unique_latents"] is None and got.result["matches"]["plt"] == {}
+    assert set(got.result["matches"]["plt"]) == {"skip"} and 0.0 <= got.result["matches"]["plt"]["skip"] <= 1.0
+    assert rows["plt"]["unique_latents"] is not None and rows["clt"]["unique_latents"] is None  # layer by layer
     assert 0.0 <= rows["skip"]["weights"]["split_fraction"] <= 1.0
     text = got.format()
     assert "plt: per layer 0: FVU" in text and "clt: per layer 0: FVU" in text
