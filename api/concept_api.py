@@ -47,7 +47,7 @@ def name(dictionary: str | Path, **settings: Any) -> ConceptDictionary:
     cfg = config_from_dict(NameConfig, settings, "name")
     src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device)
     cfg = dataclasses.replace(cfg, hookpoint=src.hookpoint, store=src.store.path)
-    cd = name_dictionary(src.model, src.store, cfg)
+    cd = name_dictionary(src.model, src.store, cfg, src.inputs)
     cd = dataclasses.replace(cd, meta={**cd.meta, "sae_dir": str(dictionary)})
     if cfg.out is not None:
         save_concepts(cd, cfg.out)

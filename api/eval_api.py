@@ -337,7 +337,12 @@ class Comparison(NamedTuple):
         lines = [f"{len(self.result['dictionaries'])} dictionaries on {self.result['n_rows']} rows of "
                  f"{self.result['config']['store']} ({self.rows_from}):", comparison_table(self.result)]
         for row in self.result["dictionaries"]:
-            if len(row["metrics"]["per_source_fvu"]) > 1:
+            m = row["metrics"]
+            if m.get("per_layer_l0"):  # a replacement model: a CLT, or a set of per-layer transcoders
+                lines.append(f"{row['name']}: per layer " + "; ".join(
+                    f"{l}: FVU {f:.4g}, L0 {z:.4g}, dead {d:.3g}"
+                    for l, (f, z, d) in enumerate(zip(m["per_source_fvu"], m["per_layer_l0"], m["per_layer_dead"]))))
+            elif len(m["per_source_fvu"]) > 1:
                 lines.append(f"{row['name']}: FVU per source "
                              + ", ".join(f"{v:.4g}" for v in row["metrics"]["per_source_fvu"]))
             if row.get("latent_tags"):
@@ -366,25 +371,33 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
                           f"({', '.join(map(str, paths)) or 'none'}). Pass two or more, or use `conceptdict eval` for one")
     entries, opened, rows_from, recipe = [], [], "", None
     for i, (path, label) in enumerate(zip(paths, _labels(paths))):
-        ref = dictionary_of(path)
+        layers = transcoder_set(path)  # per-layer transcoders (`train --layers`): one entry, its layers' rows each
+        ref = dictionary_of(layers[0] if layers else path)
         ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if _reads_several(ref.path) else None,
                           model=cfg.model, rows=cfg.rows, batch_size=cfg.batch_size,
                           contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
-        model, store, hookpoints = open_on_store(ref.path, ecfg)
+        parts = [open_on_store(d, ecfg) for d in layers or [ref.path]]
+        model, store, hookpoints = parts[0]
         if i == 0:  # every dictionary reads the rows the first one's training held out, or the first rows
             recipe = training_heldout(ref.path, hookpoints)
             rows_from = (f"the batches `conceptdict train` held out for {ref.path}" if recipe else
                          "the first rows of the store")
-        batches, _ = rows_for(ref.path, store, hookpoints, replace(ecfg, rows_from="heldout" if recipe else "start"),
-                              recipe)
-        entries.append(Entry(label, model, list(batches), hookpoints[-1], ref.names,
-                             {"path": str(path), "hookpoints": hookpoints}))
+        read = [list(rows_for(ref.path, s, h, replace(ecfg, rows_from="heldout" if recipe else "start"), recipe)[0])
+                for _, s, h in parts]
+        hookpoints = [h[0] for *_, h in parts] + [h[1] for *_, h in parts] if layers else hookpoints
+        entries.append(Entry(label, model, read[0], hookpoints[-1], None if layers else ref.names,
+                             {"path": str(path), "hookpoints": hookpoints},
+                             [Entry(f"{label}/{l}", m, b, h[-1]) for l, ((m, _, h), b) in enumerate(zip(parts, read))]
+                             if layers else []))
         opened.append((ecfg, store))
     result = compare_entries(entries, cfg.match_threshold)
     for row, entry, (ecfg, store) in zip(result["dictionaries"], entries, opened):
         if cfg.model and cfg.contexts:
-            row["metrics"] = splice_scores(EvalResult(**row["metrics"]), entry.model, store, row["hookpoints"],
-                                           ecfg).to_dict()
+            metrics = EvalResult(**row["metrics"])
+            row["metrics"] = (set_splice_scores(metrics, [sub.model for sub in entry.layers], store, row["hookpoints"],
+                                                ecfg)
+                              if entry.layers else
+                              splice_scores(metrics, entry.model, store, row["hookpoints"], ecfg)).to_dict()
     result["rows_from"] = rows_from
     result["config"] = to_jsonable(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)

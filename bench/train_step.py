@@ -31,6 +31,10 @@ difference between the trainers). Variants:
   kind-transcoder    the same for the transcoder and the skip transcoder: batches of (input, output) pairs
   kind-skip-transcoder [B, 2, D], the loss against the output half; the encoder reads one source, so the
                      floor is 1 encoder matmul (as every SAE row's)
+  kind-clt           a cross-layer transcoder over S = CLT_LAYERS layers with L latents per layer (S*L in all; TopK
+                     per layer): batches [B, 2S, D] (the S MLP inputs, then their outputs); its floor is S encoder
+                     matmuls [B, D] @ [D, L], one per layer, timed back to back; its decoder [S*L, S*D] writes
+                     each latent to its own and every later layer (the entries to earlier layers stay zero)
   sparsify           EleutherAI sparsify SparseCoder, fvu loss         (run with --bench-python)
   saelens            SAELens TopKTrainingSAE.training_forward_pass    (run with --bench-python)
 
@@ -45,6 +49,7 @@ tiny-shape run first loads every library and kernel, so code is not counted. The
     .venv/bin/python bench/train_step.py --small         # a preset that finishes in about a minute
     .venv/bin/python bench/train_step.py --threads 1 --only kind-topk kind-batchtopk kind-jumprelu kind-matryoshka
     .venv/bin/python bench/train_step.py --only kind-topk kind-crosscoder kind-transcoder kind-skip-transcoder
+    .venv/bin/python bench/train_step.py --small --only kind-transcoder kind-clt   # a CLT against S encoder matmuls
     .venv/bin/python bench/train_step.py --device cuda   # the Triton path, same table
 """
 
@@ -68,7 +73,9 @@ PRESETS = {
 }
 KIND_VARIANTS = ("kind-topk", "kind-batchtopk", "kind-jumprelu", "kind-matryoshka", "kind-spade")
 # kinds that read several sources: name -> (sources in a batch, encoder matmuls of [B, D] @ [D, L] in the floor)
-MULTI_SOURCE = {"kind-crosscoder": (2, 2), "kind-transcoder": (2, 1), "kind-skip-transcoder": (2, 1)}
+CLT_LAYERS = 2
+MULTI_SOURCE = {"kind-crosscoder": (2, 2), "kind-transcoder": (2, 1), "kind-skip-transcoder": (2, 1),
+                "kind-clt": (2 * CLT_LAYERS, CLT_LAYERS)}
 OURS = ("matmul", "ours-topk", "ours-batchtopk", "ours-topk-aux", "ours-torch-topk", "reference-topk", "train-topk",
         "train-topk-bf16", *KIND_VARIANTS, *MULTI_SOURCE)
 OTHERS = ("sparsify", "saelens")
@@ -241,7 +248,12 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
     kind = name.split("-", 1)[1]
     cfg = TrainConfig(latents=p["L"], k=p["k"], kind=kind, precision=p.get("precision", "float32"))
     n_sources = MULTI_SOURCE[name][0] if kind.startswith("crosscoder") else 1
-    model = SparseCoder(p["D"], p["L"], p["k"], kind, n_sources=n_sources).to(p["device"])
+    latents = p["L"]
+    if kind == "clt":  # L latents per layer, as many layers as the floor has matmuls
+        n_sources = MULTI_SOURCE[name][1]
+        latents = p["L"] * n_sources
+        cfg = TrainConfig(latents=latents, k=p["k"], kind=kind, precision=p.get("precision", "float32"))
+    model = SparseCoder(p["D"], latents, p["k"], kind, n_sources=n_sources).to(p["device"])
     model.reset_parameters(generator=torch.Generator().manual_seed(0))
     model.add_train_params()
     model.to(p["device"])
@@ -260,7 +272,7 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
         apply_update(model, opt, loss, 1e-4, 1.0)
 
     meter.run(step, batches, p["warmup"])
-    return {"impl": kernels_impl(p["device"])}
+    return {"impl": kernels_impl(p["device"]), "latents": model.n_latents, "n_sources": model.n_sources}
 
 
 def kernels_impl(device: str) -> str:

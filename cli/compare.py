@@ -12,7 +12,8 @@ HELP = "compare dictionaries on the same rows: L0, FVU, CE/KL, dead/dense, weigh
 
 def add_arguments(parser) -> None:
     parser.add_argument("dicts", nargs="+", type=Path, metavar="DICT",
-                        help="dictionary directories (any format) or concept dictionaries from `conceptdict name`")
+                        help="dictionary directories (any format), `train --layers` folders of per-layer transcoders "
+                             "(one replacement model each) or concept dictionaries from `conceptdict name`")
     add_config_flag(parser)
     add_dataclass_args(parser, CompareConfig)
 

@@ -87,9 +87,10 @@ def positives(cd: ConceptDictionary, j: int) -> tuple[Example, ...]:
     return tuple(out)
 
 
-def build_pool(cd: ConceptDictionary, model: Dictionary, store: Store, hookpoint: str, cfg: NegativeConfig,
-               chunk: int = 4096) -> Pool:  # fmt: skip
-    """Encode a uniform sample of rows plus every latent's top rows; record which latents fire on each."""
+def build_pool(cd: ConceptDictionary, model: Dictionary, store: Store, hookpoint: str | Sequence[str],
+               cfg: NegativeConfig, chunk: int = 4096) -> Pool:  # fmt: skip
+    """Encode a uniform sample of rows plus every latent's top rows; record which latents fire on each.
+    ``hookpoint``: what the dictionary encodes (several: a cross-layer transcoder's MLP inputs, stacked per row)."""
     n = store.num_rows
     keep = torch.zeros(n, dtype=torch.bool)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -98,7 +99,7 @@ def build_pool(cd: ConceptDictionary, model: Dictionary, store: Store, hookpoint
         for e in c.top_examples:
             keep[e.row] = True
     rows, fires = [], []
-    for start, x in iter_inputs(store, [hookpoint], chunk):
+    for start, x in iter_inputs(store, [hookpoint] if isinstance(hookpoint, str) else list(hookpoint), chunk):
         mask = keep[start : start + x.shape[0]]
         if not mask.any():
             continue

@@ -140,16 +140,29 @@ def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_mod
     raise ValueError(f"unknown namer {cfg.namer!r}; choose vocab, context, logit-lens or llm")
 
 
-def _crosscoder_flags(model: Dictionary, n_latents: int) -> list[dict[str, Any]]:
-    """Per latent of a 2-source crosscoder: its Delta (``relative_norm``), tag and decoder cosine (``cos_AB``)
-    as ``conceptdict diff`` computes them (saes.diffing.decoder_table); empty records otherwise."""
+def _latent_flags(model: Dictionary, directions: Tensor) -> list[dict[str, Any]]:
+    """Per latent: of a 2-source crosscoder, its Delta (``relative_norm``), tag and decoder cosine (``cos_AB``) as
+    ``conceptdict diff`` computes them (saes.diffing.decoder_table); of a cross-layer transcoder, the layer it reads
+    and its decoder norm per target layer (``decoder_norms``, raw units; zero for the layers before its own);
+    empty records otherwise. directions: the decoder rows [L, D] or [L, S, D]."""
     from conceptdict.saes.diffing import decoder_table
 
+    L = directions.shape[0]
+    if _layered(model):
+        norms = directions.norm(dim=2)
+        layer = torch.arange(L) // (L // model.n_sources)
+        return [{"layer": int(l), "decoder_norms": [round(float(v), 4) for v in row]}
+                for l, row in zip(layer.tolist(), norms)]
     if getattr(model, "n_sources", 1) != 2:
-        return [{} for _ in range(n_latents)]
+        return [{} for _ in range(L)]
     table = decoder_table(model)
     return [{"relative_norm": d, "tag": tag, "cos_AB": c}
             for d, tag, c in zip(table.delta.tolist(), table.tags, table.cosine.tolist())]
+
+
+def _layered(model: Dictionary) -> bool:
+    """Whether ``model`` is a cross-layer transcoder (its latents read one layer's MLP input each)."""
+    return bool(getattr(getattr(model, "spec", None), "layered", False))
 
 
 def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
@@ -165,9 +178,18 @@ def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
     return s
 
 
-def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> ConceptDictionary:
-    """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``."""
+def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig,
+                    inputs: tuple[str, ...] = ()) -> ConceptDictionary:
+    """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``. ``inputs``: the
+    hookpoints the dictionary encodes (a cross-layer transcoder's MLP inputs, :class:`Sources`' ``inputs``);
+    default ``cfg.hookpoint``. A cross-layer transcoder's directions named (and logit-lensed) are its decoders to
+    the layer ``cfg.source`` (default the last)."""
     hookpoint = resolve_hookpoint(store, cfg.hookpoint)
+    inputs = list(inputs) or [hookpoint]
+    missing = [h for h in inputs if h not in store.hookpoints]
+    if missing:
+        raise ValueError(f"the dictionary reads hookpoints {inputs}; store {store.path} lacks {missing} (it holds "
+                         f"{store.hookpoints}): pass --store with the store it was trained on")
     model_name = cfg.model or model_id_of(store)
     get_model = model_loader(model_name, cfg.device)
     directions = model.decoder_directions().detach().float().cpu()
@@ -176,7 +198,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
     if hasattr(model, "to"):
         model.to(cfg.device)
     ev = collect_evidence(
-        model, store, hookpoint, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
+        model, store, inputs, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
         n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
         device=cfg.device,
     )  # fmt: skip
@@ -196,7 +218,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig) -> Concept
     inputs = NamingInputs(named, top, quant, neg, base)
     results = check_results(namer(inputs), L, namer.kind)
     logit_top, logit_bottom = _logit_tokens(named, level, cfg, get_model)
-    flags = _crosscoder_flags(model, L)
+    flags = _latent_flags(model, directions)
     concepts = tuple(
         _concept(j, results[j], namer.kind, ev, top[j], quant[j], logit_top[j], logit_bottom[j], flags[j])
         for j in range(L)
@@ -283,6 +305,8 @@ class Sources(NamedTuple):
     store: Store
     hookpoint: str
     sae_config: dict
+    inputs: tuple[str, ...] = ()
+    """The hookpoints the dictionary encodes: ``(hookpoint,)``, or a cross-layer transcoder's MLP inputs."""
 
 
 def _first(config: dict, plural: str, singular: str):
@@ -317,4 +341,5 @@ def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint
     if model.d_in != opened.d_in(hp):
         raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={opened.d_in(hp)} for "
                          f"hookpoint {hp}; pass the store the dictionary was trained on")  # fmt: skip
-    return Sources(model, opened, hp, config)
+    inputs = tuple(config.get("hookpoints") or ())[: model.n_sources] if _layered(model) else (hp,)
+    return Sources(model, opened, hp, config, inputs)

@@ -44,7 +44,7 @@ def prepare_context(cd: ConceptDictionary, cfg: ScoreConfig, *, embed: TextEmbed
         if not sae_dir:
             raise ValueError("the concept dictionary records no sae_dir; pass --sae-dir DICT_DIR")
         sources = open_sources(sae_dir, cfg.store or cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
-    pool = build_pool(cd, sources.model, sources.store, sources.hookpoint, cfg.negatives)
+    pool = build_pool(cd, sources.model, sources.store, sources.inputs or sources.hookpoint, cfg.negatives)
     cache = TruncatingContextCache(sources.store, 8, 4, 600)
     samples = draw_negatives(cd, pool, cfg.negatives, cache, scored_ids(cd, cfg.max_latents))
     embed = embed or model_embedder(cfg.encoder, cfg.encoder_hookpoint, cfg.batch_size, cfg.device)

@@ -17,6 +17,11 @@ is measured by :func:`saes.evaluate` (so its numbers equal ``conceptdict eval``'
   latents no other dictionary matches, and, where dictionaries carry names (concepts.json), the names only
   one of them found. Decoders are compared only within one space: dictionaries whose reconstruction targets
   the same hookpoint (a transcoder's is its output) with the same width;
+- a **set of per-layer transcoders** (``train --layers``, a replacement model) is one entry: its evaluation is the
+  layers' combined (:func:`combine_layers`: FVU over every layer, L0 the sum, per-layer FVU / L0 / dead), its weight
+  metrics are each layer's (every latent compared within its own layer) pooled over the layers, and each layer's
+  latents are matched in that layer's space (its output hookpoint): with the same layer of another set, or a
+  dictionary of that hookpoint;
 - the **FVU-L0 frontier**: the dictionaries no other beats on both FVU and L0.
 
 Shapes: N rows, D width, L latents.
@@ -31,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .evaluation import evaluate
+from .evaluation import EvalResult, combine_layers, evaluate
 from .model import SparseCoder
 
 SPLIT_COSINE = 0.5
@@ -53,6 +58,9 @@ class Entry:
     """Concept name per latent when the dictionary has been named."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything to carry into the report (path, hookpoints)."""
+    layers: list["Entry"] = field(default_factory=list)
+    """A set of per-layer transcoders: one entry per layer (its transcoder, rows and space), in layer order;
+    ``model`` and ``batches`` are then layer 0's."""
 
 
 def _unit_rows(w: Tensor) -> Tensor:
@@ -78,8 +86,13 @@ def max_other_cosine(a: Tensor, b: Tensor | None = None, chunk: int = 2048) -> t
 
 
 def encoder_decoder_cosine(model: SparseCoder) -> Tensor:
-    """cos(W_enc[:, j], W_dec[j]) per latent [L] (both over the flattened width)."""
-    return torch.nn.functional.cosine_similarity(model.W_enc.detach().T.float(), model.W_dec.detach().float(), dim=1)
+    """cos(W_enc[:, j], W_dec[j]) per latent [L] (both over the flattened width; a cross-layer transcoder's decoder
+    to its latent's own layer)."""
+    dec = model.W_dec.detach().float()
+    if model.spec.layered:  # encoder [D, L]; layer l's latents decode to block l of [L, S * D]
+        D, P = model.d_in, model.n_latents // model.n_sources
+        dec = torch.cat([dec[l * P:(l + 1) * P, l * D:(l + 1) * D] for l in range(model.n_sources)])
+    return torch.nn.functional.cosine_similarity(model.W_enc.detach().T.float(), dec, dim=1)
 
 
 @torch.no_grad()
@@ -127,6 +140,54 @@ def _weights(e: Entry, fires: Tensor) -> dict[str, float]:
             "split_fraction": split_fraction(dec, fires)}
 
 
+def _measure(e: Entry, cofire_rows: int) -> tuple[EvalResult, dict[str, float]]:
+    """(evaluation, weight metrics) of an entry; a set's pooled over its layers (module
+    docstring: live counts weight the split fraction, latent counts the other means)."""
+    if not e.layers:
+        result = evaluate(e.model, e.batches)
+        return result, _weights(e, firing(e.model, e.batches, cofire_rows))
+    parts = [evaluate(sub.model, sub.batches) for sub in e.layers]
+    result = combine_layers(parts, f"{e.model.kind} x {len(parts)} layers")
+    each = [_weights(sub, firing(sub.model, sub.batches, cofire_rows)) for sub in e.layers]
+    sizes = [sub.model.n_latents for sub in e.layers]
+    live = [sum(d > 0 for d in r.density) for r in parts]
+
+    def pooled(key: str, by: list[int]) -> float:
+        return sum(w[key] * n for w, n in zip(each, by)) / max(sum(by), 1)
+
+    weights = {key: pooled(key, sizes) for key in each[0]}
+    weights["decoder_max_cosine_max"] = max(w["decoder_max_cosine_max"] for w in each)
+    weights["split_fraction"] = pooled("split_fraction", live)
+    return result, weights
+
+
+def _blocks(e: Entry, live: Tensor) -> list[tuple[str, int, Tensor]]:
+    """(space, width, live decoder rows) of an entry, in its latent order: one block, or one per layer of a set."""
+    subs = e.layers or [e]
+    out, start = [], 0
+    for sub in subs:
+        n = sub.model.n_latents
+        out.append((sub.space, sub.model.W_dec.shape[1],
+                    sub.model.W_dec.detach().float().cpu()[live[start:start + n]]))
+        start += n
+    return out
+
+
+def _best_match(a: list[tuple[str, int, Tensor]], b: list[tuple[str, int, Tensor]]) -> Tensor | None:
+    """Each live latent of a's blocks: its best decoder cosine with a live latent of b's blocks in the same space and
+    width (-inf where b has none there); None when no block of a shares a space with one of b."""
+    parts, shared = [], False
+    for space, width, dirs in a:
+        best = torch.full((dirs.shape[0],), -math.inf)
+        for space_b, width_b, dirs_b in b:
+            if space == space_b and width == width_b:
+                shared = True
+                if dirs.shape[0] and dirs_b.shape[0]:
+                    best = torch.maximum(best, max_other_cosine(dirs, dirs_b)[0])
+        parts.append(best)
+    return torch.cat(parts) if shared else None
+
+
 def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
     """Names whose (L0, FVU) no other point beats on both (lower is better; ties do not beat)."""
     def beaten(p):
@@ -141,29 +202,28 @@ def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int
     if len({e.name for e in entries}) != len(entries):
         raise ValueError(f"dictionaries need distinct names, got {[e.name for e in entries]}")
     rows: dict[str, Any] = {}
-    live_dirs: dict[str, Tensor] = {}
+    blocks: dict[str, list[tuple[str, int, Tensor]]] = {}
     lives: dict[str, list[bool]] = {}
     for e in entries:
-        result = evaluate(e.model, e.batches)
-        fires = firing(e.model, e.batches, cofire_rows)
+        result, weights = _measure(e, cofire_rows)
         live = torch.tensor(result.density) > 0
         lives[e.name] = live.tolist()
-        live_dirs[e.name] = e.model.W_dec.detach().float().cpu()[live]
-        rows[e.name] = {"name": e.name, "kind": e.model.kind, "n_latents": e.model.n_latents, "k": e.model.k,
-                        "space": e.space, **e.info, "metrics": result.to_dict(), "weights": _weights(e, fires),
-                        "live_latents": int(live.sum())}
-        if e.model.n_sources == 2:  # a crosscoder's live latents per diff tag (shared, A-only, B-only, other)
+        blocks[e.name] = _blocks(e, live)
+        rows[e.name] = {"name": e.name, "kind": result.kind if e.layers else e.model.kind,
+                        "n_latents": result.n_latents, "k": e.model.k, "space": e.space, **e.info,
+                        "metrics": result.to_dict(), "weights": weights, "live_latents": int(live.sum())}
+        if e.model.n_sources == 2 and e.model.spec.sources == "several":  # a crosscoder's live latents per diff tag
             from .diffing import live_tag_counts
 
             rows[e.name]["latent_tags"] = live_tag_counts(e.model, torch.tensor(result.density))
     matches: dict[str, dict[str, float]] = {}
-    best_elsewhere = {e.name: torch.full((live_dirs[e.name].shape[0],), -math.inf) for e in entries}
+    best_elsewhere = {e.name: torch.full((rows[e.name]["live_latents"],), -math.inf) for e in entries}
     for a in entries:
         matches[a.name] = {}
         for b in entries:
-            if a is b or a.space != b.space or a.model.W_dec.shape[1] != b.model.W_dec.shape[1]:
+            best = None if a is b else _best_match(blocks[a.name], blocks[b.name])
+            if best is None:
                 continue
-            best, _ = max_other_cosine(live_dirs[a.name], live_dirs[b.name])
             matches[a.name][b.name] = float((best >= match_threshold).float().mean()) if best.numel() else 0.0
             best_elsewhere[a.name] = torch.maximum(best_elsewhere[a.name], best)
     for e in entries:

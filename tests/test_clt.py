@@ -302,6 +302,115 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
         cd.train(kind="transcoder", layers=["5"], out=tmp_path / "five", **fast)
 
 
+@pytest.mark.integration
+def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_dir):
+    """`compare` of a PLT set, a skip-PLT set (train --layers folders) and a CLT of the same total latents and L0: each
+    a row whose numbers (replacement CE / KL with every MLP replaced at once, per-layer FVU / L0 / dead) equal
+    `eval --model`'s of that replacement; the two sets' latents are matched layer by layer (a CLT's decoder spans
+    every layer: matched with neither); a 2-layer CLT gets no crosscoder diff tags."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    fast = dict(store=store, latents=32, k=4, batch_size=64, eval_batches=2, log_every=50, kernel_impl="reference")
+    cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", **fast)
+    cd.train(kind="skip-transcoder", layers="all", out=tmp_path / "skip", **fast)
+    cd.train(kind="clt", layers="all", out=tmp_path / "clt", **(fast | {"latents": 64}))
+    names = ("plt", "skip", "clt")
+    got = cd.compare([tmp_path / n for n in names], store=store, model=str(tiny_lm_dir), contexts=4,
+                     out=tmp_path / "cmp")
+    rows = {r["name"]: r for r in got.result["dictionaries"]}
+    assert [rows[n]["kind"] for n in names] == ["transcoder x 2 layers", "skip-transcoder x 2 layers", "clt"]
+    assert {(rows[n]["n_latents"], rows[n]["k"]) for n in names} == {(64, 4)}
+    for n in names:
+        alone = cd.evaluate(tmp_path / n, model=str(tiny_lm_dir), contexts=4, out=tmp_path / f"{n}.json").metrics
+        m = rows[n]["metrics"]
+        assert m["per_source_fvu"] == pytest.approx(list(alone.per_source_fvu), rel=1e-6) and len(m["per_source_fvu"]) == 2
+        assert m["per_layer_l0"] == pytest.approx(list(alone.per_layer_l0)) and m["l0"] == pytest.approx(alone.l0)
+        assert m["per_layer_dead"] == pytest.approx(list(alone.per_layer_dead)) and m["fvu"] == pytest.approx(alone.fvu)
+        assert m["ce_loss_recovered"] == pytest.approx(alone.ce_loss_recovered, abs=1e-6)
+        assert m["kl_score"] == pytest.approx(alone.kl_score, abs=1e-6)
+        assert m["splice"]["max_logit_diff_with_errors"] < 1e-4 and "latent_tags" not in rows[n]
+    assert set(got.result["matches"]["plt"]) == {"skip"} and 0.0 <= got.result["matches"]["plt"]["skip"] <= 1.0
+    assert rows["plt"]["unique_latents"] is not None and rows["clt"]["unique_latents"] is None  # layer by layer
+    assert 0.0 <= rows["skip"]["weights"]["split_fraction"] <= 1.0
+    text = got.format()
+    assert "plt: per layer 0: FVU" in text and "clt: per layer 0: FVU" in text
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["dictionaries"][1]["metrics"]["per_layer_l0"]
+    page = (tmp_path / "cmp" / "index.html").read_text()
+    assert "<h2>Per layer</h2>" in page and "<tr><td>skip</td><td>1</td>" in page and "<td>clt</td><td>1</td>" in page
+
+
+@pytest.mark.integration
+def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer(tmp_path, tiny_lm_dir):
+    """`name` and `score` on a 2-layer clt: each feature's evidence is its code from both layers' MLP inputs (the top example's
+    activation is the clt's code on that row), the logit lens reads its decoder to the last layer's MLP output, and
+    concepts.json, the text card and the HTML report carry its layer and decoder norm per target layer (a 2-layer clt
+    gets no crosscoder diff tags); `score` draws negatives where the feature is silent; a PLT layer names from its own
+    input with the logit lens of its decoder."""
+    from fixtures_models import build_tiny_lm_store
+
+    import conceptdict as cd
+    from conceptdict.activations import ActivationStore, load_model
+    from conceptdict.naming.evidence import logit_lens
+    from conceptdict.naming.reports.report_text import format_concept
+
+    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    clt = cd.train(kind="clt", layers="all", out=tmp_path / "clt", store=store, latents=16, k=2, batch_size=64,
+                   eval_batches=2, log_every=50, kernel_impl="reference")
+    named = cd.name(tmp_path / "clt", namer="logit-lens", model=str(tiny_lm_dir), top_k=3, logit_tokens=3,
+                    out=tmp_path / "names")
+    norms = clt.decoder_norms().detach()  # [target layer, L]
+    assert len(named.concepts) == 16 and named.directions.shape == (16, 2, clt.d_in)
+    rows = ActivationStore(store)
+    firing = 0
+    for c in named.concepts:
+        assert c.extra["layer"] == c.id // 8 and "relative_norm" not in c.extra
+        assert c.extra["decoder_norms"] == pytest.approx(norms[:, c.id].tolist(), abs=1e-4)
+        assert c.extra["decoder_norms"][0] == 0.0 or c.id < 8  # layer 1's features write nothing to layer 0
+        if c.top_examples:
+            firing += 1
+            row = c.top_examples[0].row
+            x = torch.stack([rows.rows(h, row, row + 1).float() for h in MLP[:2]], dim=1)
+            assert float(clt.encode(x)[0, c.id]) == pytest.approx(c.top_examples[0].activation, rel=1e-4)
+    assert firing >= 8
+    lm = load_model(str(tiny_lm_dir))
+    lens = logit_lens(named.directions[:, 1], lm.unembed().cpu(), k=3)
+    assert [c.logit_top for c in named.concepts] == [tuple(lm.decode(ids)) for ids in lens.top_ids.tolist()]
+    assert "decoder norm per layer: 0: " in format_concept(named.concepts[0])
+    saved = json.loads((tmp_path / "names" / "concepts.json").read_text())["concepts"]
+    assert saved[9]["extra"]["decoder_norms"][0] == 0.0 and len(saved[9]["extra"]["decoder_norms"]) == 2
+    assert "decoder norm per layer: 0: " in "".join(p.read_text() for p in (tmp_path / "names" / "report").glob("*.html"))
+    from conceptdict.naming.scoring import SCORERS, register_scorer
+
+    seen = {}
+
+    def record(ctx, names):  # score: every negative drawn from rows where the clt's feature is silent
+        seen.update(ctx.samples)
+        return {j: {"score": 1.0} for j in names}
+
+    register_scorer("clt-negatives", record)
+    try:
+        cd.score(tmp_path / "names", scorers=["clt-negatives"])
+    finally:
+        del SCORERS["clt-negatives"]
+    negatives = [(j, e.row) for j, sample in seen.items() for e in sample.negatives]
+    assert len(seen) >= 8 and negatives
+    for j, row in negatives:
+        x = torch.stack([rows.rows(h, row, row + 1).float() for h in MLP[:2]], dim=1)
+        assert float(clt.encode(x)[0, j]) == 0.0
+    plt = cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", store=store, latents=8, k=2, batch_size=64,
+                   eval_batches=2, log_every=50, kernel_impl="reference")["1"]  # a PLT: one layer folder at a time
+    layer = cd.name(tmp_path / "plt" / "1", namer="logit-lens", model=str(tiny_lm_dir), top_k=3, logit_tokens=3)
+    lens = logit_lens(plt.decoder_directions().float(), lm.unembed().cpu(), k=3)
+    assert [c.logit_top for c in layer.concepts] == [tuple(lm.decode(ids)) for ids in lens.top_ids.tolist()]
+    for c in layer.concepts:
+        if c.top_examples:
+            x = rows.rows("blocks.1.mlp.hook_in", c.top_examples[0].row, c.top_examples[0].row + 1).float()
+            assert float(plt.encode(x)[0, c.id]) == pytest.approx(c.top_examples[0].activation, rel=1e-4)
+
+
 def _named(kind: str, tmp, **kw):
     """A 3-layer dictionary trained on layer_batches, recorded at blocks.L.mlp.hook_in / hook_out."""
     return train(_cfg(kind=kind, calibration_batches=2, threshold_start_step=2, **kw) if kind == "clt-batchtopk"
@@ -468,3 +577,43 @@ def test_layers_all_from_a_models_forward(tmp_path, tiny_lm_dir):
         assert config["training"]["heldout_eval"]["fvu"] < 1.0
     assert main(["train", "--kind", "clt", "--out", str(tmp_path / "clt"), *common(64)]) == 0
     assert json.loads((tmp_path / "clt" / "config.json").read_text())["hookpoints"] == MLP
+
+
+@pytest.mark.unit
+def test_hub_names_read_circuit_tracer_layouts_from_the_cache_offline(tmp_path, monkeypatch):
+    """`hf:` names of circuit-tracer's layouts, read from a local Hugging Face cache with the hub off: a CLT repo (its
+    root, or a folder of it) and one layer of a transcoder set (`hf:REPO/layer_N.safetensors`, which needs the
+    set's config.yaml beside it) load as the same dictionaries as the local folders."""
+    from huggingface_hub import constants
+    from test_foreign_formats import _fake_hub_cache
+
+    from conceptdict.saes.formats import FormatError
+    from conceptdict.saes.formats.circuit_tracer import write_set
+
+    clt_dir = Path(__file__).parent / "fixtures" / "circuit_tracer" / "clt"
+    g = torch.Generator().manual_seed(3)
+    tcs = []
+    for kind in ("transcoder", "skip-transcoder"):
+        tc = SparseCoder(D, 16, 4, kind)
+        tc.reset_parameters(generator=g)
+        with torch.no_grad():
+            tc.W_dec.copy_(torch.randn(16, D, generator=g))
+        tcs.append(tc)
+    set_dir = write_set(tcs, [[f"blocks.{l}.mlp.hook_in", f"blocks.{l}.mlp.hook_out"] for l in range(2)],
+                        tmp_path / "set", None)
+    cache = tmp_path / "hub"
+    _fake_hub_cache(cache, "someone/tiny-clt", "d" * 40,
+                    {**{f.name: f for f in clt_dir.iterdir()}, **{f"clt/{f.name}": f for f in clt_dir.iterdir()}})
+    _fake_hub_cache(cache, "someone/tiny-plt", "e" * 40, {f.name: f for f in set_dir.iterdir()})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    local = load_dictionary(clt_dir)
+    for name in ("hf:someone/tiny-clt", "hf:someone/tiny-clt/clt"):
+        hub = load_dictionary(name)
+        assert hub.kind == "clt-batchtopk" and hub.n_sources == local.n_sources
+        for key, t in local.state_dict().items():
+            assert torch.equal(hub.state_dict()[key], t), (name, key)
+    layer = load_dictionary("hf:someone/tiny-plt/layer_1.safetensors")
+    assert torch.equal(layer.W_dec, load_dictionary(set_dir / "layer_1.safetensors").W_dec) and layer.spec.skip
+    with pytest.raises(FormatError, match="layer_7.safetensors"):
+        load_dictionary("hf:someone/tiny-plt/layer_7.safetensors")

@@ -73,6 +73,39 @@ def test_the_same_dictionary_twice_matches_fully_and_names_differ_by_what_each_f
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<script" not in page and "http" not in page.split("</head>")[1]
 
 
+@pytest.mark.unit
+def test_a_set_of_per_layer_transcoders_is_one_row_matched_layer_by_layer():
+    """A `train --layers` set is one entry: its evaluation combines its layers (L0 the sum, FVU per layer), and each
+    layer's latents are matched only in that layer's space: with the same layer of another set, or a dictionary of
+    that hookpoint."""
+    from conceptdict.saes import evaluate
+
+    def tc(seed: int) -> SparseCoder:
+        m = SparseCoder(8, 24, 3, "transcoder")
+        g = torch.Generator().manual_seed(seed)
+        m.reset_parameters(g)
+        with torch.no_grad():
+            m.W_dec.copy_(torch.randn(24, 8, generator=g))
+        return m
+
+    x = [torch.randn(64, 2, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+
+    def plts(name: str, seeds: tuple[int, int]) -> Entry:
+        layers = [Entry(f"{name}/{l}", tc(s), x, f"out{l}") for l, s in enumerate(seeds)]
+        return Entry(name, layers[0].model, x, "out1", layers=layers)
+
+    result = compare([plts("a", (0, 1)), plts("b", (0, 2)), Entry("one", tc(1), x, "out1")])
+    rows, m = {r["name"]: r for r in result["dictionaries"]}, result["matches"]
+    live = [sum(d > 0 for d in evaluate(tc(s), x).density) for s in (0, 1)]
+    assert rows["a"]["kind"] == "transcoder x 2 layers" and rows["a"]["n_latents"] == 48
+    assert rows["a"]["metrics"]["l0"] == pytest.approx(6.0) and len(rows["a"]["metrics"]["per_source_fvu"]) == 2
+    assert rows["a"]["live_latents"] == sum(live)
+    assert m["one"]["a"] == 1.0  # its latents are a's layer 1
+    assert m["a"]["one"] == pytest.approx(live[1] / sum(live))  # a's layer 0 has no peer in "one"
+    assert live[0] / sum(live) <= m["a"]["b"] < 1.0  # layer 0 the same in both sets, layer 1 not
+    assert rows["a"]["unique_latents"] == 0 and rows["b"]["unique_latents"] > 0
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 @pytest.mark.integration

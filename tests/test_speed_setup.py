@@ -43,10 +43,11 @@ def test_bench_multi_source_rows_pair_each_step_with_its_floor():
     finally:
         sys.path.pop(0)
     p = dict(D=16, L=64, k=4, B=32, steps=1, warmup=1, device="cpu")
-    for name, matmuls in (("kind-crosscoder", 2), ("kind-transcoder", 1), ("kind-skip-transcoder", 1)):
+    for name, matmuls in (("kind-crosscoder", 2), ("kind-transcoder", 1), ("kind-skip-transcoder", 1), ("kind-clt", 2)):
         r = train_step._measure(name, p)
         assert r["floor_matmuls"] == matmuls
         assert r["step_s"] > 0 and r["floor_s"] > 0 and r["step_over_floor"] > 0
+        assert r["latents"] == (64 * 2 if name == "kind-clt" else 64)  # a clt: L latents per layer, 2 layers
         json.dumps(r)
     rat = train_step.ratios({"kind-crosscoder": {"step_over_floor": 1.25}}, p)
     assert rat["crosscoder_over_its_floor (goal <= 1.5)"] == 1.25

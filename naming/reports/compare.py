@@ -103,12 +103,24 @@ def _names_html(result: dict[str, Any]) -> str:
     return ("<h2>Names only one dictionary found</h2>" + "".join(parts)) if parts else ""
 
 
+def _layers_html(result: dict[str, Any]) -> str:
+    """Per-layer FVU / L0 / dead of the replacement models (a CLT, or a set of per-layer transcoders)."""
+    rows = "".join(f"<tr><td>{esc(r['name'])}</td><td>{l}</td><td>{esc(_fmt(f))}</td><td>{esc(_fmt(z))}</td>"
+                   f"<td>{esc(_fmt(d))}</td></tr>"
+                   for r in result["dictionaries"] if r["metrics"].get("per_layer_l0")
+                   for l, (f, z, d) in enumerate(zip(r["metrics"]["per_source_fvu"], r["metrics"]["per_layer_l0"],
+                                                     r["metrics"]["per_layer_dead"])))
+    return ("<h2>Per layer</h2><table><tr><th>dictionary</th><th>layer</th><th>FVU</th><th>L0</th><th>dead</th></tr>"
+            f"{rows}</table>") if rows else ""
+
+
 def render_comparison(result: dict[str, Any]) -> str:
     """The whole HTML page."""
     body = (f"<h2>Side by side</h2>{_table_html(result)}<p>Bold: on the FVU-L0 frontier. split: share of live "
             f"latents with a partner of decoder cosine &ge; {esc(result['split_cosine'])} they almost never fire "
             f"with (Jaccard &le; {esc(result['split_jaccard'])}), a splitting / absorption proxy.</p>"
-            f"<h2>FVU-L0 frontier</h2>{frontier_svg(result)}{_matches_html(result)}{_names_html(result)}")
+            f"{_layers_html(result)}<h2>FVU-L0 frontier</h2>{frontier_svg(result)}{_matches_html(result)}"
+            f"{_names_html(result)}")
     header = f"<h1>{len(result['dictionaries'])} dictionaries on {esc(result['n_rows'])} rows</h1>"
     return page("conceptdict compare", header, body, CSS)
 

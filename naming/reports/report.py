@@ -121,6 +121,11 @@ def example_html(e: Example) -> str:
     return f'<div class="ex"><span class="act">{e.activation:.3g}</span>{body}</div>'
 
 
+def decoder_norms_text(norms: list[float]) -> str:
+    """A cross-layer transcoder feature's decoder norm per target layer, as one line."""
+    return "decoder norm per layer: " + ", ".join(f"{l}: {v:.3g}" for l, v in enumerate(norms))
+
+
 def concept_card(c: Concept, n_examples: int = 5) -> str:
     dead = c.extra.get("dead", False)
     runner = ", ".join(f"{esc(n)} ({s:.2f})" for n, s in zip(c.runner_ups, c.runner_up_scores))
@@ -133,7 +138,10 @@ def concept_card(c: Concept, n_examples: int = 5) -> str:
             f'<span class="tok neg">{esc(t)}</span>' for t in c.logit_bottom[:8]
         )
         tokens += "</div>"
-    flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items())
+    flags = "".join(f" · {esc(k)}: {esc(v if not isinstance(v, float) else f'{v:.2f}')}" for k, v in c.extra.items()
+                    if k != "decoder_norms")
+    if c.extra.get("decoder_norms"):  # a cross-layer transcoder's feature: what it writes to each later layer
+        tokens = f'<div class="sub">{esc(decoder_norms_text(c.extra["decoder_norms"]))}</div>' + tokens
     if any(e.image is not None for e in c.top_examples + c.quantile_examples):
         examples = image_examples_html(c)
     else:

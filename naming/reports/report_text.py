@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from conceptdict.naming.bottleneck.cbm import gap_notes
 from conceptdict.naming.concepts import Concept, ConceptDictionary
+from conceptdict.naming.reports.report import decoder_norms_text
 from conceptdict.naming.reports.report_scores import key_of, scorer_names
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -47,7 +48,9 @@ def format_concept(c: Concept, examples: int = 8, width: int = 100) -> str:
     for namer, entry in c.names.items():
         scored = ", ".join(f"{k} {short(v.get('score'))}" for k, v in entry.get("scores", {}).items())
         lines.append(f"namer:      {namer}: {entry.get('name', '')!r} {scored}")
-    extra = {k: v for k, v in c.extra.items() if k != "dead"}
+    if c.extra.get("decoder_norms"):
+        lines.append(decoder_norms_text(c.extra["decoder_norms"]))
+    extra = {k: v for k, v in c.extra.items() if k not in ("dead", "decoder_norms")}
     if extra:
         lines.append("extra:      " + ", ".join(f"{k}={v}" for k, v in extra.items()))
     lines.append("top contexts (activating token in «»):")

@@ -27,12 +27,17 @@ def parse(name: str) -> tuple[str, str | None, str | None]:
 
 
 def resolve(name: str, cache_dir: str | Path | None = None) -> Path:
-    """The local directory of ``hf:REPO[/SUBDIR][@REVISION]``, downloading only that subdirectory if needed."""
+    """The local directory of ``hf:REPO[/SUBDIR][@REVISION]``, downloading only that subdirectory if needed; for
+    ``hf:REPO[/DIR]/layer_N.safetensors`` (one layer of a circuit-tracer transcoder set) that file and its folder's
+    config.yaml, and the file's local path."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     repo, sub, revision = parse(name)
-    patterns = [f"{sub}/*"] if sub else None
+    is_file = bool(sub) and sub.endswith(".safetensors")  # one layer of a set (circuit-tracer's layer_N.safetensors)
+    parent = sub.rpartition("/")[0] if is_file else ""
+    patterns = ([sub, f"{parent}/config.yaml" if parent else "config.yaml"] if is_file else
+                [f"{sub}/*"] if sub else None)
     try:
         root = snapshot_download(repo, revision=revision, allow_patterns=patterns, cache_dir=cache_dir)
     except LocalEntryNotFoundError:
@@ -41,14 +46,15 @@ def resolve(name: str, cache_dir: str | Path | None = None) -> Path:
                           f"unreachable); run once where the hub is reachable, or copy the directory and pass its "
                           f"path") from None
     local = Path(root) / sub if sub else Path(root)
-    if not local.is_dir():
+    if not (local.is_file() if is_file else local.is_dir()):
         from huggingface_hub import constants
 
+        what = "file" if is_file else "folder"
         if constants.HF_HUB_OFFLINE:  # the cache holds other folders of the repo; this one may be on the hub
-            raise FormatError(f"{name}: folder {sub!r} of repo {repo!r} is not in the Hugging Face cache and "
+            raise FormatError(f"{name}: {what} {sub!r} of repo {repo!r} is not in the Hugging Face cache and "
                               f"downloading it needs the network (HF_HUB_OFFLINE is set); run once where the hub "
                               f"is reachable, or copy the directory and pass its path")
-        raise FormatError(f"{name}: repo {repo!r} has no folder {sub!r}")
+        raise FormatError(f"{name}: repo {repo!r} has no {what} {sub!r}")
     return local
 
 
