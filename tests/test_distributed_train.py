@@ -31,13 +31,16 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def synthetic_store(tmp: Path, n: int = 3072, d: int = 12, seed: int = 0) -> Path:
-    """Two aligned hookpoints ``a`` and ``b`` [n, d] of sparse combinations of random atoms."""
+    """Two aligned hookpoints ``a`` and ``b`` [n, d] of sparse combinations of random atoms, and ``c``, ``d`` derived
+    from them (a second layer's MLP input and output, for a 2-layer cross-layer transcoder)."""
     rng = np.random.default_rng(seed)
     atoms = rng.normal(size=(48, d)).astype(np.float32)
     codes = rng.random((n, 48)) * (rng.random((n, 48)) < 0.08)
     a = (codes @ atoms + 0.05 * rng.normal(size=(n, d))).astype(np.float32)
     b = (0.7 * a + 0.3 * (codes[:, ::-1] @ atoms) + 2.0).astype(np.float32)
-    np.savez(tmp / "acts.npz", a=a, b=b)
+    c = (a + 0.5 * b).astype(np.float32)
+    e = (0.4 * c + 0.3 * (codes[:, 1:] @ atoms[1:]) - 1.0).astype(np.float32)
+    np.savez(tmp / "acts.npz", a=a, b=b, c=c, d=e)
     return import_array(ImportConfig(array=tmp / "acts.npz", out=tmp / "store"))
 
 
@@ -124,6 +127,11 @@ def two_rank_runs(tmp_path_factory):
         refs[kind] = {k: v.detach() for k, v in one_process(store, hps, train_config(**cfg)).state_dict().items()}
         runs[kind] = {"config": cfg, "stores": [str(store)], "hookpoints": hps,
                       "weights": str(tmp / f"{kind}.safetensors")}
+    for kind in ("clt", "clt-batchtopk"):  # two layers: inputs a, c; outputs b, d (the tests above: one layer)
+        cfg, hps = base_config(kind), ["a", "c", "b", "d"]
+        refs[f"{kind}-2"] = {k: v.detach() for k, v in one_process(store, hps, train_config(**cfg)).state_dict().items()}
+        runs[f"{kind}-2"] = {"config": cfg, "stores": [str(store)], "hookpoints": hps,
+                             "weights": str(tmp / f"{kind}-2.safetensors")}
     cfg = base_config("batchtopk", checkpoint_every=6, log_every=1)
     out = tmp / "resumed"
     with pytest.raises(KeyboardInterrupt):
@@ -154,6 +162,17 @@ def test_two_ranks_train_the_one_process_dictionary(two_rank_runs, kind):
     assert diff < 1e-4, f"{kind}: 2-rank weights differ from 1 process by {diff:.2e}"
     if kind in ("batchtopk", "crosscoder"):
         assert bool((got["threshold"] > 0).all()), f"{kind}: inference threshold never estimated"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["clt", "clt-batchtopk"])
+def test_two_ranks_train_the_one_process_two_layer_clt(two_rank_runs, kind):
+    runs, refs, _ = two_rank_runs
+    got = load_file(runs[f"{kind}-2"]["weights"])
+    assert got["W_dec"].shape == (64, 2 * 12)
+    assert max_diff(got, load_file(runs[f"{kind}-2"]["weights"] + ".rank1")) == 0.0, f"{kind}: ranks disagree"
+    diff = max_diff(got, refs[f"{kind}-2"])
+    assert diff < 1e-4, f"{kind} over 2 layers: 2-rank weights differ from 1 process by {diff:.2e}"
 
 
 @pytest.mark.integration
