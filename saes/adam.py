@@ -2,7 +2,7 @@
 ``torch.optim``.
 
 Why not ``torch.optim.Adam`` itself: every ``torch.optim`` optimizer's methods are wrapped so that their first call
-imports ``torch._dynamo``, which took 1.2-1.4 s of a 3.4-3.7 s start of ``conceptdict train`` on the demo store and
+imports ``torch._dynamo``, which took 1.45 s of a 4.4 s start of ``conceptdict train`` on the demo store and
 part of its exit (``bench/startup.py``; docs/results/speed.md), for a compiler the loop never uses. This class calls
 the kernel ``torch.optim.Adam(fused=True)`` calls (``torch._fused_adam_``) on the same tensors, so the weights are
 bit-identical (tests/test_adam.py steps both side by side), and its ``state_dict`` is ``torch.optim.Adam``'s layout:
