@@ -81,9 +81,7 @@ def broad_root(cfg: BroadConfig) -> Path:
 def cached_broad_dictionary(**settings: Any) -> BroadDictionary | None:
     """The broad dictionary these settings (:class:`BroadConfig`'s) describe if it is cached, else None (nothing is
     built: :func:`broad_dictionary` builds it)."""
-    root = broad_root(config_from_dict(BroadConfig, settings, "broad"))
-    done = root / DONE_FILE
-    return _result(root, json.loads(done.read_text()), built=False) if done.exists() else None
+    return _cached(broad_root(config_from_dict(BroadConfig, settings, "broad")))
 
 
 def broad_dictionary(**settings: Any) -> BroadDictionary:
@@ -92,14 +90,19 @@ def broad_dictionary(**settings: Any) -> BroadDictionary:
     :class:`BroadConfig`'s."""
     cfg = config_from_dict(BroadConfig, settings, "broad")
     root = broad_root(cfg)
-    done = root / DONE_FILE
-    if done.exists() and not cfg.fresh:
-        info = json.loads(done.read_text())
+    cached = None if cfg.fresh else _cached(root)
+    if cached is not None:
         log.info("broad dictionary from cache %s", root)
-        return _result(root, info, built=False)
+        return cached
     info = _build(cfg, root)
-    done.write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: it marks a finished build
+    (root / DONE_FILE).write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: a finished build
     return _result(root, info, built=True)
+
+
+def _cached(root: Path) -> BroadDictionary | None:
+    """The finished build under ``root`` (its DONE_FILE written last), or None."""
+    done = root / DONE_FILE
+    return _result(root, json.loads(done.read_text()), built=False) if done.exists() else None
 
 
 def _result(root: Path, info: dict, built: bool) -> BroadDictionary:
