@@ -46,8 +46,8 @@ class CacheConfig:
         "help": ("Hookpoint to capture (repeatable), e.g. blocks.3.hook_out, or sentence.mean_normalized for pooled "
                  "embeddings.")})
     dataset: str = field(metadata={
-        "help": ("Dataset: stdlib-docstrings, broad-docstrings, a local .txt/.jsonl/.csv/.parquet file, or a hub "
-                 "dataset name[:config]; for an image model (CLIP, SigLIP, ViT, DINOv2) a folder of images (class = "
+        "help": ("Dataset: stdlib-docstrings, broad-text, broad-docstrings, a local .txt/.jsonl/.csv/.parquet file, "
+                 "or a hub dataset name[:config]; for an image model (CLIP, SigLIP, ViT, DINOv2) a folder of images (class = "
                  "sub-folder), a table of image paths or bytes, or a hub image dataset.")})
     out: Path = field(metadata={"help": "Store directory to write (or resume)."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})

@@ -27,8 +27,10 @@ from typing import Any, NamedTuple
 log = logging.getLogger(__name__)
 
 STDLIB_SPEC = "stdlib-docstrings"
-BROAD_SPEC = "broad-docstrings"
-"""The broad dictionary's text: every installed package's docstrings (``activations.broad``)."""
+BROAD_SPEC = "broad-text"
+"""The broad dictionary's text: docstrings, man pages and Debian package synopses (``activations.broad``)."""
+BROAD_DOCSTRINGS_SPEC = "broad-docstrings"
+"""Its docstrings alone (``activations.broad.docstring_records``)."""
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -57,7 +59,7 @@ def describe_dataset(spec: str) -> dict:
     """The manifest's dataset descriptor for ``spec``; a local file's carries the sha256 of its contents."""
     if spec == STDLIB_SPEC:
         return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0]}
-    if spec == BROAD_SPEC:
+    if spec in (BROAD_SPEC, BROAD_DOCSTRINGS_SPEC):
         from conceptdict.activations.broad import environment_key
 
         return {"kind": "builtin", "spec": spec, "python": sys.version.split()[0], "environment": environment_key()}
@@ -145,10 +147,10 @@ def iter_records(spec: str | Iterable, split: str = "train", encoding: str = "ut
     if spec == STDLIB_SPEC:
         yield from stdlib_docstrings()
         return
-    if spec == BROAD_SPEC:
-        from conceptdict.activations.broad import broad_texts
+    if spec in (BROAD_SPEC, BROAD_DOCSTRINGS_SPEC):
+        from conceptdict.activations.broad import broad_texts, docstring_records
 
-        yield from broad_texts()
+        yield from broad_texts() if spec == BROAD_SPEC else docstring_records()
         return
     import datasets
 

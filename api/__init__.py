@@ -12,7 +12,7 @@ each returns a typed result and prints nothing):
 
     cache, import_array, train, evaluate, compare, diff, name, score, cbm, cbsae, steer, erase, export, demo
 
-    broad = cd.broad_dictionary()   # conceptdict broad: trained once on every installed package's docstrings
+    broad = cd.broad_dictionary()   # conceptdict broad: trained once on docstrings, man pages, package synopses
     cd.cbm(broad.concepts, dataset="runs/task-store", label_column="topic", out="runs/cbm-broad")
 
 The objects a notebook needs:

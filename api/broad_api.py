@@ -1,28 +1,31 @@
 """The broad dictionary (``conceptdict broad``): Discover-then-Name's first half done once per model and hookpoint.
 
 Discover-then-Name trains its dictionary once on a large, broad dataset and fits each task's concept bottleneck on
-top of it. Here the broad text is what every machine that runs conceptdict has: the docstrings of the standard
-library and of every installed package (``broad-docstrings``, ``activations.broad``). :func:`broad_dictionary`
-caches them at the hookpoint, trains a dictionary with ``train``'s defaults (the stopping rule picks the length)
-and names its latents with ``name``'s, all under the cache directory the vocabulary embeddings use, keyed by the
-model, the hookpoint, the recipe and the text's fingerprint; later calls return the cached one. Its concepts fit a
-CBM on any task's labelled store at the same hookpoint: ``cd.cbm(broad.concepts, dataset=STORE, ...)``."""
+top of it. Here the broad text is what a machine that runs conceptdict has: the docstrings of the standard library
+and of every installed package, the man pages and the Debian package synopses (``broad-text``,
+``activations.broad``; a quarter of those sources is held out for evaluations). :func:`broad_dictionary` caches
+them at the hookpoint, trains a dictionary with ``train``'s defaults (the stopping rule picks the length) and names
+its latents with ``name``'s, all under the cache directory the vocabulary embeddings use, keyed by the model, the
+hookpoint, the recipe and the text's fingerprint; later calls return the cached one. A build holds a lock (a second
+one waits for it) and resumes where an interrupted one stopped. Its concepts fit a CBM on any task's labelled
+store at the same hookpoint: ``cd.cbm(broad.concepts, dataset=STORE, ...)``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from conceptdict.settings import config_from_dict
 
 log = logging.getLogger(__name__)
 
-RECIPE = 1
+RECIPE = 2
 """The version of how a broad dictionary is built; a change here makes every cached one stale."""
 DONE_FILE = "broad.json"
 
@@ -34,10 +37,11 @@ class BroadConfig:
     model: str = field(default="default", metadata={"help": "Model (name or directory; default: all-MiniLM-L6-v2)."})
     hookpoint: str = field(default="sentence.mean_normalized", metadata={
         "help": "Hookpoint the dictionary reads (the task stores a CBM uses must hold it)."})
-    dataset: str = field(default="broad-docstrings", metadata={
-        "help": "The broad text: broad-docstrings (the standard library's and every installed package's "
-                "docstrings), or any dataset `cache` reads."})
-    latents: int = field(default=2048, metadata={"min": 2, "help": "Latents of the broad dictionary."})
+    dataset: str = field(default="broad-text", metadata={
+        "help": "The broad text: broad-text (docstrings of the standard library and every installed package, man "
+                "pages, Debian package synopses), broad-docstrings (the docstrings alone), or any dataset `cache` "
+                "reads."})
+    latents: int = field(default=4096, metadata={"min": 2, "help": "Latents of the broad dictionary."})
     k: int = field(default=16, metadata={"min": 1, "help": "Active latents per row (train's default kind, topk)."})
     vocab: str = field(default="wordfreq:en:20000", metadata={"help": "Vocabulary its latents are named from."})
     context_length: int = field(default=128, metadata={"min": 2, "help": "Tokens per text (cache's default)."})
@@ -64,7 +68,8 @@ class BroadDictionary(NamedTuple):
 
 def broad_key(cfg: BroadConfig) -> str:
     """Hex digest of what a broad dictionary is made from: the recipe, model, hookpoint, settings and the dataset's
-    descriptor (for broad-docstrings: the Python version and every installed distribution's version)."""
+    descriptor (for broad-text: the Python version, every installed distribution's version, the man pages and the
+    apt lists)."""
     from conceptdict.activations.data import describe_dataset
 
     parts = [RECIPE, cfg.model, cfg.hookpoint, cfg.latents, cfg.k, cfg.vocab, cfg.context_length,
@@ -94,9 +99,36 @@ def broad_dictionary(**settings: Any) -> BroadDictionary:
     if cached is not None:
         log.info("broad dictionary from cache %s", root)
         return cached
-    info = _build(cfg, root)
-    (root / DONE_FILE).write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: a finished build
+    with _build_lock(root):
+        cached = None if cfg.fresh else _cached(root)  # built by the process this one waited for
+        if cached is not None:
+            return cached
+        if cfg.fresh:
+            (root / DONE_FILE).unlink(missing_ok=True)
+        info = _build(cfg, root)
+        (root / DONE_FILE).write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: finished
     return _result(root, info, built=True)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, poll: float = 5.0) -> Iterator[None]:
+    """The build's writer lock on ``root``, held for the ``with`` block; waits (saying so) while another process
+    builds the same dictionary."""
+    from conceptdict.activations.lock import StoreLocked, writer_lock
+
+    while True:
+        try:
+            lock = writer_lock(root, "broad dictionary")
+            lock.__enter__()
+        except StoreLocked as e:
+            log.warning("%s; waiting for it to finish", e)
+            time.sleep(poll)
+            continue
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+        return
 
 
 def _cached(root: Path) -> BroadDictionary | None:
@@ -129,8 +161,9 @@ def _build(cfg: BroadConfig, root: Path) -> dict[str, Any]:
                       records=records)
     seconds["cache"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    resume = (root / "sae" / "checkpoint.pt").exists() and not cfg.fresh  # an interrupted build goes on from there
     sae = train(store=[store], hookpoint=[cfg.hookpoint], latents=cfg.latents, k=cfg.k, device=cfg.device,
-                out=root / "sae", overwrite=True)
+                out=root / "sae", resume=resume, overwrite=not resume)
     seconds["train"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     name(root / "sae", vocab=cfg.vocab, device=cfg.device, out=root / "concepts", overwrite=True)

@@ -137,7 +137,7 @@ def cbm_step(ctx: DemoContext) -> StepResult:
 
 
 def broad_step(ctx: DemoContext) -> StepResult:
-    """The broad dictionary (``conceptdict broad``: built once on every installed package's docstrings, then
+    """The broad dictionary (``conceptdict broad``: built once on docstrings, man pages and package synopses, then
     cached) -> ``cbm_broad/``: the same CBM on the sentence store, from the broad dictionary's concepts. Its one-time
     build takes tens of minutes, so the demo builds it only with ``build_broad`` (``demo --broad``); otherwise it
     uses a cached one, or says how to build it and runs next time. Skipped with ``fast``."""
@@ -157,8 +157,13 @@ def broad_step(ctx: DemoContext) -> StepResult:
     info = broad.info
     return StepResult({"cbm_broad": str(out), "cbm_broad_accuracy": result.metrics["accuracy"]},
                       [f"{out}: the same task from the broad dictionary's concepts ({broad.concepts}: "
-                       f"{info['latents']} latents trained on {broad.texts} docstrings of the standard library and "
-                       f"{info['packages']} installed packages)", format_cbm(result)])
+                       f"{info['latents']} latents trained on {broad.texts} texts: {_sources(info)})",
+                       format_cbm(result)])
+
+
+def _sources(info: dict) -> str:
+    """``broad.json``'s texts per source in words: "4,518 stdlib, 19,482 packages, 14,923 man, 32,000 apt"."""
+    return ", ".join(f"{n:,} {source}" for source, n in info.get("sources", {}).items()) or "?"
 
 
 def report_step(ctx: DemoContext) -> StepResult:

@@ -102,18 +102,22 @@ def measure(name: str, args, broad: Path | None, own: dict | None = None) -> dic
     return {**row, **broad_row(store, run, broad)}
 
 
-def broad_row(store: Path, run: Path, broad: Path | None) -> dict:
-    """``conceptdict cbm BROAD_CONCEPTS --dataset STORE --label-column label``."""
+def broad_row(store: Path, run: Path, broad) -> dict:
+    """``conceptdict cbm BROAD_CONCEPTS --dataset STORE --label-column label``, and how many of the task's texts
+    the broad dictionary was trained on (0 by construction: the corpora draw from the held-out sources)."""
     if broad is None:
         return {}
-    res, t = timed(cd.cbm, broad, dataset=str(store), label_column="label", out=run / "cbm-broad", overwrite=True)
-    return {"broad": cbm_row(res, t)}
+    res, t = timed(cd.cbm, broad.concepts, dataset=str(store), label_column="label", out=run / "cbm-broad",
+                   overwrite=True)
+    seen = set(cd.open_store(broad.store).texts() or [])
+    shared = sum(t in seen for t in cd.open_store(store).texts() or [])
+    return {"broad": {**cbm_row(res, t), "texts_in_broad_text": shared}}
 
 
 def table(rows: list[dict]) -> list[str]:
     broad = any("broad" in r for r in rows)
     head = (f"| corpus | rows | classes | probe | CBM (own) | gap | steps (upper bound) | held-out FVU | train s | "
-            f"name s | cbm s |" + (" CBM (broad) | gap | broad FVU | cbm s |" if broad else ""))
+            f"name s | cbm s |" + (" CBM (broad) | gap | broad FVU | cbm s | rows in broad text |" if broad else ""))
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         o = r["own"]
@@ -123,7 +127,7 @@ def table(rows: list[dict]) -> list[str]:
         if "broad" in r:
             b = r["broad"]
             line += (f" {100 * b['cbm_accuracy']:.1f}% | {b['gap_points']:+.1f} | {b['dictionary']['fvu']:.3f} | "
-                     f"{b['cbm_seconds']:.0f} |")
+                     f"{b['cbm_seconds']:.0f} | {b.get('texts_in_broad_text', '?')} |")
         out.append(line)
     return out
 
@@ -133,9 +137,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     broad = None
     if args.broad:
-        built, t = timed(cd.broad_dictionary)
-        broad = built.concepts
-        print(f"broad dictionary: {broad} ({built.texts} texts; {t:.0f} s, {'built' if built.built else 'cached'})")
+        broad, t = timed(cd.broad_dictionary)
+        print(f"broad dictionary: {broad.concepts} ({broad.texts} texts; {t:.0f} s, "
+              f"{'built' if broad.built else 'cached'})")
     rows = []
     earlier = {r["corpus"]: r for r in json.loads(args.own_from.read_text())["rows"]} if args.own_from else {}
     for name in args.corpus or (list(earlier) if earlier else DEFAULT_CORPORA):

@@ -4,8 +4,8 @@ import conceptdict as cd
 from conceptdict.broad_api import BroadConfig
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
 
-HELP = ("build (once; cached) the broad dictionary of a model: trained and named on every installed package's "
-        "docstrings, for `cbm --dataset STORE` on any task's store at its hookpoint")
+HELP = ("build (once; cached) the broad dictionary of a model: trained and named on the docstrings, man pages and "
+        "package synopses this machine has, for `cbm --dataset STORE` on any task's store at its hookpoint")
 
 
 def add_arguments(parser) -> None:
