@@ -105,7 +105,8 @@ def test_train_cbm_learns_planted_concepts_and_reports_baseline():
     res = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.01, 0.1]), raw=raw)
     m = res.metrics
     assert m["accuracy"] > 0.9 and m["probe_accuracy"] > 0.8
-    assert set(m["val_accuracy_by_lambda"]) == {"0.01", "0.1"} and res.lam in (0.01, 0.1)
+    # 0.1 keeps the planted concepts, so larger lambdas are tried (grow_lambda) and a sparser one may win
+    assert list(m["val_accuracy_by_lambda"])[:2] == ["0.01", "0.1"] and str(res.lam) in m["val_accuracy_by_lambda"]
     assert m["zero_weights"] > 0 and m["n_weights"] == 3 * 12
     assert 1 <= m["coverage"]["90"] <= m["coverage"]["95"] <= m["coverage"]["99"]
     assert m["n_train"] + m["n_val"] + m["n_test"] == 300

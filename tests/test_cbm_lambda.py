@@ -38,7 +38,7 @@ def _dataset(n=400, L=24, seed=0):
 def test_train_cbm_records_the_whole_curve_and_the_tolerance_moves_the_choice():
     concepts, labels, names, raw = _dataset()
     lams = [0.01, 0.3, 3.0, 30.0]
-    exact = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.0), raw=raw)
+    exact = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.0, grow_lambda=0), raw=raw)
     path = exact.metrics["lambda_path"]
     assert [p["lambda"] for p in path] == lams and exact.metrics["val_tolerance"] == 0.0
     assert all(set(p) == {"lambda", "val_accuracy", "concepts_used", "zero_weights"} for p in path)
@@ -46,11 +46,30 @@ def test_train_cbm_records_the_whole_curve_and_the_tolerance_moves_the_choice():
     chosen = next(p for p in path if p["lambda"] == exact.lam)
     assert chosen["val_accuracy"] == best and chosen["concepts_used"] == exact.metrics["concepts_used"]
     assert len({p["concepts_used"] for p in path}) > 1  # the curve spans different sparsities
-    loose = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.99), raw=raw)
+    loose = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.99, grow_lambda=0), raw=raw)
     assert loose.metrics["concepts_used"] == min(p["concepts_used"] for p in path) < chosen["concepts_used"]
     assert loose.metrics["probe_gap"] == pytest.approx(loose.metrics["probe_accuracy"] - loose.metrics["accuracy"])
     with pytest.raises(ValueError, match="val_tolerance=1.5"):
         CbmConfig(val_tolerance=1.5)
+
+
+def test_the_path_grows_above_the_grid_while_its_largest_lambda_is_chosen_and_stops_when_accuracy_falls():
+    concepts, labels, names, raw = _dataset()
+    grid = [0.001, 0.003]  # both fit the signal: the larger (sparser) one is chosen, so the path grows
+    grown = train_cbm(concepts, labels, names, CbmConfig(lambdas=grid, grow_lambda=8), raw=raw)
+    path = grown.metrics["lambda_path"]
+    lams = [p["lambda"] for p in path]
+    assert lams[:2] == grid and len(lams) > 2 and lams[2:] == pytest.approx([0.003 * 3 ** i for i in
+                                                                             range(1, len(lams) - 1)])
+    best = max(p["val_accuracy"] for p in path)
+    chosen = next(p for p in path if p["lambda"] == grown.lam)
+    assert grown.lam > grid[-1] and chosen["concepts_used"] == min(
+        p["concepts_used"] for p in path if p["val_accuracy"] >= best - 0.005 - 1e-12)
+    if len(lams) < 2 + 8:  # stopped early: the last lambda tried fell out of the tolerance band
+        assert grown.lam != lams[-1] and path[-1]["val_accuracy"] < best - 0.005 or path[-1]["concepts_used"] == 0
+    fixed = train_cbm(concepts, labels, names, CbmConfig(lambdas=grid, grow_lambda=0), raw=raw)
+    assert [p["lambda"] for p in fixed.metrics["lambda_path"]] == grid and fixed.lam == 0.003
+    assert grown.metrics["concepts_used"] <= fixed.metrics["concepts_used"]
 
 
 def _metrics(gap, fvu=0.40, own=0.41):

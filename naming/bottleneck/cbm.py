@@ -9,8 +9,10 @@
   no hidden bias); loss ``CE + lambda * mean|W|`` (mean, not sum), minimised by full-batch FISTA along the
   lambda path, largest first, warm-started (``naming.solvers``); ``lambda`` chosen on the validation split: of the
   lambdas within ``val_tolerance`` of the best validation accuracy, the one using the fewest concepts (ties: the
-  larger lambda); the whole curve is kept (``metrics["lambda_path"]``). After training, weights with
-  ``|w| < zero_tol * max|W|`` are set to exactly zero and the reported accuracies use the pruned weights.
+  larger lambda); when that is the grid's largest, up to ``grow_lambda`` larger ones (3x each) are tried, so the
+  sparsest within tolerance is not cut off by the grid; the whole curve is kept (``metrics["lambda_path"]``).
+  After training, weights with ``|w| < zero_tol * max|W|`` are set to exactly zero and the reported accuracies use
+  the pruned weights.
 - Baseline: a linear probe (with bias, standardised inputs, L2 chosen on the same validation split; L-BFGS) on
   the raw activations of the same inputs, trained and tested on the same split.
 - Coverage: for each test prediction, the number of concepts whose positive contributions
@@ -33,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
-from conceptdict.naming.bottleneck.solvers import fit_path
+from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
 
 __all__ = ["CbmConfig", "CbmFeatures", "CbmResult", "concept_activations", "pool_codes", "store_features", "train_cbm"]
 
@@ -92,6 +94,9 @@ class CbmConfig:
     val_tolerance: float = field(default=0.005, metadata={
         "help": ("Choosing lambda: every lambda whose validation accuracy is within this (a fraction: 0.005 = half a "
                  "point) of the best qualifies, and the one using the fewest concepts wins (ties: the larger).")})
+    grow_lambda: int = field(default=3, metadata={"min": 0, "help": (
+        "When the largest lambda is chosen, try up to this many larger ones (3x each) while the largest stays "
+        "chosen, so the sparsest CBM within val_tolerance is not cut off by the grid (0: the grid alone).")})
     val_fraction: float = field(default=0.15, metadata={"help": "Share of each class held out to choose lambda."})
     test_fraction: float = field(default=0.2, metadata={
         "help": "Share of each class held out for the reported accuracies."})
@@ -190,14 +195,27 @@ class CbmResult:
 
 
 def _fit_cbm(xtr, ytr, xva, yva, C, cfg: CbmConfig):
-    """((val accuracy, lambda, pruned W) chosen, the trade-off curve: one dict per lambda, smallest first)."""
-    fits = fit_path(xtr, ytr, C, bias=False, l1=cfg.lambdas, max_iter=cfg.max_iter, tol=cfg.tol)
+    """((val accuracy, lambda, pruned W) chosen, the trade-off curve: one dict per lambda, smallest first). When the
+    largest lambda is chosen, larger ones (x :data:`GROW_FACTOR`, warm-started) are tried, up to ``grow_lambda``."""
+    lams = sorted(set(cfg.lambdas))
+    fits = fit_path(xtr, ytr, C, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
     path, weights = [], {}
-    for lam in sorted(set(cfg.lambdas)):
-        W = weights[lam] = _prune(fits[(lam, 0.0)].weight, cfg.zero_tol)
+
+    def add(lam: float, fit) -> dict:
+        W = weights[lam] = _prune(fit.weight, cfg.zero_tol)
         path.append({"lambda": lam, "val_accuracy": accuracy(xva @ W.T, yva),
                      "concepts_used": int((W != 0).any(0).sum()), "zero_weights": int((W == 0).sum())})
-    chosen = choose_lambda(path, cfg.val_tolerance)
+        return choose_lambda(path, cfg.val_tolerance)
+
+    for lam in lams:
+        chosen = add(lam, fits[(lam, 0.0)])
+    last = fits[(lams[-1], 0.0)]
+    for _ in range(cfg.grow_lambda):  # the sparsest within tolerance may lie above the grid
+        if chosen["lambda"] != lams[-1] or lams[-1] == 0 or chosen["concepts_used"] == 0:
+            break
+        lams.append(float(f"{lams[-1] * GROW_FACTOR:.6g}"))
+        last = fit_linear(xtr, ytr, C, bias=False, l1=lams[-1], init=last, max_iter=cfg.max_iter, tol=cfg.tol)
+        chosen = add(lams[-1], last)
     return (chosen["val_accuracy"], chosen["lambda"], weights[chosen["lambda"]]), path
 
 
@@ -295,6 +313,8 @@ def train_cbm(
     return CbmResult(W.cpu(), scale.cpu(), classes, ids, tuple(names), lam, metrics)
 
 
+GROW_FACTOR = 3.0
+"""Each lambda tried above the grid is this many times the last (``CbmConfig.grow_lambda``)."""
 GAP_POINTS = 2.0
 """A CBM more than this many accuracy points below its raw probe is explained in its output (:func:`gap_notes`)."""
 FVU_MARGIN = 0.1
