@@ -4,9 +4,10 @@ beside it (parsed from source; nothing is imported), the man pages under ``/usr/
 package synopses in the apt cache (``apt-cache dumpavail``: the package lists already on the machine). A source a
 machine lacks (no man pages, no apt) is skipped.
 
-A fixed quarter of the sources (docstring files, man pages, packages: :func:`held_out`) never enters the broad
-text: evaluations of the broad route (``bench/cbm_corpora.py``) draw their labelled texts from that quarter, so no
-evaluation text, and no other text of its page, file or package, is in the broad dictionary's training text."""
+A fixed half of the sources (docstring files, man pages, packages: :func:`held_out`) never enters the broad text,
+nor does any text that one of them also holds: evaluations of the broad route (``bench/cbm_corpora.py``) draw their
+labelled texts from that half, so no evaluation text, and no other text of its page, file or package, is in the
+broad dictionary's training text."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ MAX_TEXTS = {"docstrings": 24000, "man": 16000, "apt": 32000}
 caching on 2 CPU cores."""
 MAN_ROOT = Path("/usr/share/man")
 MAN_SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8")
-HELD_OUT_SHARE = 4
+HELD_OUT_SHARE = 2
 """One source in this many (by :func:`held_out`) is kept out of the broad text for evaluations."""
 
 
@@ -84,12 +85,14 @@ def docstring_texts(path: Path) -> Iterator[str]:
             yield text
 
 
-def _texts_of(root: Path, top: Path, keep) -> Iterator[str]:
+def _texts_of(root: Path, top: Path, keep) -> Iterator[tuple[bool, str]]:
+    """(kept, text) of the docstrings under ``top``: kept is ``keep(path below the root)`` of the text's file."""
     files = [top] if top.is_file() else sorted(top.rglob("*.py"))
     for path in files:
         rel = path.relative_to(root)
-        if not (SKIP_PARTS & set(rel.parts)) and keep(rel.as_posix()):
-            yield from docstring_texts(path)
+        if not SKIP_PARTS & set(rel.parts):
+            kept = keep(rel.as_posix())
+            yield from ((kept, text) for text in docstring_texts(path))
 
 
 def _spread(items: list, cap: int) -> list:
@@ -104,20 +107,26 @@ def _not_held_out(source: str) -> bool:
 def docstring_records(per_package: int = PER_PACKAGE, max_texts: int = MAX_TEXTS["docstrings"],
                       roots: list[tuple[str, Path]] | None = None, keep=_not_held_out) -> list[dict]:
     """``{"text", "source", "package"}`` records: the summary paragraph of every docstring under ``roots`` (default
-    :func:`source_roots`) in files ``keep(path below the root)`` accepts (default: not :func:`held_out`), unique, at
-    most ``per_package`` per top-level package and ``max_texts`` in all; deterministic for a given environment."""
+    :func:`source_roots`) in files ``keep(path below the root)`` accepts (default: not :func:`held_out`) and in no
+    file it refuses, unique, at most ``per_package`` per top-level package and ``max_texts`` in all; deterministic
+    for a given environment."""
     seen: set[str] = set()
+    left_out: set[str] = set()  # texts of refused files: a copy of one elsewhere is left out too
     groups = []
     for kind, root in roots if roots is not None else source_roots():
         for top in sorted(root.iterdir()):
             name = top.stem if top.suffix == ".py" else top.name
             if not (top.suffix == ".py" or (top.is_dir() and "." not in top.name)) or name in SKIP_PARTS:
                 continue
-            texts = [t for t in dict.fromkeys(_texts_of(root, top, keep)) if t not in seen]
+            texts = []
+            for kept, text in _texts_of(root, top, keep):
+                texts.append(text) if kept else left_out.add(text)
+            texts = [t for t in dict.fromkeys(texts) if t not in seen]
             seen.update(texts)
-            if texts:
-                groups.append([{"text": t, "source": kind, "package": name} for t in _spread(texts, per_package)])
-    return _spread([r for g in groups for r in g], max_texts)
+            groups.append((kind, name, texts))
+    records = [{"text": t, "source": kind, "package": name} for kind, name, texts in groups
+               for t in _spread([t for t in texts if t not in left_out], per_package)]
+    return _spread(records, max_texts)
 
 
 # ---------------------------------------------------------------- man pages
@@ -217,23 +226,29 @@ def _capped_by_group(records: list[dict], key: str, cap: int) -> list[dict]:
 
 
 def man_records(max_texts: int = MAX_TEXTS["man"], root: Path = MAN_ROOT) -> list[dict]:
-    """``{"text", "source": "man", "section", "page"}`` of the man pages not :func:`held_out`, unique, at most
-    ``max_texts`` spread over the sections."""
-    recs = [{"text": t, "source": "man", "section": s, "page": p} for p, s, t in man_pages(root) if not held_out(p)]
-    recs = list({r["text"]: r for r in recs}.values())
-    return _capped_by_group(recs, "section", max_texts)
+    """``{"text", "source": "man", "section", "page"}`` of the man pages not :func:`held_out` (nor the same text as
+    a held-out page's), unique, at most ``max_texts`` spread over the sections."""
+    pages = list(man_pages(root))
+    left_out = {t for p, _, t in pages if held_out(p)}
+    recs: dict[str, dict] = {}
+    for page, section, text in pages:
+        if text not in left_out and text not in recs:
+            recs[text] = {"text": text, "source": "man", "section": section, "page": page}
+    return _capped_by_group(list(recs.values()), "section", max_texts)
 
 
 def apt_records(max_texts: int = MAX_TEXTS["apt"], packages: Iterator[tuple] | None = None) -> list[dict]:
     """``{"text", "source": "apt", "section", "package"}``: the synopsis (and the long description's first
-    paragraph when the lists have it) of the packages (default :func:`apt_packages`) not :func:`held_out`, unique,
-    at least 3 words, at most ``max_texts`` spread over the sections."""
-    recs = {}
+    paragraph when the lists have it) of the packages (default :func:`apt_packages`) not :func:`held_out` (nor the
+    same text as a held-out package's), unique, at least 3 words, at most ``max_texts`` spread over the sections."""
+    recs, left_out = {}, set()
     for package, section, short, first in apt_packages() if packages is None else packages:
         text = clip(f"{short}. {first}" if first else short, min_chars=12, min_words=3)
-        if text and not held_out(package) and text not in recs:
+        if text and held_out(package):
+            left_out.add(text)
+        elif text and text not in recs:
             recs[text] = {"text": text, "source": "apt", "section": section, "package": package}
-    return _capped_by_group(list(recs.values()), "section", max_texts)
+    return _capped_by_group([r for t, r in recs.items() if t not in left_out], "section", max_texts)
 
 
 def broad_texts(per_package: int = PER_PACKAGE, max_texts: dict[str, int] | None = None,

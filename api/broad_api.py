@@ -3,7 +3,7 @@
 Discover-then-Name trains its dictionary once on a large, broad dataset and fits each task's concept bottleneck on
 top of it. Here the broad text is what a machine that runs conceptdict has: the docstrings of the standard library
 and of every installed package, the man pages and the Debian package synopses (``broad-text``,
-``activations.broad``; a quarter of those sources is held out for evaluations). :func:`broad_dictionary` caches
+``activations.broad``; half of those sources is held out for evaluations). :func:`broad_dictionary` caches
 them at the hookpoint, trains a dictionary with ``train``'s defaults (the stopping rule picks the length) and names
 its latents with ``name``'s, all under the cache directory the vocabulary embeddings use, keyed by the model, the
 hookpoint, the recipe and the text's fingerprint; later calls return the cached one. A build holds a lock (a second
@@ -25,7 +25,7 @@ from conceptdict.settings import config_from_dict
 
 log = logging.getLogger(__name__)
 
-RECIPE = 2
+RECIPE = 3
 """The version of how a broad dictionary is built; a change here makes every cached one stale."""
 DONE_FILE = "broad.json"
 
@@ -173,7 +173,7 @@ def _build(cfg: BroadConfig, root: Path) -> dict[str, Any]:
         "recipe": RECIPE, "model": cfg.model, "hookpoint": cfg.hookpoint, "dataset": describe_dataset(cfg.dataset),
         "latents": cfg.latents, "k": cfg.k, "vocab": cfg.vocab, "texts": ActivationStore(store).num_rows,
         "sources": dict(Counter(r.get("source", cfg.dataset) for r in records)),
-        "packages": len({r["package"] for r in records if "package" in r}),
+        "packages": len({r["package"] for r in records if r.get("source") in ("stdlib", "packages")}),
         "steps": summary["steps"], "upper_bound": summary["resolved"]["total_steps"],
         "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"), "seconds": seconds,
     }

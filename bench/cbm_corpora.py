@@ -2,7 +2,7 @@
 
 Each builder returns ``[{"text", "label"}]``, deterministic for a given machine (sorted sources, fixed
 caps, no sampling). None of them is used by a test or tuned on: they are the "data the project has never
-seen" of issue 11. Every corpus but ``stdlib`` draws only from the quarter of man pages, Debian packages and
+seen" of issue 11. Every corpus but ``stdlib`` draws only from the half of man pages, Debian packages and
 docstring files that the broad dictionary's text leaves out (``conceptdict.activations.broad.held_out``), so the
 broad route is measured on texts (and pages, packages, files) its dictionary never read.
 
@@ -15,9 +15,8 @@ broad route is measured on texts (and pages, packages, files) its dictionary nev
 - ``pydocs``: docstrings of third-party Python packages installed beside conceptdict (torch, numpy, sympy,
   ...), labelled by the package they come from. The standard library is left out (that is the demo's corpus).
 - ``stdlib``: the demo's corpus (standard-library docstrings by module family), for reference (all of it: about
-  three quarters of its files are in the broad text).
-- ``man2``: a 2-class split of the man pages, user commands (section 1) against system and library calls
-  (sections 2 and 3).
+  half of its files are in the broad text).
+- ``man2``: a 2-class split of the man pages, user commands (section 1) against library calls (section 3).
 - ``debian30``: topics of short texts: the one-line synopsis alone (a few words) of Debian packages in the 30
   largest sections that have at least :data:`PER_CLASS_30` packages, labelled by section.
 """
@@ -33,12 +32,10 @@ from conceptdict.activations.broad import apt_packages, held_out, man_pages
 
 PER_CLASS = 300
 """At most this many texts per label (so each corpus stays at a few thousand rows)."""
-PER_CLASS_MAN = 450
-"""``manpages``: texts per section (only section 1 has more than 300 in the held-out quarter of the pages)."""
 PER_CLASS_2 = 700
 """``man2``: texts per class of the 2-class split."""
-PER_CLASS_30 = 100
-"""``debian30``: texts per section of the 30-class one (the held-out quarter of the packages has at least 100 in 31
+PER_CLASS_30 = 200
+"""``debian30``: texts per section of the 30-class one (the held-out half of the packages has at least 200 in 33
 sections)."""
 MIN_CHARS, MAX_CHARS = 40, 600
 
@@ -70,7 +67,7 @@ def _take(pairs, per_class: int) -> list[dict]:
 
 # ---------------------------------------------------------------- man pages
 
-def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS_MAN,
+def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS,
              sections: tuple[str, ...] = MAN_SECTIONS) -> list[dict]:
     return _take(((sec, text) for page, sec, text in man_pages(root, sections) if held_out(page)), per_class)
 
@@ -79,9 +76,7 @@ def manpages(root: Path = Path("/usr/share/man"), per_class: int = PER_CLASS_MAN
 
 
 def man2() -> list[dict]:
-    pages = man_pages(Path("/usr/share/man"), ("1", "2", "3"))
-    return _take((("commands" if sec == "1" else "calls", text) for page, sec, text in pages if held_out(page)),
-                 PER_CLASS_2)
+    return manpages(per_class=PER_CLASS_2, sections=("1", "3"))
 
 
 def _apt_packages():

@@ -32,7 +32,7 @@ def test_docstring_records_take_summary_paragraphs_skip_tests_and_short_ones_and
     _package(tmp_path, "alpha", [*long, "Too short.", long[0], first + "\n\nSecond one."])
     tests = _package(tmp_path / "alpha", "tests", ["A test docstring that must be skipped by the scan."])
     assert tests.is_dir()
-    _package(tmp_path, "beta", ["Open a socket and send the request to the server."])
+    _package(tmp_path, "beta", ["Open a socket and send the request to the server.", long[1]])
     every = dict(roots=[("packages", tmp_path)], keep=lambda path: True)
     recs = docstring_records(**every)
     texts = [r["text"] for r in recs]
@@ -45,12 +45,13 @@ def test_docstring_records_take_summary_paragraphs_skip_tests_and_short_ones_and
     assert docstring_records(**every) == recs  # deterministic
     no_beta = docstring_records(roots=[("packages", tmp_path)], keep=lambda path: not path.startswith("beta/"))
     assert {r["package"] for r in no_beta} == {"alpha"}
+    assert long[1] in texts and long[1] not in [r["text"] for r in no_beta]  # also in a refused file: left out
 
 
-def test_a_quarter_of_the_sources_is_held_out_of_the_broad_text_by_name():
+def test_half_of_the_sources_is_held_out_of_the_broad_text_by_name():
     names = [f"package-{i}" for i in range(4000)]
     share = sum(map(held_out, names)) / len(names)
-    assert 0.22 < share < 0.28 and held_out("ls.1.gz") == held_out("ls.1.gz")  # fixed by the name, not by chance
+    assert 0.47 < share < 0.53 and held_out("ls.1.gz") == held_out("ls.1.gz")  # fixed by the name, not by chance
     assert [held_out(n) for n in names[:50]] == [held_out(n) for n in names[:50]]
 
 
