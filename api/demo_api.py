@@ -150,7 +150,7 @@ def broad_step(ctx: DemoContext) -> StepResult:
     settings = {"hookpoint": art["hookpoint"], **ctx.broad}
     broad = broad_dictionary(**settings) if ctx.build_broad else cached_broad_dictionary(**settings)
     if broad is None:
-        return StepResult({}, ["broad dictionary: not built yet. `conceptdict broad` builds it once (about 20 "
+        return StepResult({}, ["broad dictionary: not built yet. `conceptdict broad` builds it once (about 15 "
                                "minutes on a 2-core CPU, then cached); the next `conceptdict demo` then fits the "
                                "same CBM on its concepts (or run `conceptdict demo --broad`)"], done=False)
     result = cbm(broad.concepts, dataset=art["store"], label_column=art.get("label_key", "family"), out=out)

@@ -12,7 +12,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--fresh", action="store_true", help="redo every step instead of reusing finished ones")
     parser.add_argument("--fast", action="store_true", help="a small slice of the data (for smoke tests)")
     parser.add_argument("--broad", action="store_true",
-                        help="build the broad dictionary if it is not cached (about 20 minutes once on 2 cores)")
+                        help="build the broad dictionary if it is not cached (about 15 minutes once on 2 cores)")
 
 
 def run(args) -> int:
