@@ -104,8 +104,7 @@ class TrainConfig:
     latent_shards: int = field(default=1, metadata={"min": 1, **_help(
         "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
     single_file_gib: float = field(default=2.0, metadata={"min": 0, **_help(
-        "Latent shards: a dictionary of at most this many GiB of weights is saved as one weights.safetensors, "
-        "a larger one as one file per shard, never whole on one process (docs/guide/distributed.md).")})
+        "Latent shards: up to this many GiB of weights are saved as one file, more as a file per shard (distributed.md).")})
     settings: Any = field(default=None, metadata=_help(
         "The kind's own settings (an instance of its KindSpec.settings dataclass); None: its defaults."))
 
