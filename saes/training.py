@@ -441,7 +441,5 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
                  result.l0, model.k, 100 * result.dead_fraction)
     how = save_trained(model, out, dict(meta or {}), comm, cfg.single_file_gib)
     if how is not None and is_main(comm) and comm.shards.size > 1:
-        log.info("saved %s in %s (%s)", model.extra_repr().replace(f"n_latents={model.n_latents}",
-                                                                   f"n_latents={model.n_latents * comm.shards.size}"),
-                 out, how)
+        log.info("saved the dictionary of %d latents in %s as %s", model.n_latents * comm.shards.size, out, how)
     return model
