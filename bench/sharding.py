@@ -8,8 +8,11 @@ Reported per N:
 
 - ``train MiB/rank``: the largest peak resident memory over the ranks during the training loop (read when the last
   step logs), less the process's resident memory before ``train()`` (imports, the store): the dictionary's weights,
-  gradients, Adam state and the step's buffers; ``end MiB/rank`` the same at the end of the run, where every rank
-  holds the whole gathered dictionary to calibrate, evaluate and save it;
+  gradients, Adam state and the step's buffers; ``end MiB/rank`` the same after ``train()`` returns: the peak of
+  the whole run, the end included, where each shard calibrates, evaluates and saves its latents (the artifact and
+  the last checkpoint are written to a temporary directory). ``--single-file-gib`` is the run's ``single_file_gib``:
+  0 (the default) saves one file per shard, so no process ever holds the whole dictionary; a large value gathers
+  it onto rank 0, which writes one ``weights.safetensors``;
 - ``formula MiB/rank``: 32 D L / N bytes (W_enc, W_dec, their gradients and two Adam moments in float32);
 - ``tokens/s`` of the ``train()`` call (initialisation, the final gather and evaluation included; process start-up
   and the kernels' compilation excluded) and ``comm share``: the wall time spent inside the seam's collectives
@@ -17,6 +20,7 @@ Reported per N:
 
     .venv/bin/python bench/sharding.py                # D=512 L=32768 k=32 B=1024, 8 steps
     .venv/bin/python bench/sharding.py --small --json out.json
+    .venv/bin/python bench/sharding.py --single-file-gib 2   # the small-dictionary path: gathered onto rank 0
 
 On a shared 2-core machine N = 4 runs 4 processes on 2 cores: tokens/s there measures overhead, not scaling.
 """
@@ -100,7 +104,8 @@ def worker(spec: dict) -> dict:
     store = ActivationStore(spec["store"])
     cfg = train_config(kind=spec["kind"], latents=spec["L"], k=spec["k"], batch_size=spec["B"],
                        tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=1,
-                       checkpoint_every=0, device="cpu", seed=0, latent_shards=n)
+                       checkpoint_every=0, device="cpu", seed=0, latent_shards=n,
+                       single_file_gib=spec["single_file_gib"])
     batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
                                            start_batch=start, part=(seam.rank, seam.size))
     small = train_config(**{**spec["warm"], "latent_shards": n, "device": "cpu"})
@@ -112,7 +117,8 @@ def worker(spec: dict) -> dict:
     base, sink = rss_mib(), PeakSink()
     t = time.perf_counter()
     clock["s"] = 0.0
-    model = train(cfg, batches, comm=seam, sink=sink)
+    out = Path(spec["result"]).with_name(f"dictionary-{n}")
+    model = train(cfg, batches, comm=seam, sink=sink, out=out)
     wall = time.perf_counter() - t
     mem = torch.tensor([sink.peak - base, rss_mib() - base])
     if w.size > 1:
@@ -125,7 +131,8 @@ def worker(spec: dict) -> dict:
             "tokens_per_s": cfg.tokens / wall, "comm_s": clock["s"], "comm_share": clock["s"] / wall,
             "train_mib_per_rank": float(mem[0]), "end_mib_per_rank": float(mem[1]),
             "formula_mib_per_rank": 32 * D * L / n / 2 ** 20,
-            "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu")}
+            "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu"),
+            "saved": sorted(p.name for p in out.glob("weights*"))}
 
 
 def launch(spec: dict, shards: int, tmp: Path) -> dict:
@@ -148,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="latent shard counts to run")
     p.add_argument("--kind", default="topk", help="dictionary kind (a shardable one)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads shared by a run")
+    p.add_argument("--single-file-gib", type=float, default=0.0,
+                   help="the runs' single_file_gib: 0 saves one file per shard, a large value gathers onto rank 0")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -159,16 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp, preset["rows"], preset["D"])
-        spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm}
+        spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm,
+                "single_file_gib": args.single_file_gib}
         runs = [launch(spec, n, tmp) for n in args.shards]
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} B={preset['B']} steps={preset['steps']} "
-          f"threads={args.threads} (shared by each run's processes)")
+          f"threads={args.threads} (shared by each run's processes) single_file_gib={args.single_file_gib}")
     print(f"{'shards':>6} {'formula MiB/rank':>16} {'train MiB/rank':>14} {'end MiB/rank':>12} {'tokens/s':>9} "
-          f"{'comm share':>10} {'held-out FVU':>12}")
+          f"{'comm share':>10} {'held-out FVU':>12}  saved")
     for r in runs:
         print(f"{r['shards']:>6} {r['formula_mib_per_rank']:>16.0f} {r['train_mib_per_rank']:>14.0f} "
               f"{r['end_mib_per_rank']:>12.0f} {r['tokens_per_s']:>9,.0f} {100 * r['comm_share']:>9.1f}% "
-              f"{r['heldout_fvu'] or float('nan'):>12.5f}")
+              f"{r['heldout_fvu'] or float('nan'):>12.5f}  {', '.join(r['saved'])}")
     if args.json:
         args.json.write_text(json.dumps({"preset": preset, "kind": args.kind, "runs": runs}, indent=1))
     return 0

@@ -6,6 +6,12 @@ transcoders, whose config.json also names ``input_hookpoint`` and ``output_hookp
 and decoder carry a leading sources axis: ``W_enc [S, D, L]``, ``W_dec [S, L, D]``, ``b_dec [S, D]`` (a cross-layer
 transcoder over S layers: ``W_enc [S, D, L/S]``, one encoder per layer; ``W_dec [S, L, D]`` per target layer, zero
 from a latent to the layers before its own).
+A dictionary too large to gather onto one process (a latent-sharded run above ``TrainConfig.single_file_gib``) is
+saved as one file per latent shard instead of ``weights.safetensors``: ``weights-00001-of-0000N.safetensors`` ..
+(file i: the i-th block of latents of every per-latent tensor; the tensors every latent shares, ``b_dec``,
+``norm_scale``, ``W_skip``, in the first file only) and ``weights.index.json`` naming the files in latent order, the
+latents each holds and the axis along which each tensor is split (null: whole, in the first file). The index is
+written after every file, then config.json; :func:`load_native` joins the files into one dictionary.
 Weights are always in raw activation units (any training normalisation is folded in; its constants are
 recorded in config.json). Configuration is read from config.json, never inferred from tensor names.
 
@@ -31,6 +37,8 @@ FORMAT_VERSION = 2
 ``batchtopk`` / ``crosscoder`` (the published rules) read as ``batchtopk-absolute`` / ``crosscoder-absolute``."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
+INDEX_FILE = "weights.index.json"
+"""The index of a dictionary saved as several files (one per latent shard)."""
 CORE_KEYS = ("format", "format_version", "kind", "d_in", "n_latents", "k", "n_sources")
 
 
@@ -65,11 +73,77 @@ def disk_tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in out.items()}
 
 
+def part_file(part: int, parts: int) -> str:
+    """The weights file of latent block ``part`` (0-based) of ``parts``: ``weights-00001-of-00004.safetensors``."""
+    return f"weights-{part + 1:05d}-of-{parts:05d}.safetensors"
+
+
+def disk_latent_axes(model: SparseCoder) -> dict[str, int | None]:
+    """The axis of each on-disk tensor (:func:`disk_tensors`) that runs over the latents; None for the tensors every
+    latent shares."""
+    lead = 1 if model.n_sources > 1 else 0
+    return {name: (lead + 1 if name == "W_enc" else lead if name == "W_dec" else
+                   None if model.latent_axis(name) is None else 0) for name in disk_tensors(model)}
+
+
 def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
     """Write config.json + weights.safetensors to ``directory``; ``extra`` adds keys to config.json
-    (e.g. ``hookpoints``, ``stores``, ``model``). Returns the directory."""
+    (e.g. ``hookpoints``, ``stores``, ``model``). Returns the directory. The files of a dictionary saved as
+    several files there before are removed."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    config = _config(model, extra, model.n_latents)
+    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
+    save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
+    _remove(directory, [INDEX_FILE, *(p.name for p in directory.glob("weights-*-of-*.safetensors"))])
+    write_json(directory / CONFIG_FILE, config)
+    return directory
+
+
+def save_dictionary_part(model: SparseCoder, directory: str | Path, part: int, parts: int) -> Path:
+    """Write ``model``, latent block ``part`` of ``parts`` of a dictionary (a latent shard), as its weights file
+    (:func:`part_file`) in ``directory``; the tensors every latent shares go into the first file only. The
+    dictionary is readable once :func:`finish_parts` has written the index and config.json. Returns the file."""
+    if model.spec.layered:
+        raise ValueError(f"a {model.kind} splits its latents by layer and cannot be saved in latent blocks; save "
+                         f"the whole dictionary with save_dictionary")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    axes = disk_latent_axes(model)
+    tensors = {k: v for k, v in disk_tensors(model).items() if axes[k] is not None or part == 0}
+    path = directory / part_file(part, parts)
+    save_tensors(path, tensors, {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind,
+                                 "part": f"{part + 1} of {parts}"})
+    return path
+
+
+def finish_parts(model: SparseCoder, directory: str | Path, parts: int, extra: dict[str, Any] | None = None) -> Path:
+    """After every latent block's :func:`save_dictionary_part` (``model``: the first block, each of ``parts``
+    equal), write weights.index.json and config.json (the whole dictionary's) and remove a weights.safetensors
+    left there before. Returns the directory."""
+    directory = Path(directory)
+    config = _config(model, extra, model.n_latents * parts)
+    files = [part_file(i, parts) for i in range(parts)]
+    missing = [f for f in files if not (directory / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{directory} lacks {missing}: every latent block is saved (save_dictionary_part) "
+                                f"before the index is written")
+    write_json(directory / INDEX_FILE, {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "n_latents": model.n_latents * parts, "files": files,
+        "latents_per_file": [model.n_latents] * parts, "latent_axis": disk_latent_axes(model)})
+    _remove(directory, [WEIGHTS_FILE, *(p.name for p in directory.glob("weights-*-of-*.safetensors")
+                                        if p.name not in files)])
+    write_json(directory / CONFIG_FILE, config)
+    return directory
+
+
+def _remove(directory: Path, names: list[str]) -> None:
+    for name in names:
+        (directory / name).unlink(missing_ok=True)
+
+
+def _config(model: SparseCoder, extra: dict[str, Any] | None, n_latents: int) -> dict[str, Any]:
+    """config.json of ``model`` (``n_latents``: the whole dictionary's, when ``model`` is one latent block)."""
     extra = dict(extra or {})
     clash = sorted(set(extra) & set(CORE_KEYS))
     if clash:
@@ -77,7 +151,7 @@ def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, 
     summary = getattr(model, "training_summary", None)
     config: dict[str, Any] = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "kind": model.kind, "d_in": model.d_in,
-        "n_latents": model.n_latents, "k": model.k, "n_sources": model.n_sources,
+        "n_latents": n_latents, "k": model.k, "n_sources": model.n_sources,
         "normalisation": (summary or {}).get("normalisation", {"scale_per_source": [1.0] * model.n_sources,
                                                                "folded_into_weights": True}),
     }
@@ -86,10 +160,7 @@ def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, 
     config.update(extra)
     if model.spec.transcodes and len(config.get("hookpoints") or []) == 2:
         config["input_hookpoint"], config["output_hookpoint"] = config["hookpoints"]
-    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
-    save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
-    write_json(directory / CONFIG_FILE, config)
-    return directory
+    return config
 
 
 def load_native_config(directory: str | Path) -> dict[str, Any]:
@@ -126,8 +197,7 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     if int(cfg.get("format_version", 1)) < 2:  # version 1 ran the absolute rules under these names
         kind = {"batchtopk": "batchtopk-absolute", "crosscoder": "crosscoder-absolute"}.get(kind, kind)
     model = SparseCoder(D, L, k, kind, n_sources=S)
-    path = directory / WEIGHTS_FILE
-    t = read_safetensors(path)
+    path, t = read_weights(directory)
     missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers,
                       *(("W_skip",) if model.spec.skip else ())} - set(t))
     if missing:
@@ -161,3 +231,47 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
 
+
+
+def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(the file that names them, every tensor) of a saved dictionary: weights.safetensors, or the files
+    weights.index.json names joined along each tensor's latent axis (one block in memory at a time besides the
+    joined tensors; safetensors maps each file)."""
+    from .formats.files import FormatError, read_json, read_safetensors
+
+    directory = Path(directory)
+    index_path = directory / INDEX_FILE
+    if not index_path.exists():
+        return directory / WEIGHTS_FILE, read_safetensors(directory / WEIGHTS_FILE)
+    index = read_json(index_path)
+    files, axes = list(index["files"]), dict(index["latent_axis"])
+    missing = [f for f in files if not (directory / f).exists()]
+    if missing:
+        raise FormatError(f"{directory / missing[0]} is missing: {directory} holds a dictionary saved in {len(files)} "
+                          f"files ({INDEX_FILE} names them), {len(missing)} of which are not there ({missing}); copy "
+                          f"every file the index names into {directory}, or save the dictionary again")
+    joined: dict[str, torch.Tensor] = {}
+    offset = 0
+    for i, name in enumerate(files):
+        part = read_safetensors(directory / name)
+        n = int(index["latents_per_file"][i])
+        for key, t in part.items():
+            axis = axes.get(key)
+            if axis is None:
+                joined.setdefault(key, t)
+                continue
+            if key not in joined:
+                shape = list(t.shape)
+                shape[axis] = int(index["n_latents"])
+                joined[key] = t.new_empty(shape)
+            if t.shape[axis] != n:
+                raise FormatError(f"{directory / name}: tensor {key} holds {t.shape[axis]} latents along axis {axis} "
+                                  f"but {INDEX_FILE} says {n}; the files do not belong together, save the dictionary "
+                                  f"again")
+            joined[key].narrow(axis, offset, n).copy_(t)
+        offset += n
+        del part
+    if offset != int(index["n_latents"]):
+        raise FormatError(f"{index_path}: its files hold {offset} latents but it says n_latents={index['n_latents']}; "
+                          f"the index is damaged, save the dictionary again")
+    return index_path, joined

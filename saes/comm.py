@@ -46,6 +46,9 @@ class Comm(Protocol):
     def gather_rows(self, x: Tensor) -> Tensor:
         """Every process's rows of x [B_r, ...] concatenated in rank order -> [B, ...]."""
 
+    def gather_to_first(self, x: Tensor) -> Tensor | None:
+        """:meth:`gather_rows` onto process 0 alone (the others only send and get None): what one writer needs."""
+
     def reduce_grads(self, model: torch.nn.Module) -> None:
         """Sum every parameter's gradient over processes, in place."""
 
@@ -73,6 +76,9 @@ class LocalComm:
         return mask
 
     def gather_rows(self, x: Tensor) -> Tensor:
+        return x
+
+    def gather_to_first(self, x: Tensor) -> Tensor | None:
         return x
 
     def reduce_grads(self, model: torch.nn.Module) -> None:

@@ -103,6 +103,8 @@ class TrainConfig:
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
     latent_shards: int = field(default=1, metadata={"min": 1, **_help(
         "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
+    single_file_gib: float = field(default=2.0, metadata={"min": 0, **_help(
+        "Latent shards: up to this many GiB of weights are saved as one file, more as a file per shard (distributed.md).")})
     settings: Any = field(default=None, metadata=_help(
         "The kind's own settings (an instance of its KindSpec.settings dataclass); None: its defaults."))
 
@@ -168,6 +170,8 @@ class TrainConfig:
             raise ValueError(f"settings={self.settings!r} do not belong to kind {self.kind!r}, whose settings are "
                              f"{want}; build the config with saes.train_config(kind=..., <setting>=...)")
         check_shards(self.kind, self.latents, self.k, self.latent_shards)
+        if self.single_file_gib < 0:
+            raise ValueError(f"single_file_gib={self.single_file_gib} must not be negative (0: one file per shard)")
         check = getattr(self.kind_settings, "check", None)
         if check is not None:
             check(self)

@@ -83,6 +83,15 @@ class TorchComm:
         dist.all_gather(parts, buf, group=self.group)
         return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(x.device)
 
+    def gather_to_first(self, x: Tensor) -> Tensor | None:
+        counts = self.all_sum(torch.zeros(self.size, dtype=torch.int64).index_fill_(0, torch.tensor(self.rank),
+                                                                                   x.shape[0])).tolist()
+        buf = self._to_comm(x.new_zeros((max(counts), *x.shape[1:])))
+        buf[: x.shape[0]] = self._to_comm(x)
+        parts = [torch.empty_like(buf) for _ in range(self.size)] if self.rank == 0 else None
+        dist.gather(buf, parts, group=self.group, group_dst=0)
+        return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(x.device) if parts is not None else None
+
     def reduce_grads(self, model: torch.nn.Module) -> None:
         """Sum every parameter's gradient over processes, in place (``training.apply_update`` gives each
         trainable parameter one); each process's loss is its part of the global loss, so every process then

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+from .comm import LOCAL, Comm
 from .model import SparseCoder
 
 DENSE_FRACTION = 0.1
@@ -144,7 +145,7 @@ def density_histogram(density: Tensor) -> tuple[int, ...]:
     return (dead, *counts)
 
 
-def _result(model: SparseCoder, s: _Sums) -> EvalResult:
+def _result(model: SparseCoder, s: _Sums, n_latents: int | None = None) -> EvalResult:
     var_s = _variance_per_source(s)
     err, var = float(s.sq_err.sum()), float(var_s.sum())
     mean_sq_tok = float(s.sq_x.sum()) / s.n  # E||x||^2
@@ -168,7 +169,7 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
         density_histogram=density_histogram(density),
         kind=model.kind,
         k=model.k,
-        n_latents=model.n_latents,
+        n_latents=n_latents or model.n_latents,
         density=tuple(density.tolist()),
         per_layer_l0=tuple(layers.sum(1).tolist()),
         per_layer_dead=tuple((layers == 0).float().mean(1).tolist()),
@@ -176,9 +177,16 @@ def _result(model: SparseCoder, s: _Sums) -> EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None = None) -> EvalResult:
+def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None = None,
+             comm: Comm = LOCAL) -> EvalResult:
     """Metrics of ``model`` (raw activation units) on batches [B, D] or [B, S, D], up to ``max_rows`` rows; a
-    transcoder's batches are (input, output) pairs [B, 2, D] and its metrics are against the output."""
+    transcoder's batches are (input, output) pairs [B, 2, D] and its metrics are against the output.
+
+    ``comm``: with latent shards (``comm.shards``, saes.comm), ``model`` is this shard's latents and every shard
+    passes the same batches: each codes its latents (:meth:`SparseCoder.codes`), the reconstruction is the sum of
+    the shards' parts, and the per-latent counts are joined, so every shard gets the whole dictionary's result
+    without any of them holding it."""
+    shards = comm.shards
     device = model.W_enc.device
     s = _Sums(model.n_sources, model.d_in, model.n_latents, device)
     for x in batches:
@@ -187,13 +195,16 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
             xf, target = xf[: max_rows - s.n], target[: max_rows - s.n]
         if xf.shape[0] == 0:
             break
-        f = model.spec.encode(model, xf)
-        s.add(target, model.reconstruct(xf, f), f)
+        f = model.codes(xf, comm)
+        s.add(target, model.reconstruct(xf, f, comm), f)
         if max_rows is not None and s.n >= max_rows:
             break
     if s.n == 0:
         raise ValueError("evaluate() got no rows: pass at least one non-empty batch")
-    return _result(model, s)
+    if shards.size > 1:  # each shard counted its latents' firings: the L0 is their sum, the densities joined
+        s.l0 = shards.all_sum(s.l0)
+        s.fires = shards.gather_rows(s.fires)
+    return _result(model, s, model.n_latents * shards.size)
 
 
 def combine_layers(results: list[EvalResult], kind: str) -> EvalResult:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from .comm import LOCAL, shard_bias, shard_sum
 from .kinds import KINDS, KindSpec, TrainOutput, kind_spec
 from .kinds.common import pre_activations, relative_acts
 
@@ -167,11 +168,23 @@ class SparseCoder(nn.Module):
         others stay zero. None for every other kind."""
         return self.dec_mask if self.spec.layered else None
 
-    def reconstruct(self, x: Tensor, f: Tensor) -> Tensor:
+    def reconstruct(self, x: Tensor, f: Tensor, comm: "Comm" = LOCAL) -> Tensor:
         """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
-        f W_dec + b_dec, plus x W_skip for kinds with a skip path."""
-        out = f @ self.W_dec + self.b_dec
-        return out + x @ self.W_skip if self.spec.skip else out
+        f W_dec + b_dec, plus x W_skip for kinds with a skip path. With latent shards (``comm.shards``, saes.comm)
+        f is this shard's latents' code [B, L_s]: each shard decodes its part and the parts are summed, the biases
+        and the skip path counted once."""
+        out = f @ self.W_dec + shard_bias(self.b_dec, comm)
+        if self.spec.skip and comm.shards.rank == 0:
+            out = out + x @ self.W_skip
+        return shard_sum(out, comm)
+
+    def codes(self, x: Tensor, comm: "Comm" = LOCAL) -> Tensor:
+        """Dense codes [B, L] of the flattened input x [B, S*D] under the inference rule (what :meth:`encode` gives
+        after flattening); with latent shards, this shard's latents' codes [B, L_s], chosen among every shard's
+        where the rule selects across latents (``KindSpec.shard_encode``: per-row TopK)."""
+        if comm.shards.size > 1 and self.spec.shard_encode is not None:
+            return self.spec.shard_encode(self, x, comm)
+        return self.spec.encode(self, x)
 
     def unflatten_output(self, x_flat: Tensor) -> Tensor:
         """[B, S*D] -> [B, D] (S = 1) or [B, S, D]."""
@@ -273,15 +286,25 @@ class SparseCoder(nn.Module):
                 f"n_sources={self.n_sources}")
 
 
-def gather_shards(model: SparseCoder, shards: Comm) -> SparseCoder:
-    """The whole dictionary (with its training parameters) out of every latent shard's ``model``, on every shard."""
-    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
-                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
-    whole.add_train_params()
+def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> SparseCoder | None:
+    """The whole dictionary (with the training parameters ``model`` holds) out of every latent shard's ``model``, on
+    every shard; ``to_first``: on shard 0 alone (the others only send theirs and get None), e.g. to save it."""
     state = {}
     for name, t in model.state_dict().items():
         axis = model.latent_axis(name)
         t = t.detach()
-        state[name] = t if axis is None else shards.gather_rows(t.movedim(axis, 0).contiguous()).movedim(0, axis)
+        if axis is None:
+            state[name] = t
+            continue
+        rows = t.movedim(axis, 0).contiguous()
+        joined = shards.gather_to_first(rows) if to_first else shards.gather_rows(rows)
+        state[name] = None if joined is None else joined.movedim(0, axis)
+    if to_first and shards.rank != 0:
+        return None
+    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
+                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
+    if set(state) - set(whole.state_dict()):  # the training parameters, when ``model`` still has them
+        whole.add_train_params()
     whole.load_state_dict(state)
+    whole.training_summary = getattr(model, "training_summary", None)
     return whole

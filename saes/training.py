@@ -45,7 +45,7 @@ from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_cou
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
-from .model import SparseCoder, gather_shards, kind_spec
+from .model import SparseCoder, kind_spec
 from . import stopping
 from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
@@ -275,7 +275,8 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     ``batches`` yields THIS process's part of every batch (``activations.stream_batches(..., part=(rank,
     world_size))``), every process returns the same dictionary (equal to one process's), only rank 0 writes
     ``out``, which must be on a filesystem every process reads when resuming. A checkpoint resumes under any
-    number of processes."""
+    number of processes. With latent shards each process returns its shard's latents (L / N of them; the artifact
+    in ``out`` is the whole dictionary; ``saes.model.gather_shards`` joins the shards in memory)."""
     return train_sweep([cfg], batches, outs=[out], resume=resume, metas=[meta], sinks=[sink], source=source,
                        comm=comm)[0]
 
@@ -321,11 +322,10 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
             raise ValueError(f"{source} yielded no training batches (after {len(job.data.held_out)} held-out ones)")
         _save(job, comm)
         _settle_threshold(cfg, run, job.last_x, comm)
-        if comm.shards.size > 1:  # one ordinary dictionary from here on, on every process (Adam state freed first)
-            run.model.zero_grad(set_to_none=True)
-            run = job.run = run._replace(opt=None)
-            run = job.run = run._replace(model=gather_shards(run.model, comm.shards))
-        models.append(_finish(run, cfg, job.data, job.out, meta, job.metrics))
+        run.model.zero_grad(set_to_none=True)  # the weights from here on: the gradients and Adam state freed
+        run = job.run = run._replace(opt=None)
+        models.append(_finish(run, cfg, job.data, job.shard_out, meta, job.metrics, comm))
+    comm.shards.barrier()  # every shard's files written before any process returns
     comm.barrier()
     return models
 
@@ -410,10 +410,11 @@ def _settle_threshold(cfg: TrainConfig, run: Run, last_x: Tensor | None, comm: C
 
 
 def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, meta: dict[str, Any] | None,
-            last: dict[str, float] | None) -> SparseCoder:
+            last: dict[str, float] | None, comm: Comm) -> SparseCoder:
     """Fold the normalisation into the weights, calibrate the threshold on the calibration rows, evaluate on
-    the held-out rows, save the artifact."""
-    from .artifact import save_dictionary
+    the held-out rows, save the artifact (``out``: on data rank 0 of every latent shard). With latent shards each
+    shard does all of it on its latents through the seam (saes.shards), never holding the whole dictionary."""
+    from .shards import save_trained
 
     model, st, held_out = run.model, run.state, data.held_out
     if model.spec.finish is not None:
@@ -432,12 +433,13 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     }
     model.training_summary = summary  # before calibrating and evaluating: crosscoders read the folded scale from it
     if model.spec.uses_threshold:
-        summary["threshold"] = threshold_summary(model, data.calibration)
+        summary["threshold"] = threshold_summary(model, data.calibration, comm)
     if held_out:
-        result = evaluate(model, held_out)
+        result = evaluate(model, held_out, comm=comm)
         summary["heldout_eval"] = result.to_dict()
         log.info("held-out (%d rows): fvu %.4f | l0 %.2f (k=%d) | dead %.2f%%", result.n_tokens, result.fvu,
                  result.l0, model.k, 100 * result.dead_fraction)
-    if out is not None:
-        save_dictionary(model, out, extra=dict(meta or {}))
+    how = save_trained(model, out, dict(meta or {}), comm, cfg.single_file_gib)
+    if how is not None and is_main(comm) and comm.shards.size > 1:
+        log.info("saved the dictionary of %d latents in %s as %s", model.n_latents * comm.shards.size, out, how)
     return model

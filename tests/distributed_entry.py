@@ -7,7 +7,8 @@
 ``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train
 data-parallel, latent-sharded with its config's ``latent_shards`` (``saes.train`` over
 ``saes.distributed.process_group_comm``) on this rank's data part (``stream_batches(part=...)``) and, on rank 0,
-save the weights (other ranks: WEIGHTS.rankN). ``cache``: ``cache_distributed`` of the spec's
+save the weights (other ranks: WEIGHTS.rankN; latent shards: the shards joined); a run with ``sweep`` (configs)
+trains them in one ``train_sweep`` pass into its ``outs``. ``cache``: ``cache_distributed`` of the spec's
 CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that many
 full-size forwards, once its first shard is listed (a killed rank). ``cli``: the command line
 ``conceptdict SPEC["argv"]`` (its exit status is the process's). The job is joined as the command line joins it
@@ -62,12 +63,14 @@ def run_train(spec: dict) -> None:
     from conceptdict import ranks
     from conceptdict.saes import train, train_config
     from conceptdict.saes.distributed import process_group_comm
+    from conceptdict.saes.training import train_sweep
 
     w = ranks.current()
     comms = {}  # one seam per latent-shard count (its groups are made once, by every rank alike)
 
     for run in spec["runs"]:
-        cfg = train_config(**run["config"])
+        sweep = [train_config(**c) for c in run.get("sweep", [])]  # several dictionaries on one pass (train_sweep)
+        cfg = sweep[0] if sweep else train_config(**run["config"])
         stores = [ActivationStore(p) for p in run["stores"]]
         hps = run["hookpoints"]
         comm = comms.setdefault(cfg.latent_shards, process_group_comm(cfg.latent_shards))
@@ -80,12 +83,20 @@ def run_train(spec: dict) -> None:
                     raise KeyboardInterrupt  # the job is killed before reading this global batch
                 yield x
 
+        if sweep:
+            train_sweep(sweep, batches, outs=run["outs"], comm=comm)  # the artifacts in outs are what the test reads
+            continue
         try:
             model = train(cfg, batches, out=run.get("out"), resume=run.get("resume", False), comm=comm)
         except KeyboardInterrupt:
             if run.get("interrupt_at") is None:
                 raise
             continue
+        if cfg.latent_shards > 1:  # each rank returns its shard's latents: join them to compare the whole
+            from conceptdict.saes.model import gather_shards
+
+            assert model.n_latents == cfg.latents // cfg.latent_shards, (model.n_latents, cfg.latents)
+            model = gather_shards(model, comm.shards)
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         if w.main:
             save_file(state, run["weights"])

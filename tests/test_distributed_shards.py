@@ -23,6 +23,8 @@ from conceptdict.saes import reads_several_sources, train, train_config
 KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
 LAYOUTS = {"2": (2, 2), "4": (4, 4), "2x2": (2, 4)}
 """name -> (latent shards, processes)."""
+SEVERAL = ("2", "2x2")
+"""The layouts whose runs save one weights file per shard (``single_file_gib=0``); 4 shards gather onto the writer."""
 
 
 def hookpoints(kind: str) -> list[str]:
@@ -42,9 +44,10 @@ def sharded_runs(tmp_path_factory):
     launches: dict[int, list[dict]] = {2: [], 4: []}
     for name, (shards, nproc) in LAYOUTS.items():
         for kind in KINDS:
-            launches[nproc].append({"config": base_config(kind, latent_shards=shards), "stores": [str(store)],
-                                    "hookpoints": hookpoints(kind), "weights": str(tmp / f"{kind}-{name}.safetensors"),
-                                    **({"out": str(tmp / f"{kind}-2")} if name == "2" else {})})
+            several = {"single_file_gib": 0} if name in SEVERAL else {}
+            launches[nproc].append({"config": base_config(kind, latent_shards=shards, **several),
+                                    "stores": [str(store)], "hookpoints": hookpoints(kind),
+                                    "weights": str(tmp / f"{kind}-{name}.safetensors"), "out": str(tmp / f"{kind}-{name}")})
     clip = base_config("topk", grad_clip=0.05)  # the clipping is active at every step (the norm counts every shard)
     refs["clipped"] = state(one_process(store, ["a"], train_config(**clip)))
     launches[2].append({"config": {**clip, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
@@ -53,6 +56,9 @@ def sharded_runs(tmp_path_factory):
     refs["stopping"] = state(one_process(store, ["a"], train_config(**stop), out=tmp / "stop-1"))
     launches[2].append({"config": {**stop, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
                         "out": str(tmp / "stop-2"), "weights": str(tmp / "stopping.safetensors")})
+    launches[2].append({"sweep": [base_config("topk", latent_shards=2, single_file_gib=0),  # one pass, two dictionaries
+                                  base_config("batchtopk", latent_shards=2)], "stores": [str(store)],
+                        "hookpoints": ["a"], "outs": [str(tmp / "sweep-topk"), str(tmp / "sweep-batchtopk")]})
     out = tmp / "resharded"
     cfg = base_config("batchtopk", checkpoint_every=6)
     one = {"stores": [str(store)], "hookpoints": ["a"], "out": str(out), "weights": str(tmp / "never.safetensors")}
@@ -74,7 +80,7 @@ def test_latent_shards_train_the_one_process_dictionary(sharded_runs, kind, layo
     tmp, refs, _ = sharded_runs
     path = tmp / f"{kind}-{layout}.safetensors"
     got = load_file(path)
-    assert got["W_dec"].shape[0] == 64, "the returned dictionary is the whole one, not a shard"
+    assert got["W_dec"].shape[0] == 64, "the shards joined (tests/distributed_entry.py) are not the whole dictionary"
     for r in range(1, LAYOUTS[layout][1]):
         assert max_diff(got, load_file(f"{path}.rank{r}")) == 0.0, f"{kind} on {layout}: rank {r} holds another"
     diff = max_diff(got, refs[kind])
@@ -90,6 +96,72 @@ def test_sharded_runs_report_the_one_process_metrics(sharded_runs, kind):
     one, two = (json.loads((tmp / f"{kind}-{n}" / "config.json").read_text())["training"]["last_step"] for n in (1, 2))
     for key in ("loss", "fvu", "l0", "aux", "dead"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), f"{kind}: {key} {two[key]} vs {one[key]}"
+
+
+SUMMARY_KEYS = ("n_tokens", "fvu", "mse", "l0", "cos_sim", "l2_ratio", "rel_recon_bias", "explained_variance_saebench",
+                "dead_fraction", "dense_fraction", "n_latents")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_sharded_artifact_and_its_summary_are_one_process(sharded_runs, kind, layout):
+    """The end of a sharded run calibrates, evaluates and saves on the shards: 2 shards and 2 x 2 save one file per
+    shard (``single_file_gib=0``), 4 shards gather onto the one writer; ``cd.load`` reads the one-process dictionary
+    within 1e-4, and the end-of-run summary (calibrated threshold, held-out FVU, L0, dead share, ...) matches."""
+    import conceptdict as cd
+    from conceptdict.saes.artifact import INDEX_FILE, disk_tensors, part_file
+
+    tmp, _, _ = sharded_runs
+    out, n = tmp / f"{kind}-{layout}", LAYOUTS[layout][0]
+    want = [INDEX_FILE, *(part_file(i, n) for i in range(n))] if layout in SEVERAL else ["weights.safetensors"]
+    assert sorted(p.name for p in out.glob("weights*")) == sorted(want)
+    one, got = cd.load(tmp / f"{kind}-1"), cd.load(out)
+    assert got.n_latents == 64
+    diff = max_diff(disk_tensors(got), disk_tensors(one))
+    assert diff < 1e-4, f"{kind} on {layout}: the saved dictionary differs from 1 process by {diff:.2e}"
+    a, b = one.config["training"], got.config["training"]
+    for key in SUMMARY_KEYS:
+        assert b["heldout_eval"][key] == pytest.approx(a["heldout_eval"][key], rel=1e-4, abs=1e-6), \
+            f"{kind} on {layout}: held-out {key} {b['heldout_eval'][key]} vs {a['heldout_eval'][key]}"
+    assert b["heldout_eval"]["density_histogram"] == a["heldout_eval"]["density_histogram"]
+    assert ("threshold" in a) == ("threshold" in b)
+    for key, value in a.get("threshold", {}).items():
+        if isinstance(value, float):
+            assert b["threshold"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), f"{kind}: threshold {key}"
+        else:
+            assert b["threshold"][key] == value, f"{kind}: threshold {key}"
+
+
+@pytest.mark.integration
+def test_a_sweep_trains_sharded_dictionaries_in_one_pass(sharded_runs):
+    """``train_sweep`` with latent shards: topk (one file per shard) and batchtopk (gathered onto the writer) on one
+    pass over the batches end as each alone in one process."""
+    import conceptdict as cd
+    from conceptdict.saes.artifact import disk_tensors
+
+    tmp, _, _ = sharded_runs
+    for kind in ("topk", "batchtopk"):
+        diff = max_diff(disk_tensors(cd.load(tmp / f"sweep-{kind}")), disk_tensors(cd.load(tmp / f"{kind}-1")))
+        assert diff < 1e-4, f"{kind} in a sharded sweep differs from 1 process by {diff:.2e}"
+    assert (tmp / "sweep-topk" / "weights.index.json").exists()
+    assert (tmp / "sweep-batchtopk" / "weights.safetensors").exists()
+
+
+@pytest.mark.integration
+def test_a_missing_shard_file_of_a_run_is_named(sharded_runs, tmp_path):
+    import shutil
+
+    import conceptdict as cd
+
+    tmp, _, store = sharded_runs
+    copy = tmp_path / "topk"
+    shutil.copytree(tmp / "topk-2", copy)
+    (copy / "weights-00001-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="weights-00001-of-00002.safetensors is missing"):
+        cd.load(copy)
+    with pytest.raises(ValueError, match="weights-00001-of-00002.safetensors is missing"):
+        cd.evaluate(copy, store=str(store), hookpoint="a")
 
 
 @pytest.mark.integration
@@ -177,6 +249,12 @@ def test_the_command_line_trains_sharded_and_every_command_reads_the_artifact(sh
     assert two.metrics.l0 == pytest.approx(one.metrics.l0, abs=1e-3)
     assert main(["export", str(sharded), "--format", "saelens", "--out", str(tmp_path / "saelens")]) == 0
     assert cd.load(tmp_path / "saelens").n_latents == 64
+    several = sharded_runs[0] / "topk-2"  # a 2-shard run saved one file per shard
+    files = cd.evaluate(several, store=str(store), hookpoint="a", out=tmp_path / "files.json")
+    whole = cd.evaluate(sharded_runs[0] / "topk-1", store=str(store), hookpoint="a", out=tmp_path / "whole.json")
+    assert files.metrics.fvu == pytest.approx(whole.metrics.fvu, abs=1e-4)
+    assert main(["export", str(several), "--format", "saelens", "--out", str(tmp_path / "saelens-files")]) == 0
+    assert cd.load(tmp_path / "saelens-files").n_latents == 64
 
 
 @pytest.mark.unit
@@ -199,3 +277,69 @@ def test_shards_draw_the_one_process_initialisation_block_by_block(d, latents, s
     g = torch.Generator().manual_seed(7)
     blocks = [torch.randn((e - s, d), generator=g) for s, e in _draw_blocks(latents, d, elements=256)]
     assert len(blocks) > 1 and torch.equal(torch.cat(blocks), whole)
+
+
+def blocks_of(whole, parts: int) -> list:
+    """``whole`` cut into ``parts`` latent blocks, each a SparseCoder of its latents (as latent shards hold them)."""
+    from conceptdict.saes.model import SparseCoder
+
+    n = whole.n_latents // parts
+    out = []
+    for i in range(parts):
+        part = SparseCoder(whole.d_in, n, whole.k, whole.kind, n_sources=whole.n_sources)
+        part.load_state_dict({name: t if whole.latent_axis(name) is None else
+                              t.narrow(whole.latent_axis(name), i * n, n) for name, t in whole.state_dict().items()})
+        part.training_summary = {"steps": 3}
+        out.append(part)
+    return out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind, sources", [("topk", 1), ("batchtopk", 1), ("jumprelu", 1), ("crosscoder", 2)])
+def test_a_dictionary_saved_in_latent_blocks_loads_as_one(tmp_path, kind, sources):
+    """Each latent block written as its own weights-0000I-of-0000N.safetensors plus weights.index.json: ``cd.load``
+    (every command's loader) reads the one dictionary, bit for bit; a single file saved there later replaces them."""
+    import conceptdict as cd
+    from conceptdict.saes import evaluate
+    from conceptdict.saes.artifact import INDEX_FILE, disk_tensors, finish_parts, save_dictionary, save_dictionary_part
+    from conceptdict.saes.model import SparseCoder
+
+    torch.manual_seed(0)
+    whole = SparseCoder(6, 64, 4, kind, n_sources=sources)
+    with torch.no_grad():
+        for t in whole.state_dict().values():
+            t.copy_(torch.rand_like(t) + 0.1 if t.dim() == 1 and t.numel() in (64, sources) else torch.randn_like(t))
+    blocks = blocks_of(whole, 4)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp_path, i, 4)
+    finish_parts(blocks[0], tmp_path, 4, extra={"hookpoints": ["a"]})
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["config.json", INDEX_FILE,
+                            *(f"weights-0000{i}-of-00004.safetensors" for i in range(1, 5))])
+    loaded = cd.load(tmp_path)
+    assert loaded.n_latents == 64 and loaded.config["hookpoints"] == ["a"]
+    assert loaded.config["training"]["steps"] == 3
+    saved = disk_tensors(loaded)
+    for name, t in disk_tensors(whole).items():  # what the format saves of it
+        assert torch.equal(saved[name], t), f"{kind}: {name} differs after the blocks are joined"
+    x = torch.randn(32, sources, 6) if sources > 1 else torch.randn(32, 6)
+    assert evaluate(loaded, [x]).fvu == evaluate(whole, [x]).fvu
+    save_dictionary(whole, tmp_path)  # the ordinary artifact over the blocks: they go
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "weights.safetensors"]
+    assert torch.equal(cd.load(tmp_path).W_dec, whole.W_dec)
+
+
+@pytest.mark.unit
+def test_a_missing_latent_block_file_is_named(tmp_path):
+    from conceptdict.saes import FormatError, load_dictionary
+    from conceptdict.saes.artifact import finish_parts, save_dictionary_part
+    from conceptdict.saes.model import SparseCoder
+
+    blocks = blocks_of(SparseCoder(6, 64, 4, "topk"), 2)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp_path, i, 2)
+    finish_parts(blocks[0], tmp_path, 2)
+    (tmp_path / "weights-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FormatError, match=r"weights-00002-of-00002.safetensors is missing: .* saved in 2 files "
+                                          r"\(weights.index.json names them\).*copy every file the index names"):
+        load_dictionary(tmp_path)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..artifact import CONFIG_FILE, FORMAT, WEIGHTS_FILE, load_native, load_native_config
+from ..artifact import CONFIG_FILE, FORMAT, INDEX_FILE, WEIGHTS_FILE, load_native, load_native_config
 from .common import Loaded
 from .files import read_json
 
-NEEDS = f"{CONFIG_FILE} with format {FORMAT!r} + {WEIGHTS_FILE}"
+NEEDS = f"{CONFIG_FILE} with format {FORMAT!r} + {WEIGHTS_FILE} (or {INDEX_FILE} and the files it names)"
 
 
 def matches(directory: Path) -> bool:

@@ -86,6 +86,10 @@ class KindSpec:
     mixed_precision: bool = False
     """Whether its training forward passes ``StepInputs.matmul_dtype`` to ``kernels.encode`` (its one dense matmul),
     so that it trains with ``TrainConfig.precision`` bf16 / fp16; other kinds train in float32 only."""
+    shard_encode: Callable[["SparseCoder", Tensor, Any], Tensor] | None = None
+    """(model, x_flat [B, S*D], comm) -> this latent shard's dense codes [B, L_s] for an inference rule that selects
+    across latents (per-row TopK: among every shard's, through ``comm.shards``); None: ``encode`` on each shard's
+    latents is the rule (thresholds, ReLU)."""
     shardable: bool = False
     """Whether it trains with its latents split over processes (``TrainConfig.latent_shards``): its forward selects
     through the seam's ``shards`` (saes.kinds.common), its per-latent state is what ``SparseCoder.latent_axis``

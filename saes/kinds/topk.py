@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .. import kernels
 from ..comm import StepInputs
-from .common import sparse_train_forward
+from .common import shard_code, sparse_train_forward
 from .spec import KindSpec, TrainOutput
 
 if TYPE_CHECKING:
@@ -27,6 +27,14 @@ def encode(model: "SparseCoder", x: Tensor) -> Tensor:
     )
 
 
+def shard_encode(model: "SparseCoder", x: Tensor, comm) -> Tensor:
+    """Inference over latent shards: each shard's per-row top k, kept where it is among the row's k largest of
+    every shard's (``common.shard_code``)."""
+    code = kernels.encode_topk(x - model.b_dec, model.W_enc, model.b_enc, model.k, impl=model.kernel_impl)
+    return torch.zeros(x.shape[0], model.n_latents, dtype=x.dtype, device=x.device).scatter_(
+        1, code.indices, shard_code(code.values, model.k, comm))
+
+
 # topk keeps the shared defaults (saes.kinds.spec.SHARED_DEFAULTS; docs/results/defaults.md)
 KINDS = (KindSpec(train_forward, encode, uses_aux=True, uses_threshold=False, name="topk", mixed_precision=True,
-                  shardable=True),)
+                  shard_encode=shard_encode, shardable=True),)
