@@ -140,16 +140,16 @@ def mean_gap(row: dict) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     broad = any("broad" in r for r in rows)
-    head = (f"| corpus | rows | classes | probe | CBM (own) | gap | mean gap (seeds) | steps (upper bound) | "
-            f"held-out FVU | train s | name s | cbm s |" + (" CBM (broad) | gap | mean gap (seeds) | broad FVU | cbm s | "
-                                                            "rows in broad text |" if broad else ""))
+    head = ("| corpus | rows | classes | probe | CBM (own) | gap | mean gap (seeds) | steps (upper bound) | "
+            "held-out FVU | train s | name s | cbm s |")
+    head += " CBM (broad) | gap | mean gap (seeds) | broad FVU | cbm s | rows in broad text |" if broad else ""
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         o = r["own"]
         line = (f"| {r['corpus']} | {r['rows']} | {r['classes']} | {100 * o['probe_accuracy']:.1f}% | "
                 f"{100 * o['cbm_accuracy']:.1f}% | {o['gap_points']:+.1f} | {mean_gap(o)} | "
-                f"{r['steps']} ({r['upper_bound']}) | "
-                f"{r['heldout_fvu']:.3f} | {r['train_seconds']:.0f} | {r['name_seconds']:.0f} | {o['cbm_seconds']:.0f} |")
+                f"{r['steps']} ({r['upper_bound']}) | {r['heldout_fvu']:.3f} | {r['train_seconds']:.0f} | "
+                f"{r['name_seconds']:.0f} | {o['cbm_seconds']:.0f} |")
         if "broad" in r:
             b = r["broad"]
             line += (f" {100 * b['cbm_accuracy']:.1f}% | {b['gap_points']:+.1f} | {mean_gap(b)} | "

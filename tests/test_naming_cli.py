@@ -128,3 +128,27 @@ def test_dictionary_fit_reads_training_heldout_rows_on_its_own_store_and_all_row
     assert own["rows_from"] == "training's held-out batches" and own["fvu"] == pytest.approx(own["training_fvu"])
     other = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "other"), "hp")
     assert other["rows_from"] == "not trained on" and other["rows"] == 300 and 0 < other["fvu"] < 1
+
+
+def test_name_reads_a_dictionary_saved_in_latent_blocks_like_its_single_file(setup, capsys):
+    """What a latent-sharded run above ``single_file_gib`` writes (one weights file per shard + weights.index.json)
+    is named exactly as the same dictionary saved as one file."""
+    from test_distributed_shards import blocks_of
+
+    import conceptdict as cd
+    from conceptdict.saes.artifact import finish_parts, save_dictionary_part
+
+    tmp, sae = setup
+    whole = cd.load(sae)
+    blocks = blocks_of(whole, 2)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp / "sae-blocks", i, 2)
+    finish_parts(blocks[0], tmp / "sae-blocks", 2, extra={k: whole.config[k] for k in ("stores", "hookpoints")})
+    assert len(list((tmp / "sae-blocks").glob("weights-*-of-00002.safetensors"))) == 2
+    common = ["--vocab", str(tmp / "words.txt"), "--model", "planted", "--cache-dir", str(tmp / "cache"),
+              "--top-k", "5"]
+    for src, out in [(sae, "named-one"), (tmp / "sae-blocks", "named-blocks")]:
+        assert main(["name", str(src), *common, "--out", str(tmp / out)]) == 0, capsys.readouterr().out
+    one, split = (json.loads((tmp / out / "concepts.json").read_text())["concepts"]
+                  for out in ("named-one", "named-blocks"))
+    assert [c["name"] for c in split] == WORDS[:6] and split == one
