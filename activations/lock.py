@@ -105,11 +105,30 @@ def _acquire(path: Path, what: str) -> int:
     raise StoreLocked(f"could not take the writer lock {path}: it keeps being replaced; retry")
 
 
+def _acquire_waiting(path: Path, what: str, wait: float, poll: float) -> int:
+    """:func:`_acquire`, trying again every ``poll`` seconds for up to ``wait`` seconds while another process holds
+    the lock (logged once); the last StoreLocked is raised when the time is up."""
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)  # the holder removes the folder it made when it leaves it empty
+        try:
+            return _acquire(path, what)
+        except StoreLocked as e:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                log.warning("%s; waiting for it to finish", e)
+                said = True
+            time.sleep(poll)
+
+
 @contextlib.contextmanager
-def writer_lock(directory: Path, what: str = "store") -> Iterator[Path]:
+def writer_lock(directory: Path, what: str = "store", wait: float = 0.0, poll: float = 5.0) -> Iterator[Path]:
     """Hold the writer lock of ``directory`` (a store, or a command's --out: ``what`` names it in the message) for
     the ``with`` block; creates the directory and removes it again when it was created here and is left empty.
-    Re-entrant within a process: a block inside another one for the same directory holds the same lock."""
+    Re-entrant within a process: a block inside another one for the same directory holds the same lock. While
+    another process holds it: raise StoreLocked at once, or after waiting up to ``wait`` seconds (``math.inf``:
+    until it is free), trying again every ``poll`` seconds and saying so once."""
     directory = Path(directory)
     key = os.path.realpath(directory)
     if key in _HELD:
@@ -118,7 +137,7 @@ def writer_lock(directory: Path, what: str = "store") -> Iterator[Path]:
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    fd = _acquire(path, what)
+    fd = _acquire_waiting(path, what, wait, poll)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     os.ftruncate(fd, 0)

@@ -12,14 +12,14 @@ store at the same hookpoint: ``cd.cbm(broad.concepts, dataset=STORE, ...)``."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from conceptdict.settings import config_from_dict
 
@@ -93,13 +93,15 @@ def broad_dictionary(**settings: Any) -> BroadDictionary:
     """The broad dictionary of ``model`` at ``hookpoint`` (``conceptdict broad``): read from the cache, or built
     (cache the broad text, train with train's defaults, name with name's) and cached. Settings are
     :class:`BroadConfig`'s."""
+    from conceptdict.activations.lock import writer_lock
+
     cfg = config_from_dict(BroadConfig, settings, "broad")
     root = broad_root(cfg)
     cached = None if cfg.fresh else _cached(root)
     if cached is not None:
         log.info("broad dictionary from cache %s", root)
         return cached
-    with _build_lock(root):
+    with writer_lock(root, "broad dictionary", wait=math.inf):  # another process building it: wait, then reuse
         cached = None if cfg.fresh else _cached(root)  # built by the process this one waited for
         if cached is not None:
             return cached
@@ -108,27 +110,6 @@ def broad_dictionary(**settings: Any) -> BroadDictionary:
         info = _build(cfg, root)
         (root / DONE_FILE).write_text(json.dumps(info, indent=1, default=str) + "\n")  # written last: finished
     return _result(root, info, built=True)
-
-
-@contextlib.contextmanager
-def _build_lock(root: Path, poll: float = 5.0) -> Iterator[None]:
-    """The build's writer lock on ``root``, held for the ``with`` block; waits (saying so) while another process
-    builds the same dictionary."""
-    from conceptdict.activations.lock import StoreLocked, writer_lock
-
-    while True:
-        try:
-            lock = writer_lock(root, "broad dictionary")
-            lock.__enter__()
-        except StoreLocked as e:
-            log.warning("%s; waiting for it to finish", e)
-            time.sleep(poll)
-            continue
-        try:
-            yield
-        finally:
-            lock.__exit__(None, None, None)
-        return
 
 
 def _cached(root: Path) -> BroadDictionary | None:

@@ -188,22 +188,21 @@ def test_the_broad_texts_are_datasets_cache_reads_keyed_by_the_installed_package
 
 def test_an_interrupted_build_goes_on_from_its_store_and_checkpoint_and_a_second_builder_waits(
         broad_settings, monkeypatch, caplog):
-    from conceptdict import broad_api
     from conceptdict.activations import lock
 
     first = cd.broad_dictionary(**broad_settings)
     shards = {p: p.stat().st_mtime_ns for p in first.store.glob("*.safetensors")}
     (first.root / "broad.json").unlink()  # killed after training, before the end of the build
-    real, calls = lock.writer_lock, []
+    real, calls = lock._acquire, []
 
-    def held_once(directory, what="store"):  # another process holds the build's lock at the first try
+    def held_once(path, what):  # another process holds the build's lock at the first try
         calls.append(what)
         if len(calls) == 1:
-            raise lock.StoreLocked(f"{directory} is being written by pid 1")
-        return real(directory, what)
+            raise lock.StoreLocked(f"{path.parent} is being written by pid 1")
+        return real(path, what)
 
-    monkeypatch.setattr(lock, "writer_lock", held_once)
-    monkeypatch.setattr(broad_api.time, "sleep", lambda s: None)
+    monkeypatch.setattr(lock, "_acquire", held_once)
+    monkeypatch.setattr(lock.time, "sleep", lambda s: None)
     with caplog.at_level("WARNING"):
         again = cd.broad_dictionary(**broad_settings)
     assert calls[:2] == ["broad dictionary", "broad dictionary"] and "waiting for it to finish" in caplog.text

@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -176,6 +177,23 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_stale_lock_is_taken_o
     with writer_lock(d):  # nobody holds the flock: a writer that died
         pass
     assert "taking over the stale writer lock of pid 999999999 on host elsewhere" in caplog.text
+
+
+
+def test_a_writer_asked_to_wait_takes_the_lock_once_the_first_lets_it_go_and_gives_up_after_its_wait(tmp_path):
+    d = tmp_path / "store"
+    code = ("import sys; from conceptdict.activations.lock import writer_lock\n"
+            "with writer_lock(sys.argv[1], wait=float(sys.argv[2]), poll=0.05): print('got it')")
+    with writer_lock(d):
+        gives_up = subprocess.run([sys.executable, "-c", code, str(d), "0.3"], capture_output=True, text=True)
+        waits = subprocess.Popen([sys.executable, "-c", code, str(d), "60"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # long enough for it to start and find the lock held (its timing is not asserted)
+        assert waits.poll() is None  # still waiting, not refused
+    out, err = waits.communicate(timeout=60)
+    assert gives_up.returncode != 0 and "StoreLocked" in gives_up.stderr and "waiting for it to finish" in \
+        gives_up.stderr
+    assert waits.returncode == 0 and out.strip() == "got it" and err.count("waiting for it to finish") == 1
 
 
 # ---------------------------------------------------------------- input checks at the door
