@@ -102,11 +102,11 @@ def cbm_seeds(concepts: Path, out: Path, seeds: int, **kw) -> dict:
     return {**row, "gaps_by_seed": gaps, "mean_gap_points": statistics.fmean(gaps), "mean_gap_se": se}
 
 
-def measure(name: str, args, broad: Path | None, own: dict | None = None) -> dict:
+def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = None) -> dict:
     store = task_store(name, args.work)
     run = args.work / "runs" / name
     if own is not None:
-        return {**own, **broad_row(store, run, broad, args.seeds)}
+        return {**own, **broad_row(store, run, broad, args.seeds, broad_texts)}
     sae, t_train = timed(cd.train, store=[store], hookpoint=[HOOKPOINT], out=run / "sae", overwrite=True, **FLAGS)
     _, t_name = timed(cd.name, run / "sae", vocab=VOCAB, out=run / "concepts", overwrite=True)
     own = cbm_seeds(run / "concepts", run / "cbm", args.seeds)
@@ -117,18 +117,22 @@ def measure(name: str, args, broad: Path | None, own: dict | None = None) -> dic
            "n_test": labels["n_test"], "steps": summary["steps"], "upper_bound": summary["resolved"]["total_steps"],
            "stop_fired_at": stop.get("fired_at"), "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"),
            "train_seconds": t_train, "name_seconds": t_name, "own": own}
-    return {**row, **broad_row(store, run, broad, args.seeds)}
+    return {**row, **broad_row(store, run, broad, args.seeds, broad_texts)}
 
 
-def broad_row(store: Path, run: Path, broad, seeds: int) -> dict:
+def normalised(text: str) -> str:
+    """``text`` as the overlap count compares it: "Foo bar." and "foo bar" are one text."""
+    return " ".join(text.lower().strip(" .").split())
+
+
+def broad_row(store: Path, run: Path, broad, seeds: int, broad_texts: set[str]) -> dict:
     """``conceptdict cbm BROAD_CONCEPTS --dataset STORE --label-column label``, and how many of the task's texts
-    the broad dictionary was trained on (0 by construction: the corpora draw from the held-out sources)."""
+    are in the broad text (``broad_texts``, :func:`normalised`; 0 by construction: the corpora draw from the
+    held-out sources)."""
     if broad is None:
         return {}
     row = cbm_seeds(broad.concepts, run / "cbm-broad", seeds, dataset=str(store))
-    norm = lambda t: " ".join(t.lower().strip(" .").split())  # noqa: E731 - "Foo bar." and "foo bar" are one text
-    seen = {norm(t) for t in cd.open_store(broad.store).texts() or []}
-    shared = sum(norm(t) in seen for t in cd.open_store(store).texts() or [])
+    shared = sum(normalised(t) in broad_texts for t in cd.open_store(store).texts() or [])
     return {"broad": {**row, "texts_in_broad_text": shared}}
 
 
@@ -162,15 +166,16 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    broad = None
+    broad, broad_texts = None, set()
     if args.broad:
         broad, t = timed(cd.broad_dictionary)
         print(f"broad dictionary: {broad.concepts} ({broad.texts} texts; {t:.0f} s, "
               f"{'built' if broad.built else 'cached'})")
+        broad_texts = {normalised(t) for t in cd.open_store(broad.store).texts() or []}  # read once, for every corpus
     rows = []
     earlier = {r["corpus"]: r for r in json.loads(args.own_from.read_text())["rows"]} if args.own_from else {}
     for name in args.corpus or (list(earlier) if earlier else DEFAULT_CORPORA):
-        rows.append(measure(name, args, broad, earlier.get(name)))
+        rows.append(measure(name, args, broad, broad_texts, earlier.get(name)))
         print("\n".join(table(rows)[-1:]), flush=True)
     print("\n".join(table(rows)))
     worst = max(max(r["own"]["gap_points"], r.get("broad", {}).get("gap_points", -100)) for r in rows)

@@ -28,7 +28,7 @@ import inspect
 import sysconfig
 from pathlib import Path
 
-from conceptdict.activations.broad import apt_packages, held_out, man_pages
+from conceptdict.activations.broad import apt_packages, clip, held_out, man_pages
 
 PER_CLASS = 300
 """At most this many texts per label (so each corpus stays at a few thousand rows)."""
@@ -37,19 +37,11 @@ PER_CLASS_2 = 700
 PER_CLASS_30 = 200
 """``debian30``: texts per section of the 30-class one (the held-out half of the packages has at least 200 in 33
 sections)."""
-MIN_CHARS, MAX_CHARS = 40, 600
 
 MAN_SECTIONS = ("1", "2", "3", "5", "7", "8")
 DEBIAN_SECTIONS = ("games", "sound", "graphics", "science", "math", "fonts", "web", "net", "text", "mail")
 PY_PACKAGES = ("torch", "numpy", "sympy", "networkx", "transformers", "jinja2", "pip", "setuptools", "_pytest",
                "huggingface_hub", "numba", "fsspec")  # fmt: skip
-
-
-def _clip(text: str) -> str | None:
-    text = " ".join(text.split())
-    if len(text) < MIN_CHARS or len(text.split()) < 5:
-        return None
-    return text[:MAX_CHARS]
 
 
 def _take(pairs, per_class: int) -> list[dict]:
@@ -87,7 +79,7 @@ def _apt_packages():
 def debian(per_class: int = PER_CLASS) -> list[dict]:
     pairs = []
     for section, short, first in _apt_packages():
-        text = _clip(f"{short}. {first}") if section in DEBIAN_SECTIONS else None
+        text = clip(f"{short}. {first}") if section in DEBIAN_SECTIONS else None
         if text:
             pairs.append((section, text))
     return _take(pairs, per_class)
@@ -131,7 +123,7 @@ def pydocs(per_class: int = PER_CLASS) -> list[dict]:
                     path.relative_to(site).as_posix()):
                 continue
             for doc in _docstrings(path):
-                text = _clip(doc)
+                text = clip(doc)
                 if text:
                     pairs.append((package.lstrip("_"), text))
     return _take(pairs, per_class)
