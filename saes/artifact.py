@@ -93,8 +93,7 @@ def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = _config(model, extra, model.n_latents)
-    meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
-    save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), meta)
+    save_tensors(directory / WEIGHTS_FILE, disk_tensors(model), _file_meta(model))
     _remove(directory, [INDEX_FILE, *(p.name for p in directory.glob("weights-*-of-*.safetensors"))])
     write_json(directory / CONFIG_FILE, config)
     return directory
@@ -112,8 +111,7 @@ def save_dictionary_part(model: SparseCoder, directory: str | Path, part: int, p
     axes = disk_latent_axes(model)
     tensors = {k: v for k, v in disk_tensors(model).items() if axes[k] is not None or part == 0}
     path = directory / part_file(part, parts)
-    save_tensors(path, tensors, {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind,
-                                 "part": f"{part + 1} of {parts}"})
+    save_tensors(path, tensors, {**_file_meta(model), "part": f"{part + 1} of {parts}"})
     return path
 
 
@@ -135,6 +133,11 @@ def finish_parts(model: SparseCoder, directory: str | Path, parts: int, extra: d
                                         if p.name not in files)])
     write_json(directory / CONFIG_FILE, config)
     return directory
+
+
+def _file_meta(model: SparseCoder) -> dict[str, str]:
+    """The safetensors header metadata of every weights file of ``model``."""
+    return {"format": FORMAT, "format_version": str(FORMAT_VERSION), "kind": model.kind}
 
 
 def _remove(directory: Path, names: list[str]) -> None:
