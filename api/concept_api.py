@@ -16,6 +16,7 @@ from conceptdict.naming import (
     CbmConfig,
     CbmResult,
     ConceptDictionary,
+    concept_directions,
     NameConfig,
     dictionary_of,
     is_concept_dir,
@@ -95,7 +96,8 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
     check_sae_fits(model, config, sae, cd, store, hookpoint)
     feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling,
                            cfg.super_quantile, device=cfg.device, codes=cfg.codes)
-    result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw)
+    result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
+                       directions=concept_directions(model, feats.raw.shape[1]))
     result.metrics["dictionary"] = dictionary_fit(sae, model, store, hookpoint)
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,

@@ -23,6 +23,7 @@ from conceptdict.naming.bottleneck.cbm import (
     store_features,
     train_cbm,
 )
+from conceptdict.naming.bottleneck.features import concept_directions
 from conceptdict.naming.concepts import (
     Concept,
     ConceptDictionary,
@@ -54,8 +55,9 @@ __all__ = [
     "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "ContextNamer", "Contribution",
     "DictionaryRef", "dictionary_of",
     "Example", "Intervention", "LatentEvidence", "LlmConfig", "LlmNamer", "LogitLensNamer", "NameConfig",
-    "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence", "concept_activations",
-    "context_names", "embed_vocabulary", "explain_input", "intervene", "is_concept_dir", "load_cbm",
+    "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence",
+    "concept_activations", "concept_directions", "context_names", "embed_vocabulary", "explain_input", "intervene",
+    "is_concept_dir", "load_cbm",
     "load_concepts", "load_vocabulary", "logit_lens", "logit_lens_names", "name_dictionary", "open_sources",
     "pool_codes", "save_cbm", "save_concepts", "store_features", "train_cbm", "vocab_names", "write_report",
 ]

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from conceptdict.naming.bottleneck.cbm import CbmConfig, store_features, train_cbm
+from conceptdict.naming.bottleneck.features import concept_directions
 from conceptdict.naming.bottleneck.cbsae import (CbSae, CbSaeConfig, decode_with, fvu, lacking_concepts, prune_mask,
                                                  sim3, train_bottleneck)
 from conceptdict.naming.concepts import ConceptDictionary
@@ -88,7 +89,9 @@ def _cbm_accuracy(model, store, hookpoint: str, names: list[str], label_column: 
         return None
     cfg = CbmConfig(label_column=label_column)
     feats = store_features(model, store, hookpoint, label_column, codes=cfg.codes)
-    return float(train_cbm(feats.concepts, feats.labels, names, cfg, raw=feats.raw).metrics["accuracy"])
+    directions = concept_directions(model, feats.raw.shape[1])
+    return float(train_cbm(feats.concepts, feats.labels, names, cfg, raw=feats.raw,
+                           directions=directions).metrics["accuracy"])
 
 
 def build_cbsae(cd: ConceptDictionary, sources: Sources, user_concepts: Sequence[str], cfg: CbSaeConfig,

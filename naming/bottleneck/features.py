@@ -95,3 +95,14 @@ def store_features(
         pool_codes(codes_t, groups, pooling, quantile), pool_codes(raw_t, groups, "mean"),
         [labels[i] for i in first.tolist()],
     )  # fmt: skip
+
+
+def concept_directions(model, width: int) -> Tensor | None:
+    """[L, D]: each latent's decoder direction in the raw units of the CBM's inputs (``width`` wide), or None where
+    the decoder does not write into that space (a transcoder's output, a crosscoder's several sources): the CBM's
+    ``probe`` scale then falls back to ``std``."""
+    spec = getattr(model, "spec", None)
+    if spec is None or spec.transcodes or not hasattr(model, "decoder_directions"):
+        return None
+    d = model.decoder_directions()
+    return d.detach().float() if d.ndim == 2 and d.shape[1] == width else None

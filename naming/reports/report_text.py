@@ -85,7 +85,8 @@ def format_cbm(cbm) -> str:
     """Accuracy of a CBM beside its linear probe, its sparsity and how many concepts a prediction needs."""
     m = cbm.metrics
     cov = m["coverage"]
-    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}, {m['n_classes']} classes, "
+    scale = f", concepts scaled by {m['scale']}" if "scale" in m else ""
+    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}{scale}, {m['n_classes']} classes, "
              f"test {m['n_test']} inputs)"]
     if "probe_accuracy" in m:
         lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%  (gap {100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points)")
