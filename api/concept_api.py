@@ -141,9 +141,10 @@ def dictionary_fit(sae_dir: str | Path, model, store, hookpoint: str, rows: int 
         where = "its training store's first rows" if str(store.path.resolve()) in trained_on else "not trained on"
         batches = first_batches(store, [hookpoint], rows, 4096)
     res = evaluate(model, batches)
-    own = ((getattr(model, "training_summary", None) or {}).get("heldout_eval") or {}).get("fvu")
+    summary = getattr(model, "training_summary", None) or {}
+    own = (summary.get("heldout_eval") or {}).get("fvu")
     return {"fvu": res.fvu, "l0": res.l0, "k": res.k, "n_latents": res.n_latents, "rows": res.n_tokens,
-            "rows_from": where, "training_fvu": own}
+            "rows_from": where, "training_fvu": own, "fit_gap": summary.get("fit_gap")}
 
 
 def labelled_store(cd: ConceptDictionary, dataset: str) -> Path:

@@ -14,12 +14,15 @@ stops where an uninterrupted one does.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from .comm import Comm, StepInputs, batch_stats
+
+log = logging.getLogger(__name__)
 
 STOP_EVALS = 20
 """``stop_every`` None: the upper bound's steps over this many evaluations..."""
@@ -103,3 +106,24 @@ def observe(cfg, st, fvu: float, total: int | None) -> bool:
         return False
     s.fired_at, s.end_step = st.step, end_step(st.step, cfg.decay_fraction, total)
     return True
+
+
+MEMORISE_RATIO = 4.0
+"""A held-out FVU above this many times the last training batch's marks a dictionary that memorised its rows. On the
+held-out bench corpora (bench/cbm_accuracy.py, 1024 latents, run length by the rule above) the ratio is 10.8 and 11.0
+on the two ~1,200-row stores, where the CBM on the dictionary trails the raw probe by 3.6 and 8.2 points, and 3.7 / 2.4
+/ 1.5 on the 2,191- / 3,229- / 6,000-row ones (gaps 1.6 / 1.8 / below 0); the broad dictionary's is 1.4."""
+
+
+def fit_gap(train_fvu: float | None, heldout: float | None, n_latents: int, warn: bool = True) -> dict[str, Any] | None:
+    """The last training batch's FVU against the held-out FVU (``summary["fit_gap"]``); a warning that names the fix
+    when the dictionary reconstructs its training rows :data:`MEMORISE_RATIO` times better than held-out ones."""
+    if train_fvu is None or heldout is None or not train_fvu > 0:
+        return None
+    ratio = heldout / train_fvu
+    if ratio > MEMORISE_RATIO and warn:
+        log.warning("held-out FVU %.3f is %.1fx the training rows' %.3f: the %d latents memorised the store's rows "
+                    "instead of learning concepts that carry to new ones (a small store read many times); train fewer "
+                    "latents, or fit a CBM on the broad dictionary (`conceptdict broad`)", heldout, ratio, train_fvu,
+                    n_latents)  # fmt: skip
+    return {"train_fvu": train_fvu, "heldout_fvu": heldout, "ratio": ratio, "memorised": ratio > MEMORISE_RATIO}

@@ -437,6 +437,8 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     if held_out:
         result = evaluate(model, held_out, comm=comm)
         summary["heldout_eval"] = result.to_dict()
+        summary["fit_gap"] = stopping.fit_gap((last or {}).get("fvu"), result.fvu, model.n_latents * comm.shards.size,
+                                              warn=is_main(comm))  # fmt: skip
         log.info("held-out (%d rows): fvu %.4f | l0 %.2f (k=%d) | dead %.2f%%", result.n_tokens, result.fvu,
                  result.l0, model.k, 100 * result.dead_fraction)
     how = save_trained(model, out, dict(meta or {}), comm, cfg.single_file_gib)

@@ -88,6 +88,10 @@ def test_gap_notes_say_why_only_above_two_points():
     assert "16.0 concepts fire per row" in text and "uses 77 of 1024" in text and "unlikely to help" in text
     assert "should help" in "\n".join(gap_notes(_metrics(0.07, fvu=0.60, own=0.40)))
     assert "records no held-out FVU" in "\n".join(gap_notes(_metrics(0.07, own=None)))
+    assert "memorised" not in text
+    memorised = _metrics(0.07)
+    memorised["dictionary"]["fit_gap"] = {"train_fvu": 0.04, "heldout_fvu": 0.44, "ratio": 11.0, "memorised": True}
+    assert "it memorised its training rows (FVU 0.040 on them, 0.440 held out)" in "\n".join(gap_notes(memorised))
 
 
 def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():

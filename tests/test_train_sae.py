@@ -240,3 +240,19 @@ def test_artifact_written_and_works_on_raw_activations(tmp_path):
     again = evaluate(loaded, batches[:2])
     assert again.fvu == pytest.approx(held["fvu"], rel=1e-5) and again.fvu < 0.9
     assert torch.equal(loaded.W_dec, model.W_dec)
+
+
+def test_a_dictionary_that_memorises_a_small_store_says_so_and_one_on_fresh_rows_does_not(caplog):
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(32, 12, generator=gen)  # 32 rows of noise, read 300 times by 64 latents
+    held = [torch.randn(32, 12, generator=gen) for _ in range(2)]
+    cfg = _cfg(latents=64, k=3, init_rows=32, stop_patience=0)
+    with caplog.at_level("WARNING", logger="conceptdict.saes.stopping"):
+        small = train(cfg, held + [rows[torch.randperm(32, generator=gen)] for _ in range(300)])
+    gap = small.training_summary["fit_gap"]
+    assert gap["memorised"] and gap["ratio"] > 10 and gap["heldout_fvu"] == small.training_summary["heldout_eval"]["fvu"]
+    assert "memorised the store's rows" in caplog.text and "train fewer latents" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="conceptdict.saes.stopping"):
+        fresh = train(cfg, [torch.randn(32, 12, generator=gen) for _ in range(302)])
+    assert not fresh.training_summary["fit_gap"]["memorised"] and "memorised" not in caplog.text

@@ -330,6 +330,10 @@ def gap_notes(metrics: dict[str, Any]) -> list[str]:
               + ("" if own is None else f"; on its own training data's held-out rows {own:.3f}"),
               f"- {d['l0']:.1f} concepts fire per row in its code (k={d['k']}); the CBM uses "
               f"{metrics.get('concepts_used')} of {d['n_latents']}"]  # fmt: skip
+    fit = d.get("fit_gap") or {}
+    if fit.get("memorised"):
+        notes.append(f"- it memorised its training rows (FVU {fit['train_fvu']:.3f} on them, {fit['heldout_fvu']:.3f} "
+                     "held out): fewer latents, or the broad dictionary (`conceptdict broad`), should help")
     if own is None:
         notes.append(f"- it records no held-out FVU of its own to compare with; {100 * d['fvu']:.0f}% of these rows' "
                      "variance lies outside its concepts, and a broader dictionary helps when that is well above "
