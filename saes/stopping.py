@@ -112,7 +112,8 @@ MEMORISE_RATIO = 4.0
 """A held-out FVU above this many times the last training batch's marks a dictionary that memorised its rows. On the
 held-out bench corpora (bench/cbm_accuracy.py, 1024 latents, run length by the rule above) the ratio is 10.8 and 11.0
 on the two ~1,200-row stores, where the CBM on the dictionary trails the raw probe by 3.6 and 8.2 points, and 3.7 / 2.4
-/ 1.5 on the 2,191- / 3,229- / 6,000-row ones (gaps 1.6 / 1.8 / below 0); the broad dictionary's is 1.4."""
+/ 1.5 on the 2,191- / 3,229- / 6,000-row ones (gaps 1.6 / 1.8 / below 0); the broad dictionary's is 1.4. With 256
+latents (about a quarter of their rows) the two small stores give 2.0 and gaps 1.3 / 1.5 (docs/results/cbm.md)."""
 
 
 def fit_gap(train_fvu: float | None, heldout: float | None, n_latents: int, warn: bool = True) -> dict[str, Any] | None:
@@ -124,6 +125,7 @@ def fit_gap(train_fvu: float | None, heldout: float | None, n_latents: int, warn
     if ratio > MEMORISE_RATIO and warn:
         log.warning("held-out FVU %.3f is %.1fx the training rows' %.3f: the %d latents memorised the store's rows "
                     "instead of learning concepts that carry to new ones (a small store read many times); train fewer "
-                    "latents, or fit a CBM on the broad dictionary (`conceptdict broad`)", heldout, ratio, train_fvu,
+                    "latents (a quarter of the store's rows or fewer), or fit a CBM on the broad dictionary "
+                    "(`conceptdict broad`)", heldout, ratio, train_fvu,
                     n_latents)  # fmt: skip
     return {"train_fvu": train_fvu, "heldout_fvu": heldout, "ratio": ratio, "memorised": ratio > MEMORISE_RATIO}
