@@ -59,7 +59,8 @@ def test_with_many_concepts_that_each_carry_a_little_of_the_label_the_probe_scal
     gains = []
     for seed in range(3):
         a, labels, names, raw, dirs = planted(seed=seed)
-        by = {how: train_cbm(a, labels, names, CbmConfig(scale=how), raw=raw, directions=dirs) for how in ("std", "probe")}
+        by = {how: train_cbm(a, labels, names, CbmConfig(scale=how), raw=raw, directions=dirs)
+              for how in ("std", "probe")}
         assert by["std"].metrics["scale"] == "std" and by["probe"].metrics["scale"] == "probe"
         assert by["std"].metrics["probe_accuracy"] == by["probe"].metrics["probe_accuracy"]  # the same baseline
         gains.append(by["probe"].metrics["accuracy"] - by["std"].metrics["accuracy"])

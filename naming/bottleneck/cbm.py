@@ -7,11 +7,12 @@
 - CBM: ``logits = (a * scale) @ W.T`` — a linear layer **without bias** on the concept activations ``a``,
   each concept multiplied by a scale (no centring, so there is no hidden bias): by default how strongly the
   baseline probe reads the concept's decoder direction (``CbmConfig.scale``, ``baseline.concept_scale``), else
-  1 / its training-split standard deviation; loss ``CE + lambda * mean|W|`` (mean, not sum), minimised by full-batch FISTA along the
-  lambda path, largest first, warm-started (``naming.solvers``); ``lambda`` chosen on the validation split: of the
-  lambdas within ``val_tolerance`` of the best validation accuracy, the one using the fewest concepts (ties: the
-  larger lambda); when that is the grid's largest, up to ``grow_lambda`` larger ones (3x each) are tried, so the
-  sparsest within tolerance is not cut off by the grid; the whole curve is kept (``metrics["lambda_path"]``).
+  1 / its training-split standard deviation; loss ``CE + lambda * mean|W|`` (mean, not sum), minimised by
+  full-batch FISTA along the lambda path, largest first, warm-started (``naming.solvers``); ``lambda`` chosen on
+  the validation split: of the lambdas within ``val_tolerance`` of the best validation accuracy, the one using the
+  fewest concepts (ties: the larger lambda); when that is the grid's largest, up to ``grow_lambda`` larger ones (3x
+  each) are tried, so the sparsest within tolerance is not cut off by the grid; the whole curve is kept
+  (``metrics["lambda_path"]``).
   After training, weights with ``|w| < zero_tol * max|W|`` are set to exactly zero and the reported accuracies use
   the pruned weights.
 - Baseline: a linear probe (with bias, standardised inputs, L2 chosen on the same validation split; L-BFGS) on
@@ -86,7 +87,8 @@ class CbmConfig:
     lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0, 3.0, 10.0, 30.0], metadata={"flag": "lam",
         "help": "Candidate sparsity weights lambda (CE + lambda * mean|W|); the best on the validation split wins."})
     # Up to 1000: on the held-out bench corpora (bench/cbm_accuracy.py) validation chose 100 on most splits of the
-    # man-page and Debian corpora, 2-4 points above the best of the earlier grid (0..10): a weak baseline hid gaps.
+    # man-page and Debian corpora; the probe gained 0-2.7 points over the earlier grid (0..10), whose weak baseline
+    # hid part of each gap (docs/results/cbm.md).
     probe_l2: list[float] = field(default_factory=lambda: [0.0, 1.0, 10.0, 100.0, 1000.0], metadata={"flag": "probe-l2",
         "help": ("Candidate L2 weights (on mean W^2) for the raw-activation baseline probe; the best on validation "
                  "wins.")})
