@@ -89,17 +89,22 @@ def cbm_row(result, seconds: float) -> dict:
             "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary")}
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean; NaN for one value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+
+
 def cbm_seeds(concepts: Path, out: Path, seeds: int, **kw) -> dict:
     """``conceptdict cbm`` with ``--seed 0`` (the default; its row) and seeds 1..N-1 (other splits of the same
     rows): the gap's mean over the seeds and its standard error."""
-    import statistics
-
     res, t = timed(cd.cbm, concepts, label_column="label", out=out, overwrite=True, **kw)
     row = cbm_row(res, t)
     gaps = [row["gap_points"]] + [cbm_row(cd.cbm(concepts, label_column="label", seed=s, **kw), 0)["gap_points"]
                                   for s in range(1, seeds)]
-    se = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else float("nan")
-    return {**row, "gaps_by_seed": gaps, "mean_gap_points": statistics.fmean(gaps), "mean_gap_se": se}
+    mean, se = mean_se(gaps)
+    return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se}
 
 
 def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = None) -> dict:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cbm_accuracy import DEFAULT_CORPORA, task_store  # noqa: E402
+from cbm_accuracy import DEFAULT_CORPORA, mean_se, task_store  # noqa: E402
 from cbm_corpora import CORPORA  # noqa: E402
 
 import conceptdict as cd  # noqa: E402
@@ -68,12 +68,12 @@ def main(argv=None) -> int:
                     fits.append(m)
                 seconds = (time.perf_counter() - t0) / args.seeds
                 gaps = [100 * m["probe_gap"] for m in fits]
+                mean, se = mean_se(gaps)
                 row = {"corpus": name, "route": route, args.key: v, "seconds": seconds, "gaps": gaps,
                        "cbm": statistics.fmean(m["accuracy"] for m in fits),
                        "probe": statistics.fmean(m["probe_accuracy"] for m in fits),
                        "concepts_used": statistics.fmean(m["concepts_used"] for m in fits),
-                       "mean_gap": statistics.fmean(gaps),
-                       "se": statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else float("nan")}
+                       "mean_gap": mean, "se": se}
                 rows.append(row)
                 print(f"| {name} | {route} | {v} | {100 * row['probe']:.1f}% | {100 * row['cbm']:.1f}% | "
                       f"{row['mean_gap']:+.1f} ± {row['se']:.1f} | {row['concepts_used']:.0f} | {seconds:.0f} |",

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from conceptdict.naming.bottleneck.solvers import fit_path
 
-__all__ = ["RawProbe", "concept_scale", "fit_raw_probe"]
+__all__ = ["RawProbe", "accuracy", "concept_scale", "fit_raw_probe"]
 
 
 class RawProbe(NamedTuple):
@@ -33,7 +33,8 @@ class RawProbe(NamedTuple):
     test_accuracy: float
 
 
-def _accuracy(logits: Tensor, y: Tensor) -> float:
+def accuracy(logits: Tensor, y: Tensor) -> float:
+    """The share of rows whose largest logit is their label (NaN without rows)."""
     return float((logits.argmax(1) == y).float().mean()) if len(y) else float("nan")
 
 
@@ -48,13 +49,13 @@ def fit_raw_probe(raw: Tensor, y: Tensor, train: Tensor, val: Tensor, test: Tens
     best = None
     for c in l2:
         fit = fits[(0.0, c)]
-        va = _accuracy(z[val] @ fit.weight.T + fit.bias, y[val])
+        va = accuracy(z[val] @ fit.weight.T + fit.bias, y[val])
         if best is None or va > best[0]:
             best = (va, c, fit)
     va, c, fit = best
     weight = fit.weight / sd
     bias = fit.bias - (mu / sd) @ fit.weight.T
-    return RawProbe(weight, bias, c, va, _accuracy(raw[test] @ weight.T + bias, y[test]))
+    return RawProbe(weight, bias, c, va, accuracy(raw[test] @ weight.T + bias, y[test]))
 
 
 def concept_scale(concepts_train: Tensor, how: Literal["probe", "std"], probe: RawProbe | None = None,

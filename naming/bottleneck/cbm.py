@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.baseline import concept_scale, fit_raw_probe
+from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
 from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
 
@@ -153,10 +153,6 @@ def stratified_split(y: Tensor, val_fraction: float, test_fraction: float, seed:
         parts[1].append(idx[n_test : n_test + n_val])
         parts[0].append(idx[n_test + n_val :])
     return Split(*(torch.cat(p).sort().values for p in parts))
-
-
-def accuracy(logits: Tensor, y: Tensor) -> float:
-    return float((logits.argmax(1) == y).float().mean()) if len(y) else float("nan")
 
 
 def coverage(contrib: Tensor, levels: Sequence[float] = COVERAGE_LEVELS) -> dict[str, float]:
@@ -278,8 +274,7 @@ def train_cbm(
     probe = None
     if raw is not None:
         probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol)
-    scale, scaled_by = concept_scale(x[split.train], cfg.scale, probe,
-                                     None if directions is None else directions.float().to(cfg.device))
+    scale, scaled_by = concept_scale(x[split.train], cfg.scale, probe, directions)
     xs = x * scale
     (val_acc, lam, W), path = _fit_cbm(xs[split.train], y[split.train], xs[split.val], y[split.val], C, cfg)
     test_logits = xs[split.test] @ W.T

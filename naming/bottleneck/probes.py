@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from conceptdict.naming.bottleneck.baseline import accuracy
 from conceptdict.naming.bottleneck.solvers import fit_path
 
 
@@ -27,8 +28,8 @@ class ProbeConfig:
 
     l2: tuple[float, ...] = field(default=(0.01, 0.1, 1.0, 10.0), metadata={
         "help": ("Candidate L2 weights (on mean W^2) of the linear probe; the best on validation wins (the CBM "
-                 "baseline probe's grid, naming/bottleneck/cbm.py, without 0: an unpenalised probe on a few hundred rows "
-                 "overfits).")})
+                 "baseline probe's earlier grid, naming/bottleneck/cbm.py, without 0: an unpenalised probe on a few "
+                 "hundred rows overfits).")})
     val_fraction: float = field(default=0.2, metadata={
         "help": "Share of the training rows held out to choose the L2 weight and the MLP's epoch."})
     mlp_hidden: int = field(default=64, metadata={"help": "Hidden units of the MLP probe."})
@@ -67,10 +68,6 @@ def _val_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
     return perm[n_val:], perm[:n_val]
 
 
-def _acc(logits: Tensor, y: Tensor) -> float:
-    return float((logits.argmax(1) == y).float().mean()) if len(y) else float("nan")
-
-
 def linear_probe(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, n_classes: int,
                  cfg: ProbeConfig = ProbeConfig()) -> Probe:
     """A linear probe fitted on the training rows; its accuracy on the test rows."""
@@ -78,11 +75,11 @@ def linear_probe(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tenso
     fit_idx, val_idx = _val_split(len(tr), cfg.val_fraction, cfg.seed)
     fits = fit_path(tr[fit_idx], y_train[fit_idx], n_classes, bias=True, l2=cfg.l2, max_iter=cfg.max_iter,
                     tol=cfg.tol)
-    best = max(cfg.l2, key=lambda c: (_acc(tr[val_idx] @ fits[(0.0, c)].weight.T + fits[(0.0, c)].bias,
+    best = max(cfg.l2, key=lambda c: (accuracy(tr[val_idx] @ fits[(0.0, c)].weight.T + fits[(0.0, c)].bias,
                                            y_train[val_idx]), c))
     fit = fit_path(tr, y_train, n_classes, bias=True, l2=[best], max_iter=cfg.max_iter, tol=cfg.tol)[(0.0, best)]
-    val = _acc(tr[val_idx] @ fits[(0.0, best)].weight.T + fits[(0.0, best)].bias, y_train[val_idx])
-    return Probe(_acc(te @ fit.weight.T + fit.bias, y_test), val, best)
+    val = accuracy(tr[val_idx] @ fits[(0.0, best)].weight.T + fits[(0.0, best)].bias, y_train[val_idx])
+    return Probe(accuracy(te @ fit.weight.T + fit.bias, y_test), val, best)
 
 
 def linear_classifier(x_train: Tensor, y_train: Tensor, n_classes: int, l2: float = 0.1,
@@ -111,7 +108,7 @@ def mlp_probe(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, 
         opt.step()
         if epoch % 10 == 0 or epoch == cfg.mlp_epochs:
             with torch.no_grad():
-                val = _acc(net(tr[val_idx]), y_train[val_idx])
+                val = accuracy(net(tr[val_idx]), y_train[val_idx])
                 if val > best[0]:
-                    best = (val, epoch, _acc(net(te), y_test))
+                    best = (val, epoch, accuracy(net(te), y_test))
     return Probe(best[2], best[0], float(best[1]))
