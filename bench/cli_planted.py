@@ -308,12 +308,17 @@ def main() -> None:
                     *(["--tokens", str(args.tokens)] if args.tokens else []), "--seed", str(seed), *extra_flags(args))
                 run = json.loads((out / "train_config.json").read_text())["train"]
                 done = json.loads((out / "config.json").read_text())["training"]  # the stopping rule may end early
+                rule = done.get("stopping") or {}
                 r = dict(kind=kind, seed=seed, seconds=time.perf_counter() - t0, batch=run["batch_size"],
                          steps=done["steps"], upper_bound=run["tokens"] // run["batch_size"],
+                         fired_at=rule.get("fired_at"), back_to=rule.get("back_to"),
+                         rise=rule["history"][-1][1] / rule["low"] - 1 if rule.get("fired_at") is not None else None,
                          **evaluate_dir(out, held, ap))
                 base = base or r
                 results.append(r)
-                print(f"  {kind:18s} {r['steps']} steps (of at most {r['upper_bound']}) of {r['batch']}: "
+                went = (f", fired at {r['fired_at']} {r['rise']:+.1%} above the lowest held-out FVU"
+                        if r["fired_at"] is not None else "") + (f", back to {r['back_to']}" if r["back_to"] else "")
+                print(f"  {kind:18s} {r['steps']} steps (of at most {r['upper_bound']}{went}) of {r['batch']}: "
                       f"recovery {r['recovery']:.1%} (rare {r['rare']:.1%}, close {r['close']:.1%})  "
                       f"FVU {r['fvu']:.3f}  L0 {r['l0']:.2f}  dead {r['dead']:.1%}  {r['seconds']:.0f}s  "
                       f"x{r['recovery'] / max(base['recovery'], 1e-9):.3f} recovery, "

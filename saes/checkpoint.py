@@ -103,6 +103,9 @@ def take_shard(parts: list[dict[str, Any]], shard: int, shards: int) -> dict[str
     ck["optimizer"]["state"] = {i: {k: cut([p["optimizer"]["state"][i][k] for p in parts], opt_axes.get(i))
                                     for k in st} for i, st in parts[0]["optimizer"]["state"].items()}
     ck["since_fired"] = cut([p["since_fired"] for p in parts], 0)
+    if parts[0].get("stop_weights") is not None:  # the stopping rule's copy of the model at its low
+        ck["stop_weights"] = {k: cut([p["stop_weights"][k] for p in parts], model_axes.get(k))
+                              for k in parts[0]["stop_weights"]}
     return ck
 
 
@@ -134,6 +137,7 @@ def checkpoint_state(model: SparseCoder, opt: Adam, st: TrainState, cfg: TrainCo
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "step": st.step, "position": st.position, "rows": st.rows, "threshold_updates": st.threshold_updates,
         "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(), "stop": st.stop.to_dict(),
+        "stop_weights": st.stop.weights,
         "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
         "latent_axes": latent_axes(model),
     }
@@ -181,5 +185,5 @@ def restore(ck: dict, model: SparseCoder, opt: Adam, cfg: TrainConfig, source: s
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
     return TrainState(ck["step"], ck["position"], ck["rows"], ck["threshold_updates"], ck["scale"], ck["since_fired"],
-                      StopState(**ck.get("stop", {})))
+                      StopState(**ck.get("stop", {}), weights=ck.get("stop_weights")))
 

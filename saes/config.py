@@ -78,9 +78,9 @@ class TrainConfig:
         "Batches from the start of the data held out of training and evaluated at the end (0: none); None: sized "
         "to the store, 1 to 4 (docs/results/defaults.md#held-out-rows)."))
     stop_patience: int | None = field(default=None, metadata=_help(
-        "Stop once this many held-out evaluations in a row gain less than stop_threshold on the best FVU, after a "
-        "final lr decay; 0: off; None: 3 for a store run leaving tokens out (its default length the upper bound), "
-        "else off (docs/results/defaults.md#stopping-rule)."))
+        "Stop after this many held-out evaluations without a stop_threshold gain on the best FVU (a final lr decay, "
+        "from the lowest FVU's weights if memorising); 0: off; None: 3 for a store run leaving tokens out, else off "
+        "(docs/results/defaults.md#stopping-rule)."))
     stop_threshold: float = field(default=0.01, metadata=_help(
         "Stopping rule: an evaluation improves when its held-out FVU is below the best by more than this share of "
         "it (docs/results/defaults.md#stopping-rule)."))

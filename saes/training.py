@@ -358,7 +358,8 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     model, st, r = run.model, run.state, run.resolved
     device = model.W_dec.device
     job.last_x = model.flatten_batch(x.to(device)) * st.scale.repeat_interleave(model.d_in).to(device)
-    lr = lr_at(st.step, r.lr, r.warmup_steps, st.stop.end_step or r.total_steps, cfg.decay_fraction)
+    at, length = stopping.schedule(st, r.total_steps)  # the rule's end, and the weights it went back to
+    lr = lr_at(at, r.lr, r.warmup_steps, length, cfg.decay_fraction)
     job.metrics = m = step(run, job.last_x, cfg, lr, comm)
     if not math.isfinite(m["loss"]):
         kept = f"; the last checkpoint in {job.out} is kept" if job.out is not None and cfg.checkpoint_every else ""
@@ -367,10 +368,8 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     st.position += 1
     if stopping.due(cfg, st, r.total_steps):
         fvu = stopping.heldout_fvu(run, job.data.held_out, comm)
-        if stopping.observe(cfg, st, fvu, r.total_steps) and is_main(comm):
-            log.info("%sheld-out FVU %.4f: no gain of %g over %.4f in %d evaluations; stopping at step %d after the "
-                     "learning rate decays (upper bound %s)", job.name and f"[{job.name}] ", fvu, cfg.stop_threshold,
-                     st.stop.best, cfg.stop_patience, st.stop.end_step, r.total_steps)
+        if stopping.observe(cfg, st, fvu, r.total_steps, model, m["fvu"]) and is_main(comm):
+            stopping.say_fired(cfg, st, fvu, r.total_steps, job.name)
     if st.step % cfg.log_every == 0 and is_main(comm):
         _log_metrics(job, clock)
     if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:

@@ -64,6 +64,7 @@ def run_train(spec: dict) -> None:
     from conceptdict.saes import train, train_config
     from conceptdict.saes.distributed import process_group_comm
     from conceptdict.saes.training import train_sweep
+    from test_distributed_train import held_apart
 
     w = ranks.current()
     comms = {}  # one seam per latent-shard count (its groups are made once, by every rank alike)
@@ -75,9 +76,12 @@ def run_train(spec: dict) -> None:
         hps = run["hookpoints"]
         comm = comms.setdefault(cfg.latent_shards, process_group_comm(cfg.latent_shards))
 
-        def batches(start, stores=stores, hps=hps, cfg=cfg, stop=run.get("interrupt_at"), comm=comm):
-            it = stream_batches(stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, start_batch=start,
-                                part=(comm.rank, comm.size))  # this rank's data part (its shards read it too)
+        held = [ActivationStore(p) for p in run.get("held_out", [])]  # held-out batches from stores of their own
+
+        def batches(start, stores=stores, hps=hps, cfg=cfg, stop=run.get("interrupt_at"), comm=comm, held=held):
+            it = held_apart(stores, held, hps, cfg, start, part=(comm.rank, comm.size)) if held else stream_batches(
+                stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, start_batch=start,
+                part=(comm.rank, comm.size))  # this rank's data part (its shards read it too)
             for position, x in enumerate(it, start):
                 if stop is not None and position >= stop:
                     raise KeyboardInterrupt  # the job is killed before reading this global batch

@@ -16,8 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_distributed_train import base_config, failure, max_diff, one_process, synthetic_store, torchrun
+from test_distributed_train import (GOES_BACK, base_config, failure, held_apart, max_diff, noise_stores, one_process,
+                                    synthetic_store, torchrun)
 
+from conceptdict.activations import ActivationStore
 from conceptdict.saes import reads_several_sources, train, train_config
 
 KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
@@ -56,6 +58,12 @@ def sharded_runs(tmp_path_factory):
     refs["stopping"] = state(one_process(store, ["a"], train_config(**stop), out=tmp / "stop-1"))
     launches[2].append({"config": {**stop, "latent_shards": 2}, "stores": [str(store)], "hookpoints": ["a"],
                         "out": str(tmp / "stop-2"), "weights": str(tmp / "stopping.safetensors")})
+    noise, held = noise_stores(tmp)
+    back = base_config("topk", **GOES_BACK)
+    refs["back"] = state(train(train_config(**back), lambda start: held_apart(
+        [ActivationStore(noise)], [ActivationStore(held)], ["a"], train_config(**back), start), out=tmp / "back-1"))
+    launches[2].append({"config": {**back, "latent_shards": 2}, "stores": [str(noise)], "held_out": [str(held)],
+                        "hookpoints": ["a"], "out": str(tmp / "back-2"), "weights": str(tmp / "back.safetensors")})
     launches[2].append({"sweep": [base_config("topk", latent_shards=2, single_file_gib=0),  # one pass, two dictionaries
                                   base_config("batchtopk", latent_shards=2)], "stores": [str(store)],
                         "hookpoints": ["a"], "outs": [str(tmp / "sweep-topk"), str(tmp / "sweep-batchtopk")]})
@@ -173,12 +181,16 @@ def test_gradient_clipping_takes_the_norm_over_every_shard(sharded_runs):
 
 @pytest.mark.integration
 def test_two_shards_stop_where_one_process_stops(sharded_runs):
-    """The stopping rule's held-out FVU goes through the sharded forward: 2 shards stop at one process's step."""
+    """The stopping rule's held-out FVU goes through the sharded forward: 2 shards stop at one process's step, and
+    on a run that memorises go back to the same step's weights."""
     tmp, refs, _ = sharded_runs
     one, two = (json.loads((tmp / d / "config.json").read_text())["training"] for d in ("stop-1", "stop-2"))
     assert one["stopping"]["fired_at"] is not None and one["steps"] < 40
     assert (two["steps"], two["stopping"]["fired_at"]) == (one["steps"], one["stopping"]["fired_at"])
     assert max_diff(load_file(tmp / "stopping.safetensors"), refs["stopping"]) < 1e-4
+    one, two = (json.loads((tmp / d / "config.json").read_text())["training"]["stopping"] for d in ("back-1", "back-2"))
+    assert one["back_to"] is not None and (two["back_to"], two["end_step"]) == (one["back_to"], one["end_step"])
+    assert max_diff(load_file(tmp / "back.safetensors"), refs["back"]) < 1e-4  # each shard went back to its part
 
 
 @pytest.mark.integration

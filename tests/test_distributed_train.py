@@ -8,6 +8,7 @@ checkpoint written by one process must resume under two ranks to the uninterrupt
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -42,6 +43,28 @@ def synthetic_store(tmp: Path, n: int = 3072, d: int = 12, seed: int = 0) -> Pat
     e = (0.4 * c + 0.3 * (codes[:, 1:] @ atoms[1:]) - 1.0).astype(np.float32)
     np.savez(tmp / "acts.npz", a=a, b=b, c=c, d=e)
     return import_array(ImportConfig(array=tmp / "acts.npz", out=tmp / "store"))
+
+
+def noise_stores(tmp: Path) -> tuple[Path, Path]:
+    """(train, held out): 256 rows of Gaussian noise each (D=48), which 512 latents at k=2 memorise: their held-out
+    FVU rises while the training FVU falls, so the stopping rule goes back to its lowest held-out FVU."""
+    rng = np.random.default_rng(1)
+    for name in ("train", "held"):
+        np.savez(tmp / f"{name}.npz", a=rng.normal(size=(256, 48)).astype(np.float32))
+    return tuple(import_array(ImportConfig(array=tmp / f"{n}.npz", out=tmp / f"noise-{n}")) for n in ("train", "held"))
+
+
+GOES_BACK = dict(latents=512, k=2, tokens=128 * 200, stop_patience=8, stop_every=10, stop_threshold=0.01,
+                 calibration_batches=0)
+"""A stopping run on :func:`noise_stores` (topk) that memorises and goes back (``back_to``)."""
+
+
+def held_apart(stores: list, held: list, hps: list[str], cfg: TrainConfig, start: int, part=(0, 1)):
+    """The global batches from ``start`` on: ``held``'s rows first (one pass: the held-out batches), then ``stores``'
+    (so the held-out rows are never trained on); ``part``: this rank's part of each batch."""
+    first = stream_batches(held, hps, cfg.batch_size, seed=0, epochs=1, part=part)
+    rest = stream_batches(stores, hps, cfg.batch_size, seed=cfg.seed, epochs=None, part=part)
+    return itertools.islice(itertools.chain(first, rest), start, None)
 
 
 def base_config(kind: str, **over) -> dict:
@@ -147,6 +170,13 @@ def two_rank_runs(tmp_path_factory):
                         one_process(store, ["a"], train_config(**cfg), out=tmp / "stop-1").state_dict().items()}
     runs["stopping"] = {"config": cfg, "stores": [str(store)], "hookpoints": ["a"], "out": str(tmp / "stop-2"),
                         "weights": str(tmp / "stopping.safetensors")}
+    noise, held = noise_stores(tmp)
+    cfg = base_config("topk", **GOES_BACK)
+    refs["back"] = {k: v.detach() for k, v in train(train_config(**cfg), lambda start: held_apart(
+        [ActivationStore(noise)], [ActivationStore(held)], ["a"], train_config(**cfg), start), out=tmp / "back-1"
+    ).state_dict().items()}
+    runs["back"] = {"config": cfg, "stores": [str(noise)], "held_out": [str(held)], "hookpoints": ["a"],
+                    "out": str(tmp / "back-2"), "weights": str(tmp / "back.safetensors")}
     proc = torchrun("train", {"runs": list(runs.values())}, tmp)
     assert proc.returncode == 0, failure(proc)
     return runs, refs, store
@@ -215,3 +245,16 @@ def test_two_ranks_stop_where_one_process_stops(two_rank_runs):
     assert [h[0] for h in two["stopping"]["history"]] == [h[0] for h in one["stopping"]["history"]]
     assert [h[1] for h in two["stopping"]["history"]] == pytest.approx([h[1] for h in one["stopping"]["history"]],
                                                                        rel=1e-5)
+
+
+@pytest.mark.integration
+def test_two_ranks_go_back_where_one_process_goes_back(two_rank_runs):
+    """A run that memorises: both ranks go back to the weights at the same lowest held-out FVU as one process."""
+    runs, refs, _ = two_rank_runs
+    got = load_file(runs["back"]["weights"])
+    assert max_diff(got, load_file(runs["back"]["weights"] + ".rank1")) == 0.0
+    assert max_diff(got, refs["back"]) < 1e-4
+    one, two = (json.loads((Path(runs["back"]["out"]).parent / d / "config.json").read_text())["training"]["stopping"]
+                for d in ("back-1", "back-2"))
+    assert one["back_to"] is not None and one["back_to"] < one["fired_at"]
+    assert (two["back_to"], two["fired_at"], two["end_step"]) == (one["back_to"], one["fired_at"], one["end_step"])

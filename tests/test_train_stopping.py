@@ -13,7 +13,8 @@ from conceptdict.saes import train, train_config
 from conceptdict.saes.checkpoint import TrainState
 from conceptdict.saes.config import DEFAULT_STOP_PATIENCE, TrainConfig, fit_to_store
 from conceptdict.saes.flat import flat_for_kind
-from conceptdict.saes.stopping import due, end_step, observe
+from conceptdict.saes.checkpoint import load_sharded
+from conceptdict.saes.stopping import due, end_step, observe, schedule
 from conceptdict.saes.update import lr_at
 from crashing import Crash, crashing
 from generators.synthetic import SyntheticSpec, synthetic_batches
@@ -44,6 +45,99 @@ def test_observe_fires_after_patience_evaluations_without_a_relative_gain():
     for i in range(8):
         slow.step = 10 * (i + 1)
         assert not observe(cfg, slow, 0.94 ** i, 1000)
+
+
+def test_a_rule_that_fires_after_a_rise_goes_back_to_the_weights_at_the_low():
+    cfg = TrainConfig(latents=8, k=2, stop_patience=2, stop_threshold=0.05)
+    model = torch.nn.Linear(3, 2)
+    st = TrainState()
+    at_20 = None
+    for step, fvu, fired in [(10, 1.0, False), (20, 0.9, False), (30, 1.1, False), (40, 1.2, True)]:
+        st.step = step
+        with torch.no_grad():
+            model.weight.add_(1.0)  # the steps before the evaluation
+        at_20 = {k: v.clone() for k, v in model.state_dict().items()} if step == 20 else at_20
+        assert observe(cfg, st, fvu, 100, model, train_fvu=0.2) is fired, step  # held-out 5-6x the training FVU
+    s = st.stop
+    assert (s.low, s.low_step, s.back_to, s.fired_at) == (0.9, 20, 20, 40) and s.weights is None
+    assert s.end_step == end_step(20, 0.2, 100) + 20 == 44  # the decay of a run that fired at step 20
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in at_20.items())
+    rates = []
+    for st.step in (40, 42, 43):  # read as steps 20, 22, 23 of a 24-step run: its final decay, to 0 at step 44
+        at, length = schedule(st, 100)
+        rates.append(lr_at(at, 1.0, 0, length, 0.2))
+    assert schedule(st, 100) == (23, 24) and rates == pytest.approx([1.0, 0.5, 0.25])
+    assert "weights" not in s.to_dict() and json.dumps(s.to_dict())
+
+
+@pytest.mark.parametrize("fvus,train_fvu", [
+    ([1.0, 0.9, 0.89, 0.91], 0.1),  # 0.91 is within 5% of the low 0.89, though 9x the training FVU
+    ([1.0, 0.9, 0.95, 1.0], 0.3),   # 11% above the low, but only 3.3x the training FVU: a noisy held-out set
+    ([1.0, 0.9, 0.95, 1.0], None),  # no training FVU: no evidence of memorising
+])
+def test_a_rule_that_fires_without_memorising_goes_on_from_the_weights_it_has(fvus, train_fvu):
+    cfg = TrainConfig(latents=8, k=2, stop_patience=2, stop_threshold=0.05)
+    model = torch.nn.Linear(3, 2)
+    st = TrainState()
+    for step, fvu in zip((10, 20, 30, 40), fvus):
+        st.step = step
+        fired = observe(cfg, st, fvu, 100, model, train_fvu)
+    assert fired and st.stop.low_step == (30 if fvus[2] < fvus[1] else 20) and st.stop.back_to is None
+    assert st.stop.end_step == end_step(40, 0.2, 100) and schedule(st, 100) == (40, st.stop.end_step)
+    assert st.stop.weights is None
+    none = TrainState()  # without a model (the rule's own tests, old callers) nothing is kept
+    for step, fvu in [(10, 1.0), (20, 2.0), (30, 3.0)]:
+        none.step = step
+        observe(cfg, none, fvu, 100)
+    assert none.stop.back_to is None and none.stop.weights is None and none.stop.low is None
+
+
+def _memorising(start: int = 0):
+    """2 held-out batches of noise, then 298 batches that are the same 32 noise rows (which 64 latents memorise)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(32, 12, generator=gen)
+    held = [torch.randn(32, 12, generator=gen) for _ in range(2)]
+    yield from (held + [rows[torch.randperm(32, generator=gen)] for _ in range(298)])[start:]
+
+
+def _memorise_cfg():
+    return _cfg(latents=64, k=3, init_rows=32, tokens=298 * 32, stop_patience=3, stop_every=10, stop_threshold=0.01,
+                checkpoint_every=5, log_every=50)
+
+
+def test_a_run_that_memorises_goes_back_to_its_lowest_held_out_fvu_and_a_resumed_one_does_alike(tmp_path):
+    """The held-out FVU (0.59, 0.37, 0.367, 0.39, 0.41 every 10 steps) rises once the latents memorise: the rule
+    fires at 50, goes back to step 30's weights and decays over 7 steps; the dictionary ends below its low, and a run
+    resumed from a checkpoint between the low and the firing (it carries the weights) or after it ends the same."""
+    cfg = _memorise_cfg()
+    full = train(cfg, _memorising, out=tmp_path / "full")
+    s = full.training_summary
+    rule = s["stopping"]
+    assert (rule["low_step"], rule["back_to"], rule["fired_at"]) == (30, 30, 50)
+    assert s["steps"] == rule["end_step"] == end_step(30, cfg.decay_fraction, 298) + 20
+    assert s["heldout_eval"]["fvu"] < rule["low"] < rule["history"][-1][1]
+    for crash_at, carries in [(2 + 44, True), (2 + 54, False)]:  # last checkpoints: step 40 (low 30, fires 50), 55
+        out = tmp_path / f"cut-{crash_at}"
+        with pytest.raises(Crash):
+            train(cfg, crashing(_memorising, at=crash_at), out=out)
+        ck = torch.load(out / "checkpoint.pt", weights_only=True)
+        assert (ck["stop_weights"] is not None) == carries and ck["stop"]["low_step"] == 30
+        resumed = train(cfg, _memorising, out=out, resume=True)
+        for name, t in full.state_dict().items():
+            assert torch.equal(resumed.state_dict()[name], t), (crash_at, name)
+        assert resumed.training_summary["stopping"] == rule
+
+
+def test_the_weights_at_the_low_are_cut_into_latent_shards_with_the_model(tmp_path):
+    with pytest.raises(Crash):
+        train(_memorise_cfg(), crashing(_memorising, at=2 + 44), out=tmp_path)
+    whole = load_sharded(tmp_path, "checkpoint.pt", 0, 1)
+    halves = [load_sharded(tmp_path, "checkpoint.pt", i, 2) for i in range(2)]
+    for name, t in whole["stop_weights"].items():
+        axis = whole["latent_axes"]["model"].get(name)
+        got = [h["stop_weights"][name] for h in halves]
+        assert torch.equal(torch.cat(got, axis) if axis is not None else got[0], t), name
+        assert axis is None or got[0].shape[axis] == t.shape[axis] // 2
 
 
 def test_end_step_continues_the_schedule_into_its_final_decay():
