@@ -15,7 +15,7 @@ while the run memorises (:func:`memorising`) it goes back to those weights (the 
 stream go on) and decays over the stretch a run that fired at the low's step b would have had: the schedule reads
 step t as t - (s - b). On the two ~1,200-row held-out bench corpora (bench/cbm_accuracy.py, 1024 latents; the
 larger three never reach the ratio) the held-out FVU falls from 0.378 / 0.439 to 0.360 / 0.433 and the CBM's mean
-gap to the raw probe from 3.6 / 8.2 to 1.7 / 2.9 points (docs/results/defaults.md#stopping-rule).
+gap to the raw probe (3 splits) from 3.6 / 8.2 to 1.7 / 2.9 points (docs/results/defaults.md#stopping-rule).
 The state (best, evaluations since it, the low and its weights, the end step, every evaluation) is part of the
 checkpoint, so a resumed run stops where an uninterrupted one does.
 """
