@@ -16,10 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_distributed_train import (GOES_BACK, base_config, failure, held_apart, max_diff, noise_stores, one_process,
-                                    synthetic_store, torchrun)
+from test_distributed_train import (GOES_BACK, base_config, failure, max_diff, noise_stores, one_process,
+                                    one_process_held_apart, synthetic_store, torchrun)
 
-from conceptdict.activations import ActivationStore
 from conceptdict.saes import reads_several_sources, train, train_config
 
 KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
@@ -60,8 +59,7 @@ def sharded_runs(tmp_path_factory):
                         "out": str(tmp / "stop-2"), "weights": str(tmp / "stopping.safetensors")})
     noise, held = noise_stores(tmp)
     back = base_config("topk", **GOES_BACK)
-    refs["back"] = state(train(train_config(**back), lambda start: held_apart(
-        [ActivationStore(noise)], [ActivationStore(held)], ["a"], train_config(**back), start), out=tmp / "back-1"))
+    refs["back"] = state(one_process_held_apart(noise, held, train_config(**back), out=tmp / "back-1"))
     launches[2].append({"config": {**back, "latent_shards": 2}, "stores": [str(noise)], "held_out": [str(held)],
                         "hookpoints": ["a"], "out": str(tmp / "back-2"), "weights": str(tmp / "back.safetensors")})
     launches[2].append({"sweep": [base_config("topk", latent_shards=2, single_file_gib=0),  # one pass, two dictionaries

@@ -67,6 +67,12 @@ def held_apart(stores: list, held: list, hps: list[str], cfg: TrainConfig, start
     return itertools.islice(itertools.chain(first, rest), start, None)
 
 
+def one_process_held_apart(store: Path, held: Path, cfg: TrainConfig, out: Path | None = None):
+    """:func:`one_process` on ``store`` with its held-out batches from ``held`` (:func:`held_apart`)."""
+    s, h = ActivationStore(store), ActivationStore(held)
+    return train(cfg, lambda start: held_apart([s], [h], ["a"], cfg, start), out=out)
+
+
 def base_config(kind: str, **over) -> dict:
     cfg = dict(kind=kind, latents=64, k=4, batch_size=128, tokens=128 * 14, eval_batches=2, init_rows=256,
                threshold_start_step=4, dead_tokens=300, aux_k=8, checkpoint_every=0, log_every=5,
@@ -172,9 +178,8 @@ def two_rank_runs(tmp_path_factory):
                         "weights": str(tmp / "stopping.safetensors")}
     noise, held = noise_stores(tmp)
     cfg = base_config("topk", **GOES_BACK)
-    refs["back"] = {k: v.detach() for k, v in train(train_config(**cfg), lambda start: held_apart(
-        [ActivationStore(noise)], [ActivationStore(held)], ["a"], train_config(**cfg), start), out=tmp / "back-1"
-    ).state_dict().items()}
+    refs["back"] = {k: v.detach() for k, v in
+                    one_process_held_apart(noise, held, train_config(**cfg), out=tmp / "back-1").state_dict().items()}
     runs["back"] = {"config": cfg, "stores": [str(noise)], "held_out": [str(held)], "hookpoints": ["a"],
                     "out": str(tmp / "back-2"), "weights": str(tmp / "back.safetensors")}
     proc = torchrun("train", {"runs": list(runs.values())}, tmp)
