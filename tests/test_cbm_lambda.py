@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conceptdict.naming.bottleneck.cbm import CbmConfig, CbmResult, choose_lambda, gap_notes, train_cbm
+from conceptdict.naming.bottleneck.cbm import CbmConfig, CbmResult, gap_notes, train_cbm
+from conceptdict.naming.bottleneck.path import choose_lambda, refit_support
+from conceptdict.naming.bottleneck.solvers import kkt_residual
 from conceptdict.naming.reports.report_text import format_cbm
 
 pytestmark = pytest.mark.unit
@@ -24,6 +26,9 @@ def test_choose_lambda_takes_the_sparsest_within_the_tolerance_of_the_best():
     assert choose_lambda(PATH, 0.005)["lambda"] == 1.0  # 1.0 qualifies (0.4 below), 3.0 does not (0.6)
     assert choose_lambda(PATH, 0.007)["lambda"] == 3.0  # 3.0 now qualifies too: same concepts, larger lambda
     assert choose_lambda(PATH, 0.06)["lambda"] == 10.0  # everything qualifies: the fewest concepts
+    refits = [{**PATH[1], "l2": 10.0, "val_accuracy": 0.899}, {**PATH[1], "l2": 1.0, "val_accuracy": 0.902}]
+    assert choose_lambda(PATH + refits, 0.005) == refits[1]  # same lambda and concepts: the better refit
+    assert choose_lambda(PATH + refits, 0.0) == refits[1]  # and it is now the best of all
 
 
 def _dataset(n=400, L=24, seed=0):
@@ -35,22 +40,64 @@ def _dataset(n=400, L=24, seed=0):
     return concepts, [f"class{int(v)}" for v in y], [f"c{i}" for i in range(L)], raw
 
 
+def _l1(path):
+    return [p for p in path if p["l2"] is None]
+
+
 def test_train_cbm_records_the_whole_curve_and_the_tolerance_moves_the_choice():
     concepts, labels, names, raw = _dataset()
     lams = [0.01, 0.3, 3.0, 30.0]
     exact = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.0, grow_lambda=0), raw=raw)
     path = exact.metrics["lambda_path"]
-    assert [p["lambda"] for p in path] == lams and exact.metrics["val_tolerance"] == 0.0
-    assert all(set(p) == {"lambda", "val_accuracy", "concepts_used", "zero_weights"} for p in path)
+    assert [p["lambda"] for p in _l1(path)] == lams and exact.metrics["val_tolerance"] == 0.0
+    keys = {"lambda", "l2", "val_accuracy", "concepts_used", "zero_weights", "chosen"}
+    assert all(set(p) == keys for p in path)
     best = max(p["val_accuracy"] for p in path)
-    chosen = next(p for p in path if p["lambda"] == exact.lam)
-    assert chosen["val_accuracy"] == best and chosen["concepts_used"] == exact.metrics["concepts_used"]
+    (chosen,) = [p for p in path if p["chosen"]]
+    assert (chosen["lambda"], chosen["l2"]) == (exact.lam, exact.metrics["refit_l2"])
+    assert chosen["val_accuracy"] == best == exact.metrics["val_accuracy"]
+    assert chosen["concepts_used"] == exact.metrics["concepts_used"]
     assert len({p["concepts_used"] for p in path}) > 1  # the curve spans different sparsities
     loose = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.99, grow_lambda=0), raw=raw)
     assert loose.metrics["concepts_used"] == min(p["concepts_used"] for p in path) < chosen["concepts_used"]
     assert loose.metrics["probe_gap"] == pytest.approx(loose.metrics["probe_accuracy"] - loose.metrics["accuracy"])
     with pytest.raises(ValueError, match="val_tolerance=1.5"):
         CbmConfig(val_tolerance=1.5)
+    with pytest.raises(ValueError, match="refit_l2=.-1"):
+        CbmConfig(refit_l2=[-1.0])
+
+
+def test_each_lambda_is_refitted_on_its_concepts_and_without_refits_the_curve_is_the_l1_path():
+    concepts, labels, names, raw = _dataset()
+    lams, refit = [0.01, 0.3, 3.0], [0.0, 10.0]
+    plain = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, refit_l2=[], grow_lambda=0), raw=raw)
+    relaxed = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, refit_l2=refit, grow_lambda=0), raw=raw)
+    assert all(p["l2"] is None for p in plain.metrics["lambda_path"]) and plain.metrics["refit_l2"] is None
+    # the L1 fits are the same with or without refits; each lambda's refits use exactly its concepts
+    def unmarked(path):
+        return [{k: v for k, v in p.items() if k != "chosen"} for p in path]
+
+    assert unmarked(_l1(relaxed.metrics["lambda_path"])) == unmarked(plain.metrics["lambda_path"])
+    for lam in lams:
+        group = [p for p in relaxed.metrics["lambda_path"] if p["lambda"] == lam]
+        assert [p["l2"] for p in group] == [None, *refit]
+        assert {p["concepts_used"] for p in group} == {group[0]["concepts_used"]}
+    best = max(p["val_accuracy"] for p in relaxed.metrics["lambda_path"])
+    assert best >= max(p["val_accuracy"] for p in plain.metrics["lambda_path"])
+
+
+def test_refit_support_fits_the_used_concepts_without_l1_and_leaves_the_others_at_zero():
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(200, 10, generator=gen), torch.randint(0, 3, (200,), generator=gen)
+    W = torch.zeros(3, 10)
+    W[0, 2], W[1, 5], W[2, 5], W[2, 7] = 1.0, -0.5, 0.3, 0.2  # concepts 2, 5 and 7 are used
+    fits = refit_support(x, y, 3, W, [0.0, 100.0], tol=1e-6)
+    assert set(fits) == {0.0, 100.0}
+    for c, V in fits.items():
+        assert (V[:, [0, 1, 3, 4, 6, 8, 9]] == 0).all() and (V[:, [2, 5, 7]] != 0).all()  # every class refitted
+        assert kkt_residual(x[:, [2, 5, 7]], y, V[:, [2, 5, 7]], l2=c) < 1e-5  # optimal on the support
+    assert fits[100.0].norm() < fits[0.0].norm()
+    assert refit_support(x, y, 3, torch.zeros(3, 10), [0.0]) == {} and refit_support(x, y, 3, W, []) == {}
 
 
 def test_the_path_grows_above_the_grid_while_its_largest_lambda_is_chosen_and_stops_when_accuracy_falls():
@@ -58,17 +105,19 @@ def test_the_path_grows_above_the_grid_while_its_largest_lambda_is_chosen_and_st
     grid = [0.001, 0.003]  # both fit the signal: the larger (sparser) one is chosen, so the path grows
     grown = train_cbm(concepts, labels, names, CbmConfig(lambdas=grid, grow_lambda=8), raw=raw)
     path = grown.metrics["lambda_path"]
-    lams = [p["lambda"] for p in path]
+    lams = [p["lambda"] for p in _l1(path)]
     assert lams[:2] == grid and len(lams) > 2 and lams[2:] == pytest.approx([0.003 * 3 ** i for i in
                                                                              range(1, len(lams) - 1)])
     best = max(p["val_accuracy"] for p in path)
-    chosen = next(p for p in path if p["lambda"] == grown.lam)
-    assert grown.lam > grid[-1] and chosen["concepts_used"] == min(
+    (chosen,) = [p for p in path if p["chosen"]]
+    assert grown.lam == chosen["lambda"] > grid[-1] and chosen["concepts_used"] == min(
         p["concepts_used"] for p in path if p["val_accuracy"] >= best - 0.005 - 1e-12)
     if len(lams) < 2 + 8:  # stopped early: the last lambda tried fell out of the tolerance band
-        assert grown.lam != lams[-1] and path[-1]["val_accuracy"] < best - 0.005 or path[-1]["concepts_used"] == 0
+        last = [p for p in path if p["lambda"] == lams[-1]]
+        assert grown.lam != lams[-1] and all(p["val_accuracy"] < best - 0.005 for p in last) or (
+            last[0]["concepts_used"] == 0)
     fixed = train_cbm(concepts, labels, names, CbmConfig(lambdas=grid, grow_lambda=0), raw=raw)
-    assert [p["lambda"] for p in fixed.metrics["lambda_path"]] == grid and fixed.lam == 0.003
+    assert [p["lambda"] for p in _l1(fixed.metrics["lambda_path"])] == grid and fixed.lam == 0.003
     assert grown.metrics["concepts_used"] <= fixed.metrics["concepts_used"]
 
 
@@ -97,14 +146,18 @@ def test_gap_notes_say_why_only_above_two_points():
 def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     m = {**_metrics(0.05), "n_classes": 4, "n_test": 80, "zero_weights": 5, "n_weights": 96,
          "coverage": {"90": 2.0, "95": 3.0, "99": 4.0}, "val_tolerance": 0.005,
-         "lambda_path": [{"lambda": 0.1, "val_accuracy": 0.9, "concepts_used": 20, "zero_weights": 1},
-                         {"lambda": 1.0, "val_accuracy": 0.898, "concepts_used": 12, "zero_weights": 5}]}
+         "refit_l2": 10.0,
+         "lambda_path": [{"lambda": 0.1, "l2": None, "val_accuracy": 0.9, "concepts_used": 20, "chosen": False},
+                         {"lambda": 1.0, "l2": None, "val_accuracy": 0.894, "concepts_used": 12, "chosen": False},
+                         {"lambda": 1.0, "l2": 10.0, "val_accuracy": 0.898, "concepts_used": 12, "chosen": True}]}
     res = CbmResult(torch.zeros(4, 24), torch.ones(24), ("a", "b", "c", "d"), tuple(range(24)),
                     tuple(f"c{i}" for i in range(24)), 1.0, m)
     out = format_cbm(res)
     assert "(gap +5.0 points)" in out and "within 0.5 points of the best" in out
-    assert "lambda 1        val  89.8%      12 concepts  <- chosen" in out
-    assert "lambda 0.1      val  90.0%      20 concepts\n" in out
+    assert "(lambda 1, refit with L2 10, 4 classes" in out
+    assert "lambda 1        refit L2 10 val  89.8%      12 concepts  <- chosen" in out
+    assert "lambda 1        L1          val  89.4%      12 concepts\n" in out
+    assert "lambda 0.1      L1          val  90.0%      20 concepts\n" in out
     assert "5.0 points below the raw probe" in out and "unlikely to help" in out
     assert "points below" not in format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids,
                                                        res.concept_names, 1.0, {**m, **_metrics(0.01)}))

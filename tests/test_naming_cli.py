@@ -71,7 +71,9 @@ def test_name_show_cbm_export(setup, capsys):
     assert cbm["metrics"]["accuracy"] > 0.9 and cbm["metrics"]["probe_accuracy"] > 0.9
     assert cbm["classes"] == [str(i) for i in range(6)] and "linear probe" in out
     assert (tmp / "cbm" / "report" / "cbm-class-0.html").exists()
-    assert [p["lambda"] for p in cbm["metrics"]["lambda_path"]][:2] == [0.01, 0.1] and "lambda trade-off" in out
+    curve = cbm["metrics"]["lambda_path"]
+    assert [p["lambda"] for p in curve if p["l2"] is None][:2] == [0.01, 0.1] and "lambda trade-off" in out
+    assert [p["l2"] for p in curve][:5] == [None, 1.0, 10.0, 100.0, 1000.0] and "refit L2 1000" in out
     assert "Sparsity trade-off" in (tmp / "cbm" / "report" / "cbm.html").read_text()
     fit = cbm["metrics"]["dictionary"]  # its decoder is the words the rows copy: it reconstructs them well
     assert fit["rows"] == 600 and fit["rows_from"] == "its training store's first rows" and fit["k"] == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts, gap_notes
+from conceptdict.naming.bottleneck.path import describe_fit, is_chosen
 from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
 from conceptdict.naming.images import shown_examples
 
@@ -261,7 +262,8 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
         ("raw linear probe test accuracy", f"{100 * m['probe_accuracy']:.1f}%" if "probe_accuracy" in m else "n/a"),
         ("gap to the probe", f"{100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points" if "probe_accuracy" in m
          else "n/a"),
-        ("lambda (chosen on validation)", f"{cbm.lam:g}"),
+        ("lambda (chosen on validation)", f"{cbm.lam:g}" + (f", refit with L2 {m['refit_l2']:g}"
+                                                            if m.get("refit_l2") is not None else "")),
         ("zero weights", f"{m.get('zero_weights', 0)} of {m.get('n_weights', 0)}"),
         ("concepts used", str(m.get("concepts_used", ""))),
         ("concepts for 90/95/99% of a prediction",
@@ -276,14 +278,15 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
         for i, c in enumerate(cbm.classes)
     )
     curve = "".join(
-        f"<tr><td>{p['lambda']:g}{' (chosen)' if p['lambda'] == cbm.lam else ''}</td>"
+        f"<tr><td>{p['lambda']:g}{' (chosen)' if is_chosen(p, cbm.lam) else ''}</td><td>{describe_fit(p)}</td>"
         f"<td>{100 * p['val_accuracy']:.1f}%</td><td>{p['concepts_used']}</td></tr>"
         for p in m.get("lambda_path", [])
     )
     if curve:
-        curve = (f"<h2>Sparsity trade-off</h2><p>Validation accuracy per lambda; the chosen one is within "
-                 f"{100 * m['val_tolerance']:g} points of the best and uses the fewest concepts.</p><table><tr>"
-                 f"<th>lambda</th><th>validation accuracy</th><th>concepts used</th></tr>{curve}</table>")
+        curve = (f"<h2>Sparsity trade-off</h2><p>Validation accuracy per lambda, of its L1 fit and of its concepts "
+                 f"refitted without the L1 term; the chosen fit is within {100 * m['val_tolerance']:g} points of the "
+                 "best and uses the fewest concepts.</p><table><tr>"
+                 f"<th>lambda</th><th>fit</th><th>validation accuracy</th><th>concepts used</th></tr>{curve}</table>")
     notes = gap_notes(m)
     why = f"<h2>Gap to the probe</h2><p>{esc(notes[0])}</p><ul>" + "".join(
         f"<li>{esc(n[2:])}</li>" for n in notes[1:]) + "</ul>" if notes else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conceptdict.naming.bottleneck.cbm import gap_notes
+from conceptdict.naming.bottleneck.path import describe_fit, is_chosen
 from conceptdict.naming.concepts import Concept, ConceptDictionary
 from conceptdict.naming.reports.report import decoder_norms_text
 from conceptdict.naming.reports.report_scores import key_of, scorer_names
@@ -86,8 +87,9 @@ def format_cbm(cbm) -> str:
     m = cbm.metrics
     cov = m["coverage"]
     scale = f", concepts scaled by {m['scale']}" if "scale" in m else ""
-    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}{scale}, {m['n_classes']} classes, "
-             f"test {m['n_test']} inputs)"]
+    refit = f", refit with L2 {m['refit_l2']:g}" if m.get("refit_l2") is not None else ""
+    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}{refit}{scale}, "
+             f"{m['n_classes']} classes, test {m['n_test']} inputs)"]
     if "probe_accuracy" in m:
         lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%  (gap {100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points)")
     lines += [f"zero weights        {m['zero_weights']} of {m['n_weights']} ({m['concepts_used']} concepts used)",
@@ -95,6 +97,7 @@ def format_cbm(cbm) -> str:
     if m.get("lambda_path"):
         lines.append(f"lambda trade-off (validation; chosen: within {100 * m['val_tolerance']:g} points of the best, "
                      "fewest concepts):")
-        lines += [f"  lambda {p['lambda']:<8g} val {100 * p['val_accuracy']:5.1f}%  {p['concepts_used']:>6} concepts"
-                  + ("  <- chosen" if p["lambda"] == cbm.lam else "") for p in m["lambda_path"]]
+        lines += [f"  lambda {p['lambda']:<8g} {describe_fit(p):<11} val {100 * p['val_accuracy']:5.1f}%  "
+                  f"{p['concepts_used']:>6} concepts" + ("  <- chosen" if is_chosen(p, cbm.lam) else "")
+                  for p in m["lambda_path"]]
     return "\n".join(lines + gap_notes(m))

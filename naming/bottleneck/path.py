@@ -1,0 +1,109 @@
+"""The CBM's sparsity trade-off: the L1 path over lambda, the relaxed refits on each lambda's concepts, and the
+choice on the validation split.
+
+- The L1 path: ``CE + lambda * mean|W|`` by FISTA from the largest lambda down, warm-started (``naming.solvers``);
+  weights below ``zero_tol * max|W|`` are then set to exactly zero. The L1 penalty both picks the concepts and
+  shrinks their weights towards zero.
+- Relaxed refits (a relaxed lasso, Meinshausen 2007): each lambda's concepts (its support) are fitted again without
+  the L1 term, with each L2 weight of ``refit_l2`` (``CE + l2 * mean W^2`` on the support only; L-BFGS). The support
+  stays that of the L1 fit, so the sparsity does not change; what changes is the shrinkage, which at the lambdas
+  that pick a few hundred concepts costs accuracy on small labelled sets.
+- The choice: every fit (lambda, and ``l2`` None for the L1 fit itself or the refit's L2) is one entry of the
+  curve; of the entries within ``val_tolerance`` of the best validation accuracy, the one using the fewest concepts
+  wins (ties: the larger lambda, then the better validation accuracy). When the grid's largest lambda is chosen,
+  up to ``grow_lambda`` larger ones (x :data:`GROW_FACTOR`) are tried, so the sparsest is not cut off by the grid.
+
+Shapes: n rows, L concepts, C classes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch import Tensor
+
+from conceptdict.naming.bottleneck.baseline import accuracy
+from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
+
+if TYPE_CHECKING:
+    from conceptdict.naming.bottleneck.cbm import CbmConfig
+
+__all__ = ["GROW_FACTOR", "choose_lambda", "describe_fit", "fit_lambda_path", "is_chosen", "prune", "refit_support"]
+
+GROW_FACTOR = 3.0
+"""Each lambda tried above the grid is this many times the last (``CbmConfig.grow_lambda``)."""
+
+
+def prune(W: Tensor, tol: float) -> Tensor:
+    """W with the weights below ``tol * max|W|`` set to exactly zero."""
+    cut = tol * float(W.abs().max()) if W.numel() else 0.0
+    return torch.where(W.abs() < cut, torch.zeros_like(W), W)
+
+
+def refit_support(x: Tensor, y: Tensor, n_classes: int, W: Tensor, l2: Sequence[float], max_iter: int = 5000,
+                  tol: float = 1e-4) -> dict[float, Tensor]:  # fmt: skip
+    """For each L2 weight of ``l2``: the weights [C, L] of ``CE + l2 * mean W^2`` fitted on the concepts (columns of
+    x [n, L]) that ``W`` uses, zero elsewhere; {} when W uses none. Solved from the largest L2 down, warm-started."""
+    support = (W != 0).any(0)
+    if not l2 or not support.any():
+        return {}
+    fits = fit_path(x[:, support], y, n_classes, bias=False, l2=l2, max_iter=max_iter, tol=tol)
+    out = {}
+    for c in l2:
+        V = torch.zeros_like(W)
+        V[:, support] = fits[(0.0, c)].weight.to(W)
+        out[c] = V
+    return out
+
+
+def choose_lambda(path: Sequence[dict], tolerance: float) -> dict:
+    """The entry of ``path`` (dicts with lambda, val_accuracy, concepts_used) within ``tolerance`` of the best
+    validation accuracy that uses the fewest concepts; ties go to the larger lambda, then to the better validation
+    accuracy, then to the earlier entry."""
+    best = max(p["val_accuracy"] for p in path)
+    ok = [p for p in path if p["val_accuracy"] >= best - tolerance - 1e-12]
+    return min(ok, key=lambda p: (p["concepts_used"], -p["lambda"], -p["val_accuracy"]))
+
+
+def fit_lambda_path(xtr: Tensor, ytr: Tensor, xva: Tensor, yva: Tensor, n_classes: int,
+                    cfg: CbmConfig) -> tuple[dict, Tensor, list[dict]]:  # fmt: skip
+    """(the chosen entry, its weights [C, L], the whole curve): one entry per fit, lambdas smallest first, each
+    lambda's L1 fit (``l2`` None) then its refits; the chosen entry has ``chosen`` True."""
+    lams = sorted(set(cfg.lambdas))
+    fits = fit_path(xtr, ytr, n_classes, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
+    path: list[dict] = []
+    weights: dict[tuple[float, float | None], Tensor] = {}
+
+    def add(lam: float, fit) -> dict:
+        W = prune(fit.weight, cfg.zero_tol)
+        refits = refit_support(xtr, ytr, n_classes, W, cfg.refit_l2, cfg.max_iter, cfg.tol)
+        for l2, V in [(None, W), *refits.items()]:
+            weights[(lam, l2)] = V
+            path.append({"lambda": lam, "l2": l2, "val_accuracy": accuracy(xva @ V.T, yva),
+                         "concepts_used": int((V != 0).any(0).sum()), "zero_weights": int((V == 0).sum())})
+        return choose_lambda(path, cfg.val_tolerance)
+
+    for lam in lams:
+        chosen = add(lam, fits[(lam, 0.0)])
+    last = fits[(lams[-1], 0.0)]
+    for _ in range(cfg.grow_lambda):  # the sparsest within tolerance may lie above the grid
+        if chosen["lambda"] != lams[-1] or lams[-1] == 0 or chosen["concepts_used"] == 0:
+            break
+        lams.append(float(f"{lams[-1] * GROW_FACTOR:.6g}"))
+        last = fit_linear(xtr, ytr, n_classes, bias=False, l1=lams[-1], init=last, max_iter=cfg.max_iter,
+                          tol=cfg.tol)  # fmt: skip
+        chosen = add(lams[-1], last)
+    for p in path:
+        p["chosen"] = p is chosen
+    return chosen, weights[(chosen["lambda"], chosen["l2"])], path
+
+
+def describe_fit(entry: dict) -> str:
+    """How a curve entry was fitted: ``L1`` (the lambda's own fit), or ``refit L2 c`` (its concepts refitted)."""
+    return "L1" if entry.get("l2") is None else f"refit L2 {entry['l2']:g}"
+
+
+def is_chosen(entry: dict, lam: float) -> bool:
+    """Whether curve entry ``entry`` is the chosen fit (curves written before the refits mark it by lambda alone)."""
+    return entry["chosen"] if "chosen" in entry else entry["lambda"] == lam
