@@ -155,9 +155,9 @@ def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     out = format_cbm(res)
     assert "(gap +5.0 points)" in out and "within 0.5 points of the best" in out
     assert "(lambda 1, refit with L2 10, 4 classes" in out
-    assert "lambda 1        refit L2 10 val  89.8%      12 concepts  <- chosen" in out
-    assert "lambda 1        L1          val  89.4%      12 concepts\n" in out
-    assert "lambda 0.1      L1          val  90.0%      20 concepts\n" in out
+    assert "lambda 1        refit L2 10   val  89.8%      12 concepts  <- chosen" in out
+    assert "lambda 1        L1            val  89.4%      12 concepts\n" in out
+    assert "lambda 0.1      L1            val  90.0%      20 concepts\n" in out
     assert "5.0 points below the raw probe" in out and "unlikely to help" in out
     assert "points below" not in format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids,
                                                        res.concept_names, 1.0, {**m, **_metrics(0.01)}))

@@ -97,7 +97,7 @@ def format_cbm(cbm) -> str:
     if m.get("lambda_path"):
         lines.append(f"lambda trade-off (validation; chosen: within {100 * m['val_tolerance']:g} points of the best, "
                      "fewest concepts):")
-        lines += [f"  lambda {p['lambda']:<8g} {describe_fit(p):<11} val {100 * p['val_accuracy']:5.1f}%  "
+        lines += [f"  lambda {p['lambda']:<8g} {describe_fit(p):<13} val {100 * p['val_accuracy']:5.1f}%  "
                   f"{p['concepts_used']:>6} concepts" + ("  <- chosen" if is_chosen(p, cbm.lam) else "")
                   for p in m["lambda_path"]]
     return "\n".join(lines + gap_notes(m))
