@@ -159,6 +159,11 @@ def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     assert "lambda 1        L1            val  89.4%      12 concepts\n" in out
     assert "lambda 0.1      L1            val  90.0%      20 concepts\n" in out
     assert "5.0 points below the raw probe" in out and "unlikely to help" in out
+    older = [{"lambda": 0.1, "val_accuracy": 0.9, "concepts_used": 20}, {"lambda": 1.0, "val_accuracy": 0.898,
+                                                                          "concepts_used": 12}]  # written before refits
+    out = format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids, res.concept_names, 1.0,
+                               {**m, "lambda_path": older, "refit_l2": None}))
+    assert "lambda 1        L1            val  89.8%      12 concepts  <- chosen" in out and "refit" not in out
     assert "points below" not in format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids,
                                                        res.concept_names, 1.0, {**m, **_metrics(0.01)}))
 
