@@ -29,7 +29,8 @@ from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
 if TYPE_CHECKING:
     from conceptdict.naming.bottleneck.cbm import CbmConfig
 
-__all__ = ["GROW_FACTOR", "choose_lambda", "describe_fit", "fit_lambda_path", "is_chosen", "prune", "refit_support"]
+__all__ = ["GROW_FACTOR", "choose_lambda", "chosen_refit", "describe_fit", "fit_lambda_path", "is_chosen", "prune",
+           "refit_support"]
 
 GROW_FACTOR = 3.0
 """Each lambda tried above the grid is this many times the last (``CbmConfig.grow_lambda``)."""
@@ -107,3 +108,8 @@ def describe_fit(entry: dict) -> str:
 def is_chosen(entry: dict, lam: float) -> bool:
     """Whether curve entry ``entry`` is the chosen fit (curves written before the refits mark it by lambda alone)."""
     return entry["chosen"] if "chosen" in entry else entry["lambda"] == lam
+
+
+def chosen_refit(metrics: dict) -> str:
+    """``", refit with L2 c"`` when the CBM with these ``metrics`` is a refit, else "" (an L1 fit, or older files)."""
+    return f", refit with L2 {metrics['refit_l2']:g}" if metrics.get("refit_l2") is not None else ""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts, gap_notes
-from conceptdict.naming.bottleneck.path import describe_fit, is_chosen
+from conceptdict.naming.bottleneck.path import chosen_refit, describe_fit, is_chosen
 from conceptdict.naming.concepts import Concept, ConceptDictionary, Example
 from conceptdict.naming.images import shown_examples
 
@@ -262,8 +262,7 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
         ("raw linear probe test accuracy", f"{100 * m['probe_accuracy']:.1f}%" if "probe_accuracy" in m else "n/a"),
         ("gap to the probe", f"{100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points" if "probe_accuracy" in m
          else "n/a"),
-        ("lambda (chosen on validation)", f"{cbm.lam:g}" + (f", refit with L2 {m['refit_l2']:g}"
-                                                            if m.get("refit_l2") is not None else "")),
+        ("lambda (chosen on validation)", f"{cbm.lam:g}{chosen_refit(m)}"),
         ("zero weights", f"{m.get('zero_weights', 0)} of {m.get('n_weights', 0)}"),
         ("concepts used", str(m.get("concepts_used", ""))),
         ("concepts for 90/95/99% of a prediction",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conceptdict.naming.bottleneck.cbm import gap_notes
-from conceptdict.naming.bottleneck.path import describe_fit, is_chosen
+from conceptdict.naming.bottleneck.path import chosen_refit, describe_fit, is_chosen
 from conceptdict.naming.concepts import Concept, ConceptDictionary
 from conceptdict.naming.reports.report import decoder_norms_text
 from conceptdict.naming.reports.report_scores import key_of, scorer_names
@@ -87,8 +87,7 @@ def format_cbm(cbm) -> str:
     m = cbm.metrics
     cov = m["coverage"]
     scale = f", concepts scaled by {m['scale']}" if "scale" in m else ""
-    refit = f", refit with L2 {m['refit_l2']:g}" if m.get("refit_l2") is not None else ""
-    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}{refit}{scale}, "
+    lines = [f"CBM accuracy        {100 * m['accuracy']:.1f}%  (lambda {cbm.lam:g}{chosen_refit(m)}{scale}, "
              f"{m['n_classes']} classes, test {m['n_test']} inputs)"]
     if "probe_accuracy" in m:
         lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%  (gap {100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points)")
