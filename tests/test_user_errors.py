@@ -1,0 +1,58 @@
+"""A user's mistake is one line naming the value and the fix, from Python and from the command line (issue 50):
+never a raw IndexError / AttributeError / argparse line from deep inside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import conceptdict as cd
+from conceptdict.cli.main import main
+from conceptdict.naming.concepts import Concept, ConceptDictionary
+
+
+def _concepts(n: int = 3) -> ConceptDictionary:
+    return ConceptDictionary(tuple(Concept(id=j, name=f"c{j}", score=0.5) for j in range(n)), torch.randn(n, 4))
+
+
+@pytest.mark.unit
+def test_a_latent_id_past_the_end_names_the_range():
+    concepts = _concepts()
+    with pytest.raises(IndexError, match=r"concepts\[99999\]: no latent 99999; this dictionary has latents 0\.\.2"):
+        concepts[99999]
+    with pytest.raises(TypeError, match=r"concepts\[1\.5\]: index by a latent id \(an int\) or a concept name"):
+        concepts[1.5]
+    assert concepts[-1].id == 2 and concepts[torch.tensor(1)].id == 1 and [c.id for c in concepts[:2]] == [0, 1]
+    assert [c.id for c in concepts] == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_lm_dir):
+    from conceptdict.saes import SparseCoder
+
+    torch.manual_seed(0)
+    return cd.load_model(str(tiny_lm_dir)), SparseCoder(32, 16, 2, kind="topk")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("edit,error,says", [
+    ({9999: 0.0}, ValueError, r"edit=\{9999: 0\.0\}: latent 9999 is out of range; the dictionary has latents 0\.\.15"),
+    ("ablate", TypeError, r"edit='ablate' is not an edit: pass None .*\{latent: value\} to clamp"),
+    ({3: "off"}, ValueError, r"edit of latent 3: 'off' is not a value; write \{latent: value\}"),
+    ({3: ("mul", 2.0)}, ValueError, r"edit of latent 3: \('mul', 2\.0\) is not a value"),
+])  # fmt: skip
+def test_a_bad_splice_edit_is_one_line(lm, edit, error, says):
+    model, sae = lm
+    with pytest.raises(error, match=says):
+        cd.splice(model, sae, hookpoint="blocks.0.hook_out", edit=edit)
+    with cd.splice(model, sae, hookpoint="blocks.0.hook_out", edit={3: 0.0, 4: ("add", 1.0)}):
+        pass  # the forms the docstring gives still splice
+
+
+@pytest.mark.unit
+def test_splice_of_a_model_name_says_to_load_it():
+    from conceptdict.saes import SparseCoder
+
+    with pytest.raises(TypeError, match=r"splice\(model='default'\): pass a loaded model, e\.g\. model = "
+                                        r"cd\.load_model\('default'\)"):
+        cd.splice("default", SparseCoder(8, 16, 2))
