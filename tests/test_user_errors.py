@@ -56,3 +56,20 @@ def test_splice_of_a_model_name_says_to_load_it():
     with pytest.raises(TypeError, match=r"splice\(model='default'\): pass a loaded model, e\.g\. model = "
                                         r"cd\.load_model\('default'\)"):
         cd.splice("default", SparseCoder(8, 16, 2))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv,says", [
+    (["cbm", "c", "--broad", "--out", "o"], "`conceptdict broad` is a command of its own: run it first and pass cbm "
+                                            "the directory it writes; --broad is a flag of `conceptdict demo`"),
+    (["cbm", "c", "--lable-column", "f", "--out", "o"], "--lable-column: did you mean --label-column?"),
+    (["train", "--store", "s", "--concepts", "f"], "--concepts is a flag of `conceptdict cbsae`, not of train"),
+])  # fmt: skip
+def test_a_flag_of_another_command_is_named_under_the_commands_own_usage(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"usage: conceptdict {argv[0]} "), err
+    (line,) = err.splitlines()[-1:]
+    assert line.startswith(f"conceptdict {argv[0]}: error: unrecognized arguments: ") and says in line, err
+    assert line.endswith(f"`conceptdict {argv[0]} --help` lists its flags")
