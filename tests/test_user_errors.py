@@ -73,3 +73,18 @@ def test_a_flag_of_another_command_is_named_under_the_commands_own_usage(argv, s
     (line,) = err.splitlines()[-1:]
     assert line.startswith(f"conceptdict {argv[0]}: error: unrecognized arguments: ") and says in line, err
     assert line.endswith(f"`conceptdict {argv[0]} --help` lists its flags")
+
+
+@pytest.mark.unit
+def test_an_unknown_vocabulary_fails_before_the_evidence_pass(monkeypatch):
+    from test_naming_fakes import FakeCoder, random_token_store
+
+    from conceptdict.naming import pipeline
+
+    def evidence(*args, **kwargs):
+        raise AssertionError("the evidence pass ran before the vocabulary was checked")
+
+    monkeypatch.setattr(pipeline, "collect_evidence", evidence)
+    with pytest.raises(ValueError, match="vocabulary spec 'wordfreq:xx:3000': wordfreq has no language 'xx'"):
+        pipeline.name_dictionary(FakeCoder(torch.eye(4), k=1), random_token_store(d=4),
+                                 pipeline.NameConfig(vocab="wordfreq:xx:3000"))
