@@ -18,6 +18,7 @@ from conceptdict.saes.artifact import CONFIG_FILE
 from conceptdict.saes.config import default_batch_size, eval_batch_count, resolve_device, with_heldout_defaults
 from conceptdict.saes.distributed import process_group_comm
 from conceptdict.saes.formats.saelens import KIND_TO_ARCH, exports_exactly
+from conceptdict.saes.metrics import check_tracker
 from conceptdict.activations.listing import mlp_layers
 from conceptdict.saes.plan import (check_sources, layer_runs, per_hookpoint_runs, plan_store_run, stream_groups,
                                    sweep_points)
@@ -136,6 +137,8 @@ def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
     """Train every dictionary of the run; [(name, output directory, dictionary)] (name "" for a single one)."""
     ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     points = sweep_points(cfg, grid or {})
+    for tracker in {c.log for _, c in points}:  # a missing package or wandb login: refused before any data is read
+        check_tracker(tracker)
     for kind in sorted({c.kind for _, c in points if not exports_exactly(c.kind)}):
         if ranks.current().main:
             log.info("%s dictionaries stay in conceptdict's format: SAELens (and Neuronpedia, SAEBench) holds %s "
