@@ -88,3 +88,27 @@ def test_an_unknown_vocabulary_fails_before_the_evidence_pass(monkeypatch):
     with pytest.raises(ValueError, match="vocabulary spec 'wordfreq:xx:3000': wordfreq has no language 'xx'"):
         pipeline.name_dictionary(FakeCoder(torch.eye(4), k=1), random_token_store(d=4),
                                  pipeline.NameConfig(vocab="wordfreq:xx:3000"))
+
+
+class Started(Exception):
+    """Raised in place of training: what was logged before it is what a user sees before the run starts."""
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("tokens,says", [
+    (1024, "this run will train only 16 steps (1024 tokens in batches of 64): too few to fit a dictionary; cache more "
+           "rows (or pass more --tokens), or --batch-size 20 or smaller, for 50 steps or more"),
+    (256, "this run will train only 4 steps (256 tokens in batches of 64): too few to fit a dictionary; cache more "
+          "rows (or pass more --tokens), for 50 steps or more"),  # batches of 5 rows: below the smallest batch
+    (64 * 50, None),
+])  # fmt: skip
+def test_a_run_of_few_steps_says_so_before_training(planted_store, tmp_path, monkeypatch, caplog, tokens, says):
+    from conceptdict import train_api
+
+    def train_sweep(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(train_api, "train_sweep", train_sweep)
+    with caplog.at_level("WARNING", logger="conceptdict.train_api"), pytest.raises(Started):
+        cd.train(store=planted_store, latents=32, k=2, tokens=tokens, batch_size=64, out=tmp_path / "sae")
+    assert (says in caplog.text) if says else "will train only" not in caplog.text, caplog.text
