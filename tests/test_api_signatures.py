@@ -14,7 +14,7 @@ from conceptdict.settings import flag_aliases
 pytestmark = pytest.mark.unit
 
 
-def _configs(name: str) -> list[type]:
+def configs_of(name: str) -> list[type]:
     """The config dataclasses whose settings ``cd.<name>(**settings)`` takes (the targets of its config_from_dict)."""
     from conceptdict.activations.cache import CacheConfig
     from conceptdict.activations.importer import ImportConfig
@@ -56,9 +56,9 @@ def _setting_names(cls: type) -> set[str]:
 
 
 def test_every_public_name_is_classified():
-    with_config = {n for n in cd.__all__ if _configs(n)}
+    with_config = {n for n in cd.__all__ if configs_of(n)}
     assert set(cd.__all__) == with_config | BUILDS_NO_CONFIG | CLASSES, (
-        "a new public name of conceptdict: list the config it builds in _configs, or add it to BUILDS_NO_CONFIG")
+        "a new public name of conceptdict: list the config it builds in configs_of, or add it to BUILDS_NO_CONFIG")
 
 
 @pytest.mark.parametrize("name", sorted(n for n in cd.__all__ if n not in CLASSES))
@@ -66,7 +66,7 @@ def test_no_positional_parameter_is_also_a_setting(name):
     fn = getattr(cd, name)
     params = inspect.signature(fn).parameters.values()
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params)
-    configs = _configs(name)
+    configs = configs_of(name)
     assert takes_settings == bool(configs) or name in BUILDS_NO_CONFIG, name
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     for cls in configs:

@@ -16,7 +16,7 @@ import unittest.mock
 from pathlib import Path
 
 import pytest
-from test_api_signatures import CLASSES, FORWARDED, _configs
+from test_api_signatures import CLASSES, FORWARDED, configs_of
 
 import conceptdict
 from conceptdict.cli.main import main
@@ -98,7 +98,7 @@ def _build(name: str, settings: dict) -> None:
     from conceptdict.settings import config_from_dict, split_settings
     from conceptdict.train_api import train_configs
 
-    configs = _configs(name)
+    configs = configs_of(name)
     if not configs:
         return
     settings.pop("overwrite", None)  # the --out guard's opt-in (conceptdict.outdir), on every writing command
