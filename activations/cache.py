@@ -355,7 +355,7 @@ def _contexts(cfg: CacheConfig, model: models.ModelHandle, records: Iterable[Any
     return data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
                                   text_column=cfg.text_column, tokens_column=cfg.tokens_column,
                                   label_columns=cfg.label_columns, prepend_bos=cfg.prepend_bos,
-                                  vocab_size=model.vocab_size)
+                                  vocab_size=model.vocab_size, source=cfg.dataset)
 
 
 def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, resume_batch: int,

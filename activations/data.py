@@ -204,9 +204,9 @@ def _labels(record: dict, skip: set[str], label_columns: list[str] | None, index
 def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, packing: bool,
                   text_column: str = "text", tokens_column: str | None = None,
                   label_columns: list[str] | None = None, prepend_bos: bool = True,
-                  vocab_size: int | None = None) -> Iterator[Context]:
+                  vocab_size: int | None = None, source: str | None = None) -> Iterator[Context]:
     """Fixed-length contexts (the last packed one may be shorter). Raises ValueError for a missing column, an
-    empty dataset, or a pre-tokenised id outside [0, vocab_size)."""
+    empty dataset, or a pre-tokenised id outside [0, vocab_size); ``source``: the dataset's name for them."""
     if tokens_column is None and tokenizer is None:
         raise ValueError("this model has no Hugging Face tokenizer; pass a pre-tokenised --tokens-column")
     prefix, suffix, sep = ([], [], None) if tokens_column else special_wrapping(tokenizer, prepend_bos)
@@ -238,10 +238,12 @@ def iter_contexts(records: Iterable[dict], tokenizer, *, context_length: int, pa
         while len(pending) >= body:
             yield Context(prefix + pending[:body] + suffix, {}, None)
             pending = pending[body:]
+    where = f"dataset {str(source)!r}" if source else "the dataset"
     if count == 0:
-        raise ValueError("the dataset is empty: no records to cache")
+        raise ValueError(f"{where} is empty: no records to cache")
     if blank == count:
-        raise ValueError(f"the dataset holds no text: all {count} records of column {column!r} are blank")
+        raise ValueError(f"{where} holds no text: all {count} records of its column {column!r} are blank; fill "
+                         "the file, or pass --text-column with the column that holds the text")
     if blank:
         log.info("skipped %d blank records of %d", blank, count)
     if packing and pending:

@@ -152,7 +152,7 @@ def live_batches(cfg: LiveConfig, model: models.ModelHandle, hookpoints: list[st
                                  encoding=cfg.encoding)
     contexts = data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
                                       text_column=cfg.text_column, tokens_column=cfg.tokens_column,
-                                      prepend_bos=cfg.prepend_bos, vocab_size=model.vocab_size)
+                                      prepend_bos=cfg.prepend_bos, vocab_size=model.vocab_size, source=cfg.dataset)
     batches = iter_batches(contexts, cfg.forward_batch_size, pad_id or 0)
     count = functools.partial(count_rows, level=level, special=special)
     forward = _Forward(model, hookpoints, level, special)

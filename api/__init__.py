@@ -4,8 +4,8 @@ The workflow, one function per command of the ``conceptdict`` command line (keyw
 each returns a typed result and prints nothing):
 
     store = cd.cache(model="default", hookpoint="sentence.mean_normalized", dataset="stdlib-docstrings",
-                     tokens=600, out="runs/s")
-    sae = cd.train(store="runs/s", latents=256, k=8, out="runs/sae")
+                     tokens=700, out="runs/s")
+    sae = cd.train(store="runs/s", latents=128, k=8, out="runs/sae")
     cd.evaluate("runs/sae").metrics.fvu
     concepts = cd.name("runs/sae", vocab="wordfreq:en:3000", out="runs/c")
     cd.cbm("runs/c", label_column="family", out="runs/cbm").metrics["accuracy"]

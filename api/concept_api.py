@@ -189,20 +189,20 @@ class CbSaeResult(NamedTuple):
 
 
 @guarded("cbsae")
-def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any) -> CbSaeResult:
+def cbsae(dictionary: str | Path, label_column: str | None = None, **settings: Any) -> CbSaeResult:
     """CB-SAE (``conceptdict cbsae``): prune the latents a scored concept dictionary rates low on interpretability or
-    steerability and add bottleneck latents for the user's concepts it lacks. Settings are CbSaeConfig's
-    (``concepts`` = a text file of concepts, ``out`` required); ``label_column``: a store label column for CBM
-    accuracy before and after."""
+    steerability and add bottleneck latents for the user's concepts it lacks. ``dictionary``: the scored concept
+    dictionary's directory. Settings are CbSaeConfig's (``concepts`` = a text file of concepts, ``out`` required);
+    ``label_column``: a store label column for CBM accuracy before and after."""
     from conceptdict.naming.bottleneck.cbsae import config_dict, save_cbsae
     from conceptdict.naming.bottleneck.cbsae_run import build_cbsae, read_concept_list
 
     cfg = config_from_dict(CbSaeConfig, settings, "cbsae")
     if cfg.out is None or cfg.concepts is None:
         raise ConfigError("conceptdict cbsae needs --concepts FILE and --out DIR")
-    cd = load_concepts(concepts)
+    cd = load_concepts(dictionary)
     if not cd.meta.get("sae_dir"):
-        raise ConfigError(f"{concepts} records no sae_dir; name the dictionary with `conceptdict name` first")
+        raise ConfigError(f"{dictionary} records no sae_dir; name the dictionary with `conceptdict name` first")
     src = open_sources(cd.meta["sae_dir"], cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
     held = heldout_row_ids(training_heldout(cd.meta["sae_dir"], [src.hookpoint]), src.store)
     model, scored, summary = build_cbsae(cd, src, read_concept_list(cfg.concepts), cfg, label_column=label_column,
@@ -212,7 +212,7 @@ def cbsae(concepts: str | Path, label_column: str | None = None, **settings: Any
     scored.meta["sae_dir"] = str(cfg.out / "dictionary")
     save_concepts(scored, cfg.out / "concepts")
     write_report(scored, cfg.out / "concepts" / "report")
-    doc = {"config": config_dict(cfg), "source": str(concepts), **summary}
+    doc = {"config": config_dict(cfg), "source": str(dictionary), **summary}
     (cfg.out / "cbsae.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
     return CbSaeResult(cfg.out / "dictionary", cfg.out / "concepts", summary)
 

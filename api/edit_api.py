@@ -103,6 +103,9 @@ def splice(model: ModelHandle, dictionary: SparseCoder | str | Path, hookpoint: 
         with cd.splice(model, sae, edit={12: 0.0}):
             logits = model.bridge(ids)
     """
+    if not hasattr(model, "bridge"):
+        raise TypeError(f"splice(model={model!r}): pass a loaded model, e.g. model = cd.load_model("
+                        f"{str(model) if isinstance(model, (str, Path)) else 'NAME'!r}), then splice(model, ...)")
     if not isinstance(dictionary, SparseCoder):
         config = load_dictionary_config(dictionary_of(dictionary).path)
         hookpoint = hookpoint or (config.get("hookpoints") or [config.get("hookpoint")])[0]

@@ -15,9 +15,11 @@ from conceptdict.activations.live import LiveConfig
 from conceptdict.activations.summary import check_signal
 from conceptdict.saes import SparseCoder, TrainConfig, flat_train_fields, to_flat, train_config
 from conceptdict.saes.artifact import CONFIG_FILE
-from conceptdict.saes.config import default_batch_size, eval_batch_count, resolve_device, with_heldout_defaults
+from conceptdict.saes.config import (MIN_BATCH, default_batch_size, eval_batch_count, resolve_device,
+                                     with_heldout_defaults)
 from conceptdict.saes.distributed import process_group_comm
 from conceptdict.saes.formats.saelens import KIND_TO_ARCH, exports_exactly
+from conceptdict.saes.metrics import check_tracker
 from conceptdict.activations.listing import mlp_layers
 from conceptdict.saes.plan import (check_sources, layer_runs, per_hookpoint_runs, plan_store_run, stream_groups,
                                    sweep_points)
@@ -136,6 +138,8 @@ def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
     """Train every dictionary of the run; [(name, output directory, dictionary)] (name "" for a single one)."""
     ranks.join()  # under torchrun: join the job; ranks > 0 stay quiet
     points = sweep_points(cfg, grid or {})
+    for tracker in {c.log for _, c in points}:  # a missing package or wandb login: refused before any data is read
+        check_tracker(tracker)
     for kind in sorted({c.kind for _, c in points if not exports_exactly(c.kind)}):
         if ranks.current().main:
             log.info("%s dictionaries stay in conceptdict's format: SAELens (and Neuronpedia, SAEBench) holds %s "
@@ -200,6 +204,7 @@ def train_on_stores(cmd: TrainCommand, points: list[tuple[str, TrainConfig]]):
     names = [name for name, _, _ in runs]
     outs = _outputs(cmd.out, names, cmd)
     cfgs, passes = plan_store_run([(name, cfg) for name, cfg, _ in runs], rows)
+    warn_short_runs(names, cfgs, "cache more rows (or pass more --tokens)")
     comm = run_comm(cfgs)
     device = resolve_device(cfgs[0].device)
     reads = [[hookpoints[i] for i in pick] if pick is not None else hookpoints for _, _, pick in runs]
@@ -259,6 +264,7 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
     outs = _outputs(cmd.out, names, cmd)
     cfgs = [with_heldout_defaults(cfg if cfg.batch_size else dataclasses.replace(
         cfg, batch_size=default_batch_size(cfg.tokens))) for _, cfg, _ in runs]
+    warn_short_runs(names, cfgs, "pass more --tokens")
     reads = [hookpoints if s is None else [hookpoints[i] for i in ([s] if isinstance(s, int) else s)]
              for _, _, s in runs]
     metas = [{"model": model.load_info, "hookpoints": hps, "level": level_of(hookpoints),
@@ -283,6 +289,23 @@ def train_from_model(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str
         for i, m in zip(members, trained):
             models[i] = m
     return list(zip(names, outs, models))
+
+
+MIN_STEPS = 50
+"""A run planned for fewer steps than this is warned about before it starts: 4 steps of batchtopk (4,000 live tokens
+in batches of 1,024) ended at FVU 0.785, short of what the same dictionary reaches in a few hundred."""
+
+
+def warn_short_runs(names: list[str], cfgs: list[TrainConfig], more: str) -> None:
+    """Warn (once per dictionary, main rank) when a run will train fewer than :data:`MIN_STEPS` steps, naming the
+    steps, rows and batch size and the fix: ``more`` (how this kind of run gets more rows) or a smaller batch."""
+    for name, cfg in zip(names, cfgs):
+        steps, batch = -(-cfg.tokens // cfg.batch_size), cfg.tokens // MIN_STEPS
+        if steps < MIN_STEPS and ranks.current().main:
+            smaller = f", or --batch-size {batch} or smaller" if batch >= MIN_BATCH else ""
+            log.warning("%s will train only %d steps (%d tokens in batches of %d): too few to fit a dictionary; %s%s, "
+                        "for %d steps or more", f"dictionary {name}" if name else "this run", steps, cfg.tokens,
+                        cfg.batch_size, more, smaller, MIN_STEPS)
 
 
 def run_comm(cfgs: list[TrainConfig]):

@@ -104,6 +104,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_flags(command: str, unknown: list[str]) -> None:
+    """Exit with ``command``'s usage and one line saying, for each unknown flag, which commands take it, or which of
+    the command's own flags it is close to (``cbm --broad``: `conceptdict broad` is a command of its own)."""
+    import difflib
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # every command's parser
+    own = commands[command]
+    hints = []
+    for flag in (a.split("=", 1)[0] for a in unknown if a.startswith("--")):
+        takers = [name for name, p in commands.items() if name != command and flag in p._option_string_actions]
+        close = difflib.get_close_matches(flag, [o for o in own._option_string_actions if o.startswith("--")], n=1,
+                                          cutoff=0.8)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+            continue
+        if flag[2:] in COMMANDS:
+            hints.append(f"`conceptdict {flag[2:]}` is a command of its own: run it first and pass {command} the "
+                         "directory it writes")
+        if takers:
+            hints.append(f"{flag} is a flag of `conceptdict {'`, `conceptdict '.join(takers)}`, not of {command}")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    own.error(f"unrecognized arguments: {' '.join(unknown)}{hint}; `conceptdict {command} --help` lists its flags")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from conceptdict.cli import args as flags
@@ -118,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if rest:  # the common flags after a nested command (`store info DIR --debug`); anything else is an error
         common = _common()
         common.prog = parser.prog
+        known, unknown = common.parse_known_args(rest)
+        if unknown and args.command is not None:
+            _unknown_flags(args.command, unknown)
         for key, value in vars(common.parse_args(rest)).items():
             setattr(args, key, value)
     if args.command is None:

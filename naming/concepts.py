@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +147,16 @@ class ConceptDictionary:
         """``cd[12]``: the concept of latent 12; ``cd["error"]``: every concept named "error" (names may repeat)."""
         if isinstance(key, str):
             return [self.concepts[j] for j in self.ids_named(key)]
+        if isinstance(key, slice):
+            return self.concepts[key]
+        try:
+            key = operator.index(key)
+        except TypeError:
+            raise TypeError(f"concepts[{key!r}]: index by a latent id (an int) or a concept name (a str), "
+                            f"not {type(key).__name__}") from None
+        if not -len(self.concepts) <= key < len(self.concepts):
+            raise IndexError(f"concepts[{key}]: no latent {key}; this dictionary has latents 0..{len(self) - 1} "
+                             f"(len(concepts) is {len(self)})")
         return self.concepts[key]
 
     def ids_named(self, name: str) -> list[int]:

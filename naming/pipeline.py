@@ -195,6 +195,7 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig,
     directions = model.decoder_directions().detach().float().cpu()
     named = directions if directions.ndim == 2 else directions[:, cfg.source]
     level = getattr(store, "level", "token")
+    namer = build_namer(cfg, model_name, hookpoint, get_model)  # before the evidence pass: a bad --vocab fails now
     if hasattr(model, "to"):
         model.to(cfg.device)
     ev = collect_evidence(
@@ -214,7 +215,6 @@ def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig,
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     base_rows = torch.randperm(store.num_rows, generator=gen)[: cfg.base_rows]
     base = tuple(cache.example(int(r), 0.0) for r in base_rows.tolist()) if cfg.namer == "context" else ()
-    namer = build_namer(cfg, model_name, hookpoint, get_model)
     inputs = NamingInputs(named, top, quant, neg, base)
     results = check_results(namer(inputs), L, namer.kind)
     logit_top, logit_bottom = _logit_tokens(named, level, cfg, get_model)

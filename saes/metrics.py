@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+log = logging.getLogger(__name__)
+
 
 class MetricsSink(Protocol):
     """Receives one flat record (JSON-able values) per logging step."""
@@ -119,6 +121,33 @@ def check_tracker(name: str | None) -> None:
     if importlib.util.find_spec(TRACKERS[name]) is None:
         raise ValueError(f"log={name!r} needs the {TRACKERS[name]} package, which is not installed: "
                          f"pip install 'conceptdict[{name}]' (or pip install {TRACKERS[name]})")
+    if name == "wandb" and not wandb_credentials():
+        raise ValueError("log='wandb': not logged in to Weights & Biases (no WANDB_API_KEY, no key in ~/.netrc); "
+                         "run `wandb login` first, or set WANDB_MODE=offline to keep the run on disk (`wandb sync` "
+                         "uploads it later)")
+
+
+WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
+"""``WANDB_MODE`` values under which ``wandb.init`` needs no login."""
+
+
+def wandb_credentials() -> bool:
+    """Whether ``wandb.init`` will find what it needs without prompting: a local ``WANDB_MODE``, ``WANDB_API_KEY``, or
+    the credentials wandb itself finds (``wandb.login(prompt=False)``; older wandb: ``wandb.api.api_key``, which
+    reads the environment and ~/.netrc)."""
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or os.environ.get("WANDB_API_KEY"):
+        return True
+    import inspect
+
+    import wandb
+
+    try:
+        if "prompt" in inspect.signature(wandb.login).parameters:
+            return bool(wandb.login(prompt=False))
+        return bool(wandb.api.api_key)
+    except Exception as e:  # noqa: BLE001 - a check wandb cannot answer must not stop a run wandb.init may allow
+        log.debug("could not check the wandb login (%s); wandb.init will", e)
+        return True
 
 
 def tracker_sink(name: str, run_name: str, config: dict[str, Any], out: Path | None) -> MetricsSink:

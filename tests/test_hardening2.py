@@ -78,7 +78,9 @@ def test_a_dataset_of_blank_lines_caches_nothing_and_says_so(tmp_path, tiny_bert
     (tmp_path / "blank.txt").write_text("\n\n   \n\n")
     assert main(["cache", "--model", str(tiny_bert_dir), "--hookpoint", "sentence.mean_normalized", "--dataset",
                  str(tmp_path / "blank.txt"), "--out", str(tmp_path / "s")]) == 1
-    assert "holds no text: all" in one_line(capsys)
+    line = one_line(capsys)  # names the file and the column (issue 50: it named only the column)
+    assert f"dataset '{tmp_path / 'blank.txt'}' holds no text: all 4 records of its column 'text' are blank" in line
+    assert "--text-column" in line
 
 
 def test_blank_records_are_skipped_not_cached(tmp_path, tiny_bert_dir):

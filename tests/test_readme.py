@@ -40,6 +40,11 @@ def test_walkthrough_covers_every_stage():
         assert stage in commands, f"the README walkthrough no longer shows `conceptdict {stage}`"
 
 
+TRAINING_WARNINGS = ("will train only", "memorised the store's rows")
+"""The warnings of a run too short to learn (api/train_api.py) or one that fit its rows (saes/stopping.py): the
+README's sizes must trip neither."""
+
+
 def _run_commands(commands: list[list[str]], tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("conceptdict")
     env = dict(os.environ, CONCEPTDICT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
@@ -47,6 +52,9 @@ def _run_commands(commands: list[list[str]], tmp_path: Path) -> None:
         proc = subprocess.run([str(exe), *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"`{shlex.join(argv)}` failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        if argv[1] == "train":
+            said = [w for w in TRAINING_WARNINGS if w in proc.stderr]
+            assert not said, f"`{shlex.join(argv)}` warns {said}; change the README's sizes:\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.integration
@@ -72,13 +80,16 @@ def test_cli_quickstart_runs(tmp_path):
 
 
 @pytest.mark.integration
-def test_python_quickstart_runs(tmp_path, monkeypatch):
+def test_python_quickstart_runs(tmp_path, monkeypatch, caplog):
     """The README's Python quickstart, executed as written (in a fresh working directory)."""
     code = _block(PYTHON, "python")
     assert len(code.strip().splitlines()) <= 12, "the Python quickstart grew past ten lines"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CONCEPTDICT_CACHE", str(tmp_path / "cache"))
-    exec(compile(code, "README.md (Python quickstart)", "exec"), {"__name__": "__readme__"})
+    with caplog.at_level("WARNING", logger="conceptdict"):
+        exec(compile(code, "README.md (Python quickstart)", "exec"), {"__name__": "__readme__"})
+    said = [w for w in TRAINING_WARNINGS if w in caplog.text]
+    assert not said, f"the Python quickstart's train warns {said}; change its sizes"
     assert (tmp_path / "runs" / "py" / "cbm" / "cbm.json").exists()
 
 

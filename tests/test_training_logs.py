@@ -105,3 +105,45 @@ def test_log_tensorboard_writes_each_scalar_at_its_step(tiny_lm_store, tmp_path,
     assert written[0] == ("dir", str(tmp_path / "sae" / "tensorboard" / "sae")) and written[-1] == ("closed",)
     assert sorted({step for tag, *rest in written if tag == "fvu" for step in rest[1:]}) == [4, 8, 12]
     assert not any(tag == "step" for tag, *_ in written)
+
+
+@pytest.fixture
+def no_wandb_login(monkeypatch):
+    """A wandb (fake) that finds no credentials: no WANDB_MODE, no WANDB_API_KEY, ``wandb.login(prompt=False)``
+    answering False."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    fake = FakeWandb()
+    fake.login = lambda prompt=True, **kwargs: False if prompt is False else pytest.fail("wandb prompted")
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(metrics.importlib.util, "find_spec", lambda name: object())
+    return fake
+
+
+def test_log_wandb_without_a_login_is_one_line_before_training(tiny_lm_store, tmp_path, no_wandb_login, capsys):
+    assert main(["train", "--store", str(tiny_lm_store[0]), "--hookpoint", "blocks.0.hook_out", "--latents", "32",
+                 "--k", "4", "--log", "wandb", "--out", str(tmp_path / "sae")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not logged in to Weights & Biases" in err, err
+    assert "run `wandb login` first, or set WANDB_MODE=offline" in err
+    assert not no_wandb_login.runs and not (tmp_path / "sae" / "metrics.jsonl").exists()
+
+
+def test_the_wandb_login_check_reads_the_mode_the_key_and_wandbs_own_answer(no_wandb_login, monkeypatch):
+    assert not metrics.wandb_credentials()
+    for var, value in (("WANDB_MODE", "offline"), ("WANDB_MODE", "disabled"), ("WANDB_API_KEY", "k" * 40)):
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            m.setitem(sys.modules, "wandb", None)  # answered without importing wandb
+            assert metrics.wandb_credentials()
+    no_wandb_login.login = lambda anonymous=None, key=None: pytest.fail("an old wandb's login() prompts")
+    no_wandb_login.api = types.SimpleNamespace(api_key=None)  # older wandb: the key from the environment / netrc
+    assert not metrics.wandb_credentials()
+    no_wandb_login.api.api_key = "k" * 40
+    assert metrics.wandb_credentials()
+
+
+def test_log_wandb_without_the_package_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as importlib sees a package that is not installed
+    with pytest.raises(ValueError, match=r"log='wandb' needs the wandb package, which is not installed: pip install"):
+        metrics.check_tracker("wandb")

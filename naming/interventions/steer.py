@@ -23,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -305,11 +305,20 @@ def dictionary_edit(dictionary, edit=None) -> Edit:
                 delta = dictionary.decode(edit(f.clone())) - dictionary.decode(f)
             return x + delta.to(x.device, x.dtype)
         return recode
-    adds = {int(j): float(v[1]) for j, v in edit.items() if isinstance(v, (tuple, list)) and v[0] == "add"}
-    clamps = {int(j): float(v) for j, v in edit.items() if not isinstance(v, (tuple, list))}
-    bad = [j for j, v in edit.items() if isinstance(v, (tuple, list)) and v[0] != "add"]
-    if bad:
-        raise ValueError(f"edit of latents {bad}: write {{latent: value}} to clamp (0 ablates) or {{latent: ('add', a)}}")
+    if not isinstance(edit, Mapping):
+        raise TypeError(f"edit={edit!r} is not an edit: pass None (the reconstruction), {{latent: value}} to clamp "
+                        "(0 ablates), {latent: ('add', a)} to add a * d_j, or a function of the codes [n, L]")
+    try:
+        ids = resolve_latents([str(j) for j in edit], None, dictionary.n_latents) if edit else []
+    except ValueError as e:
+        raise ValueError(f"edit={edit!r}: {e}") from None
+    adds, clamps = {}, {}
+    for j, v in zip(ids, edit.values()):
+        is_add = isinstance(v, (tuple, list)) and len(v) == 2 and v[0] == "add"
+        if (isinstance(v, (tuple, list)) and not is_add) or not _is_number(v[1] if is_add else v):
+            raise ValueError(f"edit of latent {j}: {v!r} is not a value; write {{latent: value}} to clamp (0 "
+                             "ablates) or {latent: ('add', a)}")
+        (adds if is_add else clamps)[j] = float(v[1] if is_add else v)
 
     def change(f: Tensor) -> Tensor:
         for j, value in clamps.items():
@@ -325,3 +334,11 @@ def dictionary_edit(dictionary, edit=None) -> Edit:
         return y + vector.to(y.device, y.dtype)
 
     return apply
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(v, (str, bytes))
