@@ -271,6 +271,7 @@ def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir):
     assert "replacement with error nodes" in ev.format() and "layer 1" in ev.format()
 
 
+@pytest.mark.equivalence
 @pytest.mark.integration
 def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_dir):
     """`train --kind transcoder --layers all`: OUT/0 and OUT/1, each reading its own layer's MLP input and output, each

@@ -17,7 +17,7 @@ from conceptdict.activations import ActivationStore
 from fixtures_models import tiny_corpus
 from test_distributed_train import TORCHRUN, failure, ulps
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.equivalence]
 
 
 def _cli(args: list[str], nproc: int, cwd: Path, capsys) -> subprocess.CompletedProcess:

@@ -88,6 +88,7 @@ def _grads(loss, tensors):
 # ------------------------------------------------------------------ sparse decode
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,K", [(37, 19, 53, 5), (1, 130, 7, 7), (13, 3, 5, 9)])
@@ -140,6 +141,7 @@ def _check_encode(impl, dtype, x, W, b, k, **kw):
     return got[0]
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
@@ -152,6 +154,7 @@ def test_encode_topk(impl, dtype, B, D, L, k, latent_major):
     _check_encode(impl, dtype, x, W, b, k)
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
@@ -170,6 +173,7 @@ def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked, latent_major):
     assert torch.all(enc.indices[~kept] == 0) and torch.all(enc.values[~kept] == 0), "padding must be (0, 0.0)"
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_dead", [0, 1, 17])
@@ -421,6 +425,7 @@ def test_batch_topk_survives_recomputed_rows_that_round_below_the_cut():
 
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", ["reference", *IMPLS])
 def test_batch_topk_keeps_every_entry_tied_with_the_cut(impl):
     """Rows repeated in a batch (a causal LM's first position in every context) tie exactly. BatchTopK keeps every
