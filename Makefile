@@ -20,9 +20,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/conceptdict demo
 
-# The README's test command: unit + integration (+ gpu tests, which skip without CUDA); not `slow`.
+# The README's test command: unit + integration (+ gpu tests, which skip without CUDA); not `slow`. Then the
+# equivalence tests (N ranks = 1 process, shards, resume, kernels = reference) again under each ATen CPU capability
+# of CAPS: another vectorised reduction order, so that this CPU catches what another would (`make test CAPS="default
+# avx2"` on an AVX-512 machine; .ci/run does that).
+CAPS ?= default
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "not slow" -q
+	for cap in $(CAPS); do echo "equivalence tests under ATEN_CPU_CAPABILITY=$$cap"; \
+	  ATEN_CPU_CAPABILITY=$$cap HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "equivalence and not slow" \
+	    -k "not triton" -q -p no:cacheprovider || exit 1; done
 
 test-all: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q

@@ -426,10 +426,9 @@ def spliced_losses(model: ModelHandle, hookpoint: str, tokens: torch.Tensor,
     results = [next_token_ce(logp_clean, targets, keep)]
     kls = []
     for edit in (zero, swap):
-        logp = run(edit, read_source=edit is swap and source is not None).log_softmax(-1)
-        results.append(next_token_ce(logp, targets, keep))
-        kl = (logp_clean.exp() * (logp_clean - logp)).sum(-1)
-        kls.append(kl[keep].mean().item())
+        logits = run(edit, read_source=edit is swap and source is not None)
+        results.append(next_token_ce(logits.log_softmax(-1), targets, keep))
+        kls.append(next_token_kl(clean, logits, keep))
     return SpliceLosses(results[0], results[1], results[2], kls[0], kls[1])
 
 
@@ -446,3 +445,16 @@ def loss_mask(model: ModelHandle, tokens: torch.Tensor, mask: torch.Tensor) -> t
 def next_token_ce(logp: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> float:
     nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return nll[keep].mean().item()
+
+
+def next_token_kl(logits_p: torch.Tensor, logits_q: torch.Tensor, keep: torch.Tensor, rows: int = 8) -> float:
+    """Mean KL(softmax(logits_p) || softmax(logits_q)) [N, T, V] over the positions ``keep`` [N, T], in float64
+    ``rows`` contexts at a time. In float32 the log-softmaxes' rounding (~eps32 x |log p|) dwarfs the KL of two
+    nearly equal logit sets; in float64 the result is the KL of the given logits, which Hoeffding's lemma bounds by
+    (max_i d_i - min_i d_i)^2 / 8 <= max|d|^2 / 2 for d = logits_q - logits_p at each position."""
+    total = 0.0
+    for s in range(0, logits_p.shape[0], rows):
+        lp = logits_p[s : s + rows].double().log_softmax(-1)
+        lq = logits_q[s : s + rows].double().log_softmax(-1)
+        total += float((lp.exp() * (lp - lq)).sum(-1)[keep[s : s + rows]].sum())
+    return total / max(int(keep.sum()), 1)

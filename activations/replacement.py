@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from .models import ModelHandle, check_hookpoints, loss_mask, next_token_ce
+from .models import ModelHandle, check_hookpoints, loss_mask, next_token_ce, next_token_kl
 
 Encode = Callable[[int, Tensor], Any]
 Decode = Callable[[int, list], Tensor]
@@ -94,8 +94,7 @@ def replacement_losses(model: ModelHandle, layers: Sequence[tuple[str, str]], to
     for name, edit, reads in (("zero", lambda l, t: torch.zeros_like(t), None), ("replaced", replaced, read),
                               ("errors", with_errors, read)):
         logits[name] = run(edit, reads)
-        logp = logits[name].log_softmax(-1)
-        ce.append(next_token_ce(logp, targets, keep))
-        kl.append(float((logp_clean.exp() * (logp_clean - logp)).sum(-1)[keep].mean()))
+        ce.append(next_token_ce(logits[name].log_softmax(-1), targets, keep))
+        kl.append(next_token_kl(logits_clean, logits[name], keep))
     diff = float((logits["errors"] - logits_clean)[keep].abs().max())
     return ReplacementLosses(ce[0], ce[1], ce[2], kl[0], kl[1], ce[3], kl[2], diff)

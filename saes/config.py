@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 
+from .kernels import FLOAT32_ONLY
 from .kinds import SHARED_DEFAULTS, check_shards, kind_spec
 from .metrics import TRACKERS
 from .model import SparseCoder
@@ -97,9 +98,10 @@ class TrainConfig:
     kernel_impl: str = field(default="auto", metadata=_help(
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
-    precision: Literal["float32", "bf16", "fp16"] = field(default="float32", metadata=_help(
-        "dtype of the encoder matmul that chooses each step's latents; weights, Adam, values and loss stay float32. "
-        "fp16 on CUDA only (docs/guide/train.md#precision)."))
+    precision: Literal["float32", "bf16", "fp16", "float64"] = field(default="float32", metadata=_help(
+        "bf16 / fp16: dtype of the encoder matmul that chooses each step's latents (weights, Adam, values and loss "
+        "stay float32; fp16 on CUDA only); float64: the whole step, for runs that must not depend on the process "
+        "count or CPU (docs/guide/train.md#precision)."))
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
     latent_shards: int = field(default=1, metadata={"min": 1, **_help(
         "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
@@ -160,9 +162,12 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
         if self.precision not in MATMUL_DTYPES:
             raise ValueError(f"precision={self.precision!r}: use one of {sorted(MATMUL_DTYPES)}")
-        if self.precision != "float32" and not spec.mixed_precision:
+        if self.precision in ("bf16", "fp16") and not spec.mixed_precision:
             raise ValueError(f"precision={self.precision!r}: kind {self.kind!r} trains in float32 only; use "
                              f"precision float32 or a kind with the fused encoder (topk, batchtopk, crosscoder, ...)")
+        if self.precision == "float64" and self.kernel_impl in FLOAT32_ONLY:
+            raise ValueError(f"kernel_impl={self.kernel_impl!r} computes in float32; precision float64 needs "
+                             f"kernel_impl auto, torch or reference")
         if self.device != "auto":
             check_precision(self.precision, torch.device(self.device), warn=False)
         if self.settings is not None and (spec.settings is None or not isinstance(self.settings, spec.settings)):
@@ -368,8 +373,15 @@ def heldout_batch_count(cfg: TrainConfig) -> int:
     return eval_batch_count(cfg) + calibration_batch_count(cfg)
 
 
-MATMUL_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""``TrainConfig.precision`` -> the encoder matmul's dtype (``StepInputs.matmul_dtype``; None: float32)."""
+MATMUL_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
+                                                "float64": None}
+"""``TrainConfig.precision`` -> the encoder matmul's dtype (``StepInputs.matmul_dtype``; None: the weights')."""
+
+
+def weight_dtype(precision: str) -> torch.dtype:
+    """The dtype a run with ``TrainConfig.precision`` keeps its weights, Adam state and loss in: float64 for
+    ``float64`` (the saved dictionary is rounded to float32), float32 otherwise."""
+    return torch.float64 if precision == "float64" else torch.float32
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -41,7 +41,7 @@ from .checkpoint import TrainState, checkpoint_state, load_sharded, restore, res
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_count, check_precision,
                      default_dead_tokens, default_lr, eval_batch_count, heldout_batch_count, resolve, resolve_device,
-                     with_heldout_defaults)
+                     weight_dtype, with_heldout_defaults)
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
@@ -147,7 +147,8 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device, source: s
                              f"gives {S} source(s): pass --hookpoint IN --hookpoint OUT")
         S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = SparseCoder(D, cfg.latents // shards.size, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl)
+    model = SparseCoder(D, cfg.latents // shards.size, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl,
+                        dtype=weight_dtype(cfg.precision))
     model.reset_parameters(generator=gen, shard=(shards.rank, shards.size))
     model.add_train_params()
     return model.to(device), gen
@@ -357,7 +358,8 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     cfg, run = job.cfg, job.run
     model, st, r = run.model, run.state, run.resolved
     device = model.W_dec.device
-    job.last_x = model.flatten_batch(x.to(device)) * st.scale.repeat_interleave(model.d_in).to(device)
+    dtype = model.W_dec.dtype  # float32, or float64 under precision float64 (the store's rows are cast up exactly)
+    job.last_x = model.flatten_batch(x.to(device, dtype)) * st.scale.repeat_interleave(model.d_in).to(device, dtype)
     at, length = stopping.schedule(st, r.total_steps)  # the rule's end, and the weights it went back to
     lr = lr_at(at, r.lr, r.warmup_steps, length, cfg.decay_fraction)
     job.metrics = m = step(run, job.last_x, cfg, lr, comm)
@@ -416,6 +418,7 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     from .shards import save_trained
 
     model, st, held_out = run.model, run.state, data.held_out
+    model.to(torch.float32)  # precision float64 ends in the float32 dictionary every reader expects
     if model.spec.finish is not None:
         with torch.no_grad():
             model.spec.finish(model)

@@ -88,6 +88,7 @@ def _grads(loss, tensors):
 # ------------------------------------------------------------------ sparse decode
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,K", [(37, 19, 53, 5), (1, 130, 7, 7), (13, 3, 5, 9)])
@@ -140,6 +141,7 @@ def _check_encode(impl, dtype, x, W, b, k, **kw):
     return got[0]
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
@@ -152,6 +154,7 @@ def test_encode_topk(impl, dtype, B, D, L, k, latent_major):
     _check_encode(impl, dtype, x, W, b, k)
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,D,L,k", SHAPES)
@@ -170,6 +173,7 @@ def test_encode_batch_topk(impl, dtype, B, D, L, k, ranked, latent_major):
     assert torch.all(enc.indices[~kept] == 0) and torch.all(enc.values[~kept] == 0), "padding must be (0, 0.0)"
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_dead", [0, 1, 17])
@@ -418,3 +422,31 @@ def test_batch_topk_survives_recomputed_rows_that_round_below_the_cut():
     sel = select.batch_from_candidates(cand, 1, 4, rounding_full_rows)
     kept = _dense(sel.values, sel.indices, 4) > 0
     assert kept.nonzero().tolist() == [[0, 0], [0, 1], [1, 0]]
+
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_batch_topk_keeps_every_entry_tied_with_the_cut(impl):
+    """Rows repeated in a batch (a causal LM's first position in every context) tie exactly. BatchTopK keeps every
+    entry whose score equals the (k*B)-th largest, not some of them: the choice is a function of the scores alone,
+    so it is the same whatever the rows' order and however the batch is split over processes (the seam keeps
+    ``scores >= cut`` on every rank). Integer-valued inputs make every product and sum exact, so the ties are exact on
+    every CPU; one other row with a few large entries shifts the cut into the middle of a group of tied copies."""
+    B, D, L, k = 12, 4, 16, 2
+    g = torch.Generator().manual_seed(3)
+    W = torch.randint(-3, 4, (D, L), generator=g).float()
+    x = torch.tensor([1.0, 2.0, 0.0, 1.0]).repeat(B, 1)
+    x[-1] = torch.tensor([0.0, 0.0, 9.0, 0.0])
+    b = torch.zeros(L)
+    acts = torch.relu(x @ W + b)
+    cut = acts.flatten().topk(k * B).values.min()
+    want = (acts >= cut) & (acts > 0)
+    assert int(want.sum()) > k * B, "the cut does not fall inside a group of ties"
+    code, smallest = kernels.batch_topk(acts, k, impl=impl)
+    assert torch.equal(_dense(code.values, code.indices, L) > 0, want), f"{impl}: kept {int((code.values > 0).sum())}"
+    assert float(smallest) == float(cut)
+    if impl != "reference":  # the fused encoder of a training step
+        enc = kernels.encode(x, W, b, k, batch=True, impl=impl)
+        assert torch.equal(_dense(enc.values, enc.indices, L) > 0, want), f"{impl} encode: kept {int((enc.values > 0).sum())}"
+        assert float(enc.smallest) == float(cut)

@@ -44,6 +44,7 @@ def same_run(a, b):
     assert ca == cb
 
 
+@pytest.mark.equivalence
 @pytest.mark.unit
 def test_each_dictionary_of_a_sweep_equals_its_separate_run(tmp_path):
     for i, cfg in enumerate(CFGS):
@@ -77,6 +78,7 @@ def test_a_sweep_produces_each_batch_once(tmp_path):
     assert sorted(made) == alone == list(range(SPEC.n_batches))
 
 
+@pytest.mark.equivalence
 @pytest.mark.unit
 def test_a_sweep_resumes_every_dictionary_exactly(tmp_path):
     outs = [tmp_path / "full" / str(i) for i in range(len(CFGS))]

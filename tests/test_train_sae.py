@@ -191,6 +191,7 @@ def test_auxk_revives_dead_latents():
 
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("kind", ["topk", "batchtopk"])
 def test_resume_gives_bit_identical_weights(tmp_path, kind):
     cfg = _cfg(kind=kind, threshold_start_step=2)
@@ -210,6 +211,7 @@ def test_resume_gives_bit_identical_weights(tmp_path, kind):
         range(2, SPEC.n_batches - held + 1, 2))
 
 
+@pytest.mark.equivalence
 def test_resume_from_a_plain_iterable(tmp_path):
     batches = list(synthetic_batches(SPEC))
     full = train(_cfg(), batches, out=tmp_path / "a")  # 12 training batches (a list has a length)

@@ -59,16 +59,25 @@ class SparseCode(NamedTuple):
     indices: Tensor  # [B, K] int64
 
 
-def resolve_impl(op: str, impl: str, device: torch.device) -> str:
-    """Turn ``impl`` (possibly "auto") into a registered implementation name for ``op`` on ``device``."""
+# implementations that compute in float32 whatever their inputs (they convert at the boundary)
+FLOAT32_ONLY = frozenset({"numba", "triton"})
+
+
+def resolve_impl(op: str, impl: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """Turn ``impl`` (possibly "auto") into a registered implementation name for ``op`` on ``device``; for float64
+    tensors (``dtype``) "auto" skips the implementations that compute in float32 and an explicit one is refused."""
     table = IMPLS[op]
+    wide = dtype == torch.float64
     if impl == "auto":
         for name in AUTO_ORDER.get(device.type, ("torch", "reference")):
-            if name in table and _available(name):
+            if name in table and _available(name) and not (wide and name in FLOAT32_ONLY):
                 return name
         return "reference"
     if impl not in table:
         raise ValueError(f"impl={impl!r} is not available for {op}; choose one of {sorted(table) + ['auto']}")
+    if wide and impl in FLOAT32_ONLY:
+        raise ValueError(f"kernel_impl={impl!r} computes in float32 and would round float64 tensors; use kernel_impl "
+                         f"auto, torch or reference with precision float64")
     return impl
 
 
@@ -84,17 +93,18 @@ def _available(name: str) -> bool:
     return True
 
 
-def _fn(op: str, impl: str, device: torch.device):
+def _fn(op: str, impl: str, t: Tensor):
+    """The implementation ``impl`` of ``op`` for tensors like ``t`` (its device and dtype)."""
     import importlib
 
-    name = resolve_impl(op, impl, device)
+    name = resolve_impl(op, impl, t.device, t.dtype)
     module, func = IMPLS[op][name].split(":")
     return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
 
 def encode_topk(x: Tensor, W_enc: Tensor, b_enc: Tensor, k: int, impl: str = "auto") -> SparseCode:
     """TopK(ReLU(x W_enc + b_enc)) per row: x [B, D] -> SparseCode([B, k], [B, k]), differentiable."""
-    values, indices = _fn("encode_topk", impl, x.device)(x, W_enc, b_enc, k)
+    values, indices = _fn("encode_topk", impl, x)(x, W_enc, b_enc, k)
     return SparseCode(values, indices)
 
 
@@ -102,7 +112,7 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None, impl: str = "a
     """Top ``k*B`` entries of acts [B, L] over the whole batch (ranked by ``acts*scale`` when given).
 
     Returns the zero-padded code and the smallest kept activation (for the inference threshold)."""
-    values, indices, smallest = _fn("batch_topk", impl, acts.device)(acts, k, scale)
+    values, indices, smallest = _fn("batch_topk", impl, acts)(acts, k, scale)
     return SparseCode(values, indices), smallest
 
 
@@ -122,7 +132,7 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
             values = torch.where(values != 0, values, values.detach())
         out = values @ W_dec.index_select(0, indices[0])
         return out if b_dec is None else out + b_dec
-    return _fn("sparse_decode", impl, values.device)(values, indices, W_dec, b_dec, skip_zero_grads)
+    return _fn("sparse_decode", impl, values)(values, indices, W_dec, b_dec, skip_zero_grads)
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
@@ -131,13 +141,13 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int 
     (pre there [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
     differentiable in x, W_enc and b_enc through those entries (JumpReLU: its active entries and those in the
     threshold's window). ``k``, the expected entries per row, sizes buffers only."""
-    return _fn("encode_above", impl, x.device)(x, W_enc, b_enc, floor, k)
+    return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
 
 
 def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto") -> Tensor:
     """(x W_enc) at indices [B, K] -> [B, K] without the [B, L] product; differentiable in x and W_enc through
     those entries only (no ReLU mask: every entry carries its gradient)."""
-    return _fn("gather_pre", impl, x.device)(x, W_enc, indices)
+    return _fn("gather_pre", impl, x)(x, W_enc, indices)
 
 
 def encode(
@@ -165,19 +175,19 @@ def encode(
     are recomputed in x's dtype (``sparse.encode``). The fast implementations only.
     """
     if mm_dtype is None:
-        return Encoded(*_fn("encode", impl, x.device)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
+        return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
                                                       k_aux=k_aux))
-    name = resolve_impl("encode", impl, x.device)
+    name = resolve_impl("encode", impl, x.device, x.dtype)
     if name == "reference":
         raise ValueError(f"a {mm_dtype} encoder matmul needs a fast kernel, not kernel_impl='reference'; use "
                          f"kernel_impl auto, torch or numba, or precision float32")
-    return Encoded(*_fn("encode", name, x.device)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
+    return Encoded(*_fn("encode", name, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
                                                   k_aux=k_aux, mm_dtype=mm_dtype))
 
 
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
-    values, indices = _fn("encode_aux", impl, x.device)(x, W_enc, b_enc, dead, k_aux)
+    values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
     return SparseCode(values, indices)
 
 

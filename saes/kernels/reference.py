@@ -31,15 +31,14 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tenso
     ``acts * sum_s |d_j^s|`` but keeps the unscaled ``acts``). Returns values [B, K], indices [B, K]
     padded with (0.0, 0) where a row keeps fewer than K = the largest per-row count, and the
     smallest kept activation (unscaled), a 0-dim tensor used for the inference threshold.
-    Entries equal to zero are never kept.
+    Entries equal to zero are never kept; entries tied with the (k*B)-th largest score all are (the cut
+    is a value, so the choice does not depend on how the batch is ordered or split over processes).
     """
     B, L = acts.shape
     n_keep = min(k * B, B * L)
     score = acts if scale is None else acts * scale
-    flat_idx = score.flatten().topk(n_keep, sorted=False).indices
-    keep = torch.zeros(B * L, dtype=torch.bool, device=acts.device)
-    keep[flat_idx] = True
-    keep = keep.view(B, L) & (acts > 0)
+    cut = score.flatten().topk(n_keep, sorted=False).values.min() if n_keep else score.new_tensor(float("inf"))
+    keep = (score >= cut) & (acts > 0)
     counts = keep.sum(dim=1)
     K = max(int(counts.max().item()) if B else 0, 1)
     # stable order: kept entries first (in latent order), then padding

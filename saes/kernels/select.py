@@ -1,6 +1,8 @@
 """Selection on the pre-activations: per-row TopK, exact batch TopK without sorting B*L values, AuxK.
 
-Batch TopK is proven from per-row candidates: every row b offers candidates holding all its scores
+Batch TopK keeps every entry whose score is at least the (k*B)-th largest: ties at the cut are all kept, so the
+choice is a function of the scores alone, whatever the order of the rows or their split over processes.
+It is proven from per-row candidates: every row b offers candidates holding all its scores
 above a floor f_b (its c = 4k largest scores, f_b the smallest of them; or, with a cutoff tau guessed
 from the first rows, every score above tau, f_b = tau). Let t be the (k*B)-th largest candidate. The
 true threshold is >= t, and a row with f_b <= t has nothing outside its candidates above t, so the top
@@ -123,17 +125,17 @@ def batch_from_candidates(cand: Candidates, k: int, L: int,
     (score, value) [n, L] of whole rows, called only for rows the candidates cannot prove."""
     B, c = cand.score.shape
     n_keep = min(k * B, B * L)
-    top = cand.score.flatten().topk(n_keep, sorted=False)
-    unproven = cand.floor > top.values.min()
+    t = cand.score.flatten().topk(n_keep, sorted=False).values.min()
+    # a row whose floor is the cut may hold more entries equal to it than its candidates show
+    unproven = (cand.floor > t) | ((cand.floor == t) & (t > 0))
     bad = torch.nonzero(unproven).flatten()
     if bad.numel() == 0:
-        rows, flat = top.indices // c, top.indices
-        cols, values = cand.index.flatten()[flat], cand.value.flatten()[flat]
+        flat = torch.nonzero(cand.score.flatten() >= t).flatten()  # every entry tied with the cut is kept too
+        rows, cols, values = flat // c, cand.index.flatten()[flat], cand.value.flatten()[flat]
     else:
         # only entries >= t can be kept (the true threshold is >= t): the good rows' candidates and the
         # unproven rows' recomputed entries that pass t form an exact, small pool
         log.debug("batch top-k: %d of %d rows unproven by %d candidates; recomputing them", bad.numel(), B, c)
-        t = top.values.min()
         good = torch.nonzero(~unproven).flatten()
         g_s, g_v, g_i = cand.score[good], cand.value[good], cand.index[good]
         g_r, g_c = torch.nonzero(g_s >= t, as_tuple=True)
@@ -145,7 +147,7 @@ def batch_from_candidates(cand: Candidates, k: int, L: int,
             # entries and topk raised. The unproven rows' entries are then all taken (a row has L >= its c).
             b_r, b_c = torch.nonzero(full_score.new_ones(full_score.shape, dtype=torch.bool), as_tuple=True)
         pool_s = torch.cat([g_s[g_r, g_c], full_score[b_r, b_c]])
-        pos = pool_s.topk(n_keep, sorted=False).indices
+        pos = torch.nonzero(pool_s >= pool_s.topk(n_keep, sorted=False).values.min()).flatten()
         rows = torch.cat([good[g_r], bad[b_r]])[pos]
         cols = torch.cat([g_i[g_r, g_c], b_c])[pos]
         values = torch.cat([g_v[g_r, g_c], full_value[b_r, b_c]])[pos]

@@ -158,9 +158,9 @@ def _global_batch_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs,
     values = enc.values.detach()
     scores = values if scale is None else values * scale[enc.indices]
     alive = values > 0
-    everything = job_gather(comm, scores[alive].float().reshape(-1))
+    everything = job_gather(comm, scores[alive].reshape(-1))  # in the scores' dtype: a float64 run's cut
     n_keep = model.k * rows
-    cut = (everything.topk(n_keep, sorted=False).values.min().to(scores.dtype) if everything.numel() > n_keep
+    cut = (everything.topk(n_keep, sorted=False).values.min() if everything.numel() > n_keep
            else scores.new_tensor(-math.inf))
     keep = alive & (scores >= cut)
     width = max(1, int(keep.sum(dim=1).max()) if keep.numel() else 1)
