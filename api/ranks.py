@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -49,6 +50,8 @@ def join(backend: str | None = None) -> Ranks:
     ranks other than 0 are :func:`quiet`."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
         return current()
+    if int(os.environ.get("RANK", "0")) != 0:
+        quiet()  # before anything is logged: torchrun names the rank before the group exists
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         log.info("torch.distributed backend %s (CUDA %s)", backend,
@@ -63,8 +66,11 @@ def join(backend: str | None = None) -> Ranks:
 
 
 def quiet() -> None:
-    """Silence this rank: conceptdict logs at WARNING and up only, tqdm bars off (TQDM_DISABLE)."""
-    logging.getLogger("conceptdict").setLevel(logging.WARNING)
+    """Silence this rank: errors only (conceptdict's and every other logger's), no Python warnings, tqdm bars off
+    (TQDM_DISABLE). Rank 0 says everything once; a warning printed by every rank says nothing more."""
+    logging.getLogger("conceptdict").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
     os.environ["TQDM_DISABLE"] = "1"
 
 

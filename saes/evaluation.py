@@ -337,7 +337,8 @@ def threshold_line(summary: dict, k: int) -> str | None:
 def describe_dictionary(model) -> list[str]:
     """Lines for people: what was trained and its held-out evaluation table."""
     summary = model.training_summary or {}
-    lines = [f"trained {model.kind} dictionary: D={model.d_in}, L={model.n_latents}, k={model.k}, "
+    latents = (summary.get("config") or {}).get("latents") or model.n_latents  # the whole dictionary's, on a shard too
+    lines = [f"trained {model.kind} dictionary: D={model.d_in}, L={latents}, k={model.k}, "
              f"sources={model.n_sources}, {summary.get('steps')} steps, {summary.get('rows')} rows"]
     held = summary.get("heldout_eval")
     if held:

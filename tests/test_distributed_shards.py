@@ -267,6 +267,10 @@ def test_the_command_line_trains_sharded_and_every_command_reads_the_artifact(sh
         out = tmp_path / f"sae{n}"
         proc = _cli([*args, *extra, "--out", str(out)], n, tmp_path, capsys)
         assert proc.returncode == 0, failure(proc)
+        assert "dictionary: D=12, L=64, k=4" in proc.stdout, "the summary names the whole dictionary, not a shard"
+        if n == 2:  # rank 1 says nothing but errors (each log line without its time, once)
+            said = [ln.split(" ", 1)[-1] for ln in proc.stderr.splitlines() if " INFO " in ln or " WARNING " in ln]
+            assert said and len(said) == len(set(said)), f"a line said once per rank: {said}"
         weights[n] = load_file(out / "weights.safetensors")
     assert ulps(weights[1], weights[2]) <= 1
     sharded = tmp_path / "sae2"
