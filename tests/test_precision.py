@@ -128,3 +128,23 @@ def test_the_flag_reaches_the_config_and_a_checkpoint_from_before_it_resumes_as_
         train(_cfg(), functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
     resumed = train(cfg, functools.partial(synthetic_batches, SPEC), out=tmp_path / "cut", resume=True)
     assert torch.equal(resumed.W_dec, full.W_dec)
+
+
+@pytest.mark.unit
+def test_float64_trains_in_float64_on_an_implementation_that_computes_it_and_saves_float32(tmp_path):
+    """precision float64: every kind takes it (relu too), ``auto`` resolves to an implementation that computes in
+    float64 (numba and triton round to float32 and are refused by name), the checkpoint holds float64 weights and
+    the saved dictionary is float32."""
+    cpu = torch.device("cpu")
+    assert kernels.resolve_impl("encode", "auto", cpu, torch.float64) == "torch"
+    assert kernels.resolve_impl("encode", "auto", cpu, torch.float32) in ("numba", "torch")
+    with pytest.raises(ValueError, match="kernel_impl='numba' computes in float32; precision float64 needs"):
+        train_config(latents=32, k=4, precision="float64", kernel_impl="numba")
+    with pytest.raises(ValueError, match="kernel_impl='numba' computes in float32 and would round float64"):
+        kernels.resolve_impl("encode", "numba", cpu, torch.float64)
+    for kind in ("relu", "batchtopk"):
+        model = train(_cfg(kind=kind, kernel_impl="auto", precision="float64"), functools.partial(synthetic_batches, SPEC),
+                      out=tmp_path / kind)
+        assert all(t.dtype == torch.float32 for t in model.state_dict().values() if t.is_floating_point())
+        ck = torch.load(tmp_path / kind / "checkpoint.pt", weights_only=True)
+        assert ck["model"]["W_enc"].dtype == torch.float64
