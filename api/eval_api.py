@@ -12,7 +12,7 @@ import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
 from conceptdict.activations.replacement import replacement_losses
-from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
+from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
@@ -145,7 +145,7 @@ def _lm_contexts(store, cfg: EvalConfig):
         return None
     lm = load_model(name, device=cfg.device)
     bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
-    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad))
+    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
 
 
 def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
