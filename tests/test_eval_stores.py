@@ -4,6 +4,8 @@ recorded stores differ."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import conceptdict as cd
@@ -70,3 +72,62 @@ def test_eval_on_a_packed_store_reports_the_spliced_losses_of_the_model_on_those
     assert got["ce_replaced"] == pytest.approx(direct.ce_replaced, rel=1e-5)
     assert got["kl_replaced"] == pytest.approx(direct.kl_replaced, rel=1e-5)
     assert ev.metrics.kl_score is not None and ev.metrics.ce_loss_recovered is not None
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    """(crosscoder over stores A and B, an SAE trained on B alone, A, B): imported arrays of one hookpoint name."""
+    import numpy as np
+    import torch
+    from generators.synthetic import planted_batches, planted_pair
+
+    tmp = tmp_path_factory.mktemp("two")
+    pair = planted_pair(16, n_shared=8, n_b_only=4, n_scaled=0, n_rotated=0, seed=0)
+    x = torch.cat(list(planted_batches(pair, 256, 8, p_fire=0.1, seed=1))).numpy()  # [2048, 2, 16]
+    stores = []
+    for s, name in enumerate("AB"):
+        (tmp / name.lower()).mkdir()
+        np.save(tmp / name.lower() / "acts.npy", np.ascontiguousarray(x[:, s]))
+        stores.append(cd.import_array(tmp / name.lower() / "acts.npy", out=tmp / name).path)
+    cd.diff(store=stores, out=tmp / "diff", latents=32, k=3, batch_size=128, tokens=2048, eval_batches=2,
+            checkpoint_every=0, seed=0, device="cpu")
+    cd.train(store=stores[1], out=tmp / "sae_b", latents=32, k=3, batch_size=128, tokens=2048, eval_batches=2,
+             checkpoint_every=0, seed=0, device="cpu")
+    return tmp / "diff" / "crosscoder", tmp / "sae_b", *stores
+
+
+def test_compare_evaluates_each_dictionary_on_its_own_recorded_store(two_stores, tmp_path, capsys):
+    cc, sae_b, a, b = two_stores
+    assert main(["compare", str(cc), str(sae_b), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "each one's own store" in out
+    rows = {r["name"]: r for r in json.loads((tmp_path / "cmp" / "compare.json").read_text())["dictionaries"]}
+    assert rows["crosscoder"]["store"] == [str(a), str(b)] and rows["sae_b"]["store"] == [str(b)]
+    for name, path in (("crosscoder", cc), ("sae_b", sae_b)):  # each on its own held-out rows, as `eval` reads them
+        alone = cd.evaluate(path, out=tmp_path / f"{name}.json").metrics
+        assert rows[name]["metrics"]["fvu"] == pytest.approx(alone.fvu, rel=1e-6) and alone.fvu < 1
+
+
+@pytest.mark.parametrize("command", ["compare", "eval"])
+def test_a_store_other_than_the_recorded_one_is_refused_in_one_line(two_stores, tmp_path, capsys, command):
+    cc, sae_b, a, b = two_stores
+    dicts = [str(cc), str(sae_b)] if command == "compare" else [str(sae_b)]
+    for store in (b, a):  # B replaces the crosscoder's store A; A replaces sae_b's store B
+        if command == "eval" and store == b:
+            continue
+        assert main([command, *dicts, "--store", str(store), "--out", str(tmp_path / "x")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert f"--store {store} is not the store" in err and "drop --store" in err
+        assert str(a if store == b else b) in err
+
+
+def test_a_store_of_the_same_model_over_other_text_is_read_with_a_warning(packed, tmp_path, caplog):
+    store, sae_dir, model_dir = packed
+    other = cache_activations(CacheConfig(model=str(model_dir), hookpoints=[HP], dataset="", out=tmp_path / "other",
+                                          context_length=32, batch_size=8, progress=False),
+                              records=_short_docs(40, seed=5))
+    with caplog.at_level("WARNING"):
+        ev = cd.evaluate(sae_dir, store=other, contexts=0, out=tmp_path / "e.json")
+    assert ev.store == other and ev.metrics.n_tokens > 0
+    assert any(str(store) in r.getMessage() and str(other) in r.getMessage() for r in caplog.records)
