@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations.live import LiveSource
 from conceptdict.activations.provenance import check_replacement
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
@@ -25,6 +26,7 @@ from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
+from conceptdict.eval_rows import live_rows, open_live, training_heldout
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,13 @@ class EvalConfig:
     hookpoint: str | None = field(default=None, metadata={
         "help": "Hookpoint; default: the one the dictionary was trained on."})
     model: str | None = field(default=None, metadata={
-        "help": "Language model for CE loss recovered and KL score; default: the store's model if it is a causal LM."})
+        "help": "Language model for CE loss recovered and KL score; default: the store's model if it is a causal LM. "
+                "A dictionary trained from a model (`train --model`, no store): the model run for its rows; "
+                "default: the recorded one."})
+    dataset: str | None = field(default=None, metadata={
+        "help": "A dictionary trained from a model (`train --model`, no store): the dataset the model runs over "
+                "(default: the recorded one). Over its training dataset it reads the batches training held out; "
+                "over another, that dataset's first rows."})
     rows: int = field(default=65536, metadata={"help": "Evaluate on at most this many store rows."})
     rows_from: str = field(default="heldout", metadata={
         "help": "heldout: the batches training held out (else the first rows, with a warning); start: the first "
@@ -141,6 +149,9 @@ def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hook
 
 def _lm_contexts(store, cfg: EvalConfig):
     """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
+    if isinstance(store, LiveSource):
+        ids = store.contexts(cfg.contexts) if cfg.contexts else None
+        return None if ids is None else (store.model, *ids)
     name = cfg.model or causal_lm_source(store)
     if name is None or cfg.contexts == 0 or store.level != "token":
         return None
@@ -155,6 +166,10 @@ def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
     list of its stores (:func:`crosscoder_sources`)."""
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
+    if cfg.store is None and not config.get("stores") and (config.get("live") or cfg.dataset):
+        return open_live(sae_dir, config, model, cfg)  # trained from a model's forward: run it again
+    if cfg.dataset is not None:
+        raise ValueError(f"--dataset {cfg.dataset}: {sae_dir} reads a store; drop --dataset")
     if model.n_sources != 1 and not model.spec.transcodes:
         return (model, *crosscoder_sources(sae_dir, config, model, cfg))
     if cfg.store_b is not None:
@@ -239,29 +254,13 @@ def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> lis
     return pair
 
 
-def training_heldout(sae_dir: str | Path, hookpoints: list[str]) -> dict | None:
-    """The held-out batches a dictionary's training recorded (``activations.heldout_recipe``) when it was trained
-    at ``hookpoints``: from its config.json, or for runs made before it was recorded there, from
-    train_config.json."""
-    if str(sae_dir).startswith("hf:"):
-        return None
-    config = load_dictionary_config(sae_dir)
-    recipe = config.get("heldout")
-    path = Path(sae_dir) / "train_config.json"
-    if recipe is None and path.exists():
-        run = json.loads(path.read_text())
-        train, cmd = run.get("train") or {}, run.get("command") or {}
-        if train.get("eval_batches") and "batch_size" in train:
-            recipe = {"stores": [str(Path(s).resolve()) for s in config.get("stores") or []],
-                      "hookpoints": config.get("hookpoints"), "batch_size": train["batch_size"],
-                      "seed": train.get("seed", 0), "batches": train["eval_batches"],
-                      "buffer_rows": cmd.get("buffer_rows", 65536)}
-    return recipe if recipe and list(recipe.get("hookpoints") or []) == list(hookpoints) else None
-
-
 def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dict | None = None):
     """(batches, where they come from): training's held-out batches (``recipe``, default: ``sae_dir``'s) when
-    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows."""
+    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows. A
+    model's forward (:class:`LiveSource`): ``eval_rows.live_rows``."""
+    if isinstance(store, LiveSource):
+        return live_rows(sae_dir, store, hookpoints, cfg.rows, cfg.batch_size, cfg.rows_from,
+                         load_dictionary_config(sae_dir))
     if cfg.rows_from == "heldout":
         recipe = recipe or training_heldout(sae_dir, hookpoints)
         batches = heldout_batches(recipe, store, hookpoints, cfg.rows)
@@ -392,7 +391,7 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
                           contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
         parts = [open_on_store(d, ecfg) for d in layers or [ref.path]]
         model, store, hookpoints = parts[0]
-        key = tuple(str(p.resolve()) for p in store_paths(store))
+        key = tuple(map(str, store_paths(store)))
         if key not in recipes:  # every dictionary on these stores reads the rows the first one's training held out
             recipe = training_heldout(ref.path, hookpoints)
             recipes[key] = recipe, (f"the batches `conceptdict train` held out for {ref.path}" if recipe else

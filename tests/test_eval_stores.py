@@ -131,3 +131,27 @@ def test_a_store_of_the_same_model_over_other_text_is_read_with_a_warning(packed
         ev = cd.evaluate(sae_dir, store=other, contexts=0, out=tmp_path / "e.json")
     assert ev.store == other and ev.metrics.n_tokens > 0
     assert any(str(store) in r.getMessage() and str(other) in r.getMessage() for r in caplog.records)
+
+
+def test_a_dictionary_trained_from_a_live_model_is_evaluated_on_the_rows_training_held_out(tiny_lm_dir, tmp_path,
+                                                                                           capsys):
+    docs, other = tmp_path / "docs.jsonl", tmp_path / "other.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(120)))
+    other.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(60, seed=7)))
+    out = tmp_path / "live"
+    assert main(["train", "--model", str(tiny_lm_dir), "--hookpoint", HP, "--dataset", str(docs), "--context-length",
+                 "32", "--forward-batch-size", "4", "--latents", "32", "--k", "4", "--batch-size", "64", "--tokens",
+                 str(64 * 10), "--eval-batches", "2", "--buffer-rows", "512", "--device", "cpu", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--model", str(tiny_lm_dir), "--dataset", str(docs), "--contexts", "4",
+                 "--out", str(tmp_path / "eval.json")]) == 0
+    text = capsys.readouterr().out
+    assert "training's held-out batches" in text and "KL score" in text
+    record = json.loads((tmp_path / "eval.json").read_text())
+    held = cd.load(out).training_summary["heldout_eval"]  # training measured these same rows before saving
+    assert record["metrics"]["n_tokens"] == held["n_tokens"] == 128
+    assert record["metrics"]["fvu"] == pytest.approx(held["fvu"], rel=1e-5)
+    assert record["metrics"]["l0"] == pytest.approx(held["l0"], rel=1e-6)
+    elsewhere = cd.evaluate(out, dataset=str(other), rows=256, batch_size=64, contexts=0, out=tmp_path / "o.json")
+    assert elsewhere.rows_from == f"the first rows of {other} (a dataset it did not train on)"
+    assert elsewhere.metrics.n_tokens == 256 and elsewhere.metrics.splice is None
