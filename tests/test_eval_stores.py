@@ -72,6 +72,10 @@ def test_eval_on_a_packed_store_reports_the_spliced_losses_of_the_model_on_those
     assert got["ce_replaced"] == pytest.approx(direct.ce_replaced, rel=1e-5)
     assert got["kl_replaced"] == pytest.approx(direct.kl_replaced, rel=1e-5)
     assert ev.metrics.kl_score is not None and ev.metrics.ce_loss_recovered is not None
+    # compare splices each dictionary into the same rebuilt contexts
+    got = cd.compare([sae_dir, sae_dir], model=str(model_dir), contexts=4, out=tmp_path / "cmp").result
+    assert [row["metrics"]["splice"]["kl_replaced"] for row in got["dictionaries"]] == \
+        pytest.approx([direct.kl_replaced] * 2, rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +145,8 @@ def test_a_dictionary_trained_from_a_live_model_is_evaluated_on_the_rows_trainin
     out = tmp_path / "live"
     assert main(["train", "--model", str(tiny_lm_dir), "--hookpoint", HP, "--dataset", str(docs), "--context-length",
                  "32", "--forward-batch-size", "4", "--latents", "32", "--k", "4", "--batch-size", "64", "--tokens",
-                 str(64 * 10), "--eval-batches", "2", "--buffer-rows", "512", "--device", "cpu", "--out", str(out)]) == 0
+                 str(64 * 10), "--eval-batches", "2", "--buffer-rows", "512", "--device", "cpu",
+                 "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["eval", str(out), "--model", str(tiny_lm_dir), "--dataset", str(docs), "--contexts", "4",
                  "--out", str(tmp_path / "eval.json")]) == 0
