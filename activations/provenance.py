@@ -16,14 +16,21 @@ from conceptdict.activations.store import read_manifest
 log = logging.getLogger(__name__)
 
 
+def _manifest(path: str | Path) -> dict | None:
+    try:
+        return read_manifest(Path(path).expanduser())
+    except Exception:  # noqa: BLE001 - an unreadable store records nothing; opening it says why
+        return None
+
+
+def _readable(path: str | Path) -> bool:
+    return _manifest(path) is not None
+
+
 def store_model(path: str | Path) -> str | None:
     """The model a store's manifest records (hub id or local directory), None when it records none or the store
     cannot be read."""
-    try:
-        manifest = read_manifest(Path(path))
-    except Exception:  # noqa: BLE001 - an unreadable store records nothing; opening it says why
-        return None
-    return ((manifest or {}).get("model") or {}).get("id")
+    return ((_manifest(path) or {}).get("model") or {}).get("id")
 
 
 def same_path(a: str | Path, b: str | Path) -> bool:
@@ -40,6 +47,8 @@ def check_replacement(dictionary: str | Path, recorded: str | Path | None, given
         log.warning("%s was trained on %s, which no longer exists; evaluating it on %s %s", dictionary, recorded,
                     flag, given)
         return
+    if not _readable(given):
+        return  # opening it says what is wrong with it
     was, now = store_model(recorded), store_model(given)
     if was is None or now is None or was != now:
         why = (f"it holds model {now}'s activations, {recorded} model {was}'s" if was and now else

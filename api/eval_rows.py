@@ -53,8 +53,8 @@ def live_rows(sae_dir, source: LiveSource, hookpoints: list[str], rows: int, bat
     """(batches, where they come from): training's held-out batches when ``rows_from`` is heldout, the dataset is
     the one it trained on and the run recorded them; else the dataset's first ``rows`` rows (with a warning when
     training read that dataset)."""
-    dataset = source.live.dataset
-    same = (config.get("dataset") or {}).get("spec") == describe_dataset(dataset).get("spec")
+    dataset, trained_on = source.live.dataset, (config.get("dataset") or {}).get("spec")
+    same = trained_on == describe_dataset(dataset).get("spec")
     recipe = run_heldout(sae_dir, config) if same and rows_from == "heldout" else None
     if recipe is not None:
         return source.batches(hookpoints, recipe, rows), "training's held-out batches"
@@ -66,7 +66,8 @@ def live_rows(sae_dir, source: LiveSource, hookpoints: list[str], rows: int, bat
                                                "buffer_rows": rows}, rows))
     if not batches:
         raise ValueError(f"model {source.live.model} over {dataset} gives fewer than {size} rows; lower --batch-size")
-    return batches, f"the first rows of {dataset}" + ("" if same else " (a dataset it did not train on)")
+    why = "" if same else " (a dataset it did not train on)" if trained_on else " (its training data is not recorded)"
+    return batches, f"the first rows of {dataset}{why}"
 
 
 def run_heldout(sae_dir, config: dict) -> dict | None:

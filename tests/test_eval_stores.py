@@ -124,6 +124,9 @@ def test_a_store_other_than_the_recorded_one_is_refused_in_one_line(two_stores, 
         assert "Traceback" not in err and len(err.splitlines()) == 1, err
         assert f"--store {store} is not the store" in err and "drop --store" in err
         assert str(a if store == b else b) in err
+    assert main([command, *dicts, "--store", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err  # a store that is not one: the store's own error, not a comparison of models
+    assert "nowhere has no manifest.json" in err and "is not the store" not in err
 
 
 def test_a_store_of_the_same_model_over_other_text_is_read_with_a_warning(packed, tmp_path, caplog):
@@ -160,3 +163,11 @@ def test_a_dictionary_trained_from_a_live_model_is_evaluated_on_the_rows_trainin
     elsewhere = cd.evaluate(out, dataset=str(other), rows=256, batch_size=64, contexts=0, out=tmp_path / "o.json")
     assert elsewhere.rows_from == f"the first rows of {other} (a dataset it did not train on)"
     assert elsewhere.metrics.n_tokens == 256 and elsewhere.metrics.splice is None
+    # a dictionary that records no training data (e.g. another library's): the first rows, said so
+    config = json.loads((out / "config.json").read_text())
+    for key in ("live", "dataset"):
+        config.pop(key)
+    (out / "config.json").write_text(json.dumps(config))
+    unknown = cd.evaluate(out, model=str(tiny_lm_dir), dataset=str(docs), rows=128, batch_size=64, contexts=0,
+                          out=tmp_path / "u.json")
+    assert unknown.rows_from == f"the first rows of {docs} (its training data is not recorded)"
