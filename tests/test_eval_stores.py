@@ -138,6 +138,15 @@ def test_a_store_of_the_same_model_over_other_text_is_read_with_a_warning(packed
         ev = cd.evaluate(sae_dir, store=other, contexts=0, out=tmp_path / "e.json")
     assert ev.store == other and ev.metrics.n_tokens > 0
     assert any(str(store) in r.getMessage() and str(other) in r.getMessage() for r in caplog.records)
+    # another model's store (a second tiny LM of the same width) is refused, naming both models
+    from fixtures_models import build_tiny_lm
+
+    lm_b = build_tiny_lm(tmp_path / "lm_b", seed=1)
+    theirs = cache_activations(CacheConfig(model=str(lm_b), hookpoints=[HP], dataset="", out=tmp_path / "theirs",
+                                           context_length=32, batch_size=8, progress=False),
+                               records=_short_docs(40, seed=5))
+    with pytest.raises(ValueError, match=f"it holds model {lm_b}'s activations, {store} model {model_dir}'s"):
+        cd.evaluate(sae_dir, store=theirs, contexts=0, out=tmp_path / "t.json")
 
 
 def test_a_dictionary_trained_from_a_live_model_is_evaluated_on_the_rows_training_held_out(tiny_lm_dir, tmp_path,
