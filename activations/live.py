@@ -25,6 +25,7 @@ caller's thread.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from conceptdict.activations import data as data_mod
 from conceptdict.activations import models
 from conceptdict.activations.cache import Batch, batch_rows, count_rows, iter_batches
 from conceptdict.activations.stream import prefetched, rank_rows
+from conceptdict.activations.tokens import pad_sequences
 
 _FORWARD = threading.Lock()  # one forward at a time per process: hooks are registered on the shared model
 
@@ -147,13 +149,7 @@ def live_batches(cfg: LiveConfig, model: models.ModelHandle, hookpoints: list[st
     per_fill = fill_rows // batch_size
     special = torch.tensor(model.special_ids(), dtype=torch.int64)
     pad_id = getattr(model.tokenizer, "pad_token_id", None) if model.tokenizer is not None else None
-    packing = cfg.packing if cfg.packing is not None else level == "token"
-    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split,
-                                 encoding=cfg.encoding)
-    contexts = data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
-                                      text_column=cfg.text_column, tokens_column=cfg.tokens_column,
-                                      prepend_bos=cfg.prepend_bos, vocab_size=model.vocab_size, source=cfg.dataset)
-    batches = iter_batches(contexts, cfg.forward_batch_size, pad_id or 0)
+    batches = iter_batches(_contexts(cfg, model, level, records), cfg.forward_batch_size, pad_id or 0)
     count = functools.partial(count_rows, level=level, special=special)
     forward = _Forward(model, hookpoints, level, special)
 
@@ -170,6 +166,46 @@ def live_batches(cfg: LiveConfig, model: models.ModelHandle, hookpoints: list[st
             batch = rows[order[j * batch_size + lo:j * batch_size + hi]]
             batch = batch if dtype is None else batch.to(dtype)
             yield batch[:, 0] if len(hookpoints) == 1 else batch
+
+
+def _contexts(cfg: LiveConfig, model: models.ModelHandle, level: str,
+              records: Iterable[Any] | None = None) -> Iterator[data_mod.Context]:
+    """The contexts ``cache`` would make of ``cfg.dataset`` (or ``records``) for ``model``."""
+    packing = cfg.packing if cfg.packing is not None else level == "token"
+    recs = data_mod.iter_records(records if records is not None else cfg.dataset, split=cfg.split,
+                                 encoding=cfg.encoding)
+    return data_mod.iter_contexts(recs, model.tokenizer, context_length=cfg.context_length, packing=packing,
+                                  text_column=cfg.text_column, tokens_column=cfg.tokens_column,
+                                  prepend_bos=cfg.prepend_bos, vocab_size=model.vocab_size, source=cfg.dataset)
+
+
+class LiveSource(NamedTuple):
+    """A model's forward over a dataset, read where a store would be (``conceptdict eval`` of a dictionary that
+    ``train --model`` trained)."""
+
+    live: LiveConfig
+    model: models.ModelHandle
+    level: str = "token"
+
+    @property
+    def path(self) -> str:
+        return f"model {self.live.model} over {self.live.dataset}"
+
+    def batches(self, hookpoints: list[str], heldout: dict, rows: int) -> Iterator[torch.Tensor]:
+        """The first ``heldout["batches"]`` batches (at most ``rows`` rows) of the stream :func:`live_batches` makes
+        with ``heldout``'s batch_size, seed and buffer_rows: for a training run's own, the batches it held out."""
+        size = int(heldout["batch_size"])
+        n = min(int(heldout["batches"]), max(1, rows // size))
+        return itertools.islice(live_batches(self.live, self.model, hookpoints, size, seed=int(heldout["seed"]),
+                                             buffer_rows=int(heldout["buffer_rows"])), n)
+
+    def contexts(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids [n, T] right-padded, mask) of the dataset's first ``n`` contexts, as the model read them; None for
+        a model that is not a causal LM or a sentence-level source."""
+        if not self.model.is_causal or self.level != "token":
+            return None
+        seqs = [c.ids for c in itertools.islice(_contexts(self.live, self.model, "token"), n)]
+        return pad_sequences(seqs, self.model.bos_pad_ids()[1]) if seqs else None
 
 
 class _Forward:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from conceptdict.activations.data import special_wrapping
 from conceptdict.activations.models import load_model, load_tokenizer_dir
 
 
@@ -62,11 +63,39 @@ def causal_lm_source(store) -> str | None:
     return source if source and Path(source).is_dir() else info.get("id")
 
 
-def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token contexts [N, T] (right-padded) and attention mask from the first store rows.
+def separator_id(lm) -> int | None:
+    """The token id ``cache`` puts between packed documents for the model handle ``lm``: its tokenizer's (EOS, else
+    SEP: ``data.special_wrapping``), else its config's EOS."""
+    if lm.tokenizer is not None:
+        return special_wrapping(lm.tokenizer)[2]
+    eos = getattr(getattr(lm.bridge.original_model, "config", None), "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return int(eos) if eos is not None else None
 
-    Rows carry (context index, position, token); a context whose first stored position is 1 gets ``bos_id``
-    prepended (the store excludes BOS rows); contexts with other gaps are skipped."""
+
+def packed_separator(store, sep_id: int | None) -> int | None:
+    """The token a packed store left out between its documents: ``sep_id`` (the tokenizer's end-of-text, as
+    ``data.special_wrapping`` picks it) when the store was cached with packing from text and left that token's rows
+    out; None for a store whose gaps it cannot account for (unpacked, pre-tokenised, imported, or sep kept)."""
+    config = store.manifest.get("config")
+    if sep_id is None or not isinstance(config, dict) or config.get("tokens_column"):
+        return None
+    packing = config.get("packing")
+    packed = packing if packing is not None else store.level == "token"
+    excluded = (store.manifest.get("excluded_tokens") or {}).get("ids") or []
+    return sep_id if packed and sep_id in excluded else None
+
+
+def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int,
+                     sep_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token contexts [N, T] (right-padded) and attention mask from the first store rows: the contexts the cache
+    ran the model on, up to their last stored row.
+
+    Rows carry (context index, position, token); special tokens have no rows. A context whose first stored
+    position is 1 gets ``bos_id`` prepended; in a packed store (:func:`packed_separator` of ``sep_id``) each
+    one-position gap is the end-of-text separator between two documents and gets ``sep_id`` back. Contexts with
+    other gaps are skipped."""
+    sep = packed_separator(store, sep_id)
     stop = min(store.num_rows, 200_000)
     ctx, pos, tok = store.context_index(0, stop), store.position(0, stop), store.tokens(0, stop)
     seqs: list[list[int]] = []
@@ -74,17 +103,40 @@ def rebuild_contexts(store, n_contexts: int, bos_id: int | None, pad_id: int) ->
         sel = ctx == c
         p, t = pos[sel], tok[sel]
         order = torch.argsort(p)
-        p, t = p[order].tolist(), t[order].tolist()
-        if p and p[0] == 1 and bos_id is not None:
-            p, t = [0] + p, [bos_id] + t
-        if not p or p[0] != 0 or p != list(range(len(p))) or len(p) < 2:
+        seq = _filled(p[order].tolist(), t[order].tolist(), bos_id, sep)
+        if seq is None or len(seq) < 2:
             continue
-        seqs.append(t)
+        seqs.append(seq)
         if len(seqs) == n_contexts:
             break
     if not seqs:
-        raise ValueError(f"no complete token contexts could be rebuilt from {store.path}")
+        how = ("its contexts have gaps other than one separator between documents" if sep is not None else
+               "its contexts have gaps where special tokens were left out, and it records no packing from text "
+               "whose separator could fill them")
+        raise ValueError(f"no complete token contexts could be rebuilt from {store.path}: {how}; pass --contexts 0 "
+                         f"to skip CE loss recovered / KL, or cache the store with --packing false")
     return pad_sequences(seqs, pad_id)
+
+
+def _filled(positions: list[int], tokens: list[int], bos_id: int | None, sep_id: int | None) -> list[int] | None:
+    """The context's tokens from position 0 to its last stored one, BOS at a missing position 0 and ``sep_id`` in
+    each one-position gap after it; None when a gap cannot be filled."""
+    if not positions:
+        return None
+    by_pos = dict(zip(positions, tokens))
+    if 0 not in by_pos:
+        if bos_id is None:
+            return None
+        by_pos[0] = bos_id
+    seq = []
+    for i in range(positions[-1] + 1):
+        if i in by_pos:
+            seq.append(by_pos[i])
+        elif sep_id is not None and i - 1 in by_pos and i + 1 in by_pos:
+            seq.append(sep_id)
+        else:
+            return None
+    return seq
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,8 +11,10 @@ from typing import Any, NamedTuple
 import torch
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations.live import LiveSource
+from conceptdict.activations.provenance import check_replacement
 from conceptdict.activations.replacement import replacement_losses
-from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts
+from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
@@ -24,6 +26,7 @@ from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
 from conceptdict.outdir import guarded
+from conceptdict.eval_rows import live_rows, open_live, training_heldout
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,13 @@ class EvalConfig:
     hookpoint: str | None = field(default=None, metadata={
         "help": "Hookpoint; default: the one the dictionary was trained on."})
     model: str | None = field(default=None, metadata={
-        "help": "Language model for CE loss recovered and KL score; default: the store's model if it is a causal LM."})
+        "help": "Language model for CE loss recovered and KL score; default: the store's model if it is a causal LM. "
+                "A dictionary trained from a model (`train --model`, no store): the model run for its rows; "
+                "default: the recorded one."})
+    dataset: str | None = field(default=None, metadata={
+        "help": "A dictionary trained from a model (`train --model`, no store): the dataset the model runs over "
+                "(default: the recorded one). Over its training dataset it reads the batches training held out; "
+                "over another, that dataset's first rows."})
     rows: int = field(default=65536, metadata={"help": "Evaluate on at most this many store rows."})
     rows_from: str = field(default="heldout", metadata={
         "help": "heldout: the batches training held out (else the first rows, with a warning); start: the first "
@@ -117,7 +126,7 @@ def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
         raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
     out = cfg.out or Path(sae_dir) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    where = [s.path for s in store] if isinstance(store, list) else store.path
+    where = store_paths(store) if isinstance(store, list) else store.path
     record = {"sae_dir": str(sae_dir), "store": str(where) if not isinstance(where, list) else [str(p) for p in where],
               "hookpoint": " -> ".join(hookpoints), "latent_tags": tags,
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
@@ -140,12 +149,15 @@ def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hook
 
 def _lm_contexts(store, cfg: EvalConfig):
     """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
+    if isinstance(store, LiveSource):
+        ids = store.contexts(cfg.contexts) if cfg.contexts else None
+        return None if ids is None else (store.model, *ids)
     name = cfg.model or causal_lm_source(store)
     if name is None or cfg.contexts == 0 or store.level != "token":
         return None
     lm = load_model(name, device=cfg.device)
     bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
-    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad))
+    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
 
 
 def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
@@ -154,11 +166,17 @@ def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
     list of its stores (:func:`crosscoder_sources`)."""
     config = load_dictionary_config(sae_dir)
     model = load_dictionary(sae_dir, device=cfg.device)
+    if cfg.store is None and not config.get("stores") and (config.get("live") or cfg.dataset):
+        return open_live(sae_dir, config, model, cfg)  # trained from a model's forward: run it again
+    if cfg.dataset is not None:
+        raise ValueError(f"--dataset {cfg.dataset}: {sae_dir} reads a store; drop --dataset")
     if model.n_sources != 1 and not model.spec.transcodes:
         return (model, *crosscoder_sources(sae_dir, config, model, cfg))
     if cfg.store_b is not None:
         raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads one source; drop --store-b")
-    store_path = cfg.store or (config.get("stores") or [None])[0]
+    recorded = (config.get("stores") or [None])[0]
+    check_replacement(sae_dir, recorded, cfg.store)
+    store_path = cfg.store or recorded
     if store_path is None:
         raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (the store of the "
                          "activations the dictionary reads)")
@@ -185,6 +203,8 @@ def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfi
     recorded stores with ``cfg.store`` replacing the first and ``cfg.store_b`` the second, the recorded hookpoints
     (or ``cfg.hookpoint`` for one), store B read under its own hookpoint name as ``conceptdict diff`` recorded it."""
     paths = [Path(p) for p in config.get("stores") or []]
+    for i, (flag, given) in enumerate((("--store", cfg.store), ("--store-b", cfg.store_b))):
+        check_replacement(sae_dir, paths[i] if i < len(paths) else None, given, flag)
     if cfg.store is not None:
         paths[:1] = [cfg.store]
     if cfg.store_b is not None:
@@ -234,37 +254,27 @@ def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> lis
     return pair
 
 
-def training_heldout(sae_dir: str | Path, hookpoints: list[str]) -> dict | None:
-    """The held-out batches a dictionary's training recorded (``activations.heldout_recipe``) when it was trained
-    at ``hookpoints``: from its config.json, or for runs made before it was recorded there, from
-    train_config.json."""
-    if str(sae_dir).startswith("hf:"):
-        return None
-    config = load_dictionary_config(sae_dir)
-    recipe = config.get("heldout")
-    path = Path(sae_dir) / "train_config.json"
-    if recipe is None and path.exists():
-        run = json.loads(path.read_text())
-        train, cmd = run.get("train") or {}, run.get("command") or {}
-        if train.get("eval_batches") and "batch_size" in train:
-            recipe = {"stores": [str(Path(s).resolve()) for s in config.get("stores") or []],
-                      "hookpoints": config.get("hookpoints"), "batch_size": train["batch_size"],
-                      "seed": train.get("seed", 0), "batches": train["eval_batches"],
-                      "buffer_rows": cmd.get("buffer_rows", 65536)}
-    return recipe if recipe and list(recipe.get("hookpoints") or []) == list(hookpoints) else None
-
-
 def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dict | None = None):
     """(batches, where they come from): training's held-out batches (``recipe``, default: ``sae_dir``'s) when
-    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows."""
+    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows. A
+    model's forward (:class:`LiveSource`): ``eval_rows.live_rows``."""
+    if isinstance(store, LiveSource):
+        return live_rows(sae_dir, store, hookpoints, cfg.rows, cfg.batch_size, cfg.rows_from,
+                         load_dictionary_config(sae_dir))
     if cfg.rows_from == "heldout":
         recipe = recipe or training_heldout(sae_dir, hookpoints)
         batches = heldout_batches(recipe, store, hookpoints, cfg.rows)
         if batches is not None:
             return batches, "training's held-out batches"
         log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
-                    "which training may have seen", sae_dir, store.path, " -> ".join(hookpoints), cfg.rows)
+                    "which training may have seen", sae_dir, ", ".join(map(str, store_paths(store))),
+                    " -> ".join(hookpoints), cfg.rows)
     return first_batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
+
+
+def store_paths(store) -> list[Path]:
+    """The folders of an opened store, or of a crosscoder's list of them."""
+    return [s.path for s in store] if isinstance(store, list) else [store.path]
 
 
 def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
@@ -309,8 +319,9 @@ class CompareConfig:
     """Settings of ``conceptdict compare``."""
 
     store: Path | None = field(default=None, metadata={
-        "help": "Store whose rows every dictionary reads (it must hold each dictionary's hookpoints); a crosscoder "
-                "over two stores reads it as model A's."})
+        "help": "Store whose rows every dictionary reads instead of its recorded one (the same model's activations; "
+                "a crosscoder over two stores reads it as model A's); default: each dictionary its own recorded "
+                "store, dictionaries trained on the same store on the same rows."})
     store_b: Path | None = field(default=None, metadata={
         "help": "Model B's store for crosscoders over two stores; default: each one's recorded store."})
     out: Path | None = field(default=None, metadata={"help": "Output directory: compare.json and index.html."})
@@ -334,8 +345,10 @@ class Comparison(NamedTuple):
     def format(self) -> str:
         from conceptdict.naming.reports.compare import comparison_table
 
-        lines = [f"{len(self.result['dictionaries'])} dictionaries on {self.result['n_rows']} rows of "
-                 f"{self.result['config']['store']} ({self.rows_from}):", comparison_table(self.result)]
+        stores = list(dict.fromkeys(", ".join(row.get("store") or []) for row in self.result["dictionaries"]))
+        where = f"{self.result['n_rows']} rows of {stores[0]}" if len(stores) == 1 else "each one's own store"
+        lines = [f"{len(self.result['dictionaries'])} dictionaries on {where} ({self.rows_from}):",
+                 comparison_table(self.result)]
         for row in self.result["dictionaries"]:
             m = row["metrics"]
             if m.get("per_layer_l0"):  # a replacement model: a CLT, or a set of per-layer transcoders
@@ -363,14 +376,14 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     from conceptdict.saes.compare import compare as compare_entries
 
     cfg = config_from_dict(CompareConfig, settings, "compare")
-    if cfg.store is None or cfg.out is None:
-        raise ConfigError("conceptdict compare needs --store STORE_DIR and --out DIR")
+    if cfg.out is None:
+        raise ConfigError("conceptdict compare needs --out DIR")
     paths = [Path(p) for p in ([dictionaries] if isinstance(dictionaries, (str, Path)) else dictionaries)]
     if len(paths) < 2:
         raise ConfigError(f"conceptdict compare puts dictionaries side by side; got {len(paths)} "
                           f"({', '.join(map(str, paths)) or 'none'}). Pass two or more, or use `conceptdict eval` for one")
-    entries, opened, rows_from, recipe = [], [], "", None
-    for i, (path, label) in enumerate(zip(paths, _labels(paths))):
+    entries, opened, recipes = [], [], {}  # store folders -> (held-out recipe, where the rows come from)
+    for path, label in zip(paths, _labels(paths)):
         layers = transcoder_set(path)  # per-layer transcoders (`train --layers`): one entry, its layers' rows each
         ref = dictionary_of(layers[0] if layers else path)
         ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if _reads_several(ref.path) else None,
@@ -378,15 +391,18 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
                           contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
         parts = [open_on_store(d, ecfg) for d in layers or [ref.path]]
         model, store, hookpoints = parts[0]
-        if i == 0:  # every dictionary reads the rows the first one's training held out, or the first rows
+        key = tuple(map(str, store_paths(store)))
+        if key not in recipes:  # every dictionary on these stores reads the rows the first one's training held out
             recipe = training_heldout(ref.path, hookpoints)
-            rows_from = (f"the batches `conceptdict train` held out for {ref.path}" if recipe else
-                         "the first rows of the store")
+            recipes[key] = recipe, (f"the batches `conceptdict train` held out for {ref.path}" if recipe else
+                                    "the first rows of the store")
+        recipe = recipes[key][0]
         read = [list(rows_for(ref.path, s, h, replace(ecfg, rows_from="heldout" if recipe else "start"), recipe)[0])
                 for _, s, h in parts]
         hookpoints = [h[0] for *_, h in parts] + [h[1] for *_, h in parts] if layers else hookpoints
         entries.append(Entry(label, model, read[0], hookpoints[-1], None if layers else ref.names,
-                             {"path": str(path), "hookpoints": hookpoints},
+                             {"path": str(path), "hookpoints": hookpoints,
+                              "store": [str(p) for p in store_paths(store)]},
                              [Entry(f"{label}/{l}", m, b, h[-1]) for l, ((m, _, h), b) in enumerate(zip(parts, read))]
                              if layers else []))
         opened.append((ecfg, store))
@@ -398,6 +414,8 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
                                                 ecfg)
                               if entry.layers else
                               splice_scores(metrics, entry.model, store, row["hookpoints"], ecfg)).to_dict()
+    rows_from = "; ".join(f"{', '.join(key)}: {why}" if len(recipes) > 1 else why
+                          for key, (_, why) in recipes.items())
     result["rows_from"] = rows_from
     result["config"] = to_jsonable(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``conceptdict compare DICT... --store STORE --out DIR``: several dictionaries on the same rows, side by side."""
+"""``conceptdict compare DICT... --out DIR``: several dictionaries side by side, each on its recorded store."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
 from conceptdict.eval_api import CompareConfig
 
-USAGE = "conceptdict compare DICT [DICT ...] --store STORE --out DIR [options]"
+USAGE = "conceptdict compare DICT [DICT ...] --out DIR [--store STORE] [options]"
 HELP = "compare dictionaries on the same rows: L0, FVU, CE/KL, dead/dense, weight metrics, shared and unique latents"
 
 

@@ -1,4 +1,4 @@
-"""``conceptdict eval SAE_DIR [--store STORE] [--model M]``: metrics table + eval.json."""
+"""``conceptdict eval SAE_DIR [--store STORE | --model M --dataset D]``: metrics table + eval.json."""
 
 from pathlib import Path
 
@@ -6,8 +6,9 @@ import conceptdict as cd
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
 from conceptdict.eval_api import EvalConfig
 
-USAGE = "conceptdict eval SAE_DIR [--store STORE] [--model M] [options]"
-HELP = "evaluate a dictionary on a store: L0, FVU, explained variance, dead/dense latents, CE loss recovered"
+USAGE = "conceptdict eval SAE_DIR [--store STORE] [--model M] [--dataset D] [options]"
+HELP = ("evaluate a dictionary on a store or a model's forward: L0, FVU, explained variance, dead/dense latents, "
+        "CE loss recovered")
 
 
 def add_arguments(parser) -> None:
