@@ -14,7 +14,7 @@ from golden.make_golden import BF16_KINDS, GOLDEN, compare, golden_run, trainabl
 
 from conceptdict.saes import KINDS
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.equivalence]  # the same numbers under every CPU capability
 
 WANT = json.loads(GOLDEN.read_text())
 
