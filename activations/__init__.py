@@ -8,16 +8,15 @@ from conceptdict.activations.cache import CacheConfig, cache_activations, config
 from conceptdict.activations.data import stdlib_docstrings
 from conceptdict.activations.importer import ImportConfig, import_array
 from conceptdict.activations.listing import HookpointInfo, HookpointTable, list_hookpoints
+from conceptdict.activations.losses import SpliceLosses, spliced_losses
 from conceptdict.activations.models import (
     DEFAULT_HUB_ID,
     DEFAULT_MODEL_DIR,
     SENTENCE_HOOKPOINTS,
     ModelHandle,
-    SpliceLosses,
     embed_texts,
     hub_id_of,
     load_model,
-    spliced_losses,
 )
 from conceptdict.activations.store import FORMAT_VERSION, ActivationStore, RowContext, StoreError
 from conceptdict.activations.stream import (check_aligned, first_batches, heldout_batches, heldout_recipe,

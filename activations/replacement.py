@@ -20,7 +20,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from .models import ModelHandle, check_hookpoints, loss_mask, next_token_ce, next_token_kl
+from .losses import loss_mask, next_token_ce, next_token_kl
+from .models import ModelHandle, check_hookpoints
 
 Encode = Callable[[int, Tensor], Any]
 Decode = Callable[[int, list], Tensor]

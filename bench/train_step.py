@@ -242,7 +242,8 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
 
     from conceptdict.saes import SparseCoder, TrainConfig
     from conceptdict.saes.comm import local_inputs
-    from conceptdict.saes.config import MATMUL_DTYPES, kind_default
+    from conceptdict.saes.config import kind_default
+    from conceptdict.saes.precision import MATMUL_DTYPES
     from conceptdict.saes.training import apply_update, make_optimizer
 
     kind = name.split("-", 1)[1]

@@ -39,9 +39,9 @@ from .batches import (Batches, SharedReads, TrainingData, checked, geometric_med
 from .calibration import calibrate_threshold, threshold_summary
 from .checkpoint import TrainState, checkpoint_state, load_sharded, restore, resumed_config, save_sharded
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
-from .config import (MATMUL_DTYPES, Resolved, TrainConfig, calibration_batch_count, check_precision,
-                     default_dead_tokens, default_lr, eval_batch_count, heldout_batch_count, resolve, resolve_device,
-                     weight_dtype, with_heldout_defaults)
+from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
+                     eval_batch_count, heldout_batch_count, resolve, resolve_device, with_heldout_defaults)
+from .precision import MATMUL_DTYPES, check_precision, weight_dtype
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink

@@ -236,7 +236,7 @@ def test_a_clt_needs_inputs_and_outputs():
 def kl_bound(max_logit_diff: float) -> float:
     """What KL(clean || spliced) can be when no logit moved by more than ``max_logit_diff``: at most
     max|d|^2 / 2 (Hoeffding's lemma: log E_p[e^d] - E_p[d] <= (max d - min d)^2 / 8), plus float64's rounding of the
-    sums over the vocabulary (the KL is computed in float64, ``activations.models.next_token_kl``)."""
+    sums over the vocabulary (the KL is computed in float64, ``activations.losses.next_token_kl``)."""
     return max_logit_diff**2 / 2 + 1e-12
 
 

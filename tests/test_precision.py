@@ -98,12 +98,12 @@ def test_a_planted_bf16_run_reaches_float32_heldout_fvu(kind):
 @pytest.mark.unit
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, caplog, native):
-    from conceptdict.saes import config
+    from conceptdict.saes import precision
 
-    monkeypatch.setattr(config, "native_bf16", lambda device: native)
-    with caplog.at_level("WARNING", logger="conceptdict.saes.config"):
-        config.check_precision("bf16", torch.device("cpu"))
-        config.check_precision("float32", torch.device("cpu"))
+    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
+    with caplog.at_level("WARNING", logger="conceptdict.saes.precision"):
+        precision.check_precision("bf16", torch.device("cpu"))
+        precision.check_precision("float32", torch.device("cpu"))
     warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
     assert len(warned) == (0 if native else 1), warned
 
