@@ -24,6 +24,8 @@ The objects a notebook needs:
     splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
     hookpoints(model)        every hookpoint of a model with its shape (``conceptdict hookpoints --model M``)
     store_info, verify_store
+
+``cd.__version__`` is the installed package's version (``conceptdict --version``).
 """
 
 from __future__ import annotations
@@ -67,8 +69,26 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
+UNKNOWN_VERSION = "0+unknown"
+"""``cd.__version__`` where conceptdict's distribution metadata is missing (the folders on ``sys.path`` without
+``pip install``): a PEP 440 version lower than every release."""
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("conceptdict")
+    except PackageNotFoundError:
+        return UNKNOWN_VERSION
+
+
 def __getattr__(name: str) -> Any:
     """Import on first use, so ``import conceptdict`` (and ``conceptdict --help``) stays fast."""
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'conceptdict' has no attribute {name!r}")
@@ -79,4 +99,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | {"__version__"})
