@@ -44,6 +44,21 @@ from typing import Any
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Progress bars are tqdm.auto's: Jupyter's widget in a notebook kernel with ipywidgets, text elsewhere. Without
+# ipywidgets tqdm.auto falls back to text too, but the first import of it in a kernel also warns "IProgress not
+# found. Please update jupyter and ipywidgets" (conceptdict does not depend on ipywidgets): that import is done
+# here, before any stage's, with the warning silenced; tqdm keeps its choice for the process. Outside such a kernel
+# nothing is imported.
+if "ipykernel" in sys.modules and "tqdm.autonotebook" not in sys.modules:
+    import importlib.util
+
+    if importlib.util.find_spec("ipywidgets") is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            import tqdm.auto  # noqa: F401
+
 _WHERE = {
     "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",
     "store_info": "store_api", "verify_store": "store_api", "hookpoints": "store_api",

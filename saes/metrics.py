@@ -191,10 +191,13 @@ class LineProgress:
 
 
 def progress(total: int | None, initial: int, desc: str, log: logging.Logger, enabled: bool = True):
-    """A tqdm bar on a terminal, :class:`LineProgress` lines otherwise (logs, notebooks' captured stderr, CI);
-    a bar that draws nothing when not ``enabled`` (ranks > 0)."""
+    """tqdm.auto's bar on a terminal and in a notebook that shows widgets (Jupyter's widget), :class:`LineProgress`
+    lines otherwise (logs, CI, captured stderr); a bar that draws nothing when not ``enabled`` (ranks > 0)."""
     from tqdm.auto import tqdm
+    from tqdm.autonotebook import tqdm as chosen
+    from tqdm.std import tqdm as text
 
-    if enabled and not sys.stderr.isatty():
+    widget = chosen is not text  # tqdm.auto chose the notebook's widget
+    if enabled and not sys.stderr.isatty() and not widget:
         return LineProgress(total, initial, desc, log)
     return tqdm(total=total, initial=initial, unit="step", desc=desc, disable=not enabled)
