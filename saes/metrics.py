@@ -191,13 +191,11 @@ class LineProgress:
 
 
 def progress(total: int | None, initial: int, desc: str, log: logging.Logger, enabled: bool = True):
-    """tqdm.auto's bar on a terminal and in a notebook that shows widgets (Jupyter's widget), :class:`LineProgress`
+    """tqdm.auto's bar on a terminal and in a notebook kernel (Jupyter's widget where ipywidgets is installed, text
+    otherwise: a notebook redraws it in place, and its log lines would reach no handler there), :class:`LineProgress`
     lines otherwise (logs, CI, captured stderr); a bar that draws nothing when not ``enabled`` (ranks > 0)."""
     from tqdm.auto import tqdm
-    from tqdm.autonotebook import tqdm as chosen
-    from tqdm.std import tqdm as text
 
-    widget = chosen is not text  # tqdm.auto chose the notebook's widget
-    if enabled and not sys.stderr.isatty() and not widget:
+    if enabled and not sys.stderr.isatty() and "ipykernel" not in sys.modules:
         return LineProgress(total, initial, desc, log)
     return tqdm(total=total, initial=initial, unit="step", desc=desc, disable=not enabled)

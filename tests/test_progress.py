@@ -1,15 +1,16 @@
-"""Progress bars through tqdm.auto (issue 51): Jupyter's widget in a notebook that has ipywidgets, text on a
-terminal, plain lines in logs, and no "IProgress not found" warning in a notebook kernel without ipywidgets."""
+"""Progress bars through tqdm.auto (issue 51): in a notebook kernel Jupyter's widget where ipywidgets is installed
+(text otherwise), text on a terminal, plain lines in logs, and no "IProgress not found" warning in a kernel without
+ipywidgets."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
 import sys
+import types
 
 import pytest
 import tqdm.auto
-import tqdm.autonotebook
 
 from conceptdict.saes.metrics import LineProgress, progress
 
@@ -25,17 +26,17 @@ def test_progress_in_a_log_is_lines():
     assert not isinstance(progress(10, 0, "train", LOG, enabled=False), LineProgress)
 
 
-def test_progress_in_a_notebook_is_tqdm_autos_widget(monkeypatch):
-    """Where tqdm.auto chose the notebook's widget bar (a kernel with ipywidgets), training shows that bar: a
-    notebook's stderr is no terminal, and its log lines would go to no handler."""
+def test_progress_in_a_notebook_kernel_is_tqdm_autos_bar(monkeypatch):
+    """In a notebook kernel training shows the bar tqdm.auto chose (the widget where ipywidgets is installed, text
+    otherwise): a notebook's stderr is no terminal, and its log lines would reach no handler."""
 
-    class Widget(tqdm.auto.tqdm):
-        pass
+    class Chosen(tqdm.auto.tqdm):
+        """What tqdm.auto chose in this kernel."""
 
-    monkeypatch.setattr(tqdm.autonotebook, "tqdm", Widget)
-    monkeypatch.setattr(tqdm.auto, "tqdm", Widget)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setattr(tqdm.auto, "tqdm", Chosen)
     bar = progress(10, 2, "train", LOG)
-    assert type(bar) is Widget and (bar.n, bar.total, bar.disable) == (2, 10, False)
+    assert type(bar) is Chosen and (bar.n, bar.total, bar.disable) == (2, 10, False)
     bar.close()
     assert progress(10, 0, "train", LOG, enabled=False).disable
 
