@@ -1,9 +1,9 @@
-"""What the docs name exists: every repo path that README.md and docs/**/*.md name in backticks or links, every
-link's #anchor (a heading of its file, by GitHub's slug rules) and every dotted module path (``conceptdict.x.y``,
-``saes.x.y``, ...: imported, then looked up attribute by attribute). Issue 51: about twenty paths named modules that
-had moved, and nothing read them.
+"""What the docs name exists: every repo path that README.md and docs/**/*.md name in backticks, links or the
+commands of bash blocks, every link's #anchor (a heading of its file, by GitHub's slug rules) and every dotted module
+path (``conceptdict.x.y``, ``saes.x.y``, ...: imported, then looked up attribute by attribute). Issue 51: about
+twenty paths named modules that had moved, and nothing read them.
 
-A backticked word is a repo path when its first component is a top-level entry of the repository that git does not
+A word is a repo path when its first component is a top-level entry of the repository that git does not
 ignore (``saes/training.py``, ``bench/``, ``Makefile``); ``runs/quick/store`` is a user's output folder (``runs/``
 is in .gitignore), not a repo path. Links are relative to their doc; backticked paths to the repository root."""
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,13 @@ def _spans(text: str) -> list[str]:
     """Every inline code span (one may run over a line break, as Markdown allows), its lines joined."""
     spans = re.findall(r"(?<!`)`((?:[^`\n]|\n(?!\s*\n))+)`(?!`)", _prose(text))
     return [" ".join(s.split()) for s in spans]
+
+
+def _command_words(text: str) -> list[str]:
+    """The words of the doc's bash blocks (``python bench/x.py --flag``: a user runs them as written)."""
+    blocks = re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", text, flags=re.S | re.M)
+    return [w for body in blocks for line in body.replace("\\\n", " ").splitlines()
+            for w in shlex.split(line, comments=True)]
 
 
 def _links(text: str) -> list[str]:
@@ -125,7 +133,8 @@ def _named(kind: str) -> list[tuple[str, str]]:
             out += [(doc, t) for t in dict.fromkeys(_links(text))]
         else:
             pick = repo_path if kind == "path" else module_path
-            out += [(doc, p) for p in dict.fromkeys(map(pick, _spans(text))) if p]
+            words = _spans(text) + (_command_words(text) if kind == "path" else [])
+            out += [(doc, p) for p in dict.fromkeys(map(pick, words)) if p]
     return out
 
 
@@ -140,6 +149,8 @@ def test_the_docs_name_enough_to_check():
     assert repo_path("runs/quick/store") is None and repo_path("cli") is None
     assert repo_path("bench/x.py --seeds 0") == "bench/x.py" and repo_path("Makefile") == "Makefile"
     assert module_path("saes.train(cfg, batches, *, out)") == "saes.train" and module_path("cd.train") is None
+    assert _command_words("```bash\npython bench/x.py \\\n  --seeds 0  # two\n```\n") == \
+        ["python", "bench/x.py", "--seeds", "0"]
 
 
 @pytest.mark.parametrize("doc,path", _named("path"), ids=_ids(_named("path")))
