@@ -12,16 +12,19 @@ import types
 import pytest
 import tqdm.auto
 
-from conceptdict.saes.metrics import LineProgress, progress
+from conceptdict.saes.metrics import LineProgress, in_notebook, progress
 
 pytestmark = pytest.mark.unit
 
 LOG = logging.getLogger("conceptdict.test_progress")
 
 
-def test_progress_in_a_log_is_lines():
-    """Without a terminal (pytest captures stderr) and outside a notebook: log lines, no redrawn bar."""
+def test_progress_in_a_log_is_lines(monkeypatch):
+    """Without a terminal (pytest captures stderr) and outside a notebook: log lines, no redrawn bar; ipykernel
+    imported without a kernel running (tests/test_examples.py imports it in this process) changes nothing."""
     assert not sys.stderr.isatty()
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert not in_notebook()
     assert isinstance(progress(10, 0, "train", LOG), LineProgress)
     assert not isinstance(progress(10, 0, "train", LOG, enabled=False), LineProgress)
 
@@ -33,8 +36,10 @@ def test_progress_in_a_notebook_kernel_is_tqdm_autos_bar(monkeypatch):
     class Chosen(tqdm.auto.tqdm):
         """What tqdm.auto chose in this kernel."""
 
-    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    shell = types.SimpleNamespace(kernel=object())  # ipykernel's shell, as IPython.get_ipython() gives it
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
     monkeypatch.setattr(tqdm.auto, "tqdm", Chosen)
+    assert in_notebook()
     bar = progress(10, 2, "train", LOG)
     assert type(bar) is Chosen and (bar.n, bar.total, bar.disable) == (2, 10, False)
     bar.close()
