@@ -24,6 +24,8 @@ The objects a notebook needs:
     splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
     hookpoints(model)        every hookpoint of a model with its shape (``conceptdict hookpoints --model M``)
     store_info, verify_store
+
+``cd.__version__`` is the installed package's version (``conceptdict --version``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ from typing import Any
 # effect only when torch is not imported yet (the runtime reads it once); a value the user set is kept.
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Progress bars are tqdm.auto's: Jupyter's widget in a notebook kernel with ipywidgets, text elsewhere. Without
+# ipywidgets tqdm.auto falls back to text too, but the first import of it in a kernel also warns "IProgress not
+# found. Please update jupyter and ipywidgets" (conceptdict does not depend on ipywidgets): that import is done
+# here, before any stage's, with the warning silenced; tqdm keeps its choice for the process. Outside such a kernel
+# nothing is imported.
+if "ipykernel" in sys.modules and "tqdm.autonotebook" not in sys.modules:
+    import importlib.util
+
+    if importlib.util.find_spec("ipywidgets") is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            import tqdm.auto  # noqa: F401
 
 _WHERE = {
     "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",
@@ -67,8 +84,26 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
+UNKNOWN_VERSION = "0+unknown"
+"""``cd.__version__`` where conceptdict's distribution metadata is missing (the folders on ``sys.path`` without
+``pip install``): a PEP 440 version lower than every release."""
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("conceptdict")
+    except PackageNotFoundError:
+        return UNKNOWN_VERSION
+
+
 def __getattr__(name: str) -> Any:
     """Import on first use, so ``import conceptdict`` (and ``conceptdict --help``) stays fast."""
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'conceptdict' has no attribute {name!r}")
@@ -79,4 +114,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | {"__version__"})

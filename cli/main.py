@@ -18,6 +18,8 @@ import logging
 import os
 import sys
 
+import conceptdict
+
 # command name -> module name (under conceptdict.cli)
 COMMANDS: dict[str, str] = {
     "cache": "cache",
@@ -86,6 +88,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         parents=[common],
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"conceptdict {conceptdict.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         if command is not None and name != command:

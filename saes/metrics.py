@@ -190,11 +190,20 @@ class LineProgress:
         self._line()
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel's: IPython's shell is ipykernel's, which has a kernel (ipykernel
+    merely imported, as by a test runner, is not one)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
 def progress(total: int | None, initial: int, desc: str, log: logging.Logger, enabled: bool = True):
-    """A tqdm bar on a terminal, :class:`LineProgress` lines otherwise (logs, notebooks' captured stderr, CI);
-    a bar that draws nothing when not ``enabled`` (ranks > 0)."""
+    """tqdm.auto's bar on a terminal and in a notebook kernel (Jupyter's widget where ipywidgets is installed, text
+    otherwise: a notebook redraws it in place, and its log lines would reach no handler there), :class:`LineProgress`
+    lines otherwise (logs, CI, captured stderr); a bar that draws nothing when not ``enabled`` (ranks > 0)."""
     from tqdm.auto import tqdm
 
-    if enabled and not sys.stderr.isatty():
+    if enabled and not sys.stderr.isatty() and not in_notebook():
         return LineProgress(total, initial, desc, log)
     return tqdm(total=total, initial=initial, unit="step", desc=desc, disable=not enabled)

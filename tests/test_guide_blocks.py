@@ -4,14 +4,16 @@ guide's `cbsae` call was a TypeError in both forms, and nothing read it).
 
 Here nothing runs: each ``conceptdict`` function is replaced by a checker that binds the real signature, builds the
 real config from the keywords (so a renamed flag, a renamed or colliding parameter, a setting that no longer exists
-or a missing required one fails) and stops. Which guide blocks also run end to end, and why the others do not, is
-``RUNS`` below, one reason per guide."""
+or a missing required one fails) and stops; in a Python block it returns a stand-in on which only the returned
+class's methods can be called (a renamed method fails). Which guide blocks also run end to end, and why the
+others do not, is ``RUNS`` below, one reason per guide."""
 
 from __future__ import annotations
 
 import inspect
 import re
 import shlex
+import typing
 import unittest.mock
 from pathlib import Path
 
@@ -87,9 +89,27 @@ def _checker(name: str, stop: bool):
         _build(name, settings)
         if stop:
             raise Parsed(name)
-        return unittest.mock.MagicMock(name=f"cd.{name}()")
+        return _result(real, name)
 
     return check
+
+
+def _result(real, name: str) -> unittest.mock.MagicMock:
+    """A stand-in for what ``cd.<name>`` returns. When that is one class, a method the class lacks is not callable
+    on it (issue 51: the guides called ``store.context(0)`` and ``cmp.table()``); any other attribute is a value,
+    since what ``__init__`` sets only an instance has."""
+    label = f"cd.{name}()"
+    returns = typing.get_type_hints(real).get("return")
+    if not inspect.isclass(returns):
+        return unittest.mock.MagicMock(name=label)
+
+    class Instance(unittest.mock.MagicMock):
+        def _get_child_mock(self, **kw):
+            attr = kw.get("_new_name") or kw.get("name") or ""
+            known = hasattr(returns, attr) or not isinstance(attr, str) or not attr.isidentifier()
+            return (unittest.mock.MagicMock if known else unittest.mock.NonCallableMagicMock)(**kw)
+
+    return Instance(name=label)
 
 
 def _build(name: str, settings: dict) -> None:
