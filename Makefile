@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv demo test test-all golden bench clean
+.PHONY: venv demo test test-slow test-all golden bench clean
 
 # torch is installed first and pinned: left alone, pip resolves transformer-lens to a multi-GB CUDA torch.
 $(STAMP): pyproject.toml Makefile
@@ -30,6 +30,12 @@ test: $(STAMP)
 	for cap in $(CAPS); do echo "equivalence tests under ATEN_CPU_CAPABILITY=$$cap"; \
 	  ATEN_CPU_CAPABILITY=$$cap HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "equivalence and not slow" \
 	    -k "not triton" -q -p no:cacheprovider || exit 1; done
+
+# What .ci/run adds after `make test`: the `slow` tier, i.e. long end-to-end runs that a default-tier test covers
+# more cheaply (each says which) and the checks against the real foreign libraries, which skip without their side
+# environments. `make test` + `make test-slow` = `make test-all`.
+test-slow: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m slow -q
 
 test-all: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q

@@ -14,6 +14,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# What `import conceptdict` sets for its users (api/__init__.py): OpenMP workers sleep after a parallel region
+# instead of spinning. It must be set before torch is first imported, and test modules import torch before
+# conceptdict, so without it here the whole run (and every subprocess it starts) spins: on a busy 2-core machine
+# tiny training loops ran 10x slower (tests/test_tiebreak.py: 12 s a run with spinning workers, 1.4 s without).
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 

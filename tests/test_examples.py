@@ -53,7 +53,10 @@ def _cell_output(cell) -> str:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# quickstart is `slow` (.ci/run runs it, make test-slow): the README's Python quickstart runs the same cache, train,
+# evaluate, name and cbm on the default model in the default tier (tests/test_readme.py), test_api.py the rest
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem == "quickstart" else p
+                                  for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="the notebook tests need nbformat (pip install -e .[test])")
     nbclient = pytest.importorskip("nbclient", reason="the notebook tests need nbclient (pip install -e .[test])")

@@ -72,6 +72,7 @@ def test_walkthrough_runs(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # .ci/run runs it (make test-slow); its commands are a subset of the walkthrough's, run above
 def test_cli_quickstart_runs(tmp_path):
     commands = walkthrough_commands(QUICKSTART)
     assert len(commands) <= 10 and {argv[1] for argv in commands} >= {"cache", "train", "name", "cbm"}
