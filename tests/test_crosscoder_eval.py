@@ -13,7 +13,7 @@ import conceptdict as cd
 from conceptdict.cli.main import main
 from conceptdict.saes import load_dictionary
 from conceptdict.saes.diffing import decoder_table
-from generators.synthetic import planted_batches, planted_pair
+from fixtures_planted import planted_pair_stores
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +24,10 @@ ROWS = 2048
 def diffed(tmp_path_factory):
     """A tiny crosscoder trained by cd.diff over two stores (planted A and B rows with B-only atoms)."""
     tmp = tmp_path_factory.mktemp("cc")
-    pair = planted_pair(16, n_shared=8, n_b_only=4, n_scaled=0, n_rotated=0, seed=0)
-    x = torch.cat(list(planted_batches(pair, 256, 16, p_fire=0.1, seed=1))).numpy()  # [4096, 2, 16]
-    stores = []
-    for s, name in enumerate("AB"):
-        np.save(tmp / f"{name}.npy", np.ascontiguousarray(x[:, s]))
-        stores.append(cd.import_array(tmp / f"{name}.npy", out=tmp / name).path)
+    stores, x = planted_pair_stores(tmp, 16)  # [4096, 2, 16]
     cd.diff(store=stores, out=tmp / "diff", latents=32, k=3, batch_size=128, tokens=4096, eval_batches=2,
             checkpoint_every=0, seed=0, device="cpu")
-    return tmp / "diff" / "crosscoder", stores, torch.from_numpy(x)
+    return tmp / "diff" / "crosscoder", stores, x
 
 
 def _direct_fvu(model, x):

@@ -81,18 +81,10 @@ def test_eval_on_a_packed_store_reports_the_spliced_losses_of_the_model_on_those
 @pytest.fixture(scope="module")
 def two_stores(tmp_path_factory):
     """(crosscoder over stores A and B, an SAE trained on B alone, A, B): imported arrays of one hookpoint name."""
-    import numpy as np
-    import torch
-    from generators.synthetic import planted_batches, planted_pair
+    from fixtures_planted import planted_pair_stores
 
     tmp = tmp_path_factory.mktemp("two")
-    pair = planted_pair(16, n_shared=8, n_b_only=4, n_scaled=0, n_rotated=0, seed=0)
-    x = torch.cat(list(planted_batches(pair, 256, 8, p_fire=0.1, seed=1))).numpy()  # [2048, 2, 16]
-    stores = []
-    for s, name in enumerate("AB"):
-        (tmp / name.lower()).mkdir()
-        np.save(tmp / name.lower() / "acts.npy", np.ascontiguousarray(x[:, s]))
-        stores.append(cd.import_array(tmp / name.lower() / "acts.npy", out=tmp / name).path)
+    stores, _ = planted_pair_stores(tmp, 8, one_name=True)  # 2,048 rows
     cd.diff(store=stores, out=tmp / "diff", latents=32, k=3, batch_size=128, tokens=2048, eval_batches=2,
             checkpoint_every=0, seed=0, device="cpu")
     cd.train(store=stores[1], out=tmp / "sae_b", latents=32, k=3, batch_size=128, tokens=2048, eval_batches=2,
