@@ -7,13 +7,16 @@ import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence, TypedDict, overload
+
+from typing_extensions import Unpack
 
 from conceptdict import ranks
 from conceptdict.activations import ActivationStore, heldout_recipe, stream_batches
 from conceptdict.activations.live import LiveConfig
 from conceptdict.activations.summary import check_signal
-from conceptdict.saes import SparseCoder, TrainConfig, flat_train_fields, to_flat, train_config
+from conceptdict.saes import FlatField, SparseCoder, TrainConfig, flat_train_fields, to_flat, train_config
+from conceptdict.saes.flat import TrainingSettings
 from conceptdict.saes.artifact import CONFIG_FILE
 from conceptdict.saes.config import (MIN_BATCH, default_batch_size, eval_batch_count, resolve_device,
                                      with_heldout_defaults)
@@ -26,13 +29,18 @@ from conceptdict.saes.plan import (check_sources, layer_runs, per_hookpoint_runs
 from conceptdict.saes.training import train_sweep
 from conceptdict.settings import (
     ConfigError,
+    Setting,
     check_keys,
+    coerce_settings,
     config_from_dict,
+    home_of,
+    takes_settings,
     parse_field_values,
     split_settings,
     to_jsonable,
     write_resolved_config,
 )
+from conceptdict.objects import StoreLike
 from conceptdict.outdir import guarded
 
 log = logging.getLogger(__name__)
@@ -64,30 +72,72 @@ class TrainCommand:
 
 
 @functools.cache
-def train_settings() -> type:
-    """The training settings every kind reads or one kind reads (``saes.flat_train_fields``), as one dataclass whose
-    fields are all optional (None: the default, which may depend on the kind): the flags of ``conceptdict train``
-    and ``diff`` and the keywords of :func:`train` are its fields."""
-    def entry(f):
+def train_settings() -> tuple[Setting, ...]:
+    """The training settings (``saes.flat_train_fields``: the shared ones, then each kind's own) as settings whose
+    default is None (the default, which may depend on the kind and the data; ``--help`` shows the fixed ones): the
+    flags of ``conceptdict train`` and ``diff`` and the keywords of :func:`train` (:class:`TrainingSettings`)."""
+    def entry(f: FlatField) -> Setting:
         owners = f"{', '.join(f.kinds)}: " if f.kinds else ""  # the kinds that read it
-        meta = {"help": owners + f.help, "kinds": f.kinds, "min": f.minimum,
-                **({} if f.default is dataclasses.MISSING else {"default": f.default})}
-        return f.name, f.type | None if f.default is dataclasses.MISSING else f.type, field(default=None, metadata=meta)
+        return Setting(f.name, f.type | None if f.default is dataclasses.MISSING else f.type, None, owners + f.help,
+                       minimum=f.minimum, kinds=f.kinds, shown_default=f.default)
 
-    return dataclasses.make_dataclass("TrainSettings", [entry(f) for f in flat_train_fields()])
+    return tuple(entry(f) for f in flat_train_fields())
+
+
+class LiveSettings(TypedDict, total=False):
+    """:class:`LiveConfig`'s settings as keywords of :func:`train` (training from a model's forward)."""
+
+    model: str | None
+    dataset: str | None
+    text_column: str
+    tokens_column: str | None
+    split: str
+    encoding: str
+    context_length: int
+    packing: bool | None
+    prepend_bos: bool
+    tokenizer: str | None
+    model_dtype: str
+    forward_batch_size: int
+
+
+class TrainKeywords(TrainingSettings, LiveSettings, total=False):
+    """Every keyword of :func:`train` but the store, hookpoint, layers and sweep: where it writes, the dictionary's
+    settings and, with ``model=``, the model's."""
+
+    out: str | Path | None
+    resume: bool
+    overwrite: bool
+    buffer_rows: int
+
+
+@overload
+def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | None = None,
+          layers: None = None, sweep: None = None, **settings: Unpack[TrainKeywords]) -> SparseCoder: ...
+
+
+@overload
+def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
+          layers: str | Sequence[str] | None = None, sweep: str | Sequence[str] | Mapping[str, Sequence[Any]] | None
+          = None, **settings: Unpack[TrainKeywords]) -> SparseCoder | dict[str, SparseCoder]: ...
 
 
 @guarded("train", own_overwrite=True)
-def train(**settings: Any) -> SparseCoder | dict[str, SparseCoder]:
-    """Train a dictionary (``conceptdict train``): on ``store=`` (one or several activation stores) or straight from
-    ``model=`` over ``dataset=`` (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
+@takes_settings(TrainCommand, train_settings(), LiveConfig)
+def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
+          layers: str | Sequence[str] | None = None,
+          sweep: str | Sequence[str] | Mapping[str, Sequence[Any]] | None = None,
+          **settings: Unpack[TrainKeywords]) -> SparseCoder | dict[str, SparseCoder]:
+    """Train a dictionary (``conceptdict train``) on ``store`` (one or several activation stores: folders or
+    opened stores; several over the same tokens train a crosscoder) or straight from ``model=`` over ``dataset=``
+    (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
 
-    Settings are :class:`TrainCommand`'s (``store``, ``hookpoint``, ``out``, ``resume``, ``sweep``, ...),
-    :class:`TrainConfig`'s (``kind``, ``latents``, ``k``, ``tokens``, ``batch_size``, ``lr``, ...) and, with
-    ``model=``, :class:`LiveConfig`'s. ``sweep`` takes ``["k=16,32", "kind=topk,batchtopk"]`` or
-    ``{"k": [16, 32]}``. Returns the dictionary; a run that makes several (a sweep, or one per hookpoint with
-    ``model=``) returns them by sub-folder name. Under torchrun every rank trains its part of each batch."""
-    cmd, cfg, live, grid = train_configs(**settings)
+    ``sweep`` takes ``"k=16,32"``, ``["k=16,32", "kind=topk,batchtopk"]`` or ``{"k": [16, 32]}``: one dictionary per
+    combination on one pass over the data. Returns the dictionary (it remembers its folder, ``out``); a run that
+    makes several (a sweep, ``layers=``, or several hookpoints with ``model=``) returns a :class:`Sweep`: its
+    dictionaries by sub-folder name and a summary table (``.to_pandas()``). Under torchrun every rank trains its
+    part of each batch."""
+    cmd, cfg, live, grid = train_configs(store=store, hookpoint=hookpoint, layers=layers, sweep=sweep, **settings)
     return _one_or_many(run_training(cmd, cfg, live, grid))
 
 
@@ -96,8 +146,11 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
     sweep = settings.pop("sweep", None) or []
     if isinstance(sweep, str):
         sweep = [sweep]
-    command, train_part, live_part = split_settings(settings, TrainCommand, train_settings(), LiveConfig,
-                                                    where="train")
+    if settings.get("store") is not None:
+        settings["store"] = [home_of(s, "store") for s in
+                             (settings["store"] if isinstance(settings["store"], (list, tuple)) else [settings["store"]])]
+    command, train_part, live_part = split_settings({k: v for k, v in settings.items() if v is not None}, TrainCommand, train_settings(), LiveConfig, where="train")
+    train_part = coerce_settings(train_settings(), train_part, "train")
     grid = sweep_grid(sweep)
     both = [n for n in grid if train_part.get(n) is not None]
     if both:
@@ -113,8 +166,7 @@ def train_configs(**settings: Any) -> tuple[TrainCommand, TrainConfig, LiveConfi
                           f"latents= and k=)")
     cmd = config_from_dict(TrainCommand, {**command, "sweep": [str(s) for s in sweep]
                                           if not isinstance(sweep, dict) else []}, "train")
-    cfg = train_config(**{k: v for k, v in dataclasses.asdict(config_from_dict(train_settings(), train_part,
-                                                                                "train")).items() if v is not None})
+    cfg = train_config(**{k: v for k, v in train_part.items() if v is not None})
     live = config_from_dict(LiveConfig, live_part, "train")
     if live.dataset and not live.model:
         raise ConfigError("--dataset is read through a model: add --model M (or drop --dataset and train on --store)")
@@ -324,20 +376,27 @@ def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | 
     for _, out, model in trained:
         if ranks.current().main:  # the process that wrote it
             model.config = load_dictionary_config(out)
+        model.path = out
         model.requires_grad_(False).eval()
     if len(trained) == 1 and trained[0][0] == "":
         return trained[0][2]
     return {name: model for name, _, model in trained}
 
 
-def load(source: str | Path, device: str = "cpu") -> SparseCoder:
+def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
+         sae_id: str | None = None) -> SparseCoder:
     """A dictionary from a directory in any format conceptdict reads (its own, SAELens, sparsify,
-    dictionary_learning, Gemma Scope) or a hub id ``hf:REPO[/SUBDIR][@REV]``; ``.config`` holds its config.json.
+    dictionary_learning, Gemma Scope), a hub id ``hf:REPO[/SUBDIR][@REV]``, or a SAELens release: ``"RELEASE/SAE_ID"``
+    or ``release=..., sae_id=...``. ``.config`` holds its config.json, ``.path`` where it was read from.
 
-    ``sae.encode(x)`` -> codes [B, L], ``sae.decode(codes)`` -> [B, D], ``sae(x)`` -> reconstruction; plain tensors
-    without autograd history unless gradients are enabled and the input requires them."""
+    ``sae.encode(x)`` -> codes [..., L], ``sae.decode(codes)`` -> [..., D], ``sae(x)`` -> reconstruction; plain
+    tensors without autograd history unless gradients are enabled and the input requires them."""
     from conceptdict.saes import open_dictionary
 
+    if (release is None) != (sae_id is None) or (release is not None) == (source is not None):
+        raise ConfigError("cd.load takes a folder or name, or release= with sae_id= (SAELens's names), not both")
+    source = f"{release}/{sae_id}" if release is not None else source
     model, config = open_dictionary(source, device=device)
     model.config = config
+    model.path = source if str(source).startswith("hf:") or not Path(str(source)).exists() else Path(source)
     return model.requires_grad_(False).eval()
