@@ -39,7 +39,7 @@ from conceptdict.saes import SparseCoder
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
 from conceptdict.outdir import guarded
-from conceptdict.sources import Run, open_run, training_heldout
+from conceptdict.naming.sources import Run, open_run, training_heldout
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
-from conceptdict.sources import Run, open_run, reads_several, rows_of, training_heldout
+from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
 
 log = logging.getLogger(__name__)
 

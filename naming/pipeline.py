@@ -311,8 +311,8 @@ class Sources(NamedTuple):
 def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str | None = None,
                  device: str = "cpu") -> Sources:  # fmt: skip
     """The dictionary (folder or SparseCoder) with the store and hookpoint it is named over (``store`` or the one
-    its config.json records: ``conceptdict.sources.open_run``; a crosscoder is named over model A's store)."""
-    from conceptdict.sources import open_run
+    its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store)."""
+    from conceptdict.naming.sources import open_run
 
     run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device)
     model, hp = run.dictionary, run.hookpoints[0]

@@ -28,10 +28,9 @@ from conceptdict.activations.data import describe_dataset
 from conceptdict.activations.live import LiveConfig, LiveSource, level_of, open_model
 from conceptdict.activations.provenance import check_replacement
 from conceptdict.activations.views import pair_hookpoints
-from conceptdict.naming.pipeline import resolve_hookpoint
+from .pipeline import resolve_hookpoint
 from conceptdict.saes import SparseCoder, config_file, kind_spec
 from conceptdict.saes import open_dictionary
-from conceptdict.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +54,9 @@ class Run(NamedTuple):
 
     @property
     def store(self) -> ActivationStore:
-        """The store it reads (a crosscoder: model A's); ConfigError for a model's forward."""
+        """The store it reads (a crosscoder: model A's); ValueError for a model's forward."""
         if isinstance(self.source, LiveSource):
-            raise ConfigError(f"{self.where} was trained from a model's forward and records no store; pass --store "
+            raise ValueError(f"{self.where} was trained from a model's forward and records no store; pass --store "
                               f"STORE_DIR (the store of the activations the dictionary reads)")
         return self.source[0] if isinstance(self.source, list) else self.source
 
@@ -103,27 +102,27 @@ def open_run(dictionary: Any, *, store: str | Path | None = None, store_b: str |
     if store is None and not (config.get("stores") or config.get("store")) and (config.get("live") or dataset):
         return _live(sae, config, home, hookpoint, model, dataset, device)
     if dataset is not None:
-        raise ConfigError(f"--dataset {dataset}: {where} reads a store; drop --dataset")
+        raise ValueError(f"--dataset {dataset}: {where} reads a store; drop --dataset")
     spec = getattr(sae, "spec", None)  # None: a CB-SAE, which reads one source
     transcodes = spec is not None and spec.transcodes
     if getattr(sae, "n_sources", 1) != 1 and not transcodes:
         stores, hookpoints = _crosscoder(sae, config, home, store, store_b, hookpoint)
         return Run(sae, config, stores, hookpoints, home)
     if store_b is not None:
-        raise ConfigError(f"--store-b {store_b}: {where} reads one source; drop --store-b")
+        raise ValueError(f"--store-b {store_b}: {where} reads one source; drop --store-b")
     recorded = _first(config, "stores", "store")
     if home is not None:
         check_replacement(home, recorded_store(home, recorded) if recorded else None, store)
     path = store or (recorded_store(home, recorded) if recorded else None)
     if path is None:
-        raise ConfigError(f"{config_file(home) if home is not None else where} records no store; pass --store "
+        raise ValueError(f"{config_file(home) if home is not None else where} records no store; pass --store "
                           f"STORE_DIR (the store of the activations the dictionary reads)")
     opened = ActivationStore(path)
     if transcodes:
         return Run(sae, config, opened, _transcoder_hookpoints(where, config, opened, hookpoint), home)
     hp = resolve_hookpoint(opened, hookpoint or _first(config, "hookpoints", "hookpoint"))
     if opened.d_in(hp) != sae.d_in:
-        raise ConfigError(f"SAE d_in={sae.d_in} but the store at {path} has d={opened.d_in(hp)} for hookpoint {hp}; "
+        raise ValueError(f"SAE d_in={sae.d_in} but the store at {path} has d={opened.d_in(hp)} for hookpoint {hp}; "
                           f"pass the store the dictionary was trained on")
     return Run(sae, config, opened, [hp], home)
 
@@ -148,15 +147,15 @@ def _crosscoder(sae: SparseCoder, config: dict, home, store, store_b, hookpoint)
         paths[:1] = [Path(store)]
     if store_b is not None:
         if len(paths) != 2:
-            raise ConfigError(f"--store-b {store_b}: {where} reads {len(paths)} store(s), not two; drop --store-b")
+            raise ValueError(f"--store-b {store_b}: {where} reads {len(paths)} store(s), not two; drop --store-b")
         paths[1] = Path(store_b)
     if not paths:
-        raise ConfigError(f"{config_file(home) if home is not None else where} records no store; pass --store "
+        raise ValueError(f"{config_file(home) if home is not None else where} records no store; pass --store "
                           f"STORE_DIR (and --store-b for model B's)")
     hookpoints = list(config.get("hookpoints") or [])
     if hookpoint is not None:
         if len(hookpoints) > 1:
-            raise ConfigError(f"--hookpoint {hookpoint}: {where} is a crosscoder over the hookpoints {hookpoints}; "
+            raise ValueError(f"--hookpoint {hookpoint}: {where} is a crosscoder over the hookpoints {hookpoints}; "
                               f"drop --hookpoint")
         hookpoints = [hookpoint]
     stores = [ActivationStore(p) for p in paths]
@@ -165,12 +164,12 @@ def _crosscoder(sae: SparseCoder, config: dict, home, store, store_b, hookpoint)
         stores, hp, _ = pair_hookpoints(stores, hookpoints[0] if hookpoints else None, hookpoint_b)
         hookpoints = [hp]
     if len(stores) * len(hookpoints) != sae.n_sources:
-        raise ConfigError(f"{where} is a crosscoder over {sae.n_sources} sources but stores {[str(p) for p in paths]}"
+        raise ValueError(f"{where} is a crosscoder over {sae.n_sources} sources but stores {[str(p) for p in paths]}"
                           f" x hookpoints {hookpoints} give {len(stores) * len(hookpoints)}; pass its stores")
     for s in stores:
         for h in hookpoints:
             if h not in s.hookpoints or s.d_in(h) != sae.d_in:
-                raise ConfigError(f"crosscoder {where} reads hookpoint {h!r} of width {sae.d_in}; store {s.path} "
+                raise ValueError(f"crosscoder {where} reads hookpoint {h!r} of width {sae.d_in}; store {s.path} "
                                   f"holds {s.hookpoints}: pass the stores it was trained on")
     return stores, hookpoints
 
@@ -181,14 +180,14 @@ def _transcoder_hookpoints(where: str, config: dict, store: ActivationStore, hoo
     pair = list(config.get("hookpoints") or [])
     n = 2 * int(config.get("n_sources") or 1)
     if len(pair) != n:
-        raise ConfigError(f"{where} records hookpoints {pair}; a {config.get('kind')} needs "
+        raise ValueError(f"{where} records hookpoints {pair}; a {config.get('kind')} needs "
                           f"{'[input, output]' if n == 2 else f'{n // 2} MLP inputs then their {n // 2} outputs'}")
     if hookpoint and (n > 2 or hookpoint != pair[1]):
-        raise ConfigError(f"--hookpoint {hookpoint}: {where} is a transcoder from {pair[0]} to {pair[1]}; "
+        raise ValueError(f"--hookpoint {hookpoint}: {where} is a transcoder from {pair[0]} to {pair[1]}; "
                           f"drop --hookpoint")
     missing = [h for h in pair if h not in store.hookpoints]
     if missing:
-        raise ConfigError(f"a transcoder evaluates on both its hookpoints {pair}; store {store.path} lacks {missing} "
+        raise ValueError(f"a transcoder evaluates on both its hookpoints {pair}; store {store.path} lacks {missing} "
                           f"(it holds {store.hookpoints}): cache both in one store")
     return pair
 
@@ -200,7 +199,7 @@ def _live(sae, config: dict, home, hookpoint, model, dataset, device) -> Run:
     recorded = config.get("live") or {}
     name, dataset = model or recorded.get("model"), dataset or recorded.get("dataset")
     if not name or not dataset:
-        raise ConfigError(f"{config_file(home) if home is not None else where} records no store; pass --store "
+        raise ValueError(f"{config_file(home) if home is not None else where} records no store; pass --store "
                           "STORE_DIR (the store of the activations the dictionary reads), or --model M --dataset D "
                           "to read the model's activations over a dataset")
     if recorded.get("model") and name != recorded["model"]:
@@ -209,13 +208,13 @@ def _live(sae, config: dict, home, hookpoint, model, dataset, device) -> Run:
     live = LiveConfig(**{**{k: v for k, v in recorded.items() if k in known}, "model": name, "dataset": dataset})
     hookpoints = [hookpoint] if hookpoint else list(config.get("hookpoints") or [])
     if not hookpoints:
-        raise ConfigError(f"{where} records no hookpoint; pass --hookpoint")
+        raise ValueError(f"{where} records no hookpoint; pass --hookpoint")
     if hookpoint and len(config.get("hookpoints") or []) > 1:
-        raise ConfigError(f"--hookpoint {hookpoint}: {where} reads the hookpoints {config['hookpoints']}; "
+        raise ValueError(f"--hookpoint {hookpoint}: {where} reads the hookpoints {config['hookpoints']}; "
                           f"drop --hookpoint")
     handle = open_model(live, hookpoints, device)
     if handle.d_model(hookpoints[0]) != sae.d_in:
-        raise ConfigError(f"{where} has d_in={sae.d_in} but model {name} has d={handle.d_model(hookpoints[0])} at "
+        raise ValueError(f"{where} has d_in={sae.d_in} but model {name} has d={handle.d_model(hookpoints[0])} at "
                           f"{hookpoints[0]}; pass the model it was trained on")
     return Run(sae, config, LiveSource(live, handle, level_of(hookpoints)), hookpoints, home)
 
@@ -277,7 +276,7 @@ def _live_rows(run: Run, source: LiveSource, rows: int, batch_size: int, rows_fr
     batches = list(source.batches(run.hookpoints, {"batch_size": size, "seed": 0, "batches": max(1, rows // size),
                                                    "buffer_rows": rows}, rows))
     if not batches:
-        raise ConfigError(f"model {source.live.model} over {dataset} gives fewer than {size} rows; lower "
+        raise ValueError(f"model {source.live.model} over {dataset} gives fewer than {size} rows; lower "
                           f"--batch-size")
     why = "" if same else " (a dataset it did not train on)" if trained_on else " (its training data is not recorded)"
     return batches, f"the first rows of {dataset}{why}"
