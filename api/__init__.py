@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # OpenMP threads that spin after a parallel region steal the cores of the other pool: on CPU a training step
 # runs torch's OpenMP pool (matmuls, elementwise ops) and numba's (the sparse kernels) one after the other, and
@@ -82,6 +82,41 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported on first use (``__getattr__``)
+    from conceptdict.activations import ActivationStore as ActivationStore
+    from conceptdict.activations.integrity import set_read_policy as set_read_policy
+    from conceptdict.broad_api import broad_dictionary as broad_dictionary
+    from conceptdict.broad_api import cached_broad_dictionary as cached_broad_dictionary
+    from conceptdict.concept_api import cbm as cbm
+    from conceptdict.concept_api import cbsae as cbsae
+    from conceptdict.concept_api import export as export
+    from conceptdict.concept_api import name as name
+    from conceptdict.concept_api import score as score
+    from conceptdict.demo_api import demo as demo
+    from conceptdict.diff_api import diff as diff
+    from conceptdict.edit_api import erase as erase
+    from conceptdict.edit_api import splice as splice
+    from conceptdict.edit_api import steer as steer
+    from conceptdict.eval_api import compare as compare
+    from conceptdict.eval_api import evaluate as evaluate
+    from conceptdict.naming import ConceptDictionary as ConceptDictionary
+    from conceptdict.naming import load_concepts as load_concepts
+    from conceptdict.saes import SparseCoder as SparseCoder
+    from conceptdict.saes import TrainConfig as TrainConfig
+    from conceptdict.saes import describe_dictionary as describe
+    from conceptdict.settings import ConfigError as ConfigError
+    from conceptdict.store_api import cache as cache
+    from conceptdict.store_api import hookpoints as hookpoints
+    from conceptdict.store_api import import_array as import_array
+    from conceptdict.store_api import load_model as load_model
+    from conceptdict.store_api import open_store as open_store
+    from conceptdict.store_api import store_info as store_info
+    from conceptdict.store_api import verify_store as verify_store
+    from conceptdict.train_api import load as load
+    from conceptdict.train_api import train as train
+
+    __version__: str
 
 
 UNKNOWN_VERSION = "0+unknown"
