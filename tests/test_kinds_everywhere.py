@@ -1,18 +1,53 @@
-"""A kind's name is written once, in its module: the SAELens mapping follows the registry (``saes.kinds.KINDS``)."""
+"""A kind's name is written once, in its module: ``--kind``'s help, the SAELens mapping and the guide's kind table
+follow the registry (``saes.kinds.KINDS``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from conceptdict import saes
 from conceptdict.saes import SparseCoder, open_dictionary
+from conceptdict.saes.config import TrainConfig
 from conceptdict.saes.formats import saelens
 from conceptdict.saes.kinds import KINDS
+from conceptdict.settings import field_help
+from fixtures_docs import table_names
 
 pytestmark = pytest.mark.unit
+
+TRAIN_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "train.md"
+
+
+def _named(text: str) -> list[str]:
+    """The kinds a list in ``text`` names, variants expanded: ``crosscoder(-absolute, -l1)`` -> crosscoder,
+    crosscoder-absolute, crosscoder-l1."""
+    out = []
+    for base, variants in re.findall(r"([a-z][a-z0-9-]*[a-z0-9])(?:\(([^)]*)\))?", text):
+        out += [base] + [base + v.strip() for v in variants.split(",") if v.strip()]
+    return out
+
+
+def test_the_kind_help_names_every_registered_kind_once():
+    (kind,) = [f for f in dataclasses.fields(TrainConfig) if f.name == "kind"]
+    text = field_help(kind)
+    assert "train.md): " in text and "; read only: " in text, text
+    listed, read_only = text.split("train.md): ", 1)[1].split("; read only: ")
+    assert _named(listed) == [name for name, spec in KINDS.items() if spec.trainable]
+    assert _named(read_only) == [name for name, spec in KINDS.items() if not spec.trainable] == ["gated"]
+
+
+def test_the_guide_has_a_row_for_every_kind_and_no_other():
+    rows = table_names(TRAIN_GUIDE, "## Which kind should I use")
+    assert len(rows) == len(set(rows)), f"a kind has two rows: {sorted({r for r in rows if rows.count(r) > 1})}"
+    assert sorted(rows) == sorted(KINDS), (
+        f"docs/guide/train.md's kind table and the registry differ: rows of no kind {sorted(set(rows) - set(KINDS))}, "
+        f"kinds without a row {sorted(set(KINDS) - set(rows))}")
+
 
 def test_the_saelens_mapping_is_the_registry():
     declared = {name: spec.saelens for name, spec in KINDS.items() if spec.saelens is not None}
