@@ -28,7 +28,7 @@ from ..kinds import KINDS
 from ..model import SparseCoder
 from .common import Loaded, build, foreign_config
 from .files import FormatError, expect_shapes, read_json, read_safetensors
-from .hookpoints import from_transformer_lens
+from .hookpoints import from_transformer_lens, to_transformer_lens
 
 CONFIG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
@@ -221,3 +221,10 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     return directory
 
 
+
+def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name: str | None,
+           hookpoint: str | None) -> Path:
+    """``conceptdict export --format saelens`` (``saes.formats.export.WRITERS``): :func:`write` with the model's name
+    and the hookpoint in the metadata (TransformerLens's ``hook_name``, ours as ``conceptdict_hookpoint``)."""
+    return write(model, out, {"model_name": model_name, "conceptdict_hookpoint": hookpoint,
+                              "hook_name": to_transformer_lens(hookpoint) if hookpoint else None})
