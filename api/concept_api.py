@@ -7,20 +7,17 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from conceptdict.activations import ActivationStore, first_batches, heldout_batches, heldout_row_ids, hub_id_of
+from conceptdict.activations import ActivationStore, first_batches, heldout_batches, heldout_row_ids
 from conceptdict.naming import (
     CbmConfig,
     CbmResult,
     ConceptDictionary,
     concept_directions,
     NameConfig,
-    dictionary_of,
-    is_concept_dir,
-    load_cbm,
     load_concepts,
     name_dictionary,
     open_sources,
@@ -37,6 +34,7 @@ from conceptdict.naming.scoring import ScoreConfig
 from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
 from conceptdict.saes import SparseCoder
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
+from conceptdict.export_formats import export_format, formats_help, write_export
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
 from conceptdict.outdir import guarded
 from conceptdict.naming.sources import Run, open_run, training_heldout
@@ -258,19 +256,12 @@ def cbsae(dictionary: ConceptsLike, label_column: str | None = None, *, concepts
     return CbSaeResult(cfg.out / "dictionary", cfg.out / "concepts", summary)
 
 
-DICTIONARY_FORMATS = ("saelens", "sparsify", "dictionary-learning", "circuit-tracer")
-
-
 @dataclass
 class ExportConfig:
     """Settings of ``conceptdict export``."""
 
     out: Path | None = field(default=None, metadata={"help": "Output directory."})
-    format: Literal["json", "html", "neuronpedia", "saelens", "sparsify", "dictionary-learning",
-                    "circuit-tracer"] = field(
-        default="html", metadata={"help": "json, html or neuronpedia (a concept dictionary); saelens, sparsify, "
-                                          "dictionary-learning or circuit-tracer (a dictionary, with a README.md model "
-                                          "card; circuit-tracer: a CLT, or train --layers' set of transcoders)."})
+    format: str = field(default="html", metadata={"help": formats_help()})
     cbm: Path | None = field(default=None, metadata={"help": "html only: a CBM directory whose pages are added."})
     per_page: int = field(default=200, metadata={"help": "html only: concept cards per page."})
     neuronpedia_model: str | None = field(default=None, metadata={
@@ -286,6 +277,7 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.per_page < 1:
             raise ConfigError(f"per_page={self.per_page} must be at least 1")
+        export_format(self.format)  # an unknown name lists the formats
 
 
 @guarded("export")
@@ -295,9 +287,10 @@ def export(source: DictionaryLike | ConceptsLike, *, out: str | Path | None = No
            source_set: str = "conceptdict", creator: str = "conceptdict", device: str = "cpu",
            push: str | None = None, overwrite: bool = False) -> Path:
     """Write a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify,
-    dictionary_learning layouts, with a model card) for other tools (``conceptdict export``); returns the main file
-    or directory written. Exports name the model by its hub id, never a local path. ``push="hf:OWNER/REPO"``
-    then uploads the ``out`` directory to that repo. ``source``: a folder, or the object that was written there."""
+    dictionary_learning, circuit-tracer layouts, with a model card) for other tools (``conceptdict export``; the
+    formats: ``conceptdict.export_formats``); returns the main file or directory written. Exports name the model by
+    its hub id, never a local path. ``push="hf:OWNER/REPO"`` then uploads the ``out`` directory to that repo.
+    ``source``: a folder, or the object that was written there."""
     cfg = config_from_dict(ExportConfig, given(locals(), "source", "overwrite"), "export")
     if cfg.out is None:
         raise ConfigError("conceptdict export needs --out DIR")
@@ -305,7 +298,7 @@ def export(source: DictionaryLike | ConceptsLike, *, out: str | Path | None = No
         from conceptdict.saes.formats import hub
 
         hub.push_token(cfg.push)  # a bad name, offline mode or no login fails before anything is written
-    written = _export(Path(home_of(source, "source")), cfg)
+    written = write_export(Path(home_of(source, "source")), cfg)
     if cfg.push is not None:
         from conceptdict.activations.lock import LOCK_NAME
         from conceptdict.outdir import MARKER
@@ -314,61 +307,3 @@ def export(source: DictionaryLike | ConceptsLike, *, out: str | Path | None = No
                        ignore=[MARKER, LOCK_NAME])
         log.info("uploaded %s to %s", cfg.out, url)
     return written
-
-
-def _export(source: Path, cfg: ExportConfig) -> Path:
-    if cfg.format in DICTIONARY_FORMATS:
-        return export_dictionary_files(source, cfg.format, cfg.out)
-    if not is_concept_dir(source):
-        raise ConfigError(f"{source} is not a concept dictionary (no concepts.json); run `conceptdict name` first, "
-                          f"or use --format {'|'.join(DICTIONARY_FORMATS)} for an SAE_DIR")
-    if cfg.format == "neuronpedia":
-        from conceptdict.naming.reports.neuronpedia import NeuronpediaConfig, export_neuronpedia
-
-        np_cfg = NeuronpediaConfig(model_id=cfg.neuronpedia_model, source_set=cfg.source_set, creator=cfg.creator)
-        return export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device)
-    cd = load_concepts(source)
-    if cfg.format == "json":
-        return save_concepts(cd, cfg.out)
-    cbm = load_cbm(cfg.cbm) if cfg.cbm else None
-    if cbm is not None:
-        check_cbm_of(cd, cbm, source, cfg.cbm)
-    return write_report(cd, cfg.out, cbm=cbm, per_page=cfg.per_page)
-
-
-def check_cbm_of(cd: ConceptDictionary, cbm: CbmResult, source: Path, cbm_dir: Path) -> None:
-    """Refuse a CBM fitted on another concept dictionary: its concepts must be ``cd``'s latents under the same
-    names (a report mixing the two would show one dictionary's names beside the other's weights)."""
-    names = cd.names
-    wrong = [(i, n) for i, n in zip(cbm.concept_ids, cbm.concept_names) if not (0 <= i < len(names)) or names[i] != n]
-    if wrong:
-        i, n = wrong[0]
-        theirs = repr(names[i]) if 0 <= i < len(names) else f"no latent {i}"
-        raise ConfigError(f"--cbm {cbm_dir} was fitted on another concept dictionary ({cbm.meta.get('dict_dir', '?')}): "
-                          f"its concept {i} is {n!r}, {source} has {theirs} ({len(wrong)} of {len(cbm.concept_ids)} "
-                          f"differ); pass the CBM made from {source} (`conceptdict cbm {source} ...`)")
-
-
-def export_dictionary_files(source: Path, fmt: str, out: Path) -> Path:
-    """A dictionary (or a concept dictionary's) in another library's layout, with a model card naming the model by
-    its hub id."""
-    from conceptdict.saes import open_dictionary
-    from conceptdict.saes.formats.export import export_dictionary
-
-    from conceptdict.saes.formats import transcoder_set
-
-    layers = transcoder_set(source) if fmt == "circuit-tracer" else []
-    if layers:  # train --layers' OUT: one transcoder per MLP, written as circuit-tracer's transcoder set
-        from conceptdict.saes.formats.circuit_tracer import write_set
-
-        opened = [open_dictionary(d) for d in layers]
-        return write_set([m for m, _ in opened], [c.get("hookpoints") or [] for _, c in opened], out,
-                         hub_id_of(opened[0][1].get("model")) or None)
-    ref = dictionary_of(source)
-    model, config = open_dictionary(ref.path)
-    recorded = (ref.concepts.meta.get("model") if ref.concepts else None) or config.get("model")
-    hookpoint = ref.concepts.meta.get("hookpoint") if ref.concepts else None
-    eval_json = Path(ref.path) / "eval.json"
-    evals = json.loads(eval_json.read_text()) if eval_json.exists() else None
-    return export_dictionary(model, config, fmt, out, evals=evals, model_name=hub_id_of(recorded) or "",
-                             hookpoint=hookpoint)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 
 from .kernels import FLOAT32_ONLY
-from .kinds import SHARED_DEFAULTS, check_shards, kind_spec
+from .kinds import SHARED_DEFAULTS, check_shards, kind_spec, kinds_help
 from .metrics import TRACKERS
 from .model import SparseCoder
 from .precision import MATMUL_DTYPES, check_precision
@@ -33,9 +33,7 @@ class TrainConfig:
     latents: int = field(metadata=_help("Number of latents L in the dictionary."))
     k: int = field(metadata=_help(
         "Active latents per row (TopK), or on average per row (BatchTopK); must be below latents."))
-    kind: str = field(default="topk", metadata=_help(
-        "Dictionary kind (saes/kinds/): topk, batchtopk, relu, jumprelu, matryoshka, spade, crosscoder, "
-        "transcoder and their variants; which to use: docs/guide/train.md."))
+    kind: str = field(default="topk", metadata=_help(kinds_help()))
     tokens: int | None = field(default=None, metadata=_help(
         "Stop after this many training rows; None (a store): one pass, or more passes up to 2000 steps and 100 "
         "passes (docs/results/defaults.md)."))

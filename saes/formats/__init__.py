@@ -29,13 +29,15 @@ import torch
 from . import circuit_tracer, dictlearn, gemmascope, hub, native, releases, saelens, sparsify
 from ..kinds import KINDS
 from .common import Loaded
+from .export import WRITERS
 from .files import FormatError
 from .hookpoints import match_hookpoint
 
 FORMATS: dict[str, ModuleType] = {"conceptdict": native, "saelens": saelens, "sparsify": sparsify,
                                   "dictionary-learning": dictlearn, "gemma-scope": gemmascope,
                                   "circuit-tracer": circuit_tracer}
-"""format name -> module with ``NEEDS`` (what it reads), ``matches(dir) -> bool`` and ``read(dir) -> Loaded``."""
+"""format name -> module with ``NEEDS`` (what it reads), ``matches(dir) -> bool`` and ``read(dir) -> Loaded``. The
+writers' table, of the layouts ``conceptdict export`` writes, is :data:`WRITERS` (``saes.formats.export``)."""
 
 
 def detect_format(directory: Path) -> str | None:
@@ -129,7 +131,7 @@ def import_saelens(directory: str | Path):
     return saelens.read(Path(directory)).model
 
 
-__all__ = ["FORMATS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens",
+__all__ = ["FORMATS", "WRITERS", "FormatError", "Loaded", "config_file", "detect_format", "export_saelens", "import_saelens",
            "transcoder_set",
            "load_dictionary",
            "load_dictionary_config", "locate", "match_hookpoint", "open_dictionary"]

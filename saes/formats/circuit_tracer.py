@@ -207,3 +207,15 @@ def write_set(models: Sequence[SparseCoder], hookpoints: Sequence[Sequence[str]]
     _write_yaml(out, {"model_kind": "transcoder_set", "feature_input_hook": in_hook, "feature_output_hook": out_hook,
                       "activation": "topk", "k": ks.pop(), **({"model_name": model_name} if model_name else {})})
     return out
+
+
+def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name: str | None,
+           hookpoint: str | None) -> Path:
+    """``conceptdict export --format circuit-tracer`` (``saes.formats.export.WRITERS``): a cross-layer transcoder
+    (:func:`write_clt`) or one transcoder as a set of one layer (:func:`write_set`), over ``config``'s hookpoints."""
+    hookpoints = config.get("hookpoints") or []
+    if model.spec.layered:
+        return write_clt(model, out, hookpoints, model_name)
+    if model.spec.transcodes:
+        return write_set([model], [hookpoints], out, model_name)
+    raise ValueError(f"circuit-tracer holds transcoders (per layer, or cross-layer); a {model.kind} is neither")

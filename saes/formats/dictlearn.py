@@ -166,3 +166,9 @@ def write(model: SparseCoder, directory: Path, hookpoint: str | None = None, mod
         "layer": int(layer.group(1)) if layer else None, "lm_name": model_name, "submodule_name": hookpoint,
         "exported_by": "conceptdict"}})
     return directory
+
+
+def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name: str | None,
+           hookpoint: str | None) -> Path:
+    """``conceptdict export --format dictionary-learning`` (``saes.formats.export.WRITERS``): :func:`write`."""
+    return write(model, out, hookpoint, model_name)

@@ -10,22 +10,25 @@ folded into ``b_enc`` (``x W + e = (x - b) W + (e + b W)``). ``normalize_activat
 refused when those files are absent; the per-input normalisers (``constant_norm_rescale``, ``layer_norm``)
 make the dictionary non-affine and are refused. Everything is converted to float32.
 
-Written (checked against sae-lens 6.54): TopK -> ``topk`` with ``k``; batchtopk-absolute -> ``jumprelu`` with its
-inference threshold (and ``conceptdict_k`` in the metadata; the row-relative ``batchtopk`` is refused); ReLU -> ``standard``; jumprelu and gated as
-themselves. ``metadata.sae_lens_version`` is written so that sae-lens >= 6 keeps our metadata.
+Written (checked against sae-lens 6.54): each kind as the architecture its ``KindSpec.saelens`` declares
+(saes/kinds/): TopK -> ``topk`` with ``k``; batchtopk-absolute -> ``jumprelu`` with its inference threshold (and
+``conceptdict_k`` in the metadata; the row-relative ``batchtopk`` is refused); ReLU -> ``standard``; jumprelu and
+gated as themselves. ``metadata.sae_lens_version`` is written so that sae-lens >= 6 keeps our metadata.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..kinds import KINDS
 from ..model import SparseCoder
 from .common import Loaded, build, foreign_config
 from .files import FormatError, expect_shapes, read_json, read_safetensors
-from .hookpoints import from_transformer_lens
+from .hookpoints import from_transformer_lens, to_transformer_lens
 
 CONFIG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
@@ -36,17 +39,46 @@ SAELENS_VERSION = "6.54.12"
 """Written as ``metadata.sae_lens_version``: the sae-lens release tests/foreign checks the export against."""
 
 ARCH_TO_KIND = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "gated": "gated"}
-KIND_TO_ARCH = {"topk": "topk", "batchtopk-absolute": "jumprelu", "relu": "standard", "jumprelu": "jumprelu",
-                "gated": "gated"}
-"""our kind -> SAELens architecture (the classical BatchTopK is saved as the JumpReLU it runs as at inference;
-the row-relative ``batchtopk`` has no SAELens equivalent: its bias and threshold scale with each row's norm)."""
-WHY_NOT = {k: " (row-relative: its bias and threshold scale with each row's norm)" for k in
-           ("batchtopk", "matryoshka", "jumprelu-relative", "crosscoder")}
+"""SAELens architecture -> the kind it is read as (every architecture this module reads and writes)."""
+
+
+def architecture_of(kind: str) -> str | None:
+    """The SAELens architecture a dictionary of ``kind`` is written as (its ``KindSpec.saelens``; the classical
+    BatchTopK is saved as the JumpReLU it runs as at inference); None for a kind without one, or not registered."""
+    spec = KINDS.get(kind)
+    return spec.saelens if spec is not None else None
+
+
+class _KindToArch(Mapping):
+    """our kind -> SAELens architecture, read from the kind registry on every access (a kind added with
+    ``saes.kinds.register`` is in it)."""
+
+    def __getitem__(self, kind: str) -> str:
+        arch = architecture_of(kind)
+        if arch is None:
+            raise KeyError(kind)
+        return arch
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, spec in KINDS.items() if spec.saelens is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+KIND_TO_ARCH: Mapping[str, str] = _KindToArch()
+"""our kind -> SAELens architecture, for every kind that declares one (``KindSpec.saelens``)."""
 
 
 def exports_exactly(kind: str) -> bool:
     """Whether a dictionary of ``kind`` exports to SAELens with the same codes and reconstructions."""
-    return kind in KIND_TO_ARCH
+    return architecture_of(kind) is not None
+
+
+def _why_not(kind: str) -> str:
+    """Why ``kind`` has no SAELens equivalent, where the registry says (a row-relative rule), for messages."""
+    spec = KINDS.get(kind)
+    return " (row-relative: its bias and threshold scale with each row's norm)" if spec and spec.relative else ""
 
 
 EXTRA_TENSORS = {"jumprelu": ("threshold",), "gated": ("r_mag", "b_mag")}
@@ -159,11 +191,15 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     if model.n_sources != 1:
         raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
                          f"artifact with save_dictionary instead")
-    if model.kind not in KIND_TO_ARCH:
-        raise ValueError(f"kind {model.kind!r}{WHY_NOT.get(model.kind, '')} has no SAELens equivalent; to share a "
+    arch = architecture_of(model.kind)
+    if arch is None:
+        raise ValueError(f"kind {model.kind!r}{_why_not(model.kind)} has no SAELens equivalent; to share a "
                          f"dictionary through SAELens, Neuronpedia or SAEBench train it with --kind topk (train's "
                          f"default), --kind batchtopk-absolute (the classical BatchTopK, which SAELens reads as "
                          f"JumpReLU) or another of {sorted(KIND_TO_ARCH)}")
+    if arch not in ARCH_TO_KIND:
+        raise ValueError(f"kind {model.kind!r} declares SAELens architecture {arch!r} (KindSpec.saelens), which this "
+                         f"writer does not write; declare one of {sorted(ARCH_TO_KIND)} or None")
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"sae_lens_version": SAELENS_VERSION, "sae_lens_training_version": None, "model_name": None,
                 "hook_name": None, "hook_head_index": None, "context_size": None, "prepend_bos": True,
@@ -172,11 +208,10 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     metadata.update(meta or {})
     if metadata["model_name"] is not None and not isinstance(metadata["model_name"], str):
         raise ValueError(f"SAELens model_name must be the model's name string, got {metadata['model_name']!r}")
-    arch = KIND_TO_ARCH[model.kind]
     cfg: dict[str, Any] = {"architecture": arch, "d_in": model.d_in, "d_sae": model.n_latents, "dtype": "float32",
                            "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
                            "reshape_activations": "none", "metadata": metadata}
-    if model.kind == "topk":
+    if arch == "topk":
         cfg.update(k=model.k, rescale_acts_by_decoder_norm=False)
     tensors = {"W_enc": model.W_enc, "W_dec": model.W_dec, "b_dec": model.b_dec,
                "b_gate" if arch == "gated" else "b_enc": model.b_enc}
@@ -185,3 +220,11 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     write_json(directory / CONFIG, cfg)
     return directory
 
+
+
+def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name: str | None,
+           hookpoint: str | None) -> Path:
+    """``conceptdict export --format saelens`` (``saes.formats.export.WRITERS``): :func:`write` with the model's name
+    and the hookpoint in the metadata (TransformerLens's ``hook_name``, ours as ``conceptdict_hookpoint``)."""
+    return write(model, out, {"model_name": model_name, "conceptdict_hookpoint": hookpoint,
+                              "hook_name": to_transformer_lens(hookpoint) if hookpoint else None})

@@ -108,3 +108,13 @@ def write(model: SparseCoder, directory: Path, hookpoint: str, model_name: str |
     if model_name or "conceptdict_hookpoints" in run:
         write_json(directory / "config.json", run)
     return sub
+
+
+def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name: str | None,
+           hookpoint: str | None) -> Path:
+    """``conceptdict export --format sparsify`` (``saes.formats.export.WRITERS``): :func:`write` under the hookpoint's
+    folder; a transcoder's [input, output] hookpoints come from ``config``."""
+    if not hookpoint:
+        raise ValueError("sparsify names each SAE's folder after its hookpoint; the dictionary records none")
+    pair = config.get("hookpoints") if model.spec.transcodes else None
+    return write(model, out, hookpoint, model_name, transcoder_hookpoints=pair)

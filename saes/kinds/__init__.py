@@ -88,6 +88,19 @@ def trainable_kinds() -> list[str]:
     return sorted(name for name, spec in KINDS.items() if spec.trainable)
 
 
+def kinds_help() -> str:
+    """``TrainConfig.kind``'s help: the registered kinds in the registry's order, a kind's variants after it
+    (``batchtopk(-absolute)``: batchtopk and batchtopk-absolute), and apart the ones that are only read."""
+    families: dict[str, list[str]] = {}
+    for name in (n for n, spec in KINDS.items() if spec.trainable):
+        base = next((b for b in families if name.startswith(f"{b}-")), None)
+        families.setdefault(base or name, []).extend([name[len(base):]] if base else [])
+    listed = ", ".join(b + (f"({', '.join(v)})" if v else "") for b, v in families.items())
+    read_only = [name for name, spec in KINDS.items() if not spec.trainable]
+    return (f"Dictionary kind (which to use: docs/guide/train.md): {listed}"
+            + (f"; read only: {', '.join(read_only)}" if read_only else "") + ".")
+
+
 def reads_several_sources(kind: str) -> bool:
     """Whether one dictionary of ``kind`` reads every source (hookpoint) of the data at once: crosscoders
     ("several") and transcoders ("pair"); other kinds train a dictionary per hookpoint."""
@@ -113,4 +126,4 @@ def is_crosscoder(kind: str) -> bool:
 
 __all__ = ["BUILT_IN", "KINDS", "MODULES", "SHARED_DEFAULTS", "KindSpec", "TrainOutput", "check_shards",
            "is_crosscoder",
-           "kind_spec", "reads_several_sources", "register", "trainable_kinds", "unregister"]
+           "kind_spec", "kinds_help", "reads_several_sources", "register", "trainable_kinds", "unregister"]

@@ -54,5 +54,5 @@ KINDS = (
     # the absolute rule trains as published: the shared defaults (docs/results/defaults.md)
     KindSpec(absolute_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
              name="batchtopk-absolute", settings=ThresholdSettings, calibrated=True, mixed_precision=True,
-             shardable=True),
+             shardable=True, saelens="jumprelu"),  # SAELens reads it as the JumpReLU it runs as at inference
 )

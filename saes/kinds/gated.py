@@ -26,4 +26,4 @@ def not_trainable(model: "SparseCoder", x: Tensor, *_: object, **__: object) -> 
 
 
 KINDS = (KindSpec(not_trainable, encode, uses_aux=False, uses_threshold=False, trainable=False,
-                  buffers=("r_mag", "b_mag"), name="gated"),)
+                  buffers=("r_mag", "b_mag"), name="gated", saelens="gated"),)

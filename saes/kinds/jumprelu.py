@@ -283,7 +283,8 @@ _COMMON = dict(uses_aux=True, uses_threshold=True, train_params=_train_params, i
                sparsity_warmup=sparsity_warmup, mixed_precision=True, shardable=True)
 KINDS = (
     # batchtopk's defaults (docs/results/defaults.md)
-    KindSpec(_train, threshold_encode, name="jumprelu", defaults=BATCHTOPK_DEFAULTS, **_COMMON),
+    KindSpec(_train, threshold_encode, name="jumprelu", defaults=BATCHTOPK_DEFAULTS, saelens="jumprelu",
+             **_COMMON),
     # batchtopk's defaults without the TopK start (docs/results/defaults.md)
     KindSpec(_train_relative, relative_encode, relative=True, name="jumprelu-relative",
              defaults={**BATCHTOPK_DEFAULTS, "topk_start": 0.0}, **_COMMON),

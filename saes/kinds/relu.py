@@ -47,4 +47,4 @@ def encode(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 KINDS = (KindSpec(train_forward, encode, uses_aux=False, uses_threshold=False, name="relu", settings=L1Settings,
-                  shardable=True),)
+                  shardable=True, saelens="standard"),)

@@ -116,6 +116,10 @@ class KindSpec:
     entries of ``W_dec [L, S*D]`` outside :meth:`SparseCoder.decoder_mask` stay zero)."""
     sparsity_warmup: Callable[[Any], int | None] | None = None
     """(settings) -> steps over which ``StepInputs.warmup`` rises linearly to 1 (None: the learning rate's warm-up)."""
+    saelens: str | None = None
+    """The SAELens architecture (``cfg.json``'s ``architecture``: standard, topk, jumprelu, gated) a dictionary of
+    this kind is exported as with the same codes and reconstructions (saes/formats/saelens.py); None: SAELens has no
+    equivalent and ``export --format saelens`` refuses it."""
 
     @property
     def transcodes(self) -> bool:

@@ -37,4 +37,4 @@ def shard_encode(model: "SparseCoder", x: Tensor, comm) -> Tensor:
 
 # topk keeps the shared defaults (saes.kinds.spec.SHARED_DEFAULTS; docs/results/defaults.md)
 KINDS = (KindSpec(train_forward, encode, uses_aux=True, uses_threshold=False, name="topk", mixed_precision=True,
-                  shard_encode=shard_encode, shardable=True),)
+                  shard_encode=shard_encode, shardable=True, saelens="topk"),)
