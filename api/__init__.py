@@ -104,7 +104,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.naming import load_concepts as load_concepts
     from conceptdict.saes import SparseCoder as SparseCoder
     from conceptdict.saes import TrainConfig as TrainConfig
-    from conceptdict.saes import describe_dictionary as describe
+    from conceptdict.saes import describe_dictionary as describe  # noqa: F401
     from conceptdict.settings import ConfigError as ConfigError
     from conceptdict.store_api import cache as cache
     from conceptdict.store_api import hookpoints as hookpoints
