@@ -233,7 +233,12 @@ class ActivationStore:
         self._meta: dict[tuple[int, str], Any] = {}
 
     def __repr__(self) -> str:
-        return f"ActivationStore({str(self.path)!r}, rows={self.num_rows}, hookpoints={self.hookpoints})"
+        """One line (under 200 characters): path (its end when long), rows, level, dtype, the first hookpoints."""
+        path = str(self.path) if len(str(self.path)) <= 60 else "..." + str(self.path)[-57:]
+        hooks = [repr(h if len(h) <= 40 else h[:37] + "...") for h in self.hookpoints[:3]]
+        more = [f"+{len(self.hookpoints) - 3} more"] if len(self.hookpoints) > 3 else []
+        return (f"ActivationStore({path!r}, rows={self.num_rows}, {self.level}, {str(self.dtype).removeprefix('torch.')}, "
+                f"hookpoints=[{', '.join(hooks + more)}])")
 
     def __len__(self) -> int:
         return self.num_rows
