@@ -190,10 +190,10 @@ class ConceptDictionary:
         from conceptdict.saes.tables import shorten
 
         named = sum(bool(c.name) for c in self.concepts)
-        where = "".join(f", {key}={shorten(self.meta[key], 40)!r}" for key in ("namer", "hookpoint", "sae_dir")
-                        if self.meta.get(key))
-        return (f"ConceptDictionary({len(self)} concepts, {named} named, directions {list(self.directions.shape)}"
-                f"{where})")
+        where = "".join(f", {key}={shorten(self.meta[key], width)!r}" for key, width in
+                        (("namer", 12), ("hookpoint", 30), ("sae_dir", 30)) if self.meta.get(key))
+        return (f"ConceptDictionary({len(self)} concepts ({named} named), directions "
+                f"{list(self.directions.shape)}{where})")
 
     def to_dict(self, directions: bool = False) -> dict[str, Any]:
         """concepts.json's content as plain JSON types (meta, directions_shape, one record per concept); with

@@ -261,12 +261,13 @@ class SparseCoder(nn.Module):
             try:
                 x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
             except TypeError:
-                raise TypeError(f"{what} expects floating-point values {want}, got a numpy array of {x.dtype}") from None
+                raise TypeError(f"{what} expects floating-point values {want}, got a numpy array of "
+                                f"{x.dtype}") from None
         elif not isinstance(x, Tensor):
             raise TypeError(f"{what} expects a tensor or numpy array {want}, got {type(x).__name__}")
         if not x.is_floating_point():
-            raise TypeError(f"{what} expects floating-point values {want}, got {str(x.dtype).removeprefix('torch.')} {list(x.shape)}; "
-                            f"convert it with .float()")
+            given = f"{str(x.dtype).removeprefix('torch.')} {list(x.shape)}"
+            raise TypeError(f"{what} expects floating-point values {want}, got {given}; convert it with .float()")
         if x.dim() < len(tail) or tuple(x.shape[x.dim() - len(tail):]) != tail:
             raise ValueError(f"{what} expects {want}, got {list(x.shape)}")
         if x.device != self.device:
@@ -398,7 +399,7 @@ class SparseCoder(nn.Module):
 
         c = self.cfg
         hooks = (f", hookpoint={short_list(c.hookpoints)[1:-1]}" if len(c.hookpoints) == 1 else
-                 f", hookpoints={short_list(c.hookpoints, 2)}" if c.hookpoints else "")
+                 f", hookpoints={short_list(c.hookpoints, 2, 30)}" if c.hookpoints else "")
         sources = f", sources={c.sources}" if c.sources > 1 else ""
         return (f"SparseCoder({c.kind}{sources}, d_in={c.d_in}, latents={c.latents}, k={c.k}{hooks}, "
                 f"{str(self.dtype).removeprefix('torch.')}, {self.device})")

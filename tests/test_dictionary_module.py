@@ -5,6 +5,7 @@ store, a concept and a concept dictionary."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,22 +143,28 @@ def test_reprs_are_one_short_line(planted_store):
     long_hooks = [f"blocks.{i}.attn.hook_z_with_a_rather_long_suffix" for i in range(30)]
     sae = _model()
     sae.config = {"hookpoints": long_hooks[:1]}
-    assert repr(sae) == ("SparseCoder(topk, d_in=6, latents=12, k=3, hookpoint='blocks.0.attn.hook_z_with_a_rather_lo...', "
-                         "float32, cpu)")
+    assert repr(sae) == ("SparseCoder(topk, d_in=6, latents=12, k=3, "
+                         "hookpoint='blocks.0.attn.hook_z_with_a_rather_lo...', float32, cpu)")
     crosscoder = _model("crosscoder", S=2)
     crosscoder.config = {"hookpoints": long_hooks}
     concept = _concept(7, "error handling " * 20)
     concepts = ConceptDictionary(tuple(_concept(j, f"name {j}") for j in range(300)), torch.randn(300, 384),
                                  {"sae_dir": "/very/long/path/" * 10 + "sae", "hookpoint": "h", "namer": "vocab"})
     store = cd.open_store(planted_store)
-    for obj in (sae, crosscoder, concept, concepts, store):
+    wide = cd.open_store(planted_store)
+    wide.path, wide.hookpoints = Path("/a/very/deep/folder" * 10) / "store", long_hooks  # as a 30-hookpoint store
+    for obj in (sae, crosscoder, concept, concepts, store, wide):
         text = repr(obj)
         assert "\n" not in text and len(text) < 200, text
     assert repr(concept) == ("Concept(7, 'error handling error handling error handling error handli...', "
                              "score=0.4123, frequency=0.0125, namer='vocab', confidence=0.66)")
-    assert repr(concepts).startswith("ConceptDictionary(300 concepts, 300 named, directions [300, 384], "
-                                     "namer='vocab', hookpoint='h', sae_dir='...")
+    assert repr(concepts) == ("ConceptDictionary(300 concepts (300 named), directions [300, 384], namer='vocab', "
+                              "hookpoint='h', sae_dir='...ng/path//very/long/path/sae')")
     assert repr(store).startswith("ActivationStore('") and \
         repr(store).endswith("', rows=3072, token, float32, hookpoints=['acts'])")
-    assert repr(crosscoder).endswith("hookpoints=['blocks.0.attn.hook_z_with_a_rather_lo...', "
-                                     "'blocks.1.attn.hook_z_with_a_rather_lo...', +28 more], float32, cpu)")
+    assert repr(wide) == ("ActivationStore('.../deep/folder/a/very/deep/folder/store', rows=3072, token, float32, "
+                          "hookpoints=['blocks.0.attn.hook_z_with_a_r...', 'blocks.1.attn.hook_z_with_a_r...', "
+                          "+28 more])")
+    assert repr(crosscoder) == ("SparseCoder(crosscoder, sources=2, d_in=6, latents=12, k=3, "
+                                "hookpoints=['blocks.0.attn.hook_z_with_a...', 'blocks.1.attn.hook_z_with_a...', "
+                                "+28 more], float32, cpu)")
