@@ -233,7 +233,13 @@ class ActivationStore:
         self._meta: dict[tuple[int, str], Any] = {}
 
     def __repr__(self) -> str:
-        return f"ActivationStore({str(self.path)!r}, rows={self.num_rows}, hookpoints={self.hookpoints})"
+        """One line (under 200 characters): path (its end when long), rows, level, dtype, the first hookpoints."""
+        path = str(self.path) if len(str(self.path)) <= 40 else "..." + str(self.path)[-37:]
+        hooks = [repr(h if len(h) <= 32 else h[:29] + "...") for h in self.hookpoints[:2]]
+        more = [f"+{len(self.hookpoints) - 2} more"] if len(self.hookpoints) > 2 else []
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"ActivationStore({path!r}, rows={self.num_rows}, {self.level}, {dtype}, "
+                f"hookpoints=[{', '.join(hooks + more)}])")
 
     def __len__(self) -> int:
         return self.num_rows

@@ -217,6 +217,20 @@ class CbSaeResult(NamedTuple):
 
         return "\n".join(summary_lines(self.summary))
 
+    def to_dict(self) -> dict[str, Any]:
+        """cbsae.json's summary as plain JSON types, with where the dictionary and its concepts went."""
+        from conceptdict.saes.tables import plain
+
+        return plain({"dictionary": self.dictionary, "concepts": self.concepts, **self.summary})
+
+    def to_pandas(self) -> Any:
+        """A DataFrame with one row per measure (latents, FVU, interpretability, steerability, CBM accuracy, each added
+        concept's alignment): before, pruned, after (``cbsae_run.summary_rows``)."""
+        from conceptdict.naming.bottleneck.cbsae_run import summary_rows
+        from conceptdict.saes.tables import frame
+
+        return frame(summary_rows(self.summary), ["measure", "before", "pruned", "after"])
+
 
 @guarded("cbsae")
 @takes_settings(CbSaeConfig, extra=("label_column", "overwrite"))

@@ -116,6 +116,20 @@ class DiffResult(NamedTuple):
                 f"latent {r['latent']} {r['change']:.2f} ({r['tag']})" for r in changed[:5]))
         return "\n".join(lines + [f"  {name:<5} {path}" for name, path in self.paths.items()])
 
+    def to_dict(self) -> dict[str, Any]:
+        """diff.json's summary (sources, counts per tag, the crosscoder's evaluation, the most changed latents) as
+        plain JSON types, with the paths written; the per-latent table is :meth:`to_pandas`."""
+        from conceptdict.saes.tables import plain
+
+        return plain({**self.summary, "paths": self.paths})
+
+    def to_pandas(self) -> Any:
+        """A DataFrame with one row per latent of the crosscoder: latent, tag, norm_a, norm_b, delta, cosine, change,
+        and with Latent Scaling its nu / fires columns and flags (``records``)."""
+        from conceptdict.saes.tables import frame
+
+        return frame(self.records, ["latent", "tag", "norm_a", "norm_b", "delta", "cosine"])
+
 
 class DiffKeywords(TrainingSettings, total=False):
     """:func:`diff`'s keywords: :class:`DiffConfig`'s settings and the training settings (``cd.train``'s)."""

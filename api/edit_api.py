@@ -77,6 +77,20 @@ class EraseResult(NamedTuple):
 
         return format_table(self.table)
 
+    def to_dict(self) -> dict[str, Any]:
+        """erase.json's content as plain JSON types, with the paths written."""
+        from conceptdict.saes.tables import plain
+
+        return plain({**self.table, "paths": self.paths})
+
+    def to_pandas(self) -> Any:
+        """A DataFrame with one row per method: method, its probe accuracies, displacement, switch rate, CE change
+        (None where not measured), ``skipped`` (why a method did not run), latents (SAE ablation's)."""
+        from conceptdict.naming.interventions.erase import COLUMNS
+        from conceptdict.saes.tables import frame
+
+        return frame(self.table["records"], ["method", *COLUMNS])
+
 
 @guarded("erase")
 @takes_settings(EraseConfig, extra=("apply", "overwrite"))

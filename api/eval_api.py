@@ -26,6 +26,7 @@ from conceptdict.settings import ConfigError, config_from_dict, given, home_of, 
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
+from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class Evaluation(NamedTuple):
             lines.append(tags_line(self.latent_tags))
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
         return "\n".join(lines + ([line] if line else []))
+
+    to_dict, to_pandas = evaluation_to_dict, evaluation_to_pandas  # (eval_tables.py)
 
 
 def tags_line(tags: dict[str, int]) -> str:
@@ -264,6 +267,8 @@ class Comparison(NamedTuple):
                 lines.append(f"names only {row['name']} found ({row['unique_names']['count']}): "
                              + ", ".join(row["unique_names"]["examples"][:10]))
         return "\n".join(lines)
+
+    to_dict, to_pandas = comparison_to_dict, comparison_to_pandas  # (eval_tables.py)
 
 
 @guarded("compare")

@@ -14,11 +14,14 @@ import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import pandas
 
 FORMAT_VERSION = 1
 JSON_NAME = "concepts.json"
@@ -114,6 +117,29 @@ class Concept:
     confidence: float | None = None
     """How far the name can be trusted, in [0, 1], from namer agreement and scores (docs/scores.md)."""
 
+    def __repr__(self) -> str:
+        """One line: id, name, score, frequency, namer (the evidence is in the fields, and in :meth:`to_dict`)."""
+        from conceptdict.saes.tables import shorten
+
+        conf = "" if self.confidence is None else f", confidence={self.confidence:.3g}"
+        return (f"Concept({self.id}, {shorten(self.name, 60)!r}, score={self.score:.4g}, "
+                f"frequency={self.frequency:.4g}, namer={shorten(self.namer, 20)!r}{conf})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON types (concepts.json's record; examples also carry ``marked_text``)."""
+        from conceptdict.saes.tables import plain
+
+        return plain(concept_to_json(self))
+
+    def row(self) -> dict[str, Any]:
+        """The concept as one table row (:meth:`ConceptDictionary.to_pandas`): id, name, score, frequency, namer,
+        confidence, runner-ups, and its stats, scores, namers' names and extra as ``stats.max``,
+        ``scores.embedding.auroc``, ``names.vocab``, ... columns (no examples or histogram)."""
+        return {"id": self.id, "name": self.name, "score": self.score, "frequency": self.frequency,
+                "namer": self.namer, "confidence": self.confidence, "runner_ups": list(self.runner_ups),
+                "stats": self.stats, "scores": self.scores,
+                "names": {namer: v.get("name") for namer, v in self.names.items()}, "extra": self.extra}
+
 
 @dataclass(frozen=True)
 class ConceptDictionary:
@@ -160,6 +186,34 @@ class ConceptDictionary:
             raise IndexError(f"concepts[{key}]: no latent {key}; this dictionary has latents 0..{len(self) - 1} "
                              f"(len(concepts) is {len(self)})")
         return self.concepts[key]
+
+    def __repr__(self) -> str:
+        """One line: how many concepts (and named), the directions' shape, and where they came from."""
+        from conceptdict.saes.tables import shorten
+
+        named = sum(bool(c.name) for c in self.concepts)
+        where = "".join(f", {key}={shorten(self.meta[key], width)!r}" for key, width in
+                        (("namer", 12), ("hookpoint", 30), ("sae_dir", 30)) if self.meta.get(key))
+        return (f"ConceptDictionary({len(self)} concepts ({named} named), directions "
+                f"{list(self.directions.shape)}{where})")
+
+    def to_dict(self, directions: bool = False) -> dict[str, Any]:
+        """concepts.json's content as plain JSON types (meta, directions_shape, one record per concept); with
+        ``directions``, also the directions as nested lists."""
+        from conceptdict.saes.tables import plain
+
+        out = {"meta": plain(self.meta), "directions_shape": list(self.directions.shape),
+               "concepts": [c.to_dict() for c in self.concepts]}
+        if directions:
+            out["directions"] = plain(self.directions.detach().cpu())
+        return out
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """A DataFrame with one row per latent (:meth:`Concept.row`): id, name, score, frequency, namer,
+        confidence, runner_ups, stats.*, scores.*, names.*, extra.*; e.g. ``df.sort_values("frequency")``."""
+        from conceptdict.saes.tables import frame
+
+        return frame([c.row() for c in self.concepts])
 
     def ids_named(self, name: str) -> list[int]:
         """Latent ids carrying ``name`` (names may repeat, as in Discover-then-Name)."""

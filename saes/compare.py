@@ -250,3 +250,20 @@ def _unique_names(entries: list[Entry], rows: dict[str, Any], lives: dict[str, l
         others = set().union(*(v for k, v in named.items() if k != e.name))
         only = sorted(named[e.name] - others)
         rows[e.name]["unique_names"] = {"count": len(only), "examples": only[:examples]}
+
+
+def comparison_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per dictionary of a :func:`compare` result, what a table of them shows: name, kind, n_latents, k,
+    space, where it came from, live_latents, unique_latents, on_frontier, every metric and weight metric as its own
+    key, latent_tags, unique_names (the count) and matched (other dictionary -> the share of its live latents that
+    one matches)."""
+    rows = []
+    for r in result["dictionaries"]:
+        row = {k: v for k, v in r.items() if k not in ("metrics", "weights", "unique_names")}
+        row["on_frontier"] = r["name"] in result["frontier"]
+        row.update({k: v for k, v in r["metrics"].items() if k not in row})
+        row.update(r["weights"])
+        row["unique_names"] = (r.get("unique_names") or {}).get("count")
+        row["matched"] = result["matches"].get(r["name"], {})
+        rows.append(row)
+    return rows

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import Tensor
 
 from .comm import LOCAL, Comm
 from .model import SparseCoder
+
+if TYPE_CHECKING:
+    import pandas
 
 DENSE_FRACTION = 0.1
 """A latent firing on more than this fraction of tokens is "dense" (SAEBench)."""
@@ -86,6 +89,13 @@ class EvalResult:
         else:
             out.pop("density")
         return out
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row: every metric as a column (per_source_fvu, density_histogram, ... as list cells; the raw spliced
+        losses as splice.ce_clean, ...)."""
+        from .tables import frame
+
+        return frame([self.to_dict()])
 
 
 class _Sums:

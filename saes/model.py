@@ -7,13 +7,22 @@ the active latents, its sparsity penalty, the inference rule, its settings -- is
 module of saes/kinds/ listed in its registry, so a new kind is a module, not a subclass.
 
 Shapes: B batch rows, D input width per source, S sources, L latents, K kept entries per row.
+
+For users (``cd.load``, ``cd.train``), :meth:`SparseCoder.encode`, :meth:`~SparseCoder.decode` and ``sae(x)`` take any
+leading shape (``[..., D]``; a dictionary over S > 1 sources, a crosscoder: ``[..., S, D]``), any float dtype (computed
+in the dictionary's, returned in the input's) and numpy arrays (returned as numpy arrays); ``sae.cfg`` is what the
+dictionary is (:class:`DictionaryConfig`), ``sae.device`` / ``sae.dtype`` where and in what it computes.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -24,7 +33,39 @@ from .kinds.common import pre_activations, relative_acts
 if TYPE_CHECKING:
     from .comm import Comm
 
-__all__ = ["KINDS", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
+__all__ = ["KINDS", "DictionaryConfig", "KindSpec", "SparseCoder", "TrainOutput", "kind_spec"]
+
+
+@dataclass(frozen=True)
+class DictionaryConfig:
+    """What a dictionary is (``sae.cfg``): its shape and kind from the module, where it was trained from its config
+    (``sae.config``, the config.json it was loaded with; empty fields for a dictionary built in Python)."""
+
+    kind: str
+    """The dictionary kind (saes/kinds/): topk, batchtopk, crosscoder, transcoder, ..."""
+    d_in: int
+    """D: the input width per source."""
+    latents: int
+    """L: the number of latents."""
+    k: int
+    """Active latents per row (TopK), or on average (BatchTopK and the thresholded kinds)."""
+    sources: int
+    """S: the sources it reads at once (1: an SAE; a crosscoder's models or hookpoints; a cross-layer transcoder's
+    layers); its input is then [..., S, D]."""
+    hookpoints: tuple[str, ...] = ()
+    """The hookpoints it was trained on (a transcoder: its input, then its output)."""
+    model: str | None = None
+    """The model the activations came from, when recorded."""
+    level: str | None = None
+    """token or sentence (the store's level), when recorded."""
+    stores: tuple[str, ...] = ()
+    """The activation stores it was trained on."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        from .tables import plain
+
+        return plain(self)
 
 
 def _draw_blocks(rows: int, width: int, elements: int = 1 << 20) -> list[tuple[int, int]]:
@@ -98,6 +139,27 @@ class SparseCoder(nn.Module):
     @property
     def spec(self) -> KindSpec:
         return kind_spec(self.kind)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (``sae.to("cuda")`` moves them and returns the dictionary)."""
+        return self.W_dec.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype, in which encode / decode compute (``sae.to(torch.bfloat16)`` changes it)."""
+        return self.W_dec.dtype
+
+    @property
+    def cfg(self) -> DictionaryConfig:
+        """What this dictionary is: kind, d_in, latents, k, sources, and from ``.config`` (its config.json) the
+        hookpoints, model, level and stores it was trained on."""
+        config = getattr(self, "config", None) or {}
+        model = config.get("model")
+        return DictionaryConfig(self.kind, self.d_in, self.n_latents, self.k, self.n_sources,
+                                tuple(config.get("hookpoints") or ()),
+                                model.get("id") if isinstance(model, dict) else model, config.get("level"),
+                                tuple(str(p) for p in config.get("stores") or ()))
 
     def reset_parameters(self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)) -> None:
         """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
@@ -175,7 +237,7 @@ class SparseCoder(nn.Module):
         others stay zero. None for every other kind."""
         return self.dec_mask if self.spec.layered else None
 
-    def reconstruct(self, x: Tensor, f: Tensor, comm: "Comm" = LOCAL) -> Tensor:
+    def reconstruct(self, x: Tensor, f: Tensor, comm: Comm = LOCAL) -> Tensor:
         """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
         f W_dec + b_dec, plus x W_skip for kinds with a skip path. With latent shards (``comm.shards``, saes.comm)
         f is this shard's latents' code [B, L_s]: each shard decodes its part and the parts are summed, the biases
@@ -185,7 +247,7 @@ class SparseCoder(nn.Module):
             out = out + x @ self.W_skip
         return shard_sum(out, comm)
 
-    def codes(self, x: Tensor, comm: "Comm" = LOCAL) -> Tensor:
+    def codes(self, x: Tensor, comm: Comm = LOCAL) -> Tensor:
         """Dense codes [B, L] of the flattened input x [B, S*D] under the inference rule (what :meth:`encode` gives
         after flattening); with latent shards, this shard's latents' codes [B, L_s], chosen among every shard's
         where the rule selects across latents (``KindSpec.shard_encode``: per-row TopK)."""
@@ -193,34 +255,80 @@ class SparseCoder(nn.Module):
             return self.spec.shard_encode(self, x, comm)
         return self.spec.encode(self, x)
 
-    def unflatten_output(self, x_flat: Tensor) -> Tensor:
-        """[B, S*D] -> [B, D] (S = 1) or [B, S, D]."""
-        if self.n_sources == 1:
-            return x_flat
-        return x_flat.view(x_flat.shape[0], self.n_sources, self.d_in)
-
     # -- inference ------------------------------------------------------------------------------
-    def encode(self, x: Tensor) -> Tensor:
-        """x [B, D] or [B, S, D] -> dense codes [B, L] under the kind's inference rule."""
-        return self.spec.encode(self, self.flatten_input(x))
+    def input_rows(self, x: Tensor | np.ndarray, what: str, tail: tuple[int, ...],
+                   meaning: str) -> tuple[Tensor, Callable[[Tensor, tuple[int, ...]], Any]]:
+        """(x [..., *tail] as rows [N, prod(tail)] in this dictionary's dtype, a function that gives a result [N, *out]
+        back as [..., *out] in the input's dtype and type). A numpy array is moved to the dictionary's device and the
+        result comes back as a numpy array; a tensor must be on the dictionary's device. ``what`` / ``meaning`` name
+        the call and the expected shape in the one-line error."""
+        want = f"[..., {', '.join(map(str, tail))}] ({meaning})"
+        as_numpy = isinstance(x, np.ndarray)
+        if as_numpy:
+            try:
+                x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+            except TypeError:
+                raise TypeError(f"{what} expects floating-point values {want}, got a numpy array of "
+                                f"{x.dtype}") from None
+        elif not isinstance(x, Tensor):
+            raise TypeError(f"{what} expects a tensor or numpy array {want}, got {type(x).__name__}")
+        if not x.is_floating_point():
+            given = f"{str(x.dtype).removeprefix('torch.')} {list(x.shape)}"
+            raise TypeError(f"{what} expects floating-point values {want}, got {given}; convert it with .float()")
+        if x.dim() < len(tail) or tuple(x.shape[x.dim() - len(tail):]) != tail:
+            raise ValueError(f"{what} expects {want}, got {list(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"{what} got a tensor on {x.device} but this dictionary is on {self.device}: move one, "
+                             f"sae.to({str(x.device)!r}) or x.to({str(self.device)!r})")
+        lead, dtype = x.shape[:x.dim() - len(tail)], x.dtype
 
-    def dense_activations(self, x: Tensor) -> Tensor:
-        """x [B, D] or [B, S, D] -> [B, L]: every latent's ReLU activation before the kind's selection (TopK,
+        def back(out: Tensor, shape: tuple[int, ...]) -> Any:
+            out = out.reshape(*lead, *shape).to(dtype)
+            return out.detach().cpu().numpy() if as_numpy else out
+
+        return x.reshape(-1, math.prod(tail)).to(self.dtype), back
+
+    def source_rows(self, x: Tensor | np.ndarray, what: str) -> tuple[Tensor, Callable[[Tensor, tuple[int, ...]], Any]]:
+        """:meth:`input_rows` of a dictionary input: [..., D], or [..., S, D] over S > 1 sources."""
+        S, D = self.n_sources, self.d_in
+        if S == 1:
+            return self.input_rows(x, what, (D,), "d_in of this dictionary")
+        return self.input_rows(x, what, (S, D), f"{S} sources x d_in {D} of this dictionary")
+
+    def rule(self, rows: Tensor) -> Tensor:
+        """The kind's inference rule on rows [N, S*D] in this process -> codes [N, L] (no rows: [0, L], whatever the
+        kind's kernels make of an empty batch)."""
+        return self.spec.encode(self, rows) if rows.shape[0] else rows.new_zeros(0, self.n_latents)
+
+    def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """x [..., D] (S > 1 sources: [..., S, D]) -> dense codes [..., L] under the kind's inference rule; computed
+        in the dictionary's dtype, returned in x's (module docstring)."""
+        rows, back = self.source_rows(x, "encode")
+        return back(self.rule(rows), (self.n_latents,))
+
+    def dense_activations(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """x [..., D] or [..., S, D] -> [..., L]: every latent's ReLU activation before the kind's selection (TopK,
         threshold): relu(pre), or s(x) relu(pre / s(x)) for the row-relative kinds (``row_scale``)."""
-        x = self.flatten_input(x)
+        x, back = self.source_rows(x, "dense_activations")
         if not self.spec.relative:
-            return torch.relu(pre_activations(self, x))
+            return back(torch.relu(pre_activations(self, x)), (self.n_latents,))
         acts, s = relative_acts(self, x)
-        return acts * s
+        return back(acts * s, (self.n_latents,))
 
-    def decode(self, f: Tensor) -> Tensor:
-        """f [B, L] -> x_hat [B, D] or [B, S, D]."""
-        return self.unflatten_output(f @ self.W_dec + self.b_dec)
+    def output_shape(self) -> tuple[int, ...]:
+        """The trailing shape of a reconstruction: (D,), or (S, D) over S > 1 sources."""
+        return (self.d_in,) if self.n_sources == 1 else (self.n_sources, self.d_in)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Reconstruction of x, same shape as x (a transcoder: its prediction of the output from the input x)."""
-        flat = self.flatten_input(x)
-        return self.unflatten_output(self.reconstruct(flat, self.spec.encode(self, flat)))
+    def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """Codes f [..., L] -> x_hat [..., D] (S > 1 sources: [..., S, D]), in f's dtype."""
+        rows, back = self.input_rows(f, "decode", (self.n_latents,), "the latents of this dictionary")
+        return back(rows @ self.W_dec + self.b_dec, self.output_shape())
+
+    def forward(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """Reconstruction of x, same shape and dtype as x (a transcoder: its prediction of the output from the
+        input x)."""
+        rows, back = self.source_rows(x, "sae(x)")
+        return back(self.reconstruct(rows, self.rule(rows)), self.output_shape())
 
     def decoder_norms(self) -> Tensor:
         """Per-source decoder row norms [S, L]."""
@@ -291,6 +399,17 @@ class SparseCoder(nn.Module):
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, d_in={self.d_in}, n_latents={self.n_latents}, k={self.k}, "
                 f"n_sources={self.n_sources}")
+
+    def __repr__(self) -> str:
+        """One line: kind, shape, hookpoint(s), dtype, device."""
+        from .tables import short_list
+
+        c = self.cfg
+        hooks = (f", hookpoint={short_list(c.hookpoints)[1:-1]}" if len(c.hookpoints) == 1 else
+                 f", hookpoints={short_list(c.hookpoints, 2, 30)}" if c.hookpoints else "")
+        sources = f", sources={c.sources}" if c.sources > 1 else ""
+        return (f"SparseCoder({c.kind}{sources}, d_in={c.d_in}, latents={c.latents}, k={c.k}{hooks}, "
+                f"{str(self.dtype).removeprefix('torch.')}, {self.device})")
 
 
 def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> SparseCoder | None:

@@ -81,7 +81,7 @@ def test_kind_table_and_refusals():
         SparseCoder(4, 8, 2, "matryoshka-nested")
     with pytest.raises(ValueError, match="k=8 must be at least 1 and below n_latents=8"):
         SparseCoder(4, 8, 8)
-    with pytest.raises(ValueError, match=r"expected \[B, 2, 4\]"):
+    with pytest.raises(ValueError, match=r"encode expects \[\.\.\., 2, 4\] \(2 sources x d_in 4 .*, got \[3, 8\]"):
         SparseCoder(4, 8, 2, n_sources=2).encode(torch.randn(3, 8))
 
 

@@ -29,7 +29,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -38,6 +38,9 @@ from torch import Tensor
 from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
 from conceptdict.naming.bottleneck.path import fit_lambda_path
+
+if TYPE_CHECKING:
+    import pandas
 
 __all__ = ["CbmConfig", "CbmFeatures", "CbmResult", "concept_activations", "pool_codes", "store_features", "train_cbm"]
 
@@ -208,6 +211,28 @@ class CbmResult:
             cls = (x @ self.weight.T).argmax(1)
         return x * self.weight[cls]
 
+    def __repr__(self) -> str:
+        m = self.metrics
+        return (f"CbmResult({len(self.classes)} classes, {len(self.concept_ids)} concepts, lambda={self.lam:g}, "
+                f"accuracy={m.get('accuracy', float('nan')):.4g}, concepts_used={m.get('concepts_used')})")
+
+    def to_dict(self, weights: bool = False) -> dict[str, Any]:
+        """cbm.json's content as plain JSON types: classes, concepts (id, name), lambda, metrics (the curve is
+        ``metrics["lambda_path"]``), meta; with ``weights``, also ``weight`` [C, L] and ``scale`` [L] as lists."""
+        from conceptdict.saes.tables import plain
+
+        return plain({"classes": list(self.classes), "concepts": [{"id": i, "name": n} for i, n in
+                      zip(self.concept_ids, self.concept_names)], "lambda": self.lam, "metrics": self.metrics,
+                      "meta": self.meta, **({"weight": self.weight, "scale": self.scale} if weights else {})})
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """The sparsity curve, one row per fit of the lambda path: lambda, l2 (None: the L1 fit, else its relaxed
+        refit), val_accuracy, concepts_used, zero_weights, chosen (the fit this CBM is)."""
+        from conceptdict.saes.tables import frame
+
+        return frame(self.metrics.get("lambda_path") or [], ["lambda", "l2", "val_accuracy", "concepts_used",
+                                                             "zero_weights", "chosen"])
+
 
 def encode_labels(labels: Sequence[Any], min_class_size: int = 1) -> tuple[Tensor, tuple[str, ...], Tensor]:
     """(y [n] over kept inputs, class names, kept input indices); classes rarer than ``min_class_size`` dropped."""
@@ -377,14 +402,7 @@ def save_cbm(cbm: CbmResult, directory: str | Path) -> Path:
     save_file({"weight": cbm.weight.contiguous(), "scale": cbm.scale.contiguous()}, str(tmp),
               metadata={"format_version": str(FORMAT_VERSION)})  # fmt: skip
     os.replace(tmp, directory / "cbm.safetensors")
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "classes": list(cbm.classes),
-        "concepts": [{"id": i, "name": n} for i, n in zip(cbm.concept_ids, cbm.concept_names)],
-        "lambda": cbm.lam,
-        "metrics": cbm.metrics,
-        "meta": cbm.meta,
-    }
+    doc = {"format_version": FORMAT_VERSION, **cbm.to_dict()}
     (directory / "cbm.json.tmp").write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(directory / "cbm.json.tmp", directory / "cbm.json")
     return directory

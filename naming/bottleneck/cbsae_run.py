@@ -178,6 +178,24 @@ def _named(cd: ConceptDictionary, model: CbSae, sources: Sources, keep: Tensor, 
     return ConceptDictionary(tuple(concepts), fresh.directions, meta)
 
 
+def summary_rows(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CB-SAE summary as table rows, one per measure, with its value before (the base dictionary), pruned (the
+    kept latents alone, where measured) and after (the CB-SAE); an added concept's alignment has ``after`` only."""
+    rows = [{"measure": "latents", "before": s["n_latents_before"], "pruned": s["n_kept"],
+             "after": s["n_kept"] + s["n_added"]},
+            {"measure": "fvu", "before": s["fvu"]["before"], "pruned": s["fvu"]["pruned"], "after": s["fvu"]["after"]}]
+    for key in ("interpretability", "steerability"):
+        if isinstance(s[key], dict):  # steerability: a sentence when not measured
+            rows += [{"measure": f"{key} ({s[key]['scorer']}) {stat}", "before": s[key]["before"][stat],
+                      "after": s[key]["after"][stat]} for stat in ("median", "mean", "share_ge_0.7")]
+    cb = s["cbm_accuracy"]
+    if cb["before"] is not None:
+        rows.append({"measure": f"cbm accuracy ({cb['label_column']})", "before": cb["before"], "after": cb["after"]})
+    rows += [{"measure": f"{concept} {stat}", "after": value} for concept, a in s["alignment_test"].items()
+             for stat, value in a.items()]
+    return rows
+
+
 def _steer_line(st: Any) -> str:
     if isinstance(st, str):
         return f"steerability: {st}"

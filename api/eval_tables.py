@@ -1,0 +1,40 @@
+"""``Evaluation`` and ``Comparison`` (eval_api.py) as data: their ``to_dict`` and ``to_pandas``, kept here so that
+eval_api.py stays within the module size limit (the classes take these functions as methods)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from conceptdict.saes.compare import comparison_rows
+from conceptdict.saes.tables import frame, plain
+
+if TYPE_CHECKING:
+    import pandas
+
+    from conceptdict.eval_api import Comparison, Evaluation
+
+
+def evaluation_to_dict(self: Evaluation, flat: bool = False) -> dict[str, Any]:
+    """As plain JSON types: kind, hookpoint (" -> " between a transcoder's), store, rows_from, path (eval.json),
+    latent_tags and ``metrics`` (``EvalResult.to_dict``); ``flat``: each metric a key of its own (the row of
+    :meth:`to_pandas`)."""
+    about = {"kind": self.metrics.kind or self.dictionary.kind, "hookpoint": " -> ".join(self.hookpoints),
+             "store": self.store, "rows_from": self.rows_from, "path": self.path, "latent_tags": self.latent_tags}
+    return plain({**about, **(self.metrics.to_dict() if flat else {"metrics": self.metrics.to_dict()})})
+
+
+def evaluation_to_pandas(self: Evaluation) -> pandas.DataFrame:
+    """A DataFrame of one row, this dictionary: ``to_dict(flat=True)``, every metric a column (lists such as
+    per_source_fvu as cells); ``pd.concat`` the frames of several evaluations to sort or plot them."""
+    return frame([evaluation_to_dict(self, flat=True)])
+
+
+def comparison_to_dict(self: Comparison) -> dict[str, Any]:
+    """compare.json's content as plain JSON types, with rows_from and the paths written."""
+    return plain({**self.result, "rows_from": self.rows_from, "paths": self.paths})
+
+
+def comparison_to_pandas(self: Comparison) -> pandas.DataFrame:
+    """A DataFrame with one row per dictionary: name, kind, n_latents, k, l0, fvu, on_frontier, then every metric and
+    weight metric, live and unique latents, matched.OTHER (``saes.compare.comparison_rows``)."""
+    return frame(comparison_rows(self.result), ["name", "kind", "n_latents", "k", "l0", "fvu", "on_frontier"])
