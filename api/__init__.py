@@ -74,6 +74,7 @@ _WHERE = {
     "load_concepts": ("conceptdict.naming", "load_concepts"),
     "describe": ("conceptdict.saes", "describe_dictionary"),
     "SparseCoder": ("conceptdict.saes", "SparseCoder"),
+    "Sweep": ("conceptdict.saes.sweep_results", "Sweep"),
     "ActivationStore": ("conceptdict.activations", "ActivationStore"),
     "ConceptDictionary": ("conceptdict.naming", "ConceptDictionary"),
     "TrainConfig": ("conceptdict.saes", "TrainConfig"),
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.naming import load_concepts as load_concepts
     from conceptdict.saes import SparseCoder as SparseCoder
     from conceptdict.saes import TrainConfig as TrainConfig
+    from conceptdict.saes.sweep_results import Sweep as Sweep
     from conceptdict.saes import describe_dictionary as describe  # noqa: F401
     from conceptdict.settings import ConfigError as ConfigError
     from conceptdict.store_api import cache as cache

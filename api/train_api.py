@@ -14,6 +14,7 @@ from conceptdict import ranks
 from conceptdict.activations.live import LiveConfig
 from conceptdict.saes import FlatField, SparseCoder, TrainConfig, flat_train_fields, train_config
 from conceptdict.saes.flat import TrainingSettings
+from conceptdict.saes.sweep_results import Sweep
 from conceptdict.settings import (
     ConfigError,
     Setting,
@@ -80,7 +81,7 @@ def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: st
 @overload
 def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
           layers: str | Sequence[str] | None = None, sweep: str | Sequence[str] | Mapping[str, Sequence[Any]] | None
-          = None, **settings: Unpack[TrainKeywords]) -> SparseCoder | dict[str, SparseCoder]: ...
+          = None, **settings: Unpack[TrainKeywords]) -> SparseCoder | Sweep: ...
 
 
 @guarded("train", own_overwrite=True)
@@ -88,7 +89,7 @@ def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: st
 def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
           layers: str | Sequence[str] | None = None,
           sweep: str | Sequence[str] | Mapping[str, Sequence[Any]] | None = None,
-          **settings: Unpack[TrainKeywords]) -> SparseCoder | dict[str, SparseCoder]:
+          **settings: Unpack[TrainKeywords]) -> SparseCoder | Sweep:
     """Train a dictionary (``conceptdict train``) on ``store`` (one or several activation stores: folders or
     opened stores; several over the same tokens train a crosscoder) or straight from ``model=`` over ``dataset=``
     (then ``tokens=`` is required); ``latents=`` and ``k=`` are required.
@@ -146,8 +147,9 @@ def sweep_grid(sweep: list[str] | dict[str, list[Any]]) -> dict[str, list[Any]]:
     return grid
 
 
-def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | dict[str, SparseCoder]:
-    """The trained dictionaries as :func:`load` returns them: for inference, with their ``.config``."""
+def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | Sweep:
+    """The trained dictionaries as :func:`load` returns them (for inference, with their ``.config`` and ``.path``);
+    several as a :class:`Sweep` (by name, with a summary table)."""
     from conceptdict.saes import load_dictionary_config
 
     for _, out, model in trained:
@@ -157,7 +159,7 @@ def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | 
         model.requires_grad_(False).eval()
     if len(trained) == 1 and trained[0][0] == "":
         return trained[0][2]
-    return {name: model for name, _, model in trained}
+    return Sweep(trained)
 
 
 def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,

@@ -44,7 +44,7 @@ BUILDS_NO_CONFIG = {"open_store", "load_model", "store_info", "verify_store", "h
                     "describe", "splice", "demo", "set_read_policy"}
 """Public functions that build no config (their parameters are their own)."""
 
-CLASSES = {"SparseCoder", "ActivationStore", "ConceptDictionary", "TrainConfig", "ConfigError"}
+CLASSES = {"SparseCoder", "ActivationStore", "ConceptDictionary", "TrainConfig", "ConfigError", "Sweep"}
 
 FORWARDED = {("import_array", "array"), ("cbsae", "label_column"), ("train", "store")}
 """(function, positional) pairs where the positional IS that setting, not another value."""
