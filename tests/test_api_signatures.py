@@ -42,7 +42,7 @@ def configs_of(name: str) -> list[type]:
 
 
 BUILDS_NO_CONFIG = {"open_store", "load_model", "store_info", "verify_store", "hookpoints", "load", "load_concepts",
-                    "describe", "splice", "demo", "set_read_policy"}
+                    "describe", "splice", "demo", "set_read_policy", "embed_texts", "embed_images"}
 """Public functions that take no ``**settings`` (their keywords are their own parameters)."""
 
 CLASSES = {"SparseCoder", "ActivationStore", "ConceptDictionary", "TrainConfig", "ConfigError"}
