@@ -23,9 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from conceptdict.activations import data as data_mod
-from conceptdict.activations import models
+from conceptdict.activations import families, models
 from conceptdict.activations import store as st
-from conceptdict.activations import vision
 from conceptdict.activations.importer import remove_store_files
 from conceptdict.activations.lock import writer_lock
 from conceptdict.activations.writer import BackgroundWriter, ShardWriter
@@ -100,7 +99,7 @@ class CacheConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
-        levels = {h in models.SENTENCE_HOOKPOINTS or h in vision.POOLED_HOOKPOINTS for h in self.hookpoints}
+        levels = {families.hookpoint_level(h) for h in self.hookpoints}
         if len(levels) > 1:
             raise ValueError(f"hookpoints {self.hookpoints} mix sentence-level and token-level sources; "
                              "cache them into two stores")
@@ -109,8 +108,7 @@ class CacheConfig:
 
     @property
     def level(self) -> str:
-        pooled = models.SENTENCE_HOOKPOINTS + vision.POOLED_HOOKPOINTS
-        return "sequence" if self.hookpoints[0] in pooled else "token"
+        return families.hookpoint_level(self.hookpoints[0])
 
 
 _NOT_HASHED = ("out", "overwrite", "progress")
@@ -285,20 +283,17 @@ def cache_activations(cfg: CacheConfig, records: Iterable[Any] | None = None, *,
     rank, world_size = part
     if not 0 <= rank < world_size:
         raise ValueError(f"part must be (rank, world_size) with 0 <= rank < world_size, got {part}")
-    vision_model = vision.is_vision_model(cfg.model)
-    if cfg.label_columns and not vision_model and (cfg.packing if cfg.packing is not None else cfg.level == "token"):
+    family = families.family_of(cfg.model)
+    with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
+        return family.cache(cfg, records, part)
+
+
+def cache_text(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[int, int]) -> Path:
+    """The text family's cache (models that read token ids): :func:`cache_activations`' work once it holds the lock."""
+    if cfg.label_columns and (cfg.packing if cfg.packing is not None else cfg.level == "token"):
         raise ValueError(f"label_columns={cfg.label_columns}: packing joins several documents in one context, so a "
                          f"token has no single document's label; cache with --packing false (one document per "
                          f"context, cut at --context-length) to label every token with its document's columns")
-    with writer_lock(cfg.out):  # one writer per store: a second `cache` on this --out fails at once
-        if vision_model:
-            from conceptdict.activations.image_cache import cache_images
-
-            return cache_images(cfg, records, part)
-        return _cache_locked(cfg, records, part)
-
-
-def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[int, int]) -> Path:
     rank, world_size = part
     out = Path(cfg.out)
     rec_digest = records_digest(records)
@@ -315,7 +310,7 @@ def _cache_locked(cfg: CacheConfig, records: Iterable[Any] | None, part: tuple[i
         return out
     if manifest is not None and cfg.dataset and not manifest["shards"]:  # nothing stored yet: record the data
         manifest["dataset"] = data_mod.describe_dataset(cfg.dataset)
-    model = models.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
+    model = families.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     models.check_hookpoints(model, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)
     _save_tokenizer(model.tokenizer, out)
@@ -400,7 +395,7 @@ def _run(cfg: CacheConfig, model: models.ModelHandle, manifest: dict, records, r
             if batch.index < resume_batch:
                 continue
             limit = None if cfg.tokens is None else cfg.tokens - state["rows"]
-            acts = models.capture(model, batch.input_ids, batch.attention_mask, cfg.hookpoints)
+            acts = model.capture(batch.input_ids, batch.attention_mask, cfg.hookpoints)
             writer.submit((batch, acts, limit))
             added = count_rows(batch, cfg.level, special, limit)
             state["rows"] += added

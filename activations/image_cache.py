@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from conceptdict.activations import cache as cache_mod
+from conceptdict.activations import families
 from conceptdict.activations import images as img
 from conceptdict.activations import store as st
 from conceptdict.activations import vision
@@ -47,7 +48,7 @@ def cache_images(cfg, records: Iterable[Any] | None = None, part: tuple[int, int
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is already complete (%d rows); nothing to do", out, manifest["num_rows"])
         return out
-    handle = vision.load_image_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype)
+    handle = families.load_model(cfg.model, device=cfg.device, dtype=cfg.model_dtype)
     vision.check_image_hookpoints(handle, cfg.hookpoints)
     out.mkdir(parents=True, exist_ok=True)
     if manifest is None:

@@ -8,32 +8,27 @@ for causal LMs that have one: ``data.special_wrapping``), so steering sees the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from conceptdict.activations.data import special_wrapping
-from conceptdict.activations.models import SENTENCE_HOOKPOINTS, ModelHandle, check_hookpoints, embed_texts, mean_pool
-from conceptdict.activations.tokens import pad_sequences
+from conceptdict.activations.models import ModelHandle, check_hookpoints, embed_texts, mean_pool, model_label
 
 Edit = Callable[[Tensor], Tensor]
 
 
 def encode_prompts(model: ModelHandle, texts: Sequence[str], max_length: int = 128) -> tuple[Tensor, Tensor]:
-    """(ids [N, T] right-padded, attention mask [N, T]) with the model's special-token wrapping."""
-    if model.tokenizer is None:
-        raise ValueError(f"model {model.name} has no tokenizer, so prompts cannot be tokenised; pass --tokenizer")
-    prefix, suffix, _ = special_wrapping(model.tokenizer, prepend_bos=model.is_causal)
-    seqs = [prefix + model.tokenizer(t, add_special_tokens=False)["input_ids"][: max_length] + suffix for t in texts]
-    if any(len(s) == 0 for s in seqs):
-        raise ValueError("an empty prompt gives no tokens; pass non-empty --prompt texts")
-    return pad_sequences(seqs, model.bos_pad_ids()[1])
+    """(ids [N, T] right-padded, attention mask [N, T]) with the model's special-token wrapping
+    (``model.to_tokens``)."""
+    return tuple(model.to_tokens(texts, return_mask=True, max_length=max_length))
 
 
 def _hook(edit: Edit):
-    def hook(tensor, hook):
-        flat = tensor.reshape(-1, tensor.shape[-1]).float()
+    def hook(tensor, hook):  # [b, T, ...]: the edit sees the store's rows [b * T, D], D the trailing axes flattened
+        flat = tensor.reshape(tensor.shape[0] * tensor.shape[1], -1).float()
         return edit(flat).to(tensor.dtype).reshape(tensor.shape)
 
     return hook
@@ -42,7 +37,7 @@ def _hook(edit: Edit):
 def edited_logits(model: ModelHandle, ids: Tensor, mask: Tensor, hookpoint: str, edit: Edit | None) -> Tensor:
     """[N, T, V] float32 logits of a causal LM with ``edit`` applied at ``hookpoint`` (every position)."""
     check_hookpoints(model, [hookpoint])
-    if hookpoint in SENTENCE_HOOKPOINTS or not model.is_causal:
+    if model.level(hookpoint) == "sequence" or not model.is_causal:
         raise ValueError(f"steering logits needs a causal LM and a token hookpoint; got {model.name} "
                          f"(causal={model.is_causal}) at {hookpoint!r}")
     hooks = [] if edit is None else [(hookpoint, _hook(edit))]
@@ -77,7 +72,7 @@ class SentenceSteerer:
         check_hookpoints(model, [hookpoint])
         self.model, self.texts, self.hookpoint, self.batch_size = model, list(texts), hookpoint, batch_size
         self.raw = (embed_texts(model, self.texts, hookpoint, batch_size=batch_size)
-                    if hookpoint in SENTENCE_HOOKPOINTS else None)
+                    if model.level(hookpoint) == "sequence" else None)
 
     def __call__(self, edit: Edit | None) -> Tensor:
         """[N, D] L2-normalised embeddings with ``edit`` applied (None: unchanged)."""
@@ -92,7 +87,7 @@ def steered_embeddings(model: ModelHandle, texts: Sequence[str], hookpoint: str,
     """[N, D] sentence embeddings (``sentence.mean_normalized``) with ``edit`` at ``hookpoint``: for a sentence
     hookpoint the edit acts on the pooled embedding itself, for a token hookpoint inside the forward."""
     check_hookpoints(model, [hookpoint])
-    if hookpoint in SENTENCE_HOOKPOINTS:
+    if model.level(hookpoint) == "sequence":
         x = embed_texts(model, list(texts), hookpoint, batch_size=batch_size)
         x = x if edit is None else edit(x)
         return torch.nn.functional.normalize(x, dim=-1)
@@ -112,12 +107,68 @@ def steered_embeddings(model: ModelHandle, texts: Sequence[str], hookpoint: str,
     return torch.cat(out)
 
 
-def spliced(model: ModelHandle, hookpoint: str, edit: Edit):
-    """A context manager under which every forward of ``model`` (``model.bridge(...)`` and the functions here) has
-    ``edit`` applied at ``hookpoint`` (every position)."""
-    check_hookpoints(model, [hookpoint])
-    if hookpoint in SENTENCE_HOOKPOINTS:
-        raise ValueError(f"{hookpoint!r} is a pooled embedding, not a point inside the forward; edit the embeddings "
-                         "themselves (cd.load_model(...) then embed_texts, then the dictionary) or splice at a token "
-                         "hookpoint such as blocks.3.hook_out")
-    return model.bridge.hooks(fwd_hooks=[(hookpoint, _hook(edit))])
+def dictionary_hookpoint(dictionary: Any) -> str | None:
+    """The hookpoint a dictionary reads, from its config (``config["hookpoints"][0]`` or ``config["hookpoint"]``),
+    or None when it records none."""
+    config = getattr(dictionary, "config", None) or {}
+    return (config.get("hookpoints") or [config.get("hookpoint")])[0]
+
+
+def by_hookpoint(saes: Any) -> dict[str, Any]:
+    """``{hookpoint: dictionary}`` of a dictionary, a list of them (each at :func:`dictionary_hookpoint`) or such a
+    mapping already."""
+    if isinstance(saes, Mapping):
+        return dict(saes)
+    out = {}
+    for sae in ([saes] if hasattr(saes, "encode") else list(saes)):
+        hookpoint = dictionary_hookpoint(sae)
+        if hookpoint is None:
+            raise ValueError(f"dictionary {type(sae).__name__} records no hookpoint in its config; pass "
+                             "saes={hookpoint: dictionary}")
+        if hookpoint in out:
+            raise ValueError(f"two dictionaries read {hookpoint}; splice one per hookpoint")
+        out[hookpoint] = sae
+    return out
+
+
+def dictionary_edits(dictionaries: Mapping[str, Any], edits: Mapping[str, Edit] | None = None,
+                     codes: dict[str, Tensor] | None = None) -> dict[str, Edit]:
+    """The edit of activations [n, D] that splices each dictionary in at its hookpoint: ``edits[hookpoint]`` where
+    given (``naming.interventions.steer.dictionary_edit``: clamps, additions), else the reconstruction. With
+    ``codes``, each dictionary's codes [n, L] of the activations it reads are put there, by hookpoint."""
+    for hookpoint, sae in dictionaries.items():
+        if getattr(sae, "n_sources", 1) != 1:
+            raise ValueError(f"the dictionary at {hookpoint} is a crosscoder ({sae.n_sources} sources): it "
+                             "reconstructs several models at once; splice a single-source dictionary")
+    return {hp: _splice_edit(hp, sae, (edits or {}).get(hp), codes) for hp, sae in dictionaries.items()}
+
+
+def _splice_edit(hookpoint: str, sae: Any, inner: Edit | None, codes: dict[str, Tensor] | None) -> Edit:
+    def edit(x: Tensor) -> Tensor:
+        device = sae.W_dec.device
+        with torch.no_grad():
+            if codes is not None:
+                codes[hookpoint] = sae.encode(x.to(device))
+            return inner(x) if inner is not None else sae(x.to(device)).to(x.device)
+
+    return edit
+
+
+def spliced(model: ModelHandle, edits: Mapping[str, Edit]):
+    """A context manager under which every forward of ``model`` (``model(...)``, ``model.run_with_cache``, the
+    functions here) has ``edits[hookpoint]`` applied at each hookpoint (every position): THE splice, of
+    ``cd.splice`` and ``model.run_with_saes`` alike."""
+    if not hasattr(model, "bridge"):
+        raise ValueError(f"{model!r}: dictionaries splice into the forward of a text model (TransformerLens bridge); "
+                         "for an image model encode its activations instead: sae.encode(model.embed_images(images, "
+                         "hookpoint=...)) or the activations of model.run_with_cache(images)")
+    check_hookpoints(model, list(edits))
+    for hookpoint in edits:
+        if model.level(hookpoint) == "sequence":
+            raise ValueError(f"{hookpoint!r} is a pooled embedding, not a point inside the forward of "
+                             f"{model_label(model.name)}; encode the embeddings themselves: x = model.embed_texts("
+                             f"texts, hookpoint={hookpoint!r}) (or cd.embed_texts(model, texts, {hookpoint!r})), then "
+                             "sae(x) / sae.encode(x); or splice at a token hookpoint such as blocks.3.hook_out")
+    if not edits:
+        return contextlib.nullcontext()
+    return model.bridge.hooks(fwd_hooks=[(hookpoint, _hook(edit)) for hookpoint, edit in edits.items()])

@@ -1,8 +1,9 @@
 """Every hookpoint of a model with its activation shape, from one small probe forward (``conceptdict hookpoints``).
 
-Text models (``models.ModelHandle``): every name of the bridge's ``hook_dict`` (aliases included) plus the sentence
-hookpoints, measured on one context of :data:`PROBE_TOKENS` tokens; image models (``vision.ImageModelHandle``):
-the pooled, block and text hookpoints, measured on one blank image (and one text). The shape is one row's,
+Each family's handle lists its own (``handle.hookpoint_rows()``). Text models (``models.ModelHandle``): every
+name of the bridge's ``hook_dict`` (aliases included) plus the sentence hookpoints, measured on one context of
+:data:`PROBE_TOKENS` tokens; image models (``vision.ImageModelHandle``): the pooled, block and text hookpoints,
+measured on one blank image (and one text). The shape is one row's,
 without the batch axis: ``T`` stands for the token axis. ``d`` is the width a store row gets (the trailing axes
 flattened) where the hookpoint can be cached, else None and ``note`` says why.
 """
@@ -74,16 +75,14 @@ def _shape(shape: tuple[int, ...], tokens: int, per_token: bool) -> str:
 
 
 def list_hookpoints(handle) -> HookpointTable:
-    """Every hookpoint of a loaded text or image model with its shape (module docstring)."""
-    from conceptdict.activations.vision import ImageModelHandle
-
+    """Every hookpoint of a loaded model of any family with its shape (``handle.hookpoint_rows()``)."""
     from conceptdict.activations.models import model_label
 
-    rows = _image_rows(handle) if isinstance(handle, ImageModelHandle) else _text_rows(handle)
-    return HookpointTable(model_label(handle.name), rows)
+    return HookpointTable(model_label(handle.name), handle.hookpoint_rows())
 
 
-def _text_rows(handle) -> list[HookpointInfo]:
+def text_rows(handle) -> list[HookpointInfo]:
+    """The rows of a text model (``models.ModelHandle``): the bridge's hooks, then the sentence hookpoints."""
     from conceptdict.activations.models import SENTENCE_HOOKPOINTS
 
     bridge = handle.bridge
@@ -130,7 +129,8 @@ def _text_rows(handle) -> list[HookpointInfo]:
     return out
 
 
-def _image_rows(handle) -> list[HookpointInfo]:
+def image_rows(handle) -> list[HookpointInfo]:
+    """The rows of an image model (``vision.ImageModelHandle``): pooled, block and text hookpoints."""
     from PIL import Image
 
     from conceptdict.activations.vision import POOLED_HOOKPOINTS, TEXT_HOOKPOINTS, capture_images, preprocess

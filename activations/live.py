@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from conceptdict.activations import data as data_mod
-from conceptdict.activations import models
+from conceptdict.activations import families, models
 from conceptdict.activations.cache import Batch, batch_rows, count_rows, iter_batches
 from conceptdict.activations.stream import prefetched, rank_rows
 from conceptdict.activations.tokens import pad_sequences
@@ -79,10 +79,10 @@ class LiveConfig:
 
 def level_of(hookpoints: list[str]) -> str:
     """"sequence" for sentence hookpoints, "token" for the others; refuses a mix."""
-    levels = {h in models.SENTENCE_HOOKPOINTS for h in hookpoints}
+    levels = {families.hookpoint_level(h) for h in hookpoints}
     if len(levels) > 1:
         raise ValueError(f"hookpoints {hookpoints} mix sentence-level and token-level sources; train them in two runs")
-    return "sequence" if levels.pop() else "token"
+    return levels.pop()
 
 
 def open_model(cfg: LiveConfig, hookpoints: list[str] | Callable[[list[str]], list[str]],
@@ -93,7 +93,7 @@ def open_model(cfg: LiveConfig, hookpoints: list[str] | Callable[[list[str]], li
     if not cfg.model or not cfg.dataset:
         raise ValueError("training from a model needs --model and --dataset (e.g. --model default "
                          "--dataset stdlib-docstrings)")
-    model = models.load_model(cfg.model, device=str(device), dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
+    model = families.load_model(cfg.model, device=str(device), dtype=cfg.model_dtype, tokenizer=cfg.tokenizer)
     hookpoints = hookpoints(list(model.hookpoints)) if callable(hookpoints) else hookpoints
     models.check_hookpoints(model, hookpoints)
     widths = {h: model.d_model(h) for h in hookpoints}
@@ -218,7 +218,7 @@ class _Forward:
     def of(self, batch: Batch) -> torch.Tensor:
         if self.last is None or self.last[0] != batch.index:
             with _FORWARD:
-                acts = models.capture(self.model, batch.input_ids, batch.attention_mask, self.hookpoints)
+                acts = self.model.capture(batch.input_ids, batch.attention_mask, self.hookpoints)
             tensors = batch_rows(batch, acts, self.level, self.special, None)[0]
             self.last = batch.index, torch.stack([tensors[h] for h in self.hookpoints], 1)
         return self.last[1]

@@ -1,4 +1,5 @@
-"""Models through transformer-lens 4.x ``TransformerBridge``: load, capture hookpoints, embed, splice.
+"""The text family (``FAMILY``, registered in ``activations.families``): models through transformer-lens 4.x
+``TransformerBridge`` (causal LMs and sentence encoders alike): load, capture hookpoints, embed.
 
 Weights are used exactly as Hugging Face stores them (no folding, centring or other weight
 processing; the bridge's compatibility mode stays off), so activations match the HF model.
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from conceptdict.activations.wrapper import TextWrapper
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +60,12 @@ class _Stop(Exception):
     """Raised inside the last needed hook to end the forward early."""
 
 
-@dataclass
-class ModelHandle:
-    """A loaded model. ``hookpoints`` lists every valid capture name."""
+@dataclass(repr=False)
+class ModelHandle(TextWrapper):
+    """A loaded text model (the text family's :class:`~conceptdict.activations.families.Model`). ``hookpoints`` lists
+    every valid capture name. For a user's code: ``to_tokens`` / ``to_string``, ``run_with_cache``,
+    ``run_with_saes``, ``model(inputs)`` (:class:`~conceptdict.activations.wrapper.TextWrapper`) and
+    :meth:`embed_texts`."""
 
     name: str
     bridge: Any
@@ -71,6 +77,26 @@ class ModelHandle:
     is_causal: bool
     sentence_source: str
     _dims: dict[str, int] = field(default_factory=dict, repr=False)
+    _cacheable: list[str] | None = field(default=None, repr=False)
+    family = "text"
+
+    def __repr__(self) -> str:
+        return handle_repr(self)
+
+    def level(self, hookpoint: str) -> str:
+        """``"sequence"`` for the sentence hookpoints (one row per input), ``"token"`` for the others."""
+        return "sequence" if hookpoint in SENTENCE_HOOKPOINTS else "token"
+
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                hookpoints: Sequence[str]) -> dict[str, torch.Tensor]:
+        """One forward of a batch, stopped once every hookpoint has fired (:func:`capture`)."""
+        return capture(self, input_ids, attention_mask, hookpoints)
+
+    def hookpoint_rows(self) -> list:
+        """Every hookpoint with its shape, from one probe forward (``activations.listing.text_rows``)."""
+        from conceptdict.activations.listing import text_rows
+
+        return text_rows(self)
 
     @property
     def vocab_size(self) -> int | None:
@@ -127,6 +153,59 @@ class ModelHandle:
         if self.tokenizer is None:
             return [f"<{int(i)}>" for i in ids]
         return [self.tokenizer.decode([int(i)]) for i in ids]
+
+    def embed_texts(self, texts: Sequence[str], hookpoint: str | None = None, batch_size: int = 64,
+                    max_length: int | None = None) -> torch.Tensor:
+        """[N, D] float32: the hookpoint's activation per text (default ``sentence.mean_normalized``, the pooled
+        embedding; a token hookpoint: the mean over the text's non-pad tokens), to encode new inputs with a
+        sentence-level dictionary."""
+        hookpoint = hookpoint or SENTENCE_HOOKPOINTS[-1]
+        if self.tokenizer is None:
+            raise ValueError(f"model {model_label(self.name)} has no Hugging Face tokenizer, so texts cannot be "
+                             "embedded; load it with tokenizer=DIR_OR_HUB_NAME")
+        check_hookpoints(self, [hookpoint])
+        limit = max_length or min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
+        out = []
+        for i in range(0, len(texts), batch_size):
+            enc = self.tokenizer(list(texts[i:i + batch_size]), padding=True, truncation=True, max_length=limit,
+                                 return_tensors="pt")
+            acts = capture(self, enc["input_ids"], enc["attention_mask"], [hookpoint])[hookpoint].float()
+            if acts.dim() == 3:
+                acts = mean_pool(acts, enc["attention_mask"].to(acts.device))
+            out.append(acts.cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.d_model(hookpoint))
+
+
+def handle_repr(handle) -> str:
+    """One line for a loaded model of any family: its name, family, model type, device, dtype and hookpoint count."""
+    label = model_label(handle.name)
+    label = label if len(label) <= 60 else "..." + label[-57:]
+    model_type = handle.load_info.get("model_type") or "?"
+    return (f"{type(handle).__name__}({label!r}, family={handle.family!r}, model_type={model_type!r}, "
+            f"device={handle.device!r}, dtype={handle.dtype!r}, hookpoints={len(handle.hookpoints)})")
+
+
+class TextFamily:
+    """Text models through the TransformerLens bridge: causal LMs and sentence encoders (any model no other family
+    recognises)."""
+
+    name = "text"
+    modality = "text"
+    pooled_hookpoints = SENTENCE_HOOKPOINTS
+
+    def recognises(self, name_or_dir: str) -> bool:
+        return True
+
+    def load(self, name_or_dir: str, device: str, dtype: str, tokenizer: str | None = None) -> ModelHandle:
+        return load_text_model(name_or_dir, device=device, dtype=dtype, tokenizer=tokenizer)
+
+    def cache(self, cfg, records, part: tuple[int, int]) -> Path:
+        from conceptdict.activations.cache import cache_text
+
+        return cache_text(cfg, records, part)
+
+
+FAMILY = TextFamily()
 
 
 def _library_versions() -> dict[str, str]:
@@ -191,25 +270,16 @@ def hub_id_of(model: str | dict | None) -> str | None:
     return name if "/" in name or name.replace("-", "").replace("_", "").isalnum() else None
 
 
-def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
-               tokenizer: str | None = None) -> ModelHandle:
+def load_text_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32",
+                    tokenizer: str | None = None) -> ModelHandle:
     """Load a hub name or local directory through ``TransformerBridge.boot_transformers``
     ("default": the bundled all-MiniLM-L6-v2, see :func:`DEFAULT_MODEL_DIR`). ``tokenizer``: a tokenizer
     directory or hub name to use instead of the model's own (for models saved without one). A model
-    without any tokenizer still loads: it then takes pre-tokenised ids only (``--tokens-column``)."""
+    without any tokenizer still loads: it then takes pre-tokenised ids only (``--tokens-column``). Through
+    ``families.load_model``, which checks the device and dtype first."""
     hub_id = hub_id_of(name_or_dir)
     if name_or_dir == DEFAULT_MODEL:
         name_or_dir = str(DEFAULT_MODEL_DIR())
-    from conceptdict.activations.data import check_local_path
-
-    check_local_path(str(name_or_dir), "--model")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    check_device(device)
-    from conceptdict.activations import vision
-
-    if vision.is_vision_model(name_or_dir):  # CLIP / SigLIP / ViT / DINOv2: through transformers directly
-        return vision.load_image_model(name_or_dir, device=device, dtype=dtype)
     from transformer_lens.model_bridge import TransformerBridge
 
     local = Path(name_or_dir).expanduser()
@@ -304,6 +374,15 @@ def capture(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.T
 
     Returns token hookpoints as [b, T, D] (trailing axes after T flattened) and sentence hookpoints as [b, D].
     """
+    with torch.inference_mode():
+        return record(model, input_ids, attention_mask, hookpoints, stop=True)[1]
+
+
+def record(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.Tensor, hookpoints: Sequence[str],
+           stop: bool = False) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(the bridge's output, the hookpoints' activations as :func:`capture` gives them) of one forward, in the
+    caller's grad mode, with any hooks the caller holds; ``stop``: end it once every hookpoint has fired (output
+    None then)."""
     check_hookpoints(model, hookpoints)
     token_hps = [h for h in hookpoints if h not in SENTENCE_HOOKPOINTS]
     sentence_hps = [h for h in hookpoints if h in SENTENCE_HOOKPOINTS]
@@ -313,15 +392,15 @@ def capture(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.T
     def make_hook(name: str) -> Callable:
         def hook(tensor, hook):  # registered per name: aliases share one HookPoint
             got[name] = tensor.detach()
-            if len(got) == len(needed):
+            if stop and len(got) == len(needed):
                 raise _Stop
 
         return hook
 
-    fwd = [(name, make_hook(name)) for name in needed]
-    with torch.inference_mode(), model.bridge.hooks(fwd_hooks=fwd):
+    output = None
+    with model.bridge.hooks(fwd_hooks=[(name, make_hook(name)) for name in needed]):
         try:
-            model.bridge(input_ids.to(model.device), attention_mask=attention_mask.to(model.device))
+            output = model.bridge(input_ids.to(model.device), attention_mask=attention_mask.to(model.device))
         except _Stop:
             pass
     missing = [n for n in needed if n not in got]
@@ -332,7 +411,7 @@ def capture(model: ModelHandle, input_ids: torch.Tensor, attention_mask: torch.T
         pooled = mean_pool(got[model.sentence_source].float(), attention_mask.to(got[model.sentence_source].device))
         for h in sentence_hps:
             out[h] = torch.nn.functional.normalize(pooled, dim=-1) if h.endswith("normalized") else pooled
-    return out
+    return output, out
 
 
 def _per_token(t: torch.Tensor, seq_len: int, name: str) -> torch.Tensor:
@@ -348,25 +427,7 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
-def embed_texts(model: ModelHandle, texts: list[str], hookpoint: str, batch_size: int = 64,
-                max_length: int | None = None) -> torch.Tensor:
-    """[N, D] float32: the hookpoint's activation per text (sentence hookpoints: the pooled embedding;
-    token hookpoints: the mean over the text's non-pad tokens; an image model: its text tower's embedding)."""
-    from conceptdict.activations import vision
-
-    if isinstance(model, vision.ImageModelHandle):
-        return vision.embed_texts(model, texts, hookpoint, batch_size)
-    if model.tokenizer is None:
-        raise ValueError(f"model {model.name} has no Hugging Face tokenizer, so texts cannot be embedded")
-    check_hookpoints(model, [hookpoint])
-    limit = max_length or min(int(getattr(model.tokenizer, "model_max_length", 512) or 512), 512)
-    out = []
-    for i in range(0, len(texts), batch_size):
-        enc = model.tokenizer(texts[i:i + batch_size], padding=True, truncation=True, max_length=limit,
-                              return_tensors="pt")
-        acts = capture(model, enc["input_ids"], enc["attention_mask"], [hookpoint])[hookpoint].float()
-        if acts.dim() == 3:
-            acts = mean_pool(acts, enc["attention_mask"].to(acts.device))
-        out.append(acts.cpu())
-    d = model.d_model(hookpoint)
-    return torch.cat(out) if out else torch.zeros(0, d)
+def embed_texts(model, texts: Sequence[str], hookpoint: str | None = None, batch_size: int = 64) -> torch.Tensor:
+    """[N, D] float32: one row per text at ``hookpoint`` for a model of any family (``model.embed_texts``): a text
+    model's pooled sentence embedding or mean over tokens, an image model's text tower (CLIP-like models)."""
+    return model.embed_texts(list(texts), hookpoint, batch_size=batch_size)

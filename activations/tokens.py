@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from conceptdict.activations.data import special_wrapping
-from conceptdict.activations.models import load_model, load_tokenizer_dir
+from conceptdict.activations.families import load_model
+from conceptdict.activations.models import load_tokenizer_dir
 
 
 def tokenizer_of(name: str):

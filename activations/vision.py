@@ -62,13 +62,11 @@ def is_vision_model(name_or_dir: str | None) -> bool:
     return bool(name_or_dir) and model_type_of(str(name_or_dir)) in VISION_TYPES
 
 
-def is_image_hookpoint(hookpoint: str) -> bool:
-    return hookpoint in POOLED_HOOKPOINTS or hookpoint.startswith("vision.")
-
-
-@dataclass
+@dataclass(repr=False)
 class ImageModelHandle:
-    """A loaded image model. ``hookpoints`` lists every valid name (``text.*`` only for CLIP-like models)."""
+    """A loaded image model (the image family's :class:`~conceptdict.activations.families.Model`). ``hookpoints``
+    lists every valid name (``text.*`` only for CLIP-like models). For a user's code: ``run_with_cache(images)``,
+    ``embed_images``, ``embed_texts`` (CLIP-like models) and ``model(images)`` (the ``image.embed`` embeddings)."""
 
     name: str
     model: Any
@@ -82,6 +80,56 @@ class ImageModelHandle:
     prefix_tokens: int
     registers: int
     _dims: dict[str, int] = field(default_factory=dict, repr=False)
+    family = "image"
+
+    def __repr__(self) -> str:
+        from conceptdict.activations.models import handle_repr
+
+        return handle_repr(self)
+
+    def level(self, hookpoint: str) -> str:
+        """``"sequence"`` for the pooled (and text) embeddings, one row per input; ``"token"`` for the blocks."""
+        return "sequence" if hookpoint in FAMILY.pooled_hookpoints else "token"
+
+    def hookpoint_rows(self) -> list:
+        """Every hookpoint with its shape, from one probe image (``activations.listing.image_rows``)."""
+        from conceptdict.activations.listing import image_rows
+
+        return image_rows(self)
+
+    def run_with_cache(self, images, names: str | Sequence[str] | None = None):
+        """``Cached(image.embed [batch, D], cache)`` of one forward of the vision tower over images (PIL images or
+        paths, one or a list) or pixel values [batch, 3, H, W]: ``cache[hp]`` is [batch, D] at a pooled hookpoint,
+        [batch, tokens, D] at a block (every token as the tower orders them: CLS, registers, patches). ``names``:
+        the hookpoints to keep; None: every image hookpoint. No gradients."""
+        names = ([h for h in self.hookpoints if h not in TEXT_HOOKPOINTS] if names is None else
+                 [names] if isinstance(names, str) else list(names))
+        from conceptdict.activations.wrapper import Cached
+
+        got = capture_images(self, pixel_values(self, images), list(dict.fromkeys([*names, POOLED_HOOKPOINTS[0]])))
+        return Cached(got[POOLED_HOOKPOINTS[0]], {h: got[h] for h in names})
+
+    def __call__(self, images) -> torch.Tensor:
+        """The ``image.embed`` embeddings [batch, D] of images or pixel values."""
+        return self.run_with_cache(images, names=[])[0]
+
+    def embed_images(self, images, hookpoint: str | None = None, batch_size: int = 64) -> torch.Tensor:
+        """[N, D] float32, one row per image at ``hookpoint`` (default ``image.embed``; a block: the mean over the
+        rows a store holds of the image, CLS and patches), to encode new images with an image dictionary."""
+        hookpoint = hookpoint or POOLED_HOOKPOINTS[0]
+        check_image_hookpoints(self, [hookpoint])
+        images = [images] if not isinstance(images, (list, tuple)) else list(images)
+        out = []
+        for i in range(0, len(images), batch_size):
+            acts = capture_images(self, pixel_values(self, images[i:i + batch_size]), [hookpoint])[hookpoint]
+            if acts.dim() == 3:
+                acts = patch_rows(self, acts)[0].reshape(acts.shape[0], -1, acts.shape[-1]).mean(1)
+            out.append(acts.float().cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.d_model(hookpoint))
+
+    def embed_texts(self, texts: Sequence[str], hookpoint: str | None = None, batch_size: int = 64) -> torch.Tensor:
+        """[N, D] float32 ``get_text_features`` of each text (CLIP-like models; :func:`embed_texts`)."""
+        return embed_texts(self, list(texts), hookpoint or TEXT_HOOKPOINTS[0], batch_size)
 
     @property
     def tower(self):
@@ -112,14 +160,10 @@ class ImageModelHandle:
 
 
 def load_image_model(name_or_dir: str, device: str = "cpu", dtype: str = "float32") -> ImageModelHandle:
-    """Load a CLIP / SigLIP / ViT / DINOv2 model, its image processor and (CLIP-like) tokenizer."""
+    """Load a CLIP / SigLIP / ViT / DINOv2 model, its image processor and (CLIP-like) tokenizer (through
+    ``families.load_model``, which checks the device and dtype first)."""
     from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-    from conceptdict.activations.models import check_device
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    check_device(device)
     local = Path(name_or_dir).expanduser()
     source = str(local.resolve()) if local.is_dir() else str(name_or_dir)
     try:
@@ -170,6 +214,31 @@ def preprocess(handle: ImageModelHandle, images: list) -> torch.Tensor:
     return handle.processor(images=images, return_tensors="pt")["pixel_values"]
 
 
+def pixel_values(handle: ImageModelHandle, images) -> torch.Tensor:
+    """pixel_values [b, 3, H, W] of a PIL image, an image file's path, a list of them, or pixel values already
+    ([3, H, W] or [b, 3, H, W])."""
+    from PIL import Image
+
+    if torch.is_tensor(images):
+        if images.dim() not in (3, 4) or not images.is_floating_point():
+            raise ValueError(f"pixel values must be float [batch, 3, H, W] or [3, H, W], got {images.dtype} "
+                             f"{list(images.shape)}")
+        return images[None] if images.dim() == 3 else images
+    items = list(images) if isinstance(images, (list, tuple)) else [images]
+    if not items:
+        raise ValueError("no images given")
+    opened = []
+    for item in items:
+        if isinstance(item, (str, Path)):
+            with Image.open(Path(item).expanduser()) as image:
+                opened.append(image.convert("RGB"))
+        elif isinstance(item, Image.Image):
+            opened.append(item.convert("RGB"))
+        else:
+            raise TypeError(f"an image is a PIL image or a file path, got {type(item).__name__}")
+    return preprocess(handle, opened)
+
+
 def _pooled(handle: ImageModelHandle, out) -> torch.Tensor:
     """The projected pooled embedding from the vision tower's output (``get_image_features``'s numbers)."""
     projection = getattr(handle.model, "visual_projection", None)
@@ -183,7 +252,7 @@ def capture_images(handle: ImageModelHandle, pixel_values: torch.Tensor,
     CLS / register prefix first, as the tower orders them)."""
     check_image_hookpoints(handle, hookpoints)
     dtype = DTYPES[handle.dtype]
-    with torch.inference_mode():
+    with torch.no_grad():
         out = handle.tower(pixel_values=pixel_values.to(handle.device, dtype), output_hidden_states=True)
         result = {}
         for hp in hookpoints:
@@ -250,3 +319,28 @@ def directions_to_text_space(handle: ImageModelHandle, hookpoint: str, direction
     d = directions.float() - directions.float().mean(-1, keepdim=True)
     with torch.no_grad():
         return (d * norm.weight.detach().float().cpu()) @ projection.weight.detach().float().cpu().T
+
+
+class ImageFamily:
+    """Image models through ``transformers``: CLIP, SigLIP (image and text towers), ViT, DINOv2."""
+
+    name = "image"
+    modality = "image"
+    pooled_hookpoints = POOLED_HOOKPOINTS + TEXT_HOOKPOINTS
+
+    def recognises(self, name_or_dir: str) -> bool:
+        return is_vision_model(name_or_dir)
+
+    def load(self, name_or_dir: str, device: str, dtype: str, tokenizer: str | None = None) -> ImageModelHandle:
+        if tokenizer is not None:
+            raise ValueError(f"{name_or_dir} is an image model: tokenizer={tokenizer!r} applies to text models only; "
+                             "drop it (a CLIP-like model's text tower uses its own tokenizer)")
+        return load_image_model(name_or_dir, device=device, dtype=dtype)
+
+    def cache(self, cfg, records, part: tuple[int, int]) -> Path:
+        from conceptdict.activations.image_cache import cache_images
+
+        return cache_images(cfg, records, part)
+
+
+FAMILY = ImageFamily()

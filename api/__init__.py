@@ -19,7 +19,9 @@ The objects a notebook needs:
 
     load(path_or_hf_id)      a dictionary in any format: .encode(x), .decode(codes), sae(x), .config
     open_store(path)         an activation store: .rows(hookpoint, start, stop), .labels(column), .row_context(i)
-    load_model(name_or_dir)  a model as the stages use it ("default": the bundled all-MiniLM-L6-v2)
+    load_model(name_or_dir)  a model ("default": the bundled all-MiniLM-L6-v2): .to_tokens, .run_with_cache,
+                             .run_with_saes, .embed_texts (image models: .embed_images)
+    embed_texts, embed_images  new inputs as the rows a sentence-level or image dictionary encodes
     load_concepts(path)      a concept dictionary: concepts[12] by latent id, concepts["error"] by name
     splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
     hookpoints(model)        every hookpoint of a model with its shape (``conceptdict hookpoints --model M``)
@@ -62,6 +64,7 @@ if "ipykernel" in sys.modules and "tqdm.autonotebook" not in sys.modules:
 _WHERE = {
     "cache": "store_api", "import_array": "store_api", "open_store": "store_api", "load_model": "store_api",
     "store_info": "store_api", "verify_store": "store_api", "hookpoints": "store_api",
+    "embed_texts": "model_api", "embed_images": "model_api",
     "train": "train_api", "load": "train_api",
     "evaluate": "eval_api", "compare": "eval_api",
     "diff": "diff_api",
@@ -101,6 +104,8 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.edit_api import steer as steer
     from conceptdict.eval_api import compare as compare
     from conceptdict.eval_api import evaluate as evaluate
+    from conceptdict.model_api import embed_images as embed_images
+    from conceptdict.model_api import embed_texts as embed_texts
     from conceptdict.naming import ConceptDictionary as ConceptDictionary
     from conceptdict.naming import load_concepts as load_concepts
     from conceptdict.saes import SparseCoder as SparseCoder

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from conceptdict.activations import ActivationStore, ModelHandle, load_model
-from conceptdict.activations.intervene import spliced
+from conceptdict.activations.intervene import dictionary_edits, dictionary_hookpoint, spliced
 from conceptdict.activations.tokens import causal_lm_source
 from conceptdict.naming import dictionary_of, load_cbm
 from conceptdict.naming.interventions.erase import (
@@ -128,24 +128,22 @@ def erase(store: StoreLike, apply: str | Path | None = None, *, concept_column: 
 
 def splice(model: ModelHandle, dictionary: SparseCoder | str | Path, hookpoint: str | None = None, edit=None):
     """A context manager under which ``model``'s forward runs with ``dictionary`` spliced in at its hookpoint (the
-    equivalent of SAELens's ``run_with_saes``): ``edit=None`` replaces the activations by their reconstruction;
-    ``{latent: value}`` clamps latents (0 ablates) and ``{latent: ("add", a)}`` adds a * d_j, keeping the error
-    term; a callable maps the codes [n, L] to new codes, error term kept.
+    context-manager form of ``model.run_with_saes``, the same splice): ``edit=None`` replaces the activations by
+    their reconstruction; ``{latent: value}`` clamps latents (0 ablates) and ``{latent: ("add", a)}`` adds a * d_j,
+    keeping the error term; a callable maps the codes [n, L] to new codes, error term kept.
 
         with cd.splice(model, sae, edit={12: 0.0}):
-            logits = model.bridge(ids)
+            logits = model("The cat sat on the mat")
     """
-    if not hasattr(model, "bridge"):
-        raise TypeError(f"splice(model={model!r}): pass a loaded model, e.g. model = cd.load_model("
-                        f"{str(model) if isinstance(model, (str, Path)) else 'NAME'!r}), then splice(model, ...)")
+    if isinstance(model, (str, Path)):
+        raise TypeError(f"splice(model={model!r}): pass a loaded model, e.g. model = cd.load_model({str(model)!r}), "
+                        "then splice(model, ...)")
     if not isinstance(dictionary, SparseCoder):
         config = load_dictionary_config(dictionary_of(dictionary).path)
         hookpoint = hookpoint or (config.get("hookpoints") or [config.get("hookpoint")])[0]
         dictionary = load_dictionary(dictionary_of(dictionary).path, device=model.device)
-    hookpoint = hookpoint or ((getattr(dictionary, "config", None) or {}).get("hookpoints") or [None])[0]
+    hookpoint = hookpoint or dictionary_hookpoint(dictionary)
     if hookpoint is None:
         raise ValueError("the dictionary records no hookpoint; pass hookpoint=")
-    if dictionary.n_sources != 1:
-        raise ValueError(f"a crosscoder ({dictionary.n_sources} sources) reconstructs several models at once; "
-                         "splice a single-source dictionary")
-    return spliced(model, hookpoint, dictionary_edit(dictionary, edit))
+    edits = None if edit is None else {hookpoint: dictionary_edit(dictionary, edit)}
+    return spliced(model, dictionary_edits({hookpoint: dictionary}, edits))

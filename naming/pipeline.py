@@ -111,9 +111,9 @@ def model_loader(name: str | None, device: str) -> Callable[[], Any]:
 
 def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_model) -> Namer:
     """The namer ``cfg.namer`` asks for (may load the model to embed a vocabulary or unembed)."""
-    from conceptdict.activations.vision import is_image_hookpoint
+    from conceptdict.activations import family_of
 
-    if cfg.namer == "vocab" and is_image_hookpoint(hookpoint):
+    if cfg.namer == "vocab" and family_of(model_name).modality == "image":
         return image_vocab_namer(cfg.vocab, model_name or "?", hookpoint, get_model, cfg.runner_ups,
                                  cfg.cache_dir or default_cache_dir(), VOCAB_BATCH)
     if cfg.namer == "vocab":

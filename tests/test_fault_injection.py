@@ -76,13 +76,13 @@ def _holder(tmp_path, argv) -> tuple[subprocess.Popen, Path, Path]:
 
 
 def test_two_cache_runs_on_one_out_exactly_one_writes(tmp_path, tiny_lm_dir, capsys, monkeypatch):
-    from conceptdict.activations import models
+    from conceptdict.activations import families
 
     data = _jsonl(tmp_path / "docs.jsonl", tiny_corpus(40))
     out = tmp_path / "store"
     proc, _, go = _holder(tmp_path, _cache_argv(tiny_lm_dir, data, out))
     loads = []
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(families, "load_model", lambda *a, **k: loads.append(a))
     code = main(_cache_argv(tiny_lm_dir, data, out, "--dtype", "float16"))
     err = capsys.readouterr().err
     assert code == 1 and loads == []  # at once: before even loading the model
