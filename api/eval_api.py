@@ -132,7 +132,8 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     tags = live_tag_counts(sae, torch.tensor(result.density)) if sae.n_sources == 2 and \
         sae.spec.sources == "several" else None
     if cfg.out is None and (home is None or str(home).startswith("hf:")):
-        raise ConfigError(f"{run.where} has no folder of its own to write eval.json into; pass out=FILE")
+        raise ConfigError(f"{run.where} has no folder of its own to write eval.json into; pass --out FILE (out= in "
+                          f"Python)")
     out = cfg.out or Path(str(home)) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     where = run.store_paths() if isinstance(run.source, list) else run.source.path
