@@ -80,6 +80,12 @@ def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: st
 
 @overload
 def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
+          layers: str | Sequence[str] | None = None, sweep: str | Sequence[str] | Mapping[str, Sequence[Any]],
+          **settings: Unpack[TrainKeywords]) -> Sweep: ...
+
+
+@overload
+def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: str | Sequence[str] | None = None,
           layers: str | Sequence[str] | None = None, sweep: str | Sequence[str] | Mapping[str, Sequence[Any]] | None
           = None, **settings: Unpack[TrainKeywords]) -> SparseCoder | Sweep: ...
 
@@ -99,6 +105,8 @@ def train(store: StoreLike | Sequence[StoreLike] | None = None, *, hookpoint: st
     makes several (a sweep, ``layers=``, or several hookpoints with ``model=``) returns a :class:`Sweep`: its
     dictionaries by sub-folder name and a summary table (``.to_pandas()``). Under torchrun every rank trains its
     part of each batch."""
+    if sweep is not None and not sweep:
+        raise ConfigError("sweep= is empty: give FIELD=V1,V2 (e.g. sweep='k=16,32'), or drop it for one dictionary")
     cmd, cfg, live, grid = train_configs(store=store, hookpoint=hookpoint, layers=layers, sweep=sweep, **settings)
     return _one_or_many(run_training(cmd, cfg, live, grid))
 
