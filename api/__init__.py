@@ -111,7 +111,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.saes import SparseCoder as SparseCoder
     from conceptdict.saes import TrainConfig as TrainConfig
     from conceptdict.saes.sweep_results import Sweep as Sweep
-    from conceptdict.saes import describe_dictionary as describe  # noqa: F401
+    from conceptdict.saes import describe_dictionary
     from conceptdict.settings import ConfigError as ConfigError
     from conceptdict.store_api import cache as cache
     from conceptdict.store_api import hookpoints as hookpoints
@@ -124,6 +124,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.train_api import train as train
 
     __version__: str
+    describe = describe_dictionary
 
 
 UNKNOWN_VERSION = "0+unknown"
@@ -141,7 +142,7 @@ def _version() -> str:
         return UNKNOWN_VERSION
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     """Import on first use, so ``import conceptdict`` (and ``conceptdict --help``) stays fast."""
     if name == "__version__":
         globals()[name] = value = _version()
@@ -153,6 +154,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
+
+
+if not TYPE_CHECKING:  # mypy reads the names above, so a public name missing there is an error, not Any
+    __getattr__ = _lazy
 
 
 def __dir__() -> list[str]:
