@@ -314,7 +314,7 @@ def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str |
     its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store)."""
     from conceptdict.naming.sources import open_run
 
-    run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device)
+    run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True)
     model, hp = run.dictionary, run.hookpoints[0]
     inputs = tuple(run.hookpoints[: model.n_sources]) if _layered(model) else (hp,)
     return Sources(model, run.store, hp, run.config, inputs)

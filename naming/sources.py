@@ -93,11 +93,15 @@ def recorded_store(home: Path | str | None, path: str | Path) -> Path:
 
 def open_run(dictionary: Any, *, store: str | Path | None = None, store_b: str | Path | None = None,
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None,
-             device: str = "cpu") -> Run:
+             device: str = "cpu", reads: bool = False) -> Run:
     """The dictionary (folder, hub name or SparseCoder) with the store(s) and hookpoints it reads (module
     docstring): ``store`` / ``store_b`` / ``hookpoint`` replace the recorded ones; a dictionary trained from a model
-    reads ``model`` over ``dataset`` (default: the recorded ones) when no store is given."""
+    reads ``model`` over ``dataset`` (default: the recorded ones) when no store is given. ``reads``: ``hookpoint``
+    may be any hookpoint the dictionary records (a concept dictionary records a transcoder's input), which then
+    changes nothing."""
     sae, config, home = open_dictionary_at(dictionary, device)
+    if reads and hookpoint in (config.get("hookpoints") or []):
+        hookpoint = None
     where = str(home) if home is not None else "this dictionary (made in memory)"
     if store is None and not (config.get("stores") or config.get("store")) and (config.get("live") or dataset):
         return _live(sae, config, home, hookpoint, model, dataset, device)
