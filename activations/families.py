@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, overload, runtime_checkable
 
 from torch import Tensor
 
 from conceptdict.activations import models, vision
 from conceptdict.activations.listing import HookpointInfo
+from conceptdict.activations.wrapper import Cached, Spliced, Tokens
 
 
 @runtime_checkable
@@ -56,8 +57,37 @@ class Model(Protocol):
     def hookpoint_rows(self) -> list[HookpointInfo]:
         """Every hookpoint with the shape of one input's activation (``cd.hookpoints``)."""
 
-    def run_with_cache(self, inputs: Any, names: str | Sequence[str] | None = None) -> tuple[Any, dict[str, Tensor]]:
-        """(the model's output, {hookpoint: activations [batch, seq, d] or [batch, d]}) of one forward."""
+    def run_with_cache(self, inputs: Any, names: str | Sequence[str] | None = None) -> Cached:
+        """``Cached(output, {hookpoint: activations [batch, seq, d] or [batch, d]})`` of one forward."""
+
+    @overload
+    def to_tokens(self, texts: str | Sequence[str], return_mask: Literal[False] = False,
+                  max_length: int | None = None) -> Tensor: ...
+
+    @overload
+    def to_tokens(self, texts: str | Sequence[str], return_mask: Literal[True],
+                  max_length: int | None = None) -> Tokens: ...
+
+    def to_tokens(self, texts: str | Sequence[str], return_mask: bool = False,
+                  max_length: int | None = None) -> Tensor | Tokens:
+        """Token ids [batch, seq] of texts (``Tokens(ids, mask)`` with ``return_mask``); a family without a
+        tokenizer says so."""
+
+    def to_string(self, ids: Tensor | Sequence[int]) -> str | list[str]:
+        """The text of token ids ([seq]: a string; [batch, seq]: one per row)."""
+
+    @overload
+    def run_with_saes(self, inputs: Any, saes: Any, return_codes: Literal[False] = False) -> Tensor: ...
+
+    @overload
+    def run_with_saes(self, inputs: Any, saes: Any, return_codes: Literal[True]) -> Spliced: ...
+
+    def run_with_saes(self, inputs: Any, saes: Any, return_codes: bool = False) -> Tensor | Spliced:
+        """The output with dictionaries spliced in (``Spliced(output, codes)`` with ``return_codes``); a family
+        whose forward cannot be spliced says what to do instead."""
+
+    def embed_images(self, images: Any, hookpoint: str | None = None, batch_size: int = 64) -> Tensor:
+        """[N, D] float32: one row per image at ``hookpoint``; a family without images says so."""
 
     def embed_texts(self, texts: Sequence[str], hookpoint: str | None = None, batch_size: int = 64) -> Tensor:
         """[N, D] float32: one row per text at ``hookpoint``."""

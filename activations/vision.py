@@ -109,6 +109,25 @@ class ImageModelHandle:
         got = capture_images(self, pixel_values(self, images), list(dict.fromkeys([*names, POOLED_HOOKPOINTS[0]])))
         return Cached(got[POOLED_HOOKPOINTS[0]], {h: got[h] for h in names})
 
+    def to_tokens(self, texts: str | Sequence[str], return_mask: bool = False,
+                  max_length: int | None = None) -> torch.Tensor:
+        """An image model's forward reads images, not tokens: ValueError naming what to use."""
+        raise ValueError(f"{self.name} is an image model: its forward reads images (model.run_with_cache(images)); "
+                         f"texts go through model.embed_texts(texts) where it has a text tower")
+
+    def to_string(self, ids) -> str | list[str]:
+        """The text of its text tower's token ids (CLIP-like models); ValueError for a model without one."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} is an image model without a text tower: it has no token ids to decode")
+        t = torch.as_tensor(ids)
+        return [self.tokenizer.decode(row.tolist()) for row in t] if t.dim() == 2 else self.tokenizer.decode(t.tolist())
+
+    def run_with_saes(self, inputs, saes, return_codes: bool = False) -> torch.Tensor:
+        """Not for image models: ValueError naming what to do instead."""
+        raise ValueError(f"{self.name} is an image model: a dictionary is not spliced into its forward; encode its "
+                         f"rows instead: sae.encode(model.run_with_cache(images).cache[hookpoint]) or "
+                         f"sae.encode(model.embed_images(images, hookpoint))")
+
     def __call__(self, images) -> torch.Tensor:
         """The ``image.embed`` embeddings [batch, D] of images or pixel values."""
         return self.run_with_cache(images, names=[])[0]

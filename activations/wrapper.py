@@ -18,7 +18,7 @@ holds: a token hookpoint's ``[batch, seq, d]`` with the axes after seq flattened
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -52,6 +52,14 @@ class Spliced(NamedTuple):
 class TextWrapper:
     """What a text model's handle offers a user's code (mixed into ``models.ModelHandle``)."""
 
+    @overload
+    def to_tokens(self, texts: str | Sequence[str], return_mask: Literal[False] = False,
+                  max_length: int | None = None) -> Tensor: ...
+
+    @overload
+    def to_tokens(self, texts: str | Sequence[str], return_mask: Literal[True],
+                  max_length: int | None = None) -> Tokens: ...
+
     def to_tokens(self, texts: str | Sequence[str], return_mask: bool = False,
                   max_length: int | None = None) -> Tensor | Tokens:
         """Token ids [batch, seq] of a text or a list of texts, each wrapped in the special tokens the cache puts
@@ -83,6 +91,14 @@ class TextWrapper:
         with torch.no_grad():
             return Cached(*record(self, tokens.ids, tokens.mask, names))
 
+    @overload
+    def run_with_saes(self, inputs: Any, saes: Any, return_codes: Literal[False] = False,
+                      mask: Tensor | None = None) -> Tensor: ...
+
+    @overload
+    def run_with_saes(self, inputs: Any, saes: Any, return_codes: Literal[True],
+                      mask: Tensor | None = None) -> Spliced: ...
+
     def run_with_saes(self, inputs: Any, saes: Any, return_codes: bool = False,
                       mask: Tensor | None = None) -> Tensor | Spliced:
         """The logits with every dictionary spliced in at its hookpoint, its reconstruction replacing the activation:
@@ -99,6 +115,11 @@ class TextWrapper:
             return logits
         batch, seq = tokens.ids.shape
         return Spliced(logits, {hp: c.reshape(batch, seq, -1) for hp, c in codes.items()})
+
+    def embed_images(self, images: Any, hookpoint: str | None = None, batch_size: int = 64) -> Tensor:
+        """A text model has no images: ValueError naming what to use."""
+        raise ValueError(f"{self.name} is a text model: embed_images needs an image model (CLIP, SigLIP, ViT); "
+                         f"new texts are model.embed_texts(texts, hookpoint=...)")
 
     def __call__(self, inputs: Any, mask: Tensor | None = None) -> Tensor:
         """The logits [batch, seq, V] of a text, texts or token ids (under ``cd.splice``: of the spliced forward)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # OpenMP threads that spin after a parallel region steal the cores of the other pool: on CPU a training step
 # runs torch's OpenMP pool (matmuls, elementwise ops) and numba's (the sparse kernels) one after the other, and
@@ -77,6 +77,7 @@ _WHERE = {
     "load_concepts": ("conceptdict.naming", "load_concepts"),
     "describe": ("conceptdict.saes", "describe_dictionary"),
     "SparseCoder": ("conceptdict.saes", "SparseCoder"),
+    "Sweep": ("conceptdict.saes.sweep_results", "Sweep"),
     "ActivationStore": ("conceptdict.activations", "ActivationStore"),
     "ConceptDictionary": ("conceptdict.naming", "ConceptDictionary"),
     "TrainConfig": ("conceptdict.saes", "TrainConfig"),
@@ -85,6 +86,45 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported on first use (``__getattr__``)
+    from conceptdict.activations import ActivationStore as ActivationStore
+    from conceptdict.activations.integrity import set_read_policy as set_read_policy
+    from conceptdict.broad_api import broad_dictionary as broad_dictionary
+    from conceptdict.broad_api import cached_broad_dictionary as cached_broad_dictionary
+    from conceptdict.concept_api import cbm as cbm
+    from conceptdict.concept_api import cbsae as cbsae
+    from conceptdict.concept_api import export as export
+    from conceptdict.concept_api import name as name
+    from conceptdict.concept_api import score as score
+    from conceptdict.demo_api import demo as demo
+    from conceptdict.diff_api import diff as diff
+    from conceptdict.edit_api import erase as erase
+    from conceptdict.edit_api import splice as splice
+    from conceptdict.edit_api import steer as steer
+    from conceptdict.eval_api import compare as compare
+    from conceptdict.eval_api import evaluate as evaluate
+    from conceptdict.model_api import embed_images as embed_images
+    from conceptdict.model_api import embed_texts as embed_texts
+    from conceptdict.naming import ConceptDictionary as ConceptDictionary
+    from conceptdict.naming import load_concepts as load_concepts
+    from conceptdict.saes import SparseCoder as SparseCoder
+    from conceptdict.saes import TrainConfig as TrainConfig
+    from conceptdict.saes.sweep_results import Sweep as Sweep
+    from conceptdict.saes import describe_dictionary
+    from conceptdict.settings import ConfigError as ConfigError
+    from conceptdict.store_api import cache as cache
+    from conceptdict.store_api import hookpoints as hookpoints
+    from conceptdict.store_api import import_array as import_array
+    from conceptdict.store_api import load_model as load_model
+    from conceptdict.store_api import open_store as open_store
+    from conceptdict.store_api import store_info as store_info
+    from conceptdict.store_api import verify_store as verify_store
+    from conceptdict.train_api import load as load
+    from conceptdict.train_api import train as train
+
+    __version__: str
+    describe = describe_dictionary
 
 
 UNKNOWN_VERSION = "0+unknown"
@@ -102,7 +142,7 @@ def _version() -> str:
         return UNKNOWN_VERSION
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     """Import on first use, so ``import conceptdict`` (and ``conceptdict --help``) stays fast."""
     if name == "__version__":
         globals()[name] = value = _version()
@@ -114,6 +154,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
+
+
+if not TYPE_CHECKING:  # mypy reads the names above, so a public name missing there is an error, not Any
+    __getattr__ = _lazy
 
 
 def __dir__() -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from conceptdict.settings import config_from_dict
+from conceptdict.settings import given, takes_settings, config_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,26 @@ def broad_root(cfg: BroadConfig) -> Path:
     return Path(cfg.cache_dir or default_cache_dir()) / f"broad-{broad_key(cfg)}"
 
 
-def cached_broad_dictionary(**settings: Any) -> BroadDictionary | None:
-    """The broad dictionary these settings (:class:`BroadConfig`'s) describe if it is cached, else None (nothing is
-    built: :func:`broad_dictionary` builds it)."""
-    return _cached(broad_root(config_from_dict(BroadConfig, settings, "broad")))
+@takes_settings(BroadConfig)
+def cached_broad_dictionary(
+    *, model: str = "default", hookpoint: str = "sentence.mean_normalized", dataset: str = "broad-text",
+    latents: int = 4096, k: int = 16, vocab: str = "wordfreq:en:20000", context_length: int = 128,
+    cache_dir: str | Path | None = None, device: str = "cpu", fresh: bool = False,
+) -> BroadDictionary | None:
+    """The broad dictionary these settings describe if it is cached, else None (nothing is built:
+    :func:`broad_dictionary` builds it)."""
+    return _cached(broad_root(config_from_dict(BroadConfig, given(locals()), "broad")))
 
 
-def broad_dictionary(**settings: Any) -> BroadDictionary:
+@takes_settings(BroadConfig)
+def broad_dictionary(
+    *, model: str = "default", hookpoint: str = "sentence.mean_normalized", dataset: str = "broad-text",
+    latents: int = 4096, k: int = 16, vocab: str = "wordfreq:en:20000", context_length: int = 128,
+    cache_dir: str | Path | None = None, device: str = "cpu", fresh: bool = False,
+) -> BroadDictionary:
     """The broad dictionary of ``model`` at ``hookpoint`` (``conceptdict broad``): read from the cache, or built
-    (cache the broad text, train with train's defaults, name with name's) and cached. Settings are
-    :class:`BroadConfig`'s."""
+    (cache the broad text, train with train's defaults, name with name's) and cached."""
+    settings = given(locals())  # first: before any local name
     from conceptdict.activations.lock import writer_lock
 
     cfg = config_from_dict(BroadConfig, settings, "broad")

@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -28,39 +28,60 @@ from conceptdict.naming import (
     write_report,
 )
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
+from conceptdict.naming.llm import LlmConfig
+from conceptdict.naming.negatives import NegativeConfig
 from conceptdict.naming.scoring import ScoreConfig
+from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
+from conceptdict.saes import SparseCoder
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
-from conceptdict.eval_api import training_heldout
 from conceptdict.export_formats import export_format, formats_help, write_export
-from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
 from conceptdict.outdir import guarded
+from conceptdict.naming.sources import Run, open_run, training_heldout
 
 log = logging.getLogger(__name__)
 
 
 @guarded("name")
-def name(dictionary: str | Path, **settings: Any) -> ConceptDictionary:
-    """Name every latent of a dictionary (``conceptdict name``): discover (stream the store through it, gather each
-    latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or llm). Settings are
-    :class:`NameConfig`'s; with ``out=`` writes concepts.json, concepts.safetensors and report/ there."""
-    cfg = config_from_dict(NameConfig, settings, "name")
+@takes_settings(NameConfig, extra=("overwrite",))
+def name(dictionary: DictionaryLike, *, store: StoreLike | None = None, out: str | Path | None = None,
+         namer: str = "vocab", vocab: str = "wordfreq:en:20000", hookpoint: str | None = None,
+         model: str | None = None, top_k: int = 20, n_bins: int = 32, quantile: float | Sequence[float] | None = None,
+         context_before: int = 8, context_after: int = 4, max_chars: int = 600, runner_ups: int = 4,
+         base_rows: int = 512, logit_tokens: int = 10, source: int = -1, cache_dir: str | Path | None = None,
+         chunk: int = 4096, device: str = "cpu", seed: int = 0, llm: LlmConfig | dict[str, Any] | None = None,
+         overwrite: bool = False) -> ConceptDictionary:
+    """Name every latent of a dictionary (a folder or SparseCoder; ``conceptdict name``): discover (stream the store
+    through it, gather each latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or
+    llm). With ``out`` writes concepts.json, concepts.safetensors and report/ there; the result remembers it."""
+    cfg = config_from_dict(NameConfig, given(locals(), "dictionary", "overwrite"), "name")
     src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device)
     cfg = dataclasses.replace(cfg, hookpoint=src.hookpoint, store=src.store.path)
     cd = name_dictionary(src.model, src.store, cfg, src.inputs)
-    cd = dataclasses.replace(cd, meta={**cd.meta, "sae_dir": str(dictionary)})
+    home = dictionary if not isinstance(dictionary, SparseCoder) else dictionary.path
+    cd = dataclasses.replace(cd, meta={**cd.meta, "sae_dir": None if home is None else str(home)})
     if cfg.out is not None:
         save_concepts(cd, cfg.out)
         write_resolved_config(cfg, cfg.out, "name_config.json")
         write_report(cd, cfg.out / "report")
+        cd = dataclasses.replace(cd, path=cfg.out)
     return cd
 
 
-def score(concepts: str | Path, **settings: Any) -> ConceptDictionary:
+@takes_settings(ScoreConfig)
+def score(concepts: ConceptsLike, *, scorer: str | Sequence[str] | None = None,
+          namer: str | Sequence[str] | None = None, negatives: NegativeConfig | dict[str, Any] | None = None,
+          control: bool = True, encoder: str = "default", encoder_hookpoint: str = "sentence.mean_normalized",
+          store: StoreLike | None = None, sae_dir: DictionaryLike | None = None, vocab: str = "wordfreq:en:20000",
+          max_latents: int = 0, batch_size: int = 256, device: str = "cpu", seed: int = 0,
+          llm: LlmConfig | dict[str, Any] | None = None) -> ConceptDictionary:
     """Score every concept's name (``conceptdict score``): embedding AUROC, LLM detection / fuzzing, against random
-    and hard negatives; the scores are written into the concept dictionary in place. Settings are ScoreConfig's."""
+    and hard negatives; the scores are written into the concept dictionary's folder in place."""
+    settings = given(locals(), "concepts")  # first: before any local name
     from conceptdict.naming.score_run import prepare_context, score_concepts
 
     cfg = config_from_dict(ScoreConfig, settings, "score")
+    concepts = home_of(concepts, "concepts")
     cd = load_concepts(concepts)
     ctx = prepare_context(cd, cfg, workdir=concepts)
     scored = score_concepts(cd, cfg, ctx)
@@ -69,21 +90,33 @@ def score(concepts: str | Path, **settings: Any) -> ConceptDictionary:
     write_report(scored, Path(concepts) / "report")
     if "llm_calls" in ctx.options:
         scored.meta["scoring"]["llm_usage_line"] = ctx.options["llm_calls"].usage.line(cfg.llm)
-    return scored
+    return dataclasses.replace(scored, path=Path(concepts))
 
 
 @guarded("cbm")
-def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
-    """A sparse concept bottleneck model on a concept dictionary, beside a linear probe on the raw activations
-    (``conceptdict cbm``). ``label_column`` names the store's label column (default: the store's only one);
-    ``dataset`` is "store" (the dictionary's own store) or another store at the same hookpoint. Settings are
-    :class:`CbmConfig`'s; with ``out=`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
+@takes_settings(CbmConfig, extra=("overwrite",))
+def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str | Path = "store",
+        out: str | Path | None = None, sae: DictionaryLike | None = None, pooling: str = "super",
+        codes: str = "relu", scale: str = "probe", super_quantile: float = 0.1,
+        lam: float | Sequence[float] | None = None, probe_l2: float | Sequence[float] | None = None,
+        max_iter: int = 5000, tol: float = 0.0001, refit_l2: float | Sequence[float] | None = None,
+        val_tolerance: float = 0.005, grow_lambda: int = 3, val_fraction: float = 0.15,
+        test_fraction: float = 0.2, zero_tol: float = 0.01, min_class_size: int = 5, seed: int = 0,
+        device: str = "cpu", overwrite: bool = False) -> CbmResult:
+    """A sparse concept bottleneck model on a concept dictionary (a folder or the object ``cd.name`` returned),
+    beside a linear probe on the raw activations (``conceptdict cbm``). ``label_column`` names the store's label
+    column (default: the store's only one); ``dataset`` is "store" (the dictionary's own store) or another store at
+    the same hookpoint. With ``out`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
+    settings = given(locals(), "concepts", "overwrite")  # first: before any local name
     from conceptdict.naming.images import cbm_rows
     from conceptdict.naming.pipeline import resolve_hookpoint
     from conceptdict.saes import open_dictionary
 
+    if not isinstance(settings.get("dataset", ""), str):
+        settings["dataset"] = str(home_of(settings["dataset"], "dataset"))
     cfg = config_from_dict(CbmConfig, settings, "cbm")
-    cd = load_concepts(concepts)
+    cd = concepts if isinstance(concepts, ConceptDictionary) else load_concepts(concepts)
+    concepts = cd.path if cd.path is not None else "(in memory)"
     sae = cfg.sae or cd.meta.get("sae_dir")
     if not sae:
         raise ConfigError("the concept dictionary records no sae_dir; pass --sae SAE_DIR")
@@ -96,7 +129,7 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
                            cfg.super_quantile, device=cfg.device, codes=cfg.codes)
     result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
                        directions=concept_directions(model, feats.raw.shape[1]))
-    result.metrics["dictionary"] = dictionary_fit(sae, model, store, hookpoint)
+    result.metrics["dictionary"] = dictionary_fit(Run(model, config, store, [hookpoint], sae))
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,
                                                "pooling": cfg.pooling if store.level == "token" else "none"})
@@ -104,6 +137,7 @@ def cbm(concepts: str | Path, **settings: Any) -> CbmResult:
         save_cbm(result, cfg.out)
         write_resolved_config(cfg, cfg.out, "cbm_config.json")
         write_report(cd, cfg.out / "report", cbm=result)
+        result = dataclasses.replace(result, path=cfg.out)
     return result
 
 
@@ -123,19 +157,17 @@ def check_sae_fits(model, config: dict, sae: str | Path, cd: ConceptDictionary, 
         raise ConfigError(f"--sae {sae} has {model.n_latents} latents, the concept dictionary names {len(cd)}; {fix}")
 
 
-def dictionary_fit(sae_dir: str | Path, model, store, hookpoint: str, rows: int = 65536) -> dict[str, Any]:
+def dictionary_fit(run: Run, rows: int = 65536) -> dict[str, Any]:
     """The dictionary's held-out FVU and L0 on a labelled store (what a CBM's gap to its probe is explained by):
     on the batches its training held out when it was trained on this store, else on the store's first ``rows``
     rows (held out when it was trained on other stores); beside the held-out FVU its training recorded."""
     from conceptdict.saes import evaluate
 
-    batches = heldout_batches(training_heldout(sae_dir, [hookpoint]), store, [hookpoint], rows)
+    model, store, hookpoint = run.dictionary, run.store, run.hookpoints[0]
+    batches = heldout_batches(training_heldout(run), store, [hookpoint], rows)
     where = "training's held-out batches"
     if batches is None:
-        from conceptdict.saes import load_dictionary_config
-
-        stores = [] if str(sae_dir).startswith("hf:") else load_dictionary_config(sae_dir).get("stores") or []
-        trained_on = [str(Path(s).resolve()) for s in stores]
+        trained_on = [str(Path(s).resolve()) for s in run.config.get("stores") or []]
         where = "its training store's first rows" if str(store.path.resolve()) in trained_on else "not trained on"
         batches = first_batches(store, [hookpoint], rows, 4096)
     res = evaluate(model, batches)
@@ -201,22 +233,31 @@ class CbSaeResult(NamedTuple):
 
 
 @guarded("cbsae")
-def cbsae(dictionary: str | Path, label_column: str | None = None, **settings: Any) -> CbSaeResult:
+@takes_settings(CbSaeConfig, extra=("label_column", "overwrite"))
+def cbsae(dictionary: ConceptsLike, label_column: str | None = None, *, concepts: str | Path | None = None,
+          out: str | Path | None = None, interpretability: str = "embedding", min_interpretability: float = 0.7,
+          min_steerability: float = 0.6, match_cosine: float = 0.8, align_weight: float = 1.0,
+          fire_fraction: float = 0.1, steps: int = 3000, batch_size: int = 256, lr: float = 0.001,
+          max_rows: int = 20000, seed: int = 0, device: str = "cpu", overwrite: bool = False) -> CbSaeResult:
     """CB-SAE (``conceptdict cbsae``): prune the latents a scored concept dictionary rates low on interpretability or
     steerability and add bottleneck latents for the user's concepts it lacks. ``dictionary``: the scored concept
-    dictionary's directory. Settings are CbSaeConfig's (``concepts`` = a text file of concepts, ``out`` required);
-    ``label_column``: a store label column for CBM accuracy before and after."""
+    dictionary (its folder or the object ``cd.score`` returned); ``concepts``: a text file of concepts, one per
+    line; ``out`` is required; ``label_column``: a store label column for CBM accuracy before and after."""
+    settings = given(locals(), "dictionary", "label_column", "overwrite")  # first: before any local name
     from conceptdict.naming.bottleneck.cbsae import config_dict, save_cbsae
     from conceptdict.naming.bottleneck.cbsae_run import build_cbsae, read_concept_list
 
     cfg = config_from_dict(CbSaeConfig, settings, "cbsae")
     if cfg.out is None or cfg.concepts is None:
         raise ConfigError("conceptdict cbsae needs --concepts FILE and --out DIR")
+    dictionary = home_of(dictionary, "dictionary")
     cd = load_concepts(dictionary)
     if not cd.meta.get("sae_dir"):
         raise ConfigError(f"{dictionary} records no sae_dir; name the dictionary with `conceptdict name` first")
-    src = open_sources(cd.meta["sae_dir"], cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
-    held = heldout_row_ids(training_heldout(cd.meta["sae_dir"], [src.hookpoint]), src.store)
+    run = open_run(cd.meta["sae_dir"], store=cd.meta.get("store"), hookpoint=cd.meta.get("hookpoint"),
+                   device=cfg.device)
+    src = open_sources(run.dictionary, run.store.path, run.hookpoints[0], cfg.device)
+    held = heldout_row_ids(training_heldout(run), src.store)
     model, scored, summary = build_cbsae(cd, src, read_concept_list(cfg.concepts), cfg, label_column=label_column,
                                          heldout=None if held is None else torch.from_numpy(held))
     save_cbsae(model, cfg.out / "dictionary", cd.meta["sae_dir"],
@@ -254,19 +295,24 @@ class ExportConfig:
 
 
 @guarded("export")
-def export(source: str | Path, **settings: Any) -> Path:
+@takes_settings(ExportConfig, extra=("overwrite",))
+def export(source: DictionaryLike | ConceptsLike, *, out: str | Path | None = None, format: str = "html",
+           cbm: CbmLike | None = None, per_page: int = 200, neuronpedia_model: str | None = None,
+           source_set: str = "conceptdict", creator: str = "conceptdict", device: str = "cpu",
+           push: str | None = None, overwrite: bool = False) -> Path:
     """Write a concept dictionary (json, html report, Neuronpedia) or a dictionary (SAELens, sparsify,
     dictionary_learning, circuit-tracer layouts, with a model card) for other tools (``conceptdict export``; the
     formats: ``conceptdict.export_formats``); returns the main file or directory written. Exports name the model by
-    its hub id, never a local path. ``push="hf:OWNER/REPO"`` then uploads the ``out`` directory to that repo."""
-    cfg = config_from_dict(ExportConfig, settings, "export")
+    its hub id, never a local path. ``push="hf:OWNER/REPO"`` then uploads the ``out`` directory to that repo.
+    ``source``: a folder, or the object that was written there."""
+    cfg = config_from_dict(ExportConfig, given(locals(), "source", "overwrite"), "export")
     if cfg.out is None:
         raise ConfigError("conceptdict export needs --out DIR")
     if cfg.push is not None:
         from conceptdict.saes.formats import hub
 
         hub.push_token(cfg.push)  # a bad name, offline mode or no login fails before anything is written
-    written = write_export(Path(source), cfg)
+    written = write_export(Path(home_of(source, "source")), cfg)
     if cfg.push is not None:
         from conceptdict.activations.lock import LOCK_NAME
         from conceptdict.outdir import MARKER

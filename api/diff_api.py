@@ -7,7 +7,9 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Sequence
+
+from typing_extensions import Unpack
 
 from conceptdict.activations import ActivationStore, CacheConfig, cache_activations, heldout_recipe, stream_batches
 from conceptdict.activations.tokens import check_same_tokenizer
@@ -18,7 +20,10 @@ from conceptdict.saes.config import fit_to_store, heldout_batch_count, resolve_d
 from conceptdict.saes.kinds import KINDS
 from conceptdict.saes.diffing import (SOURCE_NAMES, TAGS, DiffAnalysisConfig, LatentDiff, crosscoder_size,
                                       diff_crosscoder)
-from conceptdict.settings import ConfigError, config_from_dict, split_settings, write_resolved_config
+from conceptdict.objects import StoreLike
+from conceptdict.saes.flat import TrainingSettings
+from conceptdict.settings import (ConfigError, coerce_settings, config_from_dict, home_of, split_settings,
+                                  takes_settings, write_resolved_config)
 from conceptdict.train_api import train_settings
 from conceptdict.outdir import guarded
 
@@ -126,8 +131,32 @@ class DiffResult(NamedTuple):
         return frame(self.records, ["latent", "tag", "norm_a", "norm_b", "delta", "cosine"])
 
 
+class DiffKeywords(TrainingSettings, total=False):
+    """:func:`diff`'s keywords: :class:`DiffConfig`'s settings and the training settings (``cd.train``'s)."""
+
+    out: str | Path
+    model: str | Sequence[str] | None
+    store: StoreLike | Sequence[StoreLike] | None
+    hookpoint: str | None
+    hookpoint_b: str | None
+    dataset: str
+    text_column: str
+    context_length: int
+    cache_tokens: int | None
+    cache_batch_size: int
+    cache_dtype: str
+    scaling_tokens: int
+    b_only: float
+    a_only: float
+    shared_band: float
+    nu_eps_max: float
+    nu_r_max: float
+    overwrite: bool
+
+
 @guarded("diff", own_overwrite=True)
-def diff(**settings: Any) -> DiffResult:
+@takes_settings(DiffConfig, train_settings())
+def diff(**settings: Unpack[DiffKeywords]) -> DiffResult:
     """Diff two models (``conceptdict diff``): ``model=[A, B]`` with ``hookpoint=`` (both cached over ``dataset``), or
     ``store=[A, B]``; ``out=`` is required. Any training setting (``latents``, ``k``, ``kind``, ``tokens`` ...) is
     ``conceptdict train``'s; ``kind`` defaults to crosscoder, ``latents`` to 8 x D and ``k`` to min(32, L/8, D/8)."""
@@ -175,12 +204,15 @@ def diff(**settings: Any) -> DiffResult:
 
 def diff_configs(**settings: Any) -> tuple[DiffConfig, dict[str, Any]]:
     """(DiffConfig, the training settings) from keyword settings; the kind defaults to crosscoder."""
-    own, training = split_settings(settings, DiffConfig, train_settings(), where="diff")
-    if "d_in" in training:
+    if "store" in settings and settings["store"] is not None:
+        stores = settings["store"]
+        settings["store"] = [home_of(s, "store") for s in (stores if isinstance(stores, (list, tuple)) else [stores])]
+    if settings.get("d_in") is not None:
         raise ConfigError("diff takes D from the stores; drop d_in")
+    own, training = split_settings({k: v for k, v in settings.items() if v is not None}, DiffConfig,
+                                   train_settings(), where="diff")
     cfg = config_from_dict(DiffConfig, own, "diff")
-    training = {k: v for k, v in dataclasses.asdict(config_from_dict(train_settings(), training, "diff")).items()
-                if v is not None}
+    training = {k: v for k, v in coerce_settings(train_settings(), training, "diff").items() if v is not None}
     training.setdefault("kind", "crosscoder")
     if not is_crosscoder(training["kind"]):
         crosscoders = [k for k in KINDS if is_crosscoder(k)]

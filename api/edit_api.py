@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from conceptdict.activations import ActivationStore, ModelHandle, load_model
 from conceptdict.activations.intervene import dictionary_edits, dictionary_hookpoint, spliced
@@ -28,27 +28,38 @@ from conceptdict.naming.interventions.steer import (
     write_steer,
 )
 from conceptdict.saes import SparseCoder, load_dictionary, load_dictionary_config
-from conceptdict.settings import ConfigError, config_from_dict, write_resolved_config
+from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
+from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
 from conceptdict.outdir import guarded
 
 
 @guarded("steer")
-def steer(dictionary: str | Path, **settings: Any) -> dict[str, Any]:
-    """Steer a model through latents of a dictionary (or of a concept dictionary, by name) (``conceptdict steer``):
-    add, clamp or ablate at the dictionary's hookpoint, error term kept; continuations and log-prob shifts for a
-    causal LM, cosine shifts against texts for a sentence encoder. Settings are :class:`SteerConfig`'s; with
-    ``out=`` writes steer.json and steer.html. Returns the steer.json document."""
-    cfg = config_from_dict(SteerConfig, settings, "steer")
-    ref = dictionary_of(dictionary)
-    config = load_dictionary_config(ref.path)
+@takes_settings(SteerConfig, extra=("overwrite",))
+def steer(dictionary: DictionaryLike | ConceptsLike, *, latent: str | int | Sequence[str | int] | None = None,
+          mode: str = "add", alpha: float = 1.0, prompt: str | Sequence[str] | None = None,
+          token: str | Sequence[str] | None = None, text: str | Sequence[str] | None = None,
+          cbm: CbmLike | None = None, max_new_tokens: int = 20, temperature: float = 1.0,
+          random_directions: int = 8, seed: int = 0, model: str | None = None, out: str | Path | None = None,
+          device: str = "cpu", overwrite: bool = False) -> dict[str, Any]:
+    """Steer a model through latents of a dictionary (a folder or SparseCoder; a concept dictionary's latents by
+    name) (``conceptdict steer``): add, clamp or ablate at the dictionary's hookpoint, error term kept;
+    continuations and log-prob shifts for a causal LM, cosine shifts against texts for a sentence encoder. With
+    ``out`` writes steer.json and steer.html. Returns the steer.json document."""
+    cfg = config_from_dict(SteerConfig, given(locals(), "dictionary", "overwrite"), "steer")
+    if isinstance(dictionary, SparseCoder):  # in memory, or loaded: its recorded config names the hookpoint
+        sae, config, names = dictionary.to(cfg.device), dictionary.config or {}, None
+        where = str(dictionary.path) if dictionary.path is not None else "this dictionary (made in memory)"
+    else:
+        ref = dictionary_of(home_of(dictionary, "dictionary"))
+        config, names, where = load_dictionary_config(ref.path), ref.names, str(ref.path)
+        sae = load_dictionary(ref.path, device=cfg.device)
     hookpoint = (config.get("hookpoints") or [config.get("hookpoint")])[0]
     if not hookpoint:
-        raise ConfigError(f"dictionary {ref.path} records no hookpoint; steering needs one")
-    sae = load_dictionary(ref.path, device=cfg.device)
-    latents = resolve_latents(cfg.latents, ref.names, sae.n_latents)
+        raise ConfigError(f"dictionary {where} records no hookpoint; steering needs one")
+    latents = resolve_latents(cfg.latents, names, sae.n_latents)
     model = load_model(steer_model_name(cfg.model, config), device=cfg.device)
-    doc = steer_document(model, hookpoint, sae, latents, ref.names, cfg, load_cbm(cfg.cbm) if cfg.cbm else None,
-                         source=str(ref.path))
+    doc = steer_document(model, hookpoint, sae, latents, names, cfg, load_cbm(cfg.cbm) if cfg.cbm else None,
+                         source=where)
     if cfg.out is not None:
         write_steer(doc, cfg.out)
         write_resolved_config(cfg, cfg.out, "steer_config.json")
@@ -82,15 +93,22 @@ class EraseResult(NamedTuple):
 
 
 @guarded("erase")
-def erase(store: str | Path, apply: str | Path | None = None, **settings: Any) -> EraseResult | ActivationStore:
+@takes_settings(EraseConfig, extra=("apply", "overwrite"))
+def erase(store: StoreLike, apply: str | Path | None = None, *, concept_column: str = "",
+          target_column: str | None = None, hookpoint: str | None = None, dictionary: DictionaryLike | None = None,
+          method: str | Sequence[str] | None = None, ablate_latents: int = 8, ablate_l1: float = 1.0,
+          switch_from: str | None = None, switch_to: str | None = None, test_fraction: float = 0.3,
+          max_rows: int = 20000, min_class_size: int = 5, model: str | None = None, contexts: int = 16,
+          mlp_epochs: int = 300, seed: int = 0, out: str | Path | None = None, device: str = "cpu",
+          overwrite: bool = False) -> EraseResult | ActivationStore:
     """Erase or switch a labelled concept (``conceptdict erase``): SAE ablation, LEACE, SPLINCE, LEACE-Switch and
     MidSteer fitted on one split and measured on another, one table (erase.json, erase.html, erasers/ in ``out``).
-    Settings are :class:`EraseConfig`'s. With ``apply=ERASER_DIR`` (an eraser an earlier run wrote): a new store at
-    ``out``, ``store`` with that eraser applied; returns it."""
-    cfg = config_from_dict(EraseConfig, settings, "erase")
+    With ``apply=ERASER_DIR`` (an eraser an earlier run wrote): a new store at ``out``, ``store`` with that eraser
+    applied; returns it."""
+    cfg = config_from_dict(EraseConfig, given(locals(), "store", "apply", "overwrite"), "erase")
     if cfg.out is None:
         raise ConfigError("conceptdict erase needs --out DIR")
-    opened = ActivationStore(store)
+    opened = store if isinstance(store, ActivationStore) else ActivationStore(store)
     hookpoint = resolve_hookpoint(opened, cfg.hookpoint)
     if apply is not None:
         return ActivationStore(apply_eraser(Path(apply), opened, hookpoint, cfg.out))

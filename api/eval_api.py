@@ -4,30 +4,32 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import torch
 
-from conceptdict.activations import ActivationStore, first_batches, heldout_batches, load_model, spliced_losses
+from conceptdict.activations import load_model, spliced_losses
 from conceptdict.activations.live import LiveSource
-from conceptdict.activations.provenance import check_replacement
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
-from conceptdict.activations.views import pair_hookpoints
 from conceptdict.naming import dictionary_of
-from conceptdict.saes import EvalResult, SparseCoder, load_dictionary, load_dictionary_config, match_hookpoint
+from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
-from conceptdict.saes import config_file, format_table, kind_spec, threshold_line, with_splice_scores
+from conceptdict.saes import format_table, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.saes.evaluation import combine_layers
 from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
-from conceptdict.settings import ConfigError, config_from_dict, to_jsonable
+from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
+from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
-from conceptdict.eval_rows import live_rows, open_live, training_heldout
+from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
 from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
+
+if TYPE_CHECKING:
+    import pandas
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,13 @@ class Evaluation(NamedTuple):
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
         return "\n".join(lines + ([line] if line else []))
 
-    to_dict, to_pandas = evaluation_to_dict, evaluation_to_pandas  # (eval_tables.py)
+    def to_dict(self, flat: bool = False) -> dict[str, Any]:
+        """As plain JSON types (``eval_tables.evaluation_to_dict``); ``flat``: each metric a key of its own."""
+        return evaluation_to_dict(self, flat)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row, this dictionary, every metric a column (``eval_tables.evaluation_to_pandas``)."""
+        return evaluation_to_pandas(self)
 
 
 def tags_line(tags: dict[str, int]) -> str:
@@ -103,40 +111,59 @@ def tags_line(tags: dict[str, int]) -> str:
             f"{tags['A-only']}, only source 1 (B-only) {tags['B-only']}, other {tags['other']}")
 
 
-def evaluate(dictionary: str | Path, **settings: Any) -> Evaluation:
-    """Evaluate a dictionary on a store (``conceptdict eval``): L0, FVU, explained variance, cosine, dead and dense
-    latents, and for a causal LM's token store CE loss recovered and the KL score. Rows: the batches training held
-    out by default. Settings are :class:`EvalConfig`'s. Writes ``eval.json`` (``out=``, default DICT/eval.json)."""
-    cfg = config_from_dict(EvalConfig, settings, "evaluate")
-    sae_dir = Path(dictionary) if not str(dictionary).startswith("hf:") else dictionary
-    layers = transcoder_set(sae_dir)
+@takes_settings(EvalConfig)
+def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, store_b: StoreLike | None = None,
+             hookpoint: str | None = None, model: str | None = None, dataset: str | None = None, rows: int = 65536,
+             rows_from: str = "heldout", batch_size: int = 4096, contexts: int = 32, device: str = "cpu",
+             out: str | Path | None = None) -> Evaluation:
+    """Evaluate a dictionary (a folder, hub name or SparseCoder) on a store (``conceptdict eval``): L0, FVU,
+    explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
+    KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
+    DICT/eval.json; a dictionary without a folder writes only where ``out`` says)."""
+    cfg = config_from_dict(EvalConfig, given(locals(), "dictionary"), "evaluate")
+    layers = [] if isinstance(dictionary, SparseCoder) else transcoder_set(dictionary)
     if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
-        opened = [open_on_store(d, cfg) for d in layers]
-        parts = [evaluate_rows(m, rows_for(d, s, h, cfg)[0]) for d, (m, s, h) in zip(layers, opened)]
-        model, store = opened[0][0], opened[0][1]
-        hookpoints = [h[0] for _, _, h in opened] + [h[1] for _, _, h in opened]
-        rows_from = rows_for(layers[0], store, opened[0][2], cfg)[1]
-        result = set_splice_scores(combine_layers(parts, f"{model.kind} x {len(layers)} layers"),
-                                   [m for m, _, _ in opened], store, hookpoints, cfg)
+        runs = [run_of(d, cfg) for d in layers]
+        parts = [evaluate_rows(r.dictionary, rows_of(r, cfg.rows, cfg.batch_size, cfg.rows_from)[0]) for r in runs]
+        run = runs[0]
+        hookpoints = [r.hookpoints[0] for r in runs] + [r.hookpoints[1] for r in runs]
+        rows_from = rows_of(run, cfg.rows, cfg.batch_size, cfg.rows_from)[1]
+        result = set_splice_scores(combine_layers(parts, f"{run.dictionary.kind} x {len(layers)} layers"),
+                                   [r.dictionary for r in runs], run.source, hookpoints, cfg)
+        home = Path(dictionary)
     else:
-        model, store, hookpoints = open_on_store(sae_dir, cfg)
-        batches, rows_from = rows_for(sae_dir, store, hookpoints, cfg)
-        result = evaluate_rows(model, batches)
-        result = splice_scores(result, model, store, hookpoints, cfg)
-    tags = live_tag_counts(model, torch.tensor(result.density)) if model.n_sources == 2 and \
-        model.spec.sources == "several" else None
-    if cfg.out is None and str(sae_dir).startswith("hf:"):
-        raise ValueError(f"{sae_dir} is a hub name; pass --out FILE for eval.json (it is not written into the cache)")
-    out = cfg.out or Path(sae_dir) / "eval.json"
+        run = run_of(dictionary, cfg)
+        batches, rows_from = rows_of(run, cfg.rows, cfg.batch_size, cfg.rows_from)
+        result = splice_scores(evaluate_rows(run.dictionary, batches), run.dictionary, run.source, run.hookpoints,
+                               cfg)
+        hookpoints, home = run.hookpoints, run.home
+    sae = run.dictionary
+    tags = live_tag_counts(sae, torch.tensor(result.density)) if sae.n_sources == 2 and \
+        sae.spec.sources == "several" else None
+    if cfg.out is None and (home is None or str(home).startswith("hf:")):
+        raise ConfigError(f"{run.where} has no folder of its own to write eval.json into; pass --out FILE (out= in "
+                          f"Python)")
+    out = cfg.out or Path(str(home)) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    where = store_paths(store) if isinstance(store, list) else store.path
-    record = {"sae_dir": str(sae_dir), "store": str(where) if not isinstance(where, list) else [str(p) for p in where],
+    where = run.store_paths() if isinstance(run.source, list) else run.source.path
+    record = {"sae_dir": str(home), "store": str(where) if not isinstance(where, list) else [str(p) for p in where],
               "hookpoint": " -> ".join(hookpoints), "latent_tags": tags,
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
               "metrics": result.to_dict(with_density=True),
-              "threshold": (getattr(model, "training_summary", None) or {}).get("threshold")}
+              "threshold": (getattr(sae, "training_summary", None) or {}).get("threshold")}
     out.write_text(json.dumps(record, indent=2) + "\n")
-    return Evaluation(result, model, where, hookpoints, rows_from, out, tags)
+    return Evaluation(result, sae, where, hookpoints, rows_from, out, tags)
+
+
+def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig) -> Run:
+    """``sources.open_run`` with an evaluation's settings; refuses a transcoder whose input is not recorded."""
+    run = open_run(dictionary, store=cfg.store, store_b=cfg.store_b, hookpoint=getattr(cfg, "hookpoint", None),
+                   model=cfg.model, dataset=getattr(cfg, "dataset", None), device=cfg.device)
+    if run.config.get("transcoder") and not run.dictionary.spec.transcodes:
+        raise ConfigError(f"{run.where} is a transcoder whose input hookpoint is not recorded: its decoder predicts "
+                          f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
+                          f"name it or use it in a cbm")
+    return run
 
 
 def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
@@ -161,123 +188,6 @@ def _lm_contexts(store, cfg: EvalConfig):
     lm = load_model(name, device=cfg.device)
     bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
     return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
-
-
-def open_on_store(sae_dir: str | Path, cfg: EvalConfig):
-    """(dictionary, store, hookpoints) with the widths checked: the store is ``cfg.store`` or the recorded one; the
-    hookpoints are ``cfg.hookpoint`` or the recorded one ([input, output] for a transcoder). A crosscoder gets the
-    list of its stores (:func:`crosscoder_sources`)."""
-    config = load_dictionary_config(sae_dir)
-    model = load_dictionary(sae_dir, device=cfg.device)
-    if cfg.store is None and not config.get("stores") and (config.get("live") or cfg.dataset):
-        return open_live(sae_dir, config, model, cfg)  # trained from a model's forward: run it again
-    if cfg.dataset is not None:
-        raise ValueError(f"--dataset {cfg.dataset}: {sae_dir} reads a store; drop --dataset")
-    if model.n_sources != 1 and not model.spec.transcodes:
-        return (model, *crosscoder_sources(sae_dir, config, model, cfg))
-    if cfg.store_b is not None:
-        raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads one source; drop --store-b")
-    recorded = (config.get("stores") or [None])[0]
-    check_replacement(sae_dir, recorded, cfg.store)
-    store_path = cfg.store or recorded
-    if store_path is None:
-        raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (the store of the "
-                         "activations the dictionary reads)")
-    store = ActivationStore(store_path)
-    if model.spec.transcodes:
-        return model, store, _transcoder_hookpoints(sae_dir, config, store, cfg)
-    if config.get("transcoder"):
-        raise ValueError(f"{sae_dir} is a transcoder whose input hookpoint is not recorded: its decoder predicts "
-                         f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
-                         f"name it or use it in a cbm")
-    hookpoint = cfg.hookpoint or (config.get("hookpoints") or [None])[0]
-    hookpoint = match_hookpoint(hookpoint, store.hookpoints) or hookpoint if hookpoint else None
-    if hookpoint is None or hookpoint not in store.hookpoints:
-        raise ValueError(f"hookpoint {hookpoint!r} is not in store {store_path} (it holds {store.hookpoints}); "
-                         f"pass --hookpoint")
-    if store.d_in(hookpoint) != model.d_in:
-        raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={store.d_in(hookpoint)} for "
-                         f"hookpoint {hookpoint}; pass the store the dictionary was trained on")
-    return model, store, [hookpoint]
-
-
-def crosscoder_sources(sae_dir, config: dict, model: SparseCoder, cfg: EvalConfig) -> tuple[list, list[str]]:
-    """(stores, hookpoints) of a crosscoder, its sources being every (store, hookpoint) pair, stores outermost: the
-    recorded stores with ``cfg.store`` replacing the first and ``cfg.store_b`` the second, the recorded hookpoints
-    (or ``cfg.hookpoint`` for one), store B read under its own hookpoint name as ``conceptdict diff`` recorded it."""
-    paths = [Path(p) for p in config.get("stores") or []]
-    for i, (flag, given) in enumerate((("--store", cfg.store), ("--store-b", cfg.store_b))):
-        check_replacement(sae_dir, paths[i] if i < len(paths) else None, given, flag)
-    if cfg.store is not None:
-        paths[:1] = [cfg.store]
-    if cfg.store_b is not None:
-        if len(paths) != 2:
-            raise ValueError(f"--store-b {cfg.store_b}: {sae_dir} reads {len(paths)} store(s), not two; drop --store-b")
-        paths[1] = cfg.store_b
-    if not paths:
-        raise ValueError(f"{config_file(sae_dir)} records no store; pass --store STORE_DIR (and --store-b for "
-                         f"model B's)")
-    hookpoints = list(config.get("hookpoints") or [])
-    if cfg.hookpoint is not None:
-        if len(hookpoints) > 1:
-            raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a crosscoder over the hookpoints "
-                             f"{hookpoints}; drop --hookpoint")
-        hookpoints = [cfg.hookpoint]
-    stores = [ActivationStore(p) for p in paths]
-    if len(stores) == 2 and len(hookpoints) <= 1:
-        hookpoint_b = None if cfg.hookpoint else (config.get("store_hookpoints") or [None, None])[1]
-        stores, hookpoint, _ = pair_hookpoints(stores, hookpoints[0] if hookpoints else None, hookpoint_b)
-        hookpoints = [hookpoint]
-    if len(stores) * len(hookpoints) != model.n_sources:
-        raise ValueError(f"{sae_dir} is a crosscoder over {model.n_sources} sources but stores {[str(p) for p in paths]}"
-                         f" x hookpoints {hookpoints} give {len(stores) * len(hookpoints)}; pass its stores")
-    for store in stores:
-        for h in hookpoints:
-            if h not in store.hookpoints or store.d_in(h) != model.d_in:
-                raise ValueError(f"crosscoder {sae_dir} reads hookpoint {h!r} of width {model.d_in}; store "
-                                 f"{store.path} holds {store.hookpoints}: pass the stores it was trained on")
-    return stores, hookpoints
-
-
-def _transcoder_hookpoints(sae_dir, config: dict, store, cfg: EvalConfig) -> list[str]:
-    """[input, output] hookpoints of a transcoder, both in the store (``hookpoint`` names the output); a cross-layer
-    transcoder's S inputs then S outputs."""
-    pair = list(config.get("hookpoints") or [])
-    n = 2 * int(config.get("n_sources") or 1)
-    if len(pair) != n:
-        raise ValueError(f"{sae_dir}/config.json records hookpoints {pair}; a {config.get('kind')} needs "
-                         f"{'[input, output]' if n == 2 else f'{n // 2} MLP inputs then their {n // 2} outputs'}")
-    if cfg.hookpoint and (n > 2 or cfg.hookpoint != pair[1]):
-        raise ValueError(f"--hookpoint {cfg.hookpoint}: {sae_dir} is a transcoder from {pair[0]} to {pair[1]}; "
-                         f"drop --hookpoint")
-    missing = [h for h in pair if h not in store.hookpoints]
-    if missing:
-        raise ValueError(f"a transcoder evaluates on both its hookpoints {pair}; store {store.path} lacks {missing} "
-                         f"(it holds {store.hookpoints}): cache both in one store")
-    return pair
-
-
-def rows_for(sae_dir, store, hookpoints: list[str], cfg: EvalConfig, recipe: dict | None = None):
-    """(batches, where they come from): training's held-out batches (``recipe``, default: ``sae_dir``'s) when
-    ``cfg.rows_from`` is heldout and they were recorded for this store and hookpoints, else the first rows. A
-    model's forward (:class:`LiveSource`): ``eval_rows.live_rows``."""
-    if isinstance(store, LiveSource):
-        return live_rows(sae_dir, store, hookpoints, cfg.rows, cfg.batch_size, cfg.rows_from,
-                         load_dictionary_config(sae_dir))
-    if cfg.rows_from == "heldout":
-        recipe = recipe or training_heldout(sae_dir, hookpoints)
-        batches = heldout_batches(recipe, store, hookpoints, cfg.rows)
-        if batches is not None:
-            return batches, "training's held-out batches"
-        log.warning("%s records no held-out batches for %s [%s]: evaluating on the first %d rows of the store, "
-                    "which training may have seen", sae_dir, ", ".join(map(str, store_paths(store))),
-                    " -> ".join(hookpoints), cfg.rows)
-    return first_batches(store, hookpoints, cfg.rows, cfg.batch_size), "the first rows of the store"
-
-
-def store_paths(store) -> list[Path]:
-    """The folders of an opened store, or of a crosscoder's list of them."""
-    return [s.path for s in store] if isinstance(store, list) else [store.path]
 
 
 def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
@@ -368,14 +278,25 @@ class Comparison(NamedTuple):
                              + ", ".join(row["unique_names"]["examples"][:10]))
         return "\n".join(lines)
 
-    to_dict, to_pandas = comparison_to_dict, comparison_to_pandas  # (eval_tables.py)
+    def to_dict(self) -> dict[str, Any]:
+        """compare.json's content as plain JSON types (``eval_tables.comparison_to_dict``)."""
+        return comparison_to_dict(self)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row per dictionary (``eval_tables.comparison_to_pandas``)."""
+        return comparison_to_pandas(self)
 
 
 @guarded("compare")
-def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
+@takes_settings(CompareConfig, extra=("overwrite",))
+def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None = None,
+            store_b: StoreLike | None = None, out: str | Path | None = None, model: str | None = None,
+            rows: int = 16384, batch_size: int = 4096, contexts: int = 32, match_threshold: float = 0.7,
+            device: str = "cpu", overwrite: bool = False) -> Comparison:
     """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
-    compare``): L0, FVU, CE/KL with ``model=``, dead/dense, weight metrics, latents matched across dictionaries,
-    the FVU-L0 frontier. Settings are :class:`CompareConfig`'s; writes compare.json and index.html to ``out``."""
+    compare``): L0, FVU, CE/KL with ``model``, dead/dense, weight metrics, latents matched across dictionaries, the
+    FVU-L0 frontier. Writes compare.json and index.html to ``out``."""
+    settings = given(locals(), "dictionaries", "overwrite")  # first: before any local name
     from conceptdict.naming.reports.compare import write_comparison
     from conceptdict.saes.compare import Entry
     from conceptdict.saes.compare import compare as compare_entries
@@ -383,7 +304,8 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     cfg = config_from_dict(CompareConfig, settings, "compare")
     if cfg.out is None:
         raise ConfigError("conceptdict compare needs --out DIR")
-    paths = [Path(p) for p in ([dictionaries] if isinstance(dictionaries, (str, Path)) else dictionaries)]
+    one = isinstance(dictionaries, (str, Path)) or not isinstance(dictionaries, Sequence)
+    paths = [Path(home_of(p, "dictionaries")) for p in ([dictionaries] if one else dictionaries)]
     if len(paths) < 2:
         raise ConfigError(f"conceptdict compare puts dictionaries side by side; got {len(paths)} "
                           f"({', '.join(map(str, paths)) or 'none'}). Pass two or more, or use `conceptdict eval` for one")
@@ -391,34 +313,34 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     for path, label in zip(paths, _labels(paths)):
         layers = transcoder_set(path)  # per-layer transcoders (`train --layers`): one entry, its layers' rows each
         ref = dictionary_of(layers[0] if layers else path)
-        ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if _reads_several(ref.path) else None,
-                          model=cfg.model, rows=cfg.rows, batch_size=cfg.batch_size,
-                          contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
-        parts = [open_on_store(d, ecfg) for d in layers or [ref.path]]
-        model, store, hookpoints = parts[0]
-        key = tuple(map(str, store_paths(store)))
+        several = reads_several(load_dictionary_config(ref.path))
+        ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if several else None, model=cfg.model, rows=cfg.rows,
+                          batch_size=cfg.batch_size, contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
+        runs = [run_of(d, ecfg) for d in layers or [ref.path]]
+        run = runs[0]
+        key = tuple(map(str, run.store_paths()))
         if key not in recipes:  # every dictionary on these stores reads the rows the first one's training held out
-            recipe = training_heldout(ref.path, hookpoints)
+            recipe = training_heldout(run)
             recipes[key] = recipe, (f"the batches `conceptdict train` held out for {ref.path}" if recipe else
                                     "the first rows of the store")
         recipe = recipes[key][0]
-        read = [list(rows_for(ref.path, s, h, replace(ecfg, rows_from="heldout" if recipe else "start"), recipe)[0])
-                for _, s, h in parts]
-        hookpoints = [h[0] for *_, h in parts] + [h[1] for *_, h in parts] if layers else hookpoints
-        entries.append(Entry(label, model, read[0], hookpoints[-1], None if layers else ref.names,
+        read = [list(rows_of(run, cfg.rows, cfg.batch_size, "heldout" if recipe else "start", recipe, r.source,
+                             r.hookpoints)[0]) for r in runs]
+        hookpoints = [r.hookpoints[0] for r in runs] + [r.hookpoints[1] for r in runs] if layers else run.hookpoints
+        entries.append(Entry(label, run.dictionary, read[0], hookpoints[-1], None if layers else ref.names,
                              {"path": str(path), "hookpoints": hookpoints,
-                              "store": [str(p) for p in store_paths(store)]},
-                             [Entry(f"{label}/{l}", m, b, h[-1]) for l, ((m, _, h), b) in enumerate(zip(parts, read))]
-                             if layers else []))
-        opened.append((ecfg, store))
+                              "store": [str(p) for p in run.store_paths()]},
+                             [Entry(f"{label}/{i}", r.dictionary, b, r.hookpoints[-1])
+                              for i, (r, b) in enumerate(zip(runs, read))] if layers else []))
+        opened.append((ecfg, run.source))
     result = compare_entries(entries, cfg.match_threshold)
-    for row, entry, (ecfg, store) in zip(result["dictionaries"], entries, opened):
+    for row, entry, (ecfg, source) in zip(result["dictionaries"], entries, opened):
         if cfg.model and cfg.contexts:
             metrics = EvalResult(**row["metrics"])
-            row["metrics"] = (set_splice_scores(metrics, [sub.model for sub in entry.layers], store, row["hookpoints"],
-                                                ecfg)
+            row["metrics"] = (set_splice_scores(metrics, [sub.model for sub in entry.layers], source,
+                                                row["hookpoints"], ecfg)
                               if entry.layers else
-                              splice_scores(metrics, entry.model, store, row["hookpoints"], ecfg)).to_dict()
+                              splice_scores(metrics, entry.model, source, row["hookpoints"], ecfg)).to_dict()
     rows_from = "; ".join(f"{', '.join(key)}: {why}" if len(recipes) > 1 else why
                           for key, (_, why) in recipes.items())
     result["rows_from"] = rows_from
@@ -427,13 +349,6 @@ def compare(dictionaries: list[str | Path], **settings: Any) -> Comparison:
     (cfg.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     page = write_comparison(result, cfg.out)
     return Comparison(result, rows_from, {"json": cfg.out / "compare.json", "html": page})
-
-
-def _reads_several(path) -> bool:
-    """Whether the dictionary at ``path`` is a crosscoder (config.json's n_sources above 1, not a cross-layer
-    transcoder's layers)."""
-    config = load_dictionary_config(path)
-    return int(config.get("n_sources") or 1) > 1 and not kind_spec(config.get("kind", "topk")).transcodes
 
 
 def _labels(paths: list[Path]) -> list[str]:

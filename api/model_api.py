@@ -33,8 +33,4 @@ def embed_images(model: Model | str | Path, images: Sequence[Any] | Any, hookpoi
     """[N, D] float32, one row per image (PIL images or file paths) at ``hookpoint`` of an image model (default
     ``image.embed``; a block hookpoint: the mean over the image's CLS and patch rows): what an image dictionary
     of that hookpoint encodes. The same as ``model.embed_images(images, hookpoint)``."""
-    handle = _loaded(model, device)
-    if not hasattr(handle, "embed_images"):
-        raise ValueError(f"{handle!r} reads no images; embed_images takes an image model (CLIP, SigLIP, ViT, "
-                         "DINOv2); for a text model use cd.embed_texts")
-    return handle.embed_images(images, hookpoint, batch_size=batch_size)
+    return _loaded(model, device).embed_images(images, hookpoint, batch_size=batch_size)

@@ -135,8 +135,8 @@ def writing(out: str | Path, command: str, overwrite: bool = False, inputs: Iter
 
 def _inputs(args: tuple, settings: dict[str, Any]) -> list[Any]:
     found: list[Any] = []
-    for value in [*args, *(settings.get(k) for k in INPUT_SETTINGS)]:
-        found.extend(value if isinstance(value, (list, tuple)) else [value])
+    for value in [*args, *(settings.get(k) for k in INPUT_SETTINGS)]:  # an object the API returned: its folder
+        found.extend(getattr(v, "path", v) for v in (value if isinstance(value, (list, tuple)) else [value]))
     return found
 
 

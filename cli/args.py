@@ -17,12 +17,11 @@ from conceptdict.settings import (
     ConfigError,
     check_keys,
     config_from_dict,
-    field_help,
     merge,
     parse_bool,
     read_config_file,
     scalar_parser,
-    type_hints,
+    settings_of,
     unwrap_optional,
     write_resolved_config,
 )
@@ -35,38 +34,27 @@ SHOW_ALL = False
 """True when the command line asked for ``--help-all``: every flag's help, not only the common ones'."""
 
 
-def _flag_name(f: dataclasses.Field, prefix: str) -> str:
-    return f"--{prefix}{f.metadata.get('flag', f.name.replace('_', '-'))}"
-
-
-def _default_of(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return dataclasses.MISSING
-
-
-def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collection[str] = (),
+def add_dataclass_args(parser, cls, prefix: str = "", skip: typing.Collection[str] = (),
                        brief: typing.Collection[str] | None = None) -> list[str]:
-    """Add one flag per field of ``cls``. Defaults stay unset (None), so that a config file can fill them and the
-    API applies the dataclass's own defaults. With ``brief``, ``--help`` describes only those fields (every flag
-    still works; ``--help-all`` describes all); returns the flags it left undescribed."""
+    """Add one flag per setting of ``cls`` (a config dataclass or a table of ``settings.Setting``). Defaults stay
+    unset (None), so that a config file can fill them and the API applies the settings' own defaults. With
+    ``brief``, ``--help`` describes only those settings (every flag still works; ``--help-all`` describes all);
+    returns the flags it left undescribed."""
     hidden: list[str] = []
-    hints = type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip or not f.init:
+    for s in settings_of(cls):
+        if s.name in skip:
             continue
-        tp, _ = unwrap_optional(hints[f.name])
+        tp, _ = unwrap_optional(s.type)
         if dataclasses.is_dataclass(tp):
-            add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}.")
+            add_dataclass_args(parser, tp, prefix=f"{prefix}{s.name}.")
             continue
-        help_text = field_help(f)
-        quiet = brief is not None and f.name not in brief and not SHOW_ALL
-        default = f.metadata.get("default", _default_of(f))
+        flag = f"--{prefix}{s.flag or s.name.replace('_', '-')}"
+        help_text = s.help
+        quiet = brief is not None and s.name not in brief and not SHOW_ALL
+        default = s.default if s.shown_default is dataclasses.MISSING else s.shown_default
         if default is not dataclasses.MISSING and default not in (None, False) and not isinstance(default, (list, dict)):
             help_text += f" (default: {default})"
-        kwargs: dict[str, Any] = {"dest": f"{prefix}{f.name}".replace(".", "__"), "default": None,
+        kwargs: dict[str, Any] = {"dest": f"{prefix}{s.name}".replace(".", "__"), "default": None,
                                   "help": argparse.SUPPRESS if quiet else help_text.replace("%", "%%")}
         origin = get_origin(tp)
         if origin is Literal:
@@ -82,10 +70,10 @@ def add_dataclass_args(parser, cls: type, prefix: str = "", skip: typing.Collect
         else:
             kwargs["type"] = scalar_parser(tp)
         if "metavar" not in kwargs:
-            kwargs["metavar"] = _metavar(tp if origin not in (list, tuple) else (get_args(tp) or (str,))[0], f.name)
-        parser.add_argument(_flag_name(f, prefix), **kwargs)
+            kwargs["metavar"] = _metavar(tp if origin not in (list, tuple) else (get_args(tp) or (str,))[0], s.name)
+        parser.add_argument(flag, **kwargs)
         if quiet:
-            hidden.append(_flag_name(f, prefix))
+            hidden.append(flag)
     return hidden
 
 
@@ -111,7 +99,7 @@ def add_train_settings(parser, skip: typing.Collection[str] = ()) -> None:
     from conceptdict.train_api import train_settings
 
     cls = train_settings()
-    kinds = {f.name: f.metadata.get("kinds") for f in dataclasses.fields(cls)}
+    kinds = {s.name: s.kinds for s in cls}
     group = parser.add_argument_group("the dictionary")
     more = add_dataclass_args(group, cls, skip=[*skip, *(n for n, k in kinds.items() if k)], brief=BRIEF)
     if more:
@@ -129,20 +117,20 @@ def add_config_flag(parser) -> None:
     parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
 
 
-def _given(ns: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
-    """The flags of ``cls``'s fields that were given, as {field: value} (nested dataclasses as dicts)."""
-    hints = type_hints(cls)
+def _given(ns: argparse.Namespace, cls, prefix: str = "") -> dict[str, Any]:
+    """The flags of ``cls``'s settings that were given, as {keyword: value} (the flag's name, as the Python API
+    spells it: ``hookpoint``, not the field ``hookpoints``; nested dataclasses as dicts)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        tp, _ = unwrap_optional(hints[f.name])
+    for s in settings_of(cls):
+        tp, _ = unwrap_optional(s.type)
         if dataclasses.is_dataclass(tp):
-            sub = _given(ns, tp, prefix=f"{prefix}{f.name}.")
+            sub = _given(ns, tp, prefix=f"{prefix}{s.name}.")
             if sub:
-                out[f.name] = sub
+                out[s.name] = sub
             continue
-        value = getattr(ns, f"{prefix}{f.name}".replace(".", "__"), None)
+        value = getattr(ns, f"{prefix}{s.name}".replace(".", "__"), None)
         if value is not None:
-            out[f.name] = value
+            out[s.keyword if not prefix else s.name] = value
     return out
 
 
@@ -154,6 +142,9 @@ def settings_from(ns: argparse.Namespace, *classes: type) -> dict[str, Any]:
     if config_file is not None:
         data = read_config_file(config_file)
         _check_file_keys(data, classes, str(config_file))
+        for cls in classes:  # a file may spell a setting as its field (hookpoints): as the flags do (hookpoint)
+            spelled = {s.name: s.keyword for s in settings_of(cls)}
+            data = {spelled.get(k, k): v for k, v in data.items()}
     for cls in classes:
         data = merge(data, _given(ns, cls))
     if getattr(ns, "overwrite", False):  # the --out guard's opt-in, on every command that writes a directory
@@ -162,7 +153,7 @@ def settings_from(ns: argparse.Namespace, *classes: type) -> dict[str, Any]:
 
 
 def _check_file_keys(data: dict[str, Any], classes: tuple[type, ...], where: str) -> None:
-    known = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    known = {n for cls in classes for s in settings_of(cls) for n in (s.name, s.keyword)}
     unknown = {k: v for k, v in data.items() if k not in known}
     if unknown:
         check_keys(unknown, classes[-1], where)  # names the closest key of the main settings

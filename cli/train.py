@@ -27,8 +27,10 @@ def run(args) -> int:
     settings = settings_from(args, TrainCommand, LiveConfig, train_settings())
     trained = cd.train(**settings)
     if ranks.current().main:
-        many = trained if isinstance(trained, dict) else {"": trained}
+        many = trained if isinstance(trained, cd.Sweep) else {"": trained}
         for name, model in many.items():
             print("\n".join(cd.describe(model)))
             print(f"dictionary: {Path(settings['out']) / name}")
+        if isinstance(trained, cd.Sweep):  # one table of every point at the end
+            print(f"\n{len(trained)} dictionaries:\n{trained.format()}")
     return 0

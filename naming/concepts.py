@@ -151,6 +151,8 @@ class ConceptDictionary:
     """[L, D] (or [L, S, D] for a crosscoder): decoder rows in raw activation units."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Provenance: sae_dir, store, model, hookpoint, level, namer, vocabulary, ..."""
+    path: Path | None = field(default=None, compare=False)
+    """The folder it was written to or read from (None: in memory); API calls take it in its place."""
 
     def __post_init__(self) -> None:
         if self.directions.shape[0] != len(self.concepts):
@@ -330,7 +332,8 @@ def load_concepts(directory: str | Path) -> ConceptDictionary:
         raise ValueError(f"{jpath} has format_version={version!r}; this conceptdict reads version {FORMAT_VERSION}")
     tensors = load_file(str(directory / TENSORS_NAME))
     concepts = tuple(concept_from_json(c) for c in doc["concepts"])
-    return ConceptDictionary(concepts=concepts, directions=tensors["directions"], meta=doc.get("meta", {}))
+    return ConceptDictionary(concepts=concepts, directions=tensors["directions"], meta=doc.get("meta", {}),
+                             path=directory)
 
 
 def is_concept_dir(directory: str | Path) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,37 +308,13 @@ class Sources(NamedTuple):
     """The hookpoints the dictionary encodes: ``(hookpoint,)``, or a cross-layer transcoder's MLP inputs."""
 
 
-def _first(config: dict, plural: str, singular: str):
-    value = config.get(plural) or config.get(singular)
-    if isinstance(value, (list, tuple)):
-        return value[0] if value else None
-    return value
-
-
-def open_sources(sae_dir: str | Path, store: str | Path | None = None, hookpoint: str | None = None,
+def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str | None = None,
                  device: str = "cpu") -> Sources:  # fmt: skip
-    """Load the dictionary at ``sae_dir`` and open its store (``store`` or the one its config.json records)."""
-    from conceptdict.activations import ActivationStore
-    from conceptdict.saes import config_file, load_dictionary, load_dictionary_config
+    """The dictionary (folder or SparseCoder) with the store and hookpoint it is named over (``store`` or the one
+    its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store)."""
+    from conceptdict.naming.sources import open_run
 
-    from conceptdict.naming.bottleneck.cbsae import is_cbsae_dir, load_cbsae
-
-    sae_dir = Path(sae_dir)
-    cbsae = is_cbsae_dir(sae_dir)
-    config = json.loads((sae_dir / "config.json").read_text()) if cbsae else load_dictionary_config(sae_dir)
-    store_path = store or _first(config, "stores", "store")
-    if store_path is None:
-        where = f"{sae_dir}/config.json" if cbsae else config_file(sae_dir)
-        raise ValueError(f"{where} records no store; pass --store STORE_DIR (the store of the activations the "
-                         "dictionary reads)")
-    store_path = Path(store_path)
-    if not store_path.is_absolute() and not store_path.exists() and (sae_dir / store_path).exists():
-        store_path = sae_dir / store_path
-    opened = ActivationStore(store_path)
-    hp = resolve_hookpoint(opened, hookpoint or _first(config, "hookpoints", "hookpoint"))
-    model = load_cbsae(sae_dir, device) if cbsae else load_dictionary(sae_dir, device=device)
-    if model.d_in != opened.d_in(hp):
-        raise ValueError(f"SAE d_in={model.d_in} but the store at {store_path} has d={opened.d_in(hp)} for "
-                         f"hookpoint {hp}; pass the store the dictionary was trained on")  # fmt: skip
-    inputs = tuple(config.get("hookpoints") or ())[: model.n_sources] if _layered(model) else (hp,)
-    return Sources(model, opened, hp, config, inputs)
+    run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True)
+    model, hp = run.dictionary, run.hookpoints[0]
+    inputs = tuple(run.hookpoints[: model.n_sources]) if _layered(model) else (hp,)
+    return Sources(model, run.store, hp, run.config, inputs)

@@ -6,7 +6,6 @@ default comes from: docs/results/defaults.md."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -179,26 +178,6 @@ class TrainConfig:
         check = getattr(self.kind_settings, "check", None)
         if check is not None:
             check(self)
-
-
-def sweep_configs(base: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str, TrainConfig]]:
-    """One config per combination of ``grid``'s values (flat field -> values, as ``saes.train_config`` names them;
-    the cartesian product, first field outermost), each named ``field-value_field-value`` (its output folder). A
-    point of another kind keeps the base's settings that kind reads. Every config is checked as
-    :class:`TrainConfig` checks one, so a bad combination (k >= latents) names itself."""
-    from .flat import flat_for_kind, to_flat, train_config
-
-    names = list(grid)
-    flat = to_flat(base)
-    out = []
-    for values in itertools.product(*(grid[n] for n in names)):
-        name = "_".join(f"{n}-{v}" for n, v in zip(names, values))
-        point = dict(zip(names, values))
-        try:
-            out.append((name, train_config(**{**flat_for_kind(flat, point.get("kind", base.kind)), **point})))
-        except ValueError as e:
-            raise ValueError(f"sweep point {name}: {e}") from None
-    return out
 
 
 # -- resolved defaults ----------------------------------------------------------------------------

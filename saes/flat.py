@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import typing
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict
 
 from .config import TrainConfig
 from .kinds import KINDS, kind_spec
@@ -119,4 +120,72 @@ def to_flat(cfg: TrainConfig, every_kind: bool = False) -> dict[str, Any]:
     return out
 
 
-__all__ = ["FlatField", "flat_for_kind", "flat_train_fields", "to_flat", "train_config"]
+class TrainingSettings(TypedDict, total=False):
+    """The training settings as keywords of ``cd.train`` and ``cd.diff`` (what :func:`flat_train_fields` lists, a
+    kind's own ones after the shared ones; each one's help is in ``help(cd.train)`` and ``conceptdict train
+    --help-all``). Omitted: the default, which may depend on the kind and the data. ``conceptdict.settings.
+    takes_settings`` checks at import that these keys are exactly the flat settings."""
+
+    latents: int
+    k: int
+    kind: str
+    tokens: int | None
+    batch_size: int | None
+    lr: float | None
+    warmup_steps: int | None
+    decay_fraction: float
+    grad_clip: float
+    normalize: bool
+    b_dec_init: Literal["geometric_median", "mean", "zero"]
+    init_rows: int
+    aux_k: int | None
+    aux_alpha: float | None
+    dead_tokens: int | None
+    code_l1: float | None
+    topk_start: float | None
+    calibration_batches: int | None
+    eval_batches: int | None
+    stop_patience: int | None
+    stop_threshold: float
+    stop_every: int | None
+    seed: int
+    checkpoint_every: int
+    log_every: int
+    log: str | None
+    kernel_impl: str
+    device: str
+    precision: Literal["float32", "bf16", "fp16", "float64"]
+    d_in: int | None
+    latent_shards: int
+    single_file_gib: float
+    threshold_start_step: int | None
+    threshold_momentum: float
+    l1_coeff: float
+    l0_coeff: float
+    jumprelu_penalty: Literal["target", "linear"]
+    jumprelu_bandwidth: float
+    sparsity_warmup_steps: int | None
+    matryoshka_groups: list[int] | None
+    matryoshka_inner_weight: float
+    spade_coeff: float
+
+
+def sweep_configs(base: TrainConfig, grid: dict[str, list[Any]]) -> list[tuple[str, TrainConfig]]:
+    """One config per combination of ``grid``'s values (flat field -> values, as ``saes.train_config`` names them;
+    the cartesian product, first field outermost), each named ``field-value_field-value`` (its output folder). A
+    point of another kind keeps the base's settings that kind reads. Every config is checked as
+    :class:`TrainConfig` checks one, so a bad combination (k >= latents) names itself."""
+    names = list(grid)
+    flat = to_flat(base)
+    out = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        name = "_".join(f"{n}-{v}" for n, v in zip(names, values))
+        point = dict(zip(names, values))
+        try:
+            out.append((name, train_config(**{**flat_for_kind(flat, point.get("kind", base.kind)), **point})))
+        except ValueError as e:
+            raise ValueError(f"sweep point {name}: {e}") from None
+    return out
+
+
+__all__ = ["FlatField", "TrainingSettings", "sweep_configs", "flat_for_kind", "flat_train_fields", "to_flat", "train_config"]

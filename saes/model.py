@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -90,6 +91,12 @@ class SparseCoder(nn.Module):
     ``W_dec [L, S*D]``, ``b_dec [S*D]``; buffer ``threshold [L]`` (the JumpReLU inference threshold of
     BatchTopK; -1 until estimated).
     """
+
+    path: Path | str | None = None
+    """The folder (or hub name) it was loaded from or trained into; None for one made in memory. API calls that
+    read a dictionary's files (its config, its training's held-out rows) take it in place of that folder."""
+    config: dict | None = None
+    """Its config.json as read or written (None for one made in memory)."""
 
     def __init__(self, d_in: int, n_latents: int, k: int, kind: str = "topk", n_sources: int = 1,
                  kernel_impl: str = "auto", dtype: torch.dtype = torch.float32,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from .config import TrainConfig, fit_to_store, heldout_batch_count, one_pass_rows, sweep_configs
+from .config import TrainConfig, fit_to_store, heldout_batch_count, one_pass_rows
+from .flat import sweep_configs
 from .kinds import is_crosscoder, kind_spec, reads_several_sources
 
 log = logging.getLogger(__name__)

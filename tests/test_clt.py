@@ -401,7 +401,7 @@ def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer
 
     register_scorer("clt-negatives", record)
     try:
-        cd.score(tmp_path / "names", scorers=["clt-negatives"])
+        cd.score(tmp_path / "names", scorer=["clt-negatives"])
     finally:
         del SCORERS["clt-negatives"]
     negatives = [(j, e.row) for j, sample in seen.items() for e in sample.negatives]

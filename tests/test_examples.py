@@ -84,3 +84,54 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         pytest.fail(f"{path.name} failed:\n{failure}", pytrace=False)
     print(f"{path.name}: {time.perf_counter() - start:.0f}s")
     assert _cell_output(nb.cells[0]).strip() == sys.executable, "the notebook ran in another interpreter"
+
+
+def _notebook_code(path: Path) -> str:
+    """The code cells of a notebook as one script (what a user who copies them into a .py file has)."""
+    cells = json.loads(path.read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code") + "\n"
+
+
+def _typed_package(root: Path) -> Path | None:
+    """A folder for MYPYPATH that holds ``conceptdict`` laid out as installed, when the install is editable (a
+    setuptools finder maps conceptdict to api/ and its stages to their folders, which mypy does not follow): links to
+    each file of api/ and to each stage's folder. None when the package is installed as files."""
+    import importlib.util
+
+    top = Path(next(iter(importlib.util.find_spec("conceptdict").submodule_search_locations)))
+    if (top / "activations").is_dir():
+        return None
+    pkg = root / "conceptdict"
+    pkg.mkdir(parents=True)
+    for f in top.iterdir():
+        (pkg / f.name).symlink_to(f)
+    for stage in ("activations", "saes", "naming", "cli"):
+        where = Path(next(iter(importlib.util.find_spec(f"conceptdict.{stage}").submodule_search_locations)))
+        (pkg / stage).symlink_to(where)
+    return root
+
+
+@pytest.mark.slow  # mypy reads torch's annotations: about a minute; .ci/run runs it (make test-slow)
+def test_the_python_api_notebook_passes_mypy_strict_against_the_package(tmp_path, monkeypatch):
+    """The third notebook's code, as a user's script, passes ``mypy --strict`` against the installed package (its
+    own annotations, py.typed), and every public name is one mypy knows (not an Any through ``__getattr__``); a
+    mistyped keyword and a wrong type are errors (the check can fail)."""
+    mypy = pytest.importorskip("mypy.api", reason="the typing check needs mypy (pip install -e .[test])")
+    import conceptdict as cd
+
+    path = _typed_package(tmp_path / "typed")
+    if path is not None:
+        monkeypatch.setenv("MYPYPATH", str(path))
+
+    def check(code: str) -> tuple[str, int]:
+        script = tmp_path / "script.py"
+        script.write_text(code)
+        out, err, status = mypy.run(["--strict", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"),
+                                     str(script)])
+        return out + err, status
+
+    names = "\n".join(f"print(cd.{n})" for n in cd.__all__)
+    out, status = check(_notebook_code(ROOT / "examples" / "python_api.ipynb") + names + "\n")
+    assert status == 0, f"mypy --strict on examples/python_api.ipynb's code:\n{out}"
+    out, status = check("import conceptdict as cd\ncd.evaluate('runs/sae', rowz=5)\nx: int = cd.load('runs/sae')\n")
+    assert status == 1 and '"rowz"' in out and "SparseCoder" in out, out

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 import conceptdict as cd
 from conceptdict.activations import families
 from conceptdict.activations.listing import HookpointInfo
+from conceptdict.activations.wrapper import Cached, Tokens
 
 D = 16
 POOLED = "toy.mean"
@@ -85,10 +86,23 @@ class ToyHandle:
     def hookpoint_rows(self) -> list[HookpointInfo]:
         return [HookpointInfo(h, f"[{D}]" if h == POOLED else f"[T, {D}]", D, self.level(h)) for h in self.hookpoints]
 
+    def to_tokens(self, texts, return_mask=False, max_length=None):
+        enc = self.tokenizer([texts] if isinstance(texts, str) else list(texts), padding=True, return_tensors="pt")
+        return Tokens(enc["input_ids"], enc["attention_mask"]) if return_mask else enc["input_ids"]
+
+    def to_string(self, ids):
+        return self.tokenizer.decode(list(ids))
+
     def run_with_cache(self, inputs, names=None):
-        enc = self.tokenizer([inputs] if isinstance(inputs, str) else list(inputs), padding=True, return_tensors="pt")
-        cache = self.capture(enc["input_ids"], enc["attention_mask"], names or self.hookpoints)
-        return self.capture(enc["input_ids"], enc["attention_mask"], ["toy.blocks.1"])["toy.blocks.1"], cache
+        ids, mask = self.to_tokens(inputs, return_mask=True)
+        cache = self.capture(ids, mask, names or self.hookpoints)
+        return Cached(self.capture(ids, mask, ["toy.blocks.1"])["toy.blocks.1"], cache)
+
+    def run_with_saes(self, inputs, saes, return_codes=False):
+        raise ValueError("the toy family's forward takes no dictionaries")
+
+    def embed_images(self, images, hookpoint=None, batch_size=64):
+        raise ValueError("the toy family reads no images")
 
     def embed_texts(self, texts, hookpoint=None, batch_size=64) -> Tensor:
         hookpoint = hookpoint or POOLED

@@ -18,10 +18,11 @@ import unittest.mock
 from pathlib import Path
 
 import pytest
-from test_api_signatures import CLASSES, FORWARDED, configs_of
+from test_api_signatures import CLASSES, configs_of
 
 import conceptdict
 from conceptdict.cli.main import main
+from conceptdict.settings import settings_of
 
 pytestmark = pytest.mark.unit
 
@@ -83,10 +84,8 @@ def _checker(name: str, stop: bool):
 
     def check(*args, **kwargs):
         bound = inspect.signature(real).bind(*args, **kwargs)
-        settings = dict(bound.arguments.pop(next((p.name for p in inspect.signature(real).parameters.values()
-                                                  if p.kind is p.VAR_KEYWORD), ""), {}))
-        settings |= {p: bound.arguments[p] for f, p in FORWARDED if f == name}
-        _build(name, settings)
+        known = {s.keyword for cls in configs_of(name) for s in settings_of(cls)} | {"overwrite"}
+        _build(name, {k: v for k, v in bound.arguments.items() if k in known})
         if stop:
             raise Parsed(name)
         return _result(real, name)

@@ -140,38 +140,40 @@ def _settings_classes():
 
 
 def _numeric_fields():
-    import dataclasses
     from typing import get_args, get_origin
 
-    from conceptdict.settings import type_hints, unwrap_optional
+    from conceptdict.settings import settings_of, unwrap_optional
 
     for cls in _settings_classes():
-        hints = type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp, _ = unwrap_optional(hints[f.name])
+        for s in settings_of(cls):
+            tp, _ = unwrap_optional(s.type)
             is_list = get_origin(tp) is list
             item = (get_args(tp) or (None,))[0] if is_list else tp
             if item in (int, float):
-                yield cls, f.name, item, is_list
+                yield cls, s.name, item, is_list
+
+
+def _label(cls) -> str:
+    return getattr(cls, "__name__", "TrainingSettings")
 
 
 NUMERIC = list(_numeric_fields())
 
 
 def test_the_table_covers_every_command():
-    classes = {cls.__name__ for cls, *_ in NUMERIC}
+    classes = {_label(cls) for cls, *_ in NUMERIC}
     assert len(NUMERIC) > 60 and len(classes) >= 13, classes
 
 
-@pytest.mark.parametrize("cls,name,item,is_list", NUMERIC, ids=[f"{c.__name__}.{n}" for c, n, *_ in NUMERIC])
+@pytest.mark.parametrize("cls,name,item,is_list", NUMERIC, ids=[f"{_label(c)}.{n}" for c, n, *_ in NUMERIC])
 def test_every_numeric_setting_refuses_text_and_non_finite_values(cls, name, item, is_list):
-    from conceptdict.settings import ConfigError, config_from_dict
+    from conceptdict.settings import ConfigError, coerce_settings
 
     bad = ["eight"] + ([float("nan"), float("inf"), float("-inf")] if item is float else [2.5])
     for value in bad:
         given = [1, value] if is_list else value
         with pytest.raises(ConfigError) as e:
-            config_from_dict(cls, {name: given}, "conceptdict x")
+            coerce_settings(cls, {name: given}, "conceptdict x")
         message = str(e.value)
         assert name in message and ("must be a finite number" in message or "must be an integer" in message
                                     or "must be a number" in message), message

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conceptdict import saes
-from conceptdict.saes.config import calibration_batch_count, sweep_configs
+from conceptdict.saes.config import calibration_batch_count
+from conceptdict.saes.flat import sweep_configs
 from conceptdict.saes.flat import flat_for_kind
 from conceptdict.saes.kinds.jumprelu import JumpReLUSettings
 from conceptdict.saes.kinds.matryoshka import MatryoshkaSettings

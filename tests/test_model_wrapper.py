@@ -155,5 +155,5 @@ def test_image_models_cache_and_embed_images(clip, tmp_path):
     assert cd.embed_texts(clip, ["red", "a blue square"]).shape == (2, 16)  # the text tower, text.embed
     with pytest.raises(ValueError, match="dictionaries splice into the forward of a text model"):
         cd.splice(clip, _sae("vision.blocks.1.hook_out"))
-    with pytest.raises(ValueError, match="reads no images; embed_images takes an image model"):
+    with pytest.raises(ValueError, match="is a text model: embed_images needs an image model"):
         cd.embed_images(cd.load_model("default"), images)

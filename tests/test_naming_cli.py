@@ -115,7 +115,7 @@ def test_dictionary_fit_reads_training_heldout_rows_on_its_own_store_and_all_row
 
     from conceptdict.activations import ActivationStore
     from conceptdict.concept_api import dictionary_fit
-    from conceptdict.saes import load_dictionary
+    from conceptdict.naming.sources import Run
 
     gen = torch.Generator().manual_seed(0)
     atoms = torch.randn(12, 8, generator=gen)
@@ -125,10 +125,10 @@ def test_dictionary_fit_reads_training_heldout_rows_on_its_own_store_and_all_row
         cd.import_array(array=tmp_path / f"{name}.safetensors", out=tmp_path / name, level="sequence")
     cd.train(store=[tmp_path / "own"], hookpoint=["hp"], out=tmp_path / "sae", latents=16, k=3, tokens=4096,
              batch_size=128, device="cpu")
-    model = load_dictionary(tmp_path / "sae")
-    own = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "own"), "hp")
+    sae = cd.load(tmp_path / "sae")
+    own = dictionary_fit(Run(sae, sae.config, ActivationStore(tmp_path / "own"), ["hp"], sae.path))
     assert own["rows_from"] == "training's held-out batches" and own["fvu"] == pytest.approx(own["training_fvu"])
-    other = dictionary_fit(tmp_path / "sae", model, ActivationStore(tmp_path / "other"), "hp")
+    other = dictionary_fit(Run(sae, sae.config, ActivationStore(tmp_path / "other"), ["hp"], sae.path))
     assert other["rows_from"] == "not trained on" and other["rows"] == 300 and 0 < other["fvu"] < 1
 
 

@@ -41,7 +41,7 @@ def test_walkthrough_covers_every_stage():
 
 
 TRAINING_WARNINGS = ("will train only", "memorised the store's rows")
-"""The warnings of a run too short to learn (api/train_api.py) or one that fit its rows (saes/stopping.py): the
+"""The warnings of a run too short to learn (api/train_run.py) or one that fit its rows (saes/stopping.py): the
 README's sizes must trip neither."""
 
 

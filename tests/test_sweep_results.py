@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 def sweep(planted_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "sae"
     trained = cd.train(store=planted_store, latents=32, sweep=["k=2,4"], batch_size=128, tokens=2048, out=out)
-    return Sweep([(name, out / name, model) for name, model in trained.items()]), out
+    assert isinstance(trained, Sweep)  # what cd.train returns for several dictionaries
+    return trained, out
 
 
 def test_a_sweep_is_its_dictionaries_by_name_with_their_final_numbers(sweep):

@@ -103,12 +103,12 @@ class Started(Exception):
     (64 * 50, None),
 ])  # fmt: skip
 def test_a_run_of_few_steps_says_so_before_training(planted_store, tmp_path, monkeypatch, caplog, tokens, says):
-    from conceptdict import train_api
+    from conceptdict import train_run
 
     def train_sweep(*args, **kwargs):
         raise Started
 
-    monkeypatch.setattr(train_api, "train_sweep", train_sweep)
-    with caplog.at_level("WARNING", logger="conceptdict.train_api"), pytest.raises(Started):
+    monkeypatch.setattr(train_run, "train_sweep", train_sweep)
+    with caplog.at_level("WARNING", logger="conceptdict.train_run"), pytest.raises(Started):
         cd.train(store=planted_store, latents=32, k=2, tokens=tokens, batch_size=64, out=tmp_path / "sae")
     assert (says in caplog.text) if says else "will train only" not in caplog.text, caplog.text

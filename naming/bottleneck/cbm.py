@@ -197,6 +197,8 @@ class CbmResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     """accuracy, probe_accuracy, val accuracies per lambda, zero_weights, coverage, split sizes, pooling..."""
     meta: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = field(default=None, compare=False)
+    """The folder it was written to or read from (None: in memory); API calls take the result in its place."""
 
     def logits(self, concepts: Tensor) -> Tensor:
         """concepts [N, L] -> logits [N, C]."""
@@ -424,6 +426,7 @@ def load_cbm(directory: str | Path) -> CbmResult:
         lam=float(doc["lambda"]),
         metrics=doc.get("metrics", {}),
         meta=doc.get("meta", {}),
+        path=directory,
     )
 
 
