@@ -344,6 +344,13 @@ def _unpacked(annotation: Any) -> Any:
     return None
 
 
+def _annotation(fn: Any, p: inspect.Parameter) -> Any:
+    """``p``'s annotation of ``fn`` evaluated (a string under ``from __future__ import annotations``)."""
+    if isinstance(p.annotation, str):  # what typing.get_type_hints does, for this one parameter
+        return eval(p.annotation, fn.__globals__)  # noqa: S307 - the module's own annotation
+    return p.annotation
+
+
 def _same_default(given: Any, declared: Any) -> bool:
     if declared is dataclasses.MISSING or isinstance(declared, (list, dict)) or dataclasses.is_dataclass(declared):
         return given is None  # required (checked when the config is built), or a mutable default (None: it)
@@ -365,10 +372,9 @@ def takes_settings(*sources: SettingsSource, extra: typing.Collection[str] = ())
     def wrap(fn: F) -> F:
         table = {s.keyword: s for source in sources for s in settings_of(source)}
         signature = inspect.signature(fn)
-        hints = typing.get_type_hints(fn, include_extras=True)
         params: list[inspect.Parameter] = []
         for p in signature.parameters.values():
-            shared = _unpacked(hints.get(p.name)) if p.kind is p.VAR_KEYWORD else None
+            shared = _unpacked(_annotation(fn, p)) if p.kind is p.VAR_KEYWORD else None
             if p.kind is p.VAR_KEYWORD and shared is None:
                 raise TypeError(f"{fn.__qualname__}(**{p.name}): annotate it as Unpack[TypedDict] of its settings")
             if shared is None:
