@@ -20,6 +20,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # tiny training loops ran 10x slower (tests/test_tiebreak.py: 12 s a run with spinning workers, 1.4 s without).
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under pytest-xdist (`make test` runs one worker per CPU) the workers share the cores: each worker's torch (and
+# every process it starts, which inherits the variable) gets its share of intra-op threads, so that N workers x N
+# threads do not oversubscribe the machine (on the 2-core machine: 1 thread each). A value the user set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "torch" not in sys.modules:
+    _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cpus // _WORKERS)))
 
 import pytest  # noqa: E402
 
