@@ -28,8 +28,7 @@ LAYOUTS = {"2": (2, 2), "4": (4, 4), "2x2": (2, 4)}
 SEVERAL = ("2", "2x2")
 """The layouts whose runs save one weights file per shard (``single_file_gib=0``); 4 shards gather onto the writer."""
 
-pytestmark = [pytest.mark.equivalence,  # `make test` runs these again under another ATen CPU capability
-              pytest.mark.xdist_group("distributed_shards")]  # one worker builds sharded_runs once
+pytestmark = pytest.mark.equivalence  # `make test` runs these again under another ATen CPU capability
 
 
 def hookpoints(kind: str) -> list[str]:

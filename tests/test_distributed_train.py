@@ -30,8 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "tests" / "distributed_entry.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
-pytestmark = [pytest.mark.equivalence,  # `make test` runs these again under another ATen CPU capability
-              pytest.mark.xdist_group("distributed_train")]  # one worker builds two_rank_runs once
+pytestmark = pytest.mark.equivalence  # `make test` runs these again under another ATen CPU capability
 
 
 def synthetic_store(tmp: Path, n: int = 3072, d: int = 12, seed: int = 0) -> Path:

@@ -15,7 +15,7 @@ from test_report import OFFLINE_FLAGS, chromium_binary
 from conceptdict.activations import ActivationStore, embed_texts, load_model
 from conceptdict.cli.main import main
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("vision_cli")]  # one worker builds flow once
+pytestmark = pytest.mark.integration
 WORDS = list(COLOURS) + list(SHAPES) + ["grey", "sky", "tree", "car"]
 
 
