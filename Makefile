@@ -24,21 +24,26 @@ demo: $(STAMP)
 # equivalence tests (N ranks = 1 process, shards, resume, kernels = reference) again under each ATen CPU capability
 # of CAPS: another vectorised reduction order, so that this CPU catches what another would (`make test CAPS="default
 # avx2"` on an AVX-512 machine; .ci/run does that).
+# Every pass runs on one pytest-xdist worker per logical CPU (at most 8; XDIST= runs in one process). Whole test
+# files go to whichever worker is free (--dist loadfile), so that a module-scoped fixture is built once;
+# tests/conftest.py gives each worker its share of torch's threads. (Not --dist loadgroup: with pytest 9.2 it
+# ignores xdist_group marks, pytest-xdist issue 1386.)
 CAPS ?= default
+XDIST ?= -n logical --maxprocesses 8 --dist loadfile
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "not slow" -q
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "not slow" -q $(XDIST)
 	for cap in $(CAPS); do echo "equivalence tests under ATEN_CPU_CAPABILITY=$$cap"; \
 	  ATEN_CPU_CAPABILITY=$$cap HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m "equivalence and not slow" \
-	    -k "not triton" -q -p no:cacheprovider || exit 1; done
+	    -k "not triton" -q -p no:cacheprovider $(XDIST) || exit 1; done
 
 # What .ci/run adds after `make test`: the `slow` tier, i.e. long end-to-end runs that a default-tier test covers
 # more cheaply (each says which) and the checks against the real foreign libraries, which skip without their side
 # environments. `make test` + `make test-slow` = `make test-all`.
 test-slow: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m slow -q
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -m slow -q $(XDIST)
 
 test-all: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(XDIST)
 
 # Rewrites tests/golden/training.json; legitimate only as tests/golden/make_golden.py's docstring says.
 golden: $(STAMP)

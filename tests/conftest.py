@@ -20,6 +20,15 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # tiny training loops ran 10x slower (tests/test_tiebreak.py: 12 s a run with spinning workers, 1.4 s without).
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under pytest-xdist (`make test` runs one worker per CPU) the workers share the cores: each worker's torch (and
+# every process it starts, which inherits the variable) gets its share of intra-op threads, so that N workers x T
+# threads do not oversubscribe the machine (2 cores: 1 thread a worker; a kernels/architectures/clt subset on 2
+# workers took 87-98 s instead of 106-127 s on the busy machine). A value the user set is kept.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+THREADS_PER_WORKER = max(1, _CPUS // XDIST_WORKERS)
+if XDIST_WORKERS > 1 and "torch" not in sys.modules:
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS_PER_WORKER))
 
 import pytest  # noqa: E402
 
@@ -33,6 +42,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def xdist_share():
+    """(pytest-xdist workers of this run, torch threads each is given): (1, all CPUs) in one process."""
+    return XDIST_WORKERS, THREADS_PER_WORKER
 
 
 # ---------------------------------------------------------------- a planted store through `store import`

@@ -243,18 +243,25 @@ def kl_bound(max_logit_diff: float) -> float:
 MLP = [f"blocks.{l}.mlp.hook_{w}" for w in ("in", "out") for l in range(2)]  # the tiny LM's 2 MLPs: inputs, outputs
 
 
+@pytest.fixture(scope="module")
+def mlp_store(tmp_path_factory, tiny_lm_dir):
+    """The tiny LM's token-level store at MLP (both MLPs' inputs and outputs) over 60 documents: what the four
+    tests on the tiny LM below train on. Read-only for its users."""
+    from fixtures_models import build_tiny_lm_store
+
+    return build_tiny_lm_store(tmp_path_factory.mktemp("mlp_store") / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+
+
 @pytest.mark.integration
-def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir):
+def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir, mlp_store):
     """`train --kind clt` on both MLPs of the 2-layer tiny LM, then `eval --model`: every MLP replaced at once. With the
     error nodes kept the spliced model gives the clean logits (to float tolerance: the splice reads each layer's input
     and writes its output where the clean model does); without them, CE loss recovered and KL score of the
     replacement model; per-layer FVU / L0 / dead."""
-    from fixtures_models import build_tiny_lm_store
-
     import conceptdict as cd
     from conceptdict.cli.main import main
 
-    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    store = mlp_store
     out = tmp_path / "clt"
     assert main(["train", "--kind", "clt", "--out", str(out), "--store", str(store), "--batch-size", "64",
                  "--eval-batches", "2", "--log-every", "50", "--latents", "128", "--k", "4", "--kernel-impl",
@@ -273,15 +280,13 @@ def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir):
 
 @pytest.mark.equivalence
 @pytest.mark.integration
-def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_dir):
+def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_dir, mlp_store):
     """`train --kind transcoder --layers all`: OUT/0 and OUT/1, each reading its own layer's MLP input and output, each
     equal to the transcoder trained alone on that pair (one read of the store for both); `--layers all` with a clt is
     one dictionary over both layers; other kinds are refused."""
-    from fixtures_models import build_tiny_lm_store
-
     import conceptdict as cd
 
-    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    store = mlp_store
     fast = dict(store=store, latents=32, k=4, batch_size=64, eval_batches=2, log_every=50, kernel_impl="reference")
     both = cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", **fast)
     assert sorted(both) == ["0", "1"]
@@ -312,16 +317,14 @@ def test_layers_all_trains_one_transcoder_per_mlp_in_one_run(tmp_path, tiny_lm_d
 
 
 @pytest.mark.integration
-def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_dir):
+def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_dir, mlp_store):
     """`compare` of a PLT set, a skip-PLT set (train --layers folders) and a CLT of the same total latents and L0: each
     a row whose numbers (replacement CE / KL with every MLP replaced at once, per-layer FVU / L0 / dead) equal
     `eval --model`'s of that replacement; the two sets' latents are matched layer by layer (a CLT's decoder spans
     every layer: matched with neither); a 2-layer CLT gets no crosscoder diff tags."""
-    from fixtures_models import build_tiny_lm_store
-
     import conceptdict as cd
 
-    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    store = mlp_store
     fast = dict(store=store, latents=32, k=4, batch_size=64, eval_batches=2, log_every=50, kernel_impl="reference")
     cd.train(kind="transcoder", layers="all", out=tmp_path / "plt", **fast)
     cd.train(kind="skip-transcoder", layers="all", out=tmp_path / "skip", **fast)
@@ -352,20 +355,18 @@ def test_compare_puts_plts_skip_plts_and_a_clt_side_by_side(tmp_path, tiny_lm_di
 
 
 @pytest.mark.integration
-def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer(tmp_path, tiny_lm_dir):
+def test_naming_a_clt_reads_every_layers_input_and_shows_decoder_norms_per_layer(tmp_path, tiny_lm_dir, mlp_store):
     """`name` and `score` on a 2-layer clt: each feature's evidence is its code from both layers' MLP inputs (the top example's
     activation is the clt's code on that row), the logit lens reads its decoder to the last layer's MLP output, and
     concepts.json, the text card and the HTML report carry its layer and decoder norm per target layer (a 2-layer clt
     gets no crosscoder diff tags); `score` draws negatives where the feature is silent; a PLT layer names from its own
     input with the logit lens of its decoder."""
-    from fixtures_models import build_tiny_lm_store
-
     import conceptdict as cd
     from conceptdict.activations import ActivationStore, load_model
     from conceptdict.naming.evidence import logit_lens
     from conceptdict.naming.reports.report_text import format_concept
 
-    store = build_tiny_lm_store(tmp_path / "store", tiny_lm_dir, n_docs=60, hookpoints=MLP)
+    store = mlp_store
     clt = cd.train(kind="clt", layers="all", out=tmp_path / "clt", store=store, latents=16, k=2, batch_size=64,
                    eval_batches=2, log_every=50, kernel_impl="reference")
     named = cd.name(tmp_path / "clt", namer="logit-lens", model=str(tiny_lm_dir), top_k=3, logit_tokens=3,
