@@ -33,6 +33,18 @@ if XDIST_WORKERS > 1 and "torch" not in sys.modules:
 import pytest  # noqa: E402
 
 
+def pytest_runtest_setup(item):
+    """Under pytest-xdist, each test starts with torch's share of the threads: numba's OpenMP pool, when it starts
+    (a worker's first parallel kernel), sets the process's OpenMP thread count to numba's, torch's with it, and in
+    a full run a worker was at 2 threads again even after an explicit torch.set_num_threads at session start (cause
+    not traced); without this a worker ran torch on every CPU from then on. Numba keeps its own thread count (the
+    kernels' per-thread partials are tested as in one process)."""
+    torch = sys.modules.get("torch")
+    if XDIST_WORKERS > 1 and torch is not None and os.environ.get("OMP_NUM_THREADS") == str(THREADS_PER_WORKER):
+        if torch.get_num_threads() != THREADS_PER_WORKER:
+            torch.set_num_threads(THREADS_PER_WORKER)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -8,7 +8,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import time
 import sys
 
 import numpy as np
@@ -188,9 +187,15 @@ def test_a_writer_asked_to_wait_takes_the_lock_once_the_first_lets_it_go_and_giv
         gives_up = subprocess.run([sys.executable, "-c", code, str(d), "0.3"], capture_output=True, text=True)
         waits = subprocess.Popen([sys.executable, "-c", code, str(d), "60"], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-        time.sleep(3)  # long enough for it to start and find the lock held (its timing is not asserted)
+        said = ""  # until it says it waits (a fixed sleep was too short on a loaded machine: it started after the
+        while "waiting for it to finish" not in said:  # release and never waited); its own 60 s bound the loop
+            line = waits.stderr.readline()
+            if not line:
+                break
+            said += line
         assert waits.poll() is None  # still waiting, not refused
     out, err = waits.communicate(timeout=60)
+    err = said + err
     assert gives_up.returncode != 0 and "StoreLocked" in gives_up.stderr and "waiting for it to finish" in \
         gives_up.stderr
     assert waits.returncode == 0 and out.strip() == "got it" and err.count("waiting for it to finish") == 1
