@@ -53,7 +53,9 @@ def claim(out: Path, command: str, overwrite: bool) -> Claim:
     _not_a_file(out)
     created = not out.exists()
     if not created and not any((out / m).exists() for m in MARKERS):
-        foreign = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+        # a marker that appeared since the check above is ours: under torchrun rank 0 writes it while another rank
+        # looks (seen as "holds files conceptdict did not create (.conceptdict-output.json)")
+        foreign = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and p.name not in MARKERS)
         if foreign and not overwrite:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise FileExistsError(f"--out {out} holds files conceptdict did not create ({shown}); choose a new or "
