@@ -6,12 +6,13 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import torch
 
 from conceptdict.activations import load_model, spliced_losses
 from conceptdict.activations.live import LiveSource
+from conceptdict.activations.store import ActivationStore
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.naming import dictionary_of
@@ -25,6 +26,7 @@ from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
+from conceptdict.naming.yardsticks import NAMES, Inputs, MetricResults, measure, parse_metrics, write_saebench
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
 from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
 
@@ -62,8 +64,19 @@ class EvalConfig:
         "help": "Contexts rebuilt from the store's tokens for the spliced CE/KL evaluation; 0 skips it."})
     device: str = field(default="cpu", metadata={"help": "Device for the dictionary and the model."})
     out: Path | None = field(default=None, metadata={"help": "Where to write eval.json; default: DICT/eval.json."})
+    metrics: list[str] = field(default_factory=list, metadata={
+        "help": "The field's yardsticks to add, comma-separated or repeated: " + ", ".join(NAMES) + ", or all (the "
+                "ones whose inputs are present; the others named with why). Default: eval's own table only."})
+    format: Literal["conceptdict", "saebench"] = field(default="conceptdict", metadata={
+        "help": "saebench: also one JSON per --metrics metric in SAEBench's layout, under saebench/ beside "
+                "eval.json."})
 
     def __post_init__(self) -> None:
+        self.metrics = [n.strip() for item in ([self.metrics] if isinstance(self.metrics, str) else self.metrics)
+                        for n in str(item).split(",") if n.strip()]
+        parse_metrics(self.metrics)  # an unknown name is refused here, naming the known ones
+        if self.format == "saebench" and not self.metrics:
+            raise ValueError("format='saebench' writes one file per metric: pass --metrics core,... (or all)")
         if self.rows_from not in ("heldout", "start"):
             raise ValueError(f"rows_from={self.rows_from!r}: choose heldout or start")
         for name in ("rows", "batch_size"):
@@ -86,6 +99,8 @@ class Evaluation(NamedTuple):
     latent_tags: dict[str, int] | None = None
     """A two-source crosscoder's live latents per diff tag (shared, A-only, B-only, other); they add up to the live
     latents. None for other dictionaries."""
+    yardsticks: MetricResults | None = None
+    """The ``metrics`` asked for (``naming.yardsticks``): results, and the ones skipped with why; None when none."""
 
     def format(self, source: str | Path = "") -> str:
         where = ", ".join(str(p) for p in self.store) if isinstance(self.store, list) else self.store
@@ -94,7 +109,8 @@ class Evaluation(NamedTuple):
         if self.latent_tags is not None:
             lines.append(tags_line(self.latent_tags))
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
-        return "\n".join(lines + ([line] if line else []))
+        more = [self.yardsticks.format()] if self.yardsticks is not None else []
+        return "\n".join(lines + ([line] if line else []) + more)
 
     def to_dict(self, flat: bool = False) -> dict[str, Any]:
         """As plain JSON types (``eval_tables.evaluation_to_dict``); ``flat``: each metric a key of its own."""
@@ -115,11 +131,14 @@ def tags_line(tags: dict[str, int]) -> str:
 def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, store_b: StoreLike | None = None,
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None, rows: int = 65536,
              rows_from: str = "heldout", batch_size: int = 4096, contexts: int = 32, device: str = "cpu",
-             out: str | Path | None = None) -> Evaluation:
+             out: str | Path | None = None, metrics: str | Sequence[str] | None = None,
+             format: Literal["conceptdict", "saebench"] = "conceptdict") -> Evaluation:
     """Evaluate a dictionary (a folder, hub name or SparseCoder) on a store (``conceptdict eval``): L0, FVU,
     explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
-    DICT/eval.json; a dictionary without a folder writes only where ``out`` says)."""
+    DICT/eval.json; a dictionary without a folder writes only where ``out`` says). ``metrics``: the field's
+    yardsticks as well (``naming.yardsticks``: core, sparse-probing, ground-truth, or all), in ``.yardsticks``;
+    ``format="saebench"`` writes each one's SAEBench JSON under saebench/ beside eval.json."""
     cfg = config_from_dict(EvalConfig, given(locals(), "dictionary"), "evaluate")
     layers = [] if isinstance(dictionary, SparseCoder) else transcoder_set(dictionary)
     if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
@@ -151,8 +170,20 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
               "metrics": result.to_dict(with_density=True),
               "threshold": (getattr(sae, "training_summary", None) or {}).get("threshold")}
+    sticks = None
+    if cfg.metrics:
+        if layers:
+            raise ConfigError(f"--metrics measures one dictionary; {dictionary} is a set of {len(layers)} per-layer "
+                              f"transcoders: evaluate each layer's folder")
+        sticks = measure(parse_metrics(cfg.metrics), Inputs(sae, result, run.source if isinstance(
+            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device),
+            strict="all" not in cfg.metrics)
+        record["yardsticks"] = sticks.to_dict()
+        if cfg.format == "saebench":
+            record["saebench"] = [str(p) for p in write_saebench(sticks, out.parent / "saebench", sae, Path(
+                str(home)).name if home else "dictionary", hookpoints[-1], record["config"])]
     out.write_text(json.dumps(record, indent=2) + "\n")
-    return Evaluation(result, sae, where, hookpoints, rows_from, out, tags)
+    return Evaluation(result, sae, where, hookpoints, rows_from, out, tags, sticks)
 
 
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig) -> Run:

@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 def evaluation_to_dict(self: Evaluation, flat: bool = False) -> dict[str, Any]:
     """As plain JSON types: kind, hookpoint (" -> " between a transcoder's), store, rows_from, path (eval.json),
-    latent_tags and ``metrics`` (``EvalResult.to_dict``); ``flat``: each metric a key of its own (the row of
-    :meth:`to_pandas`)."""
+    latent_tags and ``metrics`` (``EvalResult.to_dict``), ``yardsticks`` when metrics were asked for; ``flat``: each
+    metric a key of its own, a yardstick's as ``metric.name`` (the row of :meth:`to_pandas`)."""
     about = {"kind": self.metrics.kind or self.dictionary.kind, "hookpoint": " -> ".join(self.hookpoints),
              "store": self.store, "rows_from": self.rows_from, "path": self.path, "latent_tags": self.latent_tags}
-    return plain({**about, **(self.metrics.to_dict() if flat else {"metrics": self.metrics.to_dict()})})
+    sticks = self.yardsticks
+    more = {} if sticks is None else sticks.flat() if flat else {"yardsticks": sticks.to_dict()}
+    return plain({**about, **(self.metrics.to_dict() if flat else {"metrics": self.metrics.to_dict()}), **more})
 
 
 def evaluation_to_pandas(self: Evaluation) -> pandas.DataFrame:
