@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -277,6 +278,12 @@ class CompareConfig:
     match_threshold: float = field(default=0.7, metadata={
         "help": "Decoder cosine at which latents of two dictionaries count as the same direction."})
     device: str = field(default="cpu", metadata={"help": "Device for the dictionaries and the model."})
+    metrics: list[str] = field(default_factory=list, metadata={
+        "help": "The field's yardsticks to put side by side as well (as `eval --metrics`: " + ", ".join(NAMES) +
+                ", or all)."})
+
+    def __post_init__(self) -> None:
+        self.metrics = EvalConfig(metrics=self.metrics).metrics  # split at commas and checked as eval's
 
 
 class Comparison(NamedTuple):
@@ -307,6 +314,10 @@ class Comparison(NamedTuple):
             if row.get("unique_names"):
                 lines.append(f"names only {row['name']} found ({row['unique_names']['count']}): "
                              + ", ".join(row["unique_names"]["examples"][:10]))
+        sticks = [row.get("yardsticks") for row in self.result["dictionaries"]]
+        if any(sticks):
+            lines.append(side_by_side([row["name"] for row in self.result["dictionaries"]],
+                                      [MetricResults(**s) if s else MetricResults() for s in sticks]))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,10 +334,11 @@ class Comparison(NamedTuple):
 def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None = None,
             store_b: StoreLike | None = None, out: str | Path | None = None, model: str | None = None,
             rows: int = 16384, batch_size: int = 4096, contexts: int = 32, match_threshold: float = 0.7,
-            device: str = "cpu", overwrite: bool = False) -> Comparison:
+            device: str = "cpu", overwrite: bool = False, metrics: str | Sequence[str] | None = None) -> Comparison:
     """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
     compare``): L0, FVU, CE/KL with ``model``, dead/dense, weight metrics, latents matched across dictionaries, the
-    FVU-L0 frontier. Writes compare.json and index.html to ``out``."""
+    FVU-L0 frontier; ``metrics``: the field's yardsticks too, each dictionary's side by side (``eval``'s). Writes
+    compare.json and index.html to ``out``."""
     settings = given(locals(), "dictionaries", "overwrite")  # first: before any local name
     from conceptdict.naming.reports.compare import write_comparison
     from conceptdict.saes.compare import Entry
@@ -372,6 +384,16 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
                                                 row["hookpoints"], ecfg)
                               if entry.layers else
                               splice_scores(metrics, entry.model, source, row["hookpoints"], ecfg)).to_dict()
+        if cfg.metrics:
+            if entry.layers:
+                raise ConfigError(f"--metrics measures one dictionary; {row['name']} is a set of per-layer "
+                                  f"transcoders: compare each layer's folders")
+            store = source if isinstance(source, ActivationStore) else None
+            m = row["metrics"]  # compare.json keeps no per-latent density: the rows measured again, splice kept
+            base = dataclasses.replace(evaluate_rows(entry.model, entry.batches), ce_loss_recovered=m[
+                "ce_loss_recovered"], kl_score=m["kl_score"], splice=m["splice"])
+            row["yardsticks"] = measure(parse_metrics(cfg.metrics), Inputs(entry.model, base, store, row[
+                "hookpoints"][0], cfg.rows, device=cfg.device), strict="all" not in cfg.metrics).to_dict()
     rows_from = "; ".join(f"{', '.join(key)}: {why}" if len(recipes) > 1 else why
                           for key, (_, why) in recipes.items())
     result["rows_from"] = rows_from
@@ -380,6 +402,19 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
     (cfg.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     page = write_comparison(result, cfg.out)
     return Comparison(result, rows_from, {"json": cfg.out / "compare.json", "html": page})
+
+
+def side_by_side(names: list[str], results: list[MetricResults]) -> str:
+    """The yardsticks of several dictionaries as one table: a row per ``metric.name``, a column per dictionary."""
+    flats = [r.flat() for r in results]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    width = max([len(k) for k in keys] + [6])
+    cols = [max(len(n), 10) for n in names]
+    show = lambda v: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["  ".join([f"{'metric':<{width}}", *(f"{n:>{c}}" for n, c in zip(names, cols))])]
+    lines += ["  ".join([f"{k:<{width}}", *(f"{show(f.get(k)):>{c}}" for f, c in zip(flats, cols))]) for k in keys]
+    lines += [f"{n}: skipped {why}" for n, r in zip(names, results) for why in r.skipped.values()]
+    return "\n".join(lines)
 
 
 def _labels(paths: list[Path]) -> list[str]:

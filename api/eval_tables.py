@@ -38,5 +38,12 @@ def comparison_to_dict(self: Comparison) -> dict[str, Any]:
 
 def comparison_to_pandas(self: Comparison) -> pandas.DataFrame:
     """A DataFrame with one row per dictionary: name, kind, n_latents, k, l0, fvu, on_frontier, then every metric and
-    weight metric, live and unique latents, matched.OTHER (``saes.compare.comparison_rows``)."""
-    return frame(comparison_rows(self.result), ["name", "kind", "n_latents", "k", "l0", "fvu", "on_frontier"])
+    weight metric, live and unique latents, matched.OTHER (``saes.compare.comparison_rows``), and with ``metrics``
+    each yardstick's numbers as ``metric.name``."""
+    from conceptdict.naming.yardsticks import MetricResults
+
+    rows = comparison_rows(self.result)
+    for row in rows:  # a yardstick's numbers as metric.name columns, as Evaluation.to_pandas has them
+        sticks = row.pop("yardsticks", None)
+        row.update(MetricResults(**sticks).flat() if sticks else {})
+    return frame(rows, ["name", "kind", "n_latents", "k", "l0", "fvu", "on_frontier"])

@@ -119,3 +119,22 @@ def test_no_metrics_keeps_eval_json_as_it_was(planted_store, tmp_path):
     assert got.yardsticks is None and "yardsticks" not in json.loads(got.path.read_text())
     with pytest.raises(ValueError, match="format='saebench' writes one file per metric"):
         cd.evaluate(sae.path, format="saebench")
+
+
+def test_compare_puts_each_requested_metric_side_by_side(truth_run, tmp_path, capsys):
+    store, sae_dir, _, _ = truth_run
+    other = cd.train(store=store, out=tmp_path / "other", latents=16, k=2, batch_size=256, tokens=5000,
+                     eval_batches=1)
+    assert main(["compare", str(sae_dir), str(other.path), "--out", str(tmp_path / "cmp"), "--metrics",
+                 "core,ground-truth"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("ground-truth.mcc "))
+    assert len(line.split()) == 3  # the metric, then one number per dictionary
+    got = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    by_name = {r["name"]: r["yardsticks"]["results"] for r in got["dictionaries"]}
+    assert by_name["other"]["ground-truth"]["summary"]["mcc"] == pytest.approx(
+        mcc(other.W_dec.detach(), torch.from_numpy(np.load(store.parent / "F.npy"))))
+    assert by_name["other"]["core"]["summary"]["l0"] == pytest.approx(
+        next(r for r in got["dictionaries"] if r["name"] == "other")["metrics"]["l0"])
+    frame = cd.compare([sae_dir, other.path], out=tmp_path / "cmp2", metrics=["ground-truth"]).to_pandas()
+    assert {"ground-truth.mcc", "ground-truth.f1_score"} <= set(frame.columns) and len(frame) == 2

@@ -22,20 +22,9 @@ from typing import Any
 
 import torch
 
+from conceptdict.saes.compare import max_other_cosine
+
 SAEBENCH_TYPE = "core"
-
-
-def max_other_cosine(w: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """For each row of ``w`` [L, D]: its largest cosine with any other row -> [L] (SAEBench's
-    max_decoder_cosine_sim / max_encoder_cosine_sim)."""
-    u = torch.nn.functional.normalize(w.double(), dim=1)
-    out = torch.empty(u.shape[0], dtype=torch.float64)
-    for a in range(0, u.shape[0], chunk):
-        sims = u[a:a + chunk] @ u.T
-        idx = torch.arange(a, min(a + chunk, u.shape[0]))
-        sims[idx - a, idx] = float("-inf")
-        out[a:a + chunk] = sims.max(dim=1).values
-    return out
 
 
 def compute(inputs) -> dict[str, Any]:
@@ -59,8 +48,8 @@ def compute(inputs) -> dict[str, Any]:
              dead_fraction=r.dead_fraction, dense_fraction=r.dense_fraction, total_tokens=r.n_tokens)
     details: dict[str, Any] = {"density_histogram": list(r.density_histogram), "feature_density": list(r.density)}
     if sae.n_sources == 1 and not sae.spec.transcodes:
-        dec = max_other_cosine(sae.W_dec.detach().float().cpu())
-        enc = max_other_cosine(sae.W_enc.detach().float().cpu().T)
+        dec = max_other_cosine(sae.W_dec.detach().float().cpu())[0] if sae.n_latents > 1 else torch.zeros(1)
+        enc = max_other_cosine(sae.W_enc.detach().float().cpu().T)[0] if sae.n_latents > 1 else torch.zeros(1)
         s.update(average_max_encoder_cosine_sim=float(enc.mean()), average_max_decoder_cosine_sim=float(dec.mean()))
         details.update(max_decoder_cosine_sim=dec.tolist(), max_encoder_cosine_sim=enc.tolist())
     return {"summary": s, "details": details}
