@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from conceptdict.saes.compare import max_other_cosine
 
 SAEBENCH_TYPE = "core"
