@@ -68,6 +68,7 @@ def balanced_task(by_class: dict[Any, torch.Tensor], positive: Any, g: torch.Gen
     per = math.ceil(len(pos) / len(others))
     neg = torch.cat([by_class[c][torch.randperm(len(by_class[c]), generator=g)[:per]] for c in others])
     neg = neg[torch.randperm(len(neg), generator=g)[:len(pos)]]
+    pos = pos[:len(neg)]  # a class larger than all the others together: cut to the negatives (SAEBench asserts)
     idx = torch.cat([pos, neg])
     labels = torch.cat([torch.ones(len(pos), dtype=torch.long), torch.zeros(len(neg), dtype=torch.long)])
     order = torch.randperm(len(idx), generator=g)
