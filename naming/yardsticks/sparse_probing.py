@@ -1,6 +1,7 @@
 """sparse-probing: SAEBench's k-sparse probing on a labelled store.
 
-For each label column and each of its classes (at least :data:`MIN_PER_CLASS` inputs), a binary task: the class's
+For each label column and each of its :data:`MAX_CLASSES` most frequent classes (at least :data:`MIN_PER_CLASS`
+inputs each), a binary task: the class's
 inputs against as many from the other classes (drawn evenly from each, as SAEBench's ``prepare_probe_data``), on a
 seeded train/test split of the inputs. An input is a context of a token store (its rows mean-pooled: the raw
 activations' mean, and the mean of the dictionary's codes of its rows, as SAEBench pools) or a row of a sequence
@@ -16,6 +17,7 @@ the same L2 logistic regression. Its tasks come from fixed hub datasets; here fr
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import torch
@@ -24,6 +26,8 @@ SAEBENCH_TYPE = "sparse_probing"
 K_VALUES = (1, 2, 5)
 """SAEBench's default k values."""
 MIN_PER_CLASS = 8
+MAX_CLASSES = 8
+"""Classes probed per label column: the most frequent ones (SAEBench probes 5 to 8 chosen classes per dataset)."""
 TRAIN_PER_CLASS = 4000
 TEST_PER_CLASS = 1000
 TEST_FRACTION = 0.2
@@ -137,7 +141,10 @@ def compute(inputs) -> dict[str, Any]:
     for key in store.manifest["label_keys"]:
         labels = store.labels(key)
         values = [labels[int(i)] for i in first]
-        classes = sorted({v for v in values if v is not None and values.count(v) >= MIN_PER_CLASS}, key=str)
+        counts = Counter(v for v in values if v is not None)
+        common = [c for c, n in sorted(counts.items(), key=lambda cn: (-cn[1], str(cn[0])))[:MAX_CLASSES]
+                  if n >= MIN_PER_CLASS]
+        classes = sorted(common, key=str)
         if len(classes) < 2:
             continue
         train, test = split(classes, values, torch.Generator().manual_seed(inputs.seed))
