@@ -12,7 +12,12 @@ import torch
 from conceptdict.cli.main import main
 from conceptdict.naming.yardsticks import parse_metrics
 from conceptdict.naming.yardsticks.ground_truth import detection, mcc, uniqueness
-from conceptdict.naming.yardsticks.sparse_probing import logistic_probe, top_k_dims
+from conceptdict.naming.yardsticks.sparse_probing import (
+    logistic_probe,
+    split,
+    top_k_dims,
+)
+from conceptdict.naming.yardsticks.tpp import tpp_scores
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +50,8 @@ def truth_run(tmp_path_factory):
 
 def test_parse_metrics_names_the_known_ones():
     assert parse_metrics("core, sparse-probing") == ["core", "sparse-probing"]
-    assert parse_metrics(["all"]) == ["core", "sparse-probing", "ground-truth"]
-    with pytest.raises(ValueError, match="unknown metric 'absorbtion'; known: core, sparse-probing, ground-truth"):
+    assert parse_metrics(["all"]) == ["core", "sparse-probing", "ground-truth", "tpp"]
+    with pytest.raises(ValueError, match="unknown metric .absorbtion.; known: core, sparse-probing, ground-truth, tpp or all"):
         parse_metrics("absorbtion")
 
 
@@ -69,7 +74,8 @@ def test_eval_metrics_all_on_a_store_with_truth_and_labels(truth_run, tmp_path, 
     out = tmp_path / "eval.json"
     assert main(["eval", str(sae_dir), "--metrics", "all", "--out", str(out), "--format", "saebench"]) == 0
     text = capsys.readouterr().out
-    assert "[core]" in text and "[sparse-probing]" in text and "[ground-truth]" in text and "skipped" not in text
+    assert "[core]" in text and "[sparse-probing]" in text and "[ground-truth]" in text and "[tpp]" in text
+    assert "skipped" not in text
     record = json.loads(out.read_text())
     r = record["yardsticks"]["results"]
     gt = r["ground-truth"]["summary"]
@@ -104,7 +110,7 @@ def test_a_missing_input_is_refused_or_skipped(planted_store, tmp_path, capsys):
         cd.evaluate(sae.path, metrics=["ground-truth"], out=tmp_path / "e.json")
     got = cd.evaluate(sae.path, metrics="all", out=tmp_path / "e.json")
     assert list(got.yardsticks.results) == ["core"]
-    assert set(got.yardsticks.skipped) == {"sparse-probing", "ground-truth"}
+    assert set(got.yardsticks.skipped) == {"sparse-probing", "ground-truth", "tpp"}
     assert "needs a labelled store" in got.yardsticks.skipped["sparse-probing"]
     assert "skipped sparse-probing: needs a labelled store" in got.format()
     row = got.to_pandas()
@@ -138,3 +144,20 @@ def test_compare_puts_each_requested_metric_side_by_side(truth_run, tmp_path, ca
         next(r for r in got["dictionaries"] if r["name"] == "other")["metrics"]["l0"])
     frame = cd.compare([sae_dir, other.path], out=tmp_path / "cmp2", metrics=["ground-truth"]).to_pandas()
     assert {"ground-truth.mcc", "ground-truth.f1_score"} <= set(frame.columns) and len(frame) == 2
+
+
+def test_tpp_ablating_a_class_latents_hurts_its_probe_only():
+    """Three classes, each carried by one raw dimension and one latent (decoder = identity): ablating the latents
+    with the largest effect on class c's probe drops that probe to about chance and leaves the others."""
+    g = torch.Generator().manual_seed(0)
+    label = torch.arange(600) % 3
+    raw = (0.3 * torch.randn(600, 6, generator=g) + 2.0 * torch.nn.functional.one_hot(label, 6)).double()
+    codes = raw.clamp_min(0)
+    train, test = split([0, 1, 2], label.tolist(), torch.Generator().manual_seed(0))
+    got = tpp_scores(raw, codes, torch.eye(6, dtype=torch.float64), train, test, seed=0)
+    assert set(got) == {"0", "1", "2"} and "tpp_threshold_500_total_metric" not in got["0"]  # only n <= L
+    for c in got.values():
+        assert c["tpp_threshold_2_intended_diff_only"] > 0.3
+        assert abs(c["tpp_threshold_2_unintended_diff_only"]) < 0.1
+        assert c["tpp_threshold_2_total_metric"] == pytest.approx(
+            c["tpp_threshold_2_intended_diff_only"] - c["tpp_threshold_2_unintended_diff_only"])

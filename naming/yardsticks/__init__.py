@@ -32,10 +32,13 @@ class Yardstick(NamedTuple):
 REGISTRY: tuple[Yardstick, ...] = (
     Yardstick("core", "core", ("rows",), "SAEBench core: explained variance, MSE, cosine, L2 ratio, CE/KL score, "
               "L0/L1, dead/dense latents, density histogram"),
-    Yardstick("sparse-probing", "sparse_probing", ("rows", "labels"), "top-k latents by mean difference, "
-              "logistic probe test accuracy beside the same probe on the raw activations"),
-    Yardstick("ground-truth", "ground_truth", ("rows", "true_features"), "sae_lens.synthetic: MCC (Hungarian), "
-              "uniqueness, precision / recall / F1 of each latent as a detector of its matched true feature"),
+    Yardstick("sparse-probing", "sparse_probing", ("rows", "one_space", "labels"), "top-k latents by mean "
+              "difference, logistic probe test accuracy beside the same probe on the raw activations"),
+    Yardstick("ground-truth", "ground_truth", ("rows", "one_space", "true_features"), "sae_lens.synthetic: MCC "
+              "(Hungarian), uniqueness, precision / recall / F1 of each latent as a detector of its matched true "
+              "feature"),
+    Yardstick("tpp", "tpp", ("rows", "one_space", "labels"), "targeted probe perturbation: ablating a class's "
+              "latents hurts its probe, not the others' (the 2026 audit found it unreliable)"),
 )
 NAMES = tuple(y.name for y in REGISTRY)
 DEFAULT: tuple[str, ...] = ()
@@ -71,12 +74,19 @@ def _true_features_missing(inputs: Inputs) -> str | None:
         where = inputs.store.path if inputs.store is not None else "a model's forward"
         return (f"needs a store that records its true features; {where} does not: `conceptdict store import ARRAY "
                 f"--true-features F.npy [--true-codes C.npy]`")
-    if inputs.dictionary.n_sources != 1 or inputs.dictionary.spec.transcodes:
-        return "compares one space's decoder with the true features: a one-source SAE, not a crosscoder/transcoder"
     return None
 
 
-CHECKS = {"rows": lambda inputs: None, "labels": _labels_missing, "true_features": _true_features_missing}
+def _one_space_missing(inputs: Inputs) -> str | None:
+    sae = inputs.dictionary
+    if sae.n_sources != 1 or sae.spec.transcodes:
+        return (f"reads one space's rows and decoder; this {sae.kind} dictionary spans {sae.n_sources} sources"
+                f"{' and predicts another hookpoint' if sae.spec.transcodes else ''}: use an SAE of one hookpoint")
+    return None
+
+
+CHECKS = {"rows": lambda inputs: None, "one_space": _one_space_missing, "labels": _labels_missing,
+          "true_features": _true_features_missing}
 """Input name -> (inputs -> None when present, else the one-line refusal)."""
 
 

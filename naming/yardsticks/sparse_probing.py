@@ -34,12 +34,12 @@ TEST_FRACTION = 0.2
 CHUNK = 8192
 
 
-def logistic_probe(x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
-                   C: float = 1.0, max_iter: int = 1000) -> float:
-    """Test accuracy of sklearn's default logistic regression (L2, ``C``, unpenalised intercept), fit by L-BFGS."""
+def fit_logistic(x_train: torch.Tensor, y_train: torch.Tensor, C: float = 1.0, max_iter: int = 1000) -> torch.Tensor:
+    """sklearn's default logistic regression (L2, ``C``, unpenalised intercept), fit by L-BFGS in float64: the
+    weights with the intercept last [D + 1]."""
     x, y = x_train.double(), y_train.double()
     w = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w], lr=1, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
+    opt = torch.optim.LBFGS([w], lr=1, max_iter=max_iter, tolerance_grad=1e-6, tolerance_change=1e-10,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def loss() -> torch.Tensor:
@@ -52,9 +52,18 @@ def logistic_probe(x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.T
 
     with torch.enable_grad():
         opt.step(loss)
-    with torch.no_grad():
-        pred = (x_test.double() @ w[:-1] + w[-1]) > 0
-    return float((pred == (y_test > 0)).double().mean())
+    return w.detach()
+
+
+def probe_accuracy(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Accuracy of the probe ``w`` (intercept last) on rows ``x`` with labels ``y`` (1 positive)."""
+    return float((((x.double() @ w[:-1] + w[-1]) > 0) == (y > 0)).double().mean())
+
+
+def logistic_probe(x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                   C: float = 1.0, max_iter: int = 1000) -> float:
+    """Test accuracy of :func:`fit_logistic` fit on the train split."""
+    return probe_accuracy(fit_logistic(x_train, y_train, C, max_iter), x_test, y_test)
 
 
 def top_k_dims(x: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
@@ -133,26 +142,31 @@ def probe_scores(raw: torch.Tensor, codes: torch.Tensor, train: dict, test: dict
     return out
 
 
-def compute(inputs) -> dict[str, Any]:
-    """Sparse probing on every label column of ``inputs.store`` with at least two classes."""
+def label_splits(inputs) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[dict, dict]]]:
+    """(pooled raw inputs, pooled codes, column -> (train, test) class -> input indices) for every label column of
+    ``inputs.store`` with two classes of at least :data:`MIN_PER_CLASS` inputs among its :data:`MAX_CLASSES` most
+    frequent; refuses a store where no column has."""
     store = inputs.store
     raw, codes, first = pooled_inputs(inputs)
-    columns: dict[str, dict] = {}
+    splits = {}
     for key in store.manifest["label_keys"]:
         labels = store.labels(key)
         values = [labels[int(i)] for i in first]
         counts = Counter(v for v in values if v is not None)
         common = [c for c, n in sorted(counts.items(), key=lambda cn: (-cn[1], str(cn[0])))[:MAX_CLASSES]
                   if n >= MIN_PER_CLASS]
-        classes = sorted(common, key=str)
-        if len(classes) < 2:
-            continue
-        train, test = split(classes, values, torch.Generator().manual_seed(inputs.seed))
-        columns[key] = probe_scores(raw, codes, train, test, inputs.seed)
-    if not columns:
-        raise ValueError(f"sparse-probing: no label column of {store.path} has two classes with at least "
-                         f"{MIN_PER_CLASS} inputs each among the first {inputs.rows} rows; label more rows or pass "
-                         f"a larger --rows")
+        if len(common) >= 2:
+            splits[key] = split(sorted(common, key=str), values, torch.Generator().manual_seed(inputs.seed))
+    if not splits:
+        raise ValueError(f"no label column of {store.path} has two classes with at least {MIN_PER_CLASS} inputs "
+                         f"each among the first {inputs.rows} rows; label more rows or pass a larger --rows")
+    return raw, codes, splits
+
+
+def compute(inputs) -> dict[str, Any]:
+    """Sparse probing on every label column of ``inputs.store`` with at least two classes."""
+    raw, codes, splits = label_splits(inputs)
+    columns = {key: probe_scores(raw, codes, train, test, inputs.seed) for key, (train, test) in splits.items()}
     per_column = {key: {name: sum(acc.values()) / len(acc) for name, acc in scores.items()}
                   for key, scores in columns.items()}
     names = next(iter(per_column.values())).keys()
