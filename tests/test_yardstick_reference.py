@@ -11,7 +11,9 @@ Tolerances (absolute unless said):
   by the batch's token count; conceptdict reports per element) and explained_variance_legacy (not reported);
 - sparse-probing: each class's test accuracy, every probe (raw / latents, k = 1, 2, 5, all): 0.02, the same draws on
   both sides and the same L2 logistic objective (sklearn's lbfgs there, float64 L-BFGS here; a point on the boundary
-  may fall either way; one test point is 1/137 = 0.0073).
+  may fall either way; one test point is 1/137 = 0.0073);
+- tpp: every tpp_threshold_N_{total_metric, intended_diff_only, unintended_diff_only}, per class and averaged: 0.02
+  (SAEBench's functions with sklearn probes there: the same draws; float32 there, float64 here).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def ours(tmp_path_factory):
     store = cd.import_array(FIXTURES / "data.npz", out=root / "store", key="acts",
                             true_features=FIXTURES / "true_features.npy", true_codes=FIXTURES / "true_codes.npy")
     got = cd.evaluate(FIXTURES / "sae", store=store.path, hookpoint="acts", rows_from="start", rows=2048,
-                      contexts=0, metrics="core,sparse-probing,ground-truth", format="saebench",
+                      contexts=0, metrics="core,sparse-probing,ground-truth,tpp", format="saebench",
                       out=root / "eval.json")
     return got, root
 
@@ -72,13 +74,22 @@ def test_sparse_probing_equals_saebench_probes(ours):
         assert per_class[name] == pytest.approx(classes, abs=0.02), name
 
 
+def test_tpp_equals_saebench_tpp(ours):
+    got = ours[0].yardsticks.results["tpp"]
+    ref = REF["tpp"]
+    assert set(got["summary"]) == set(ref["overall"])
+    assert got["summary"] == pytest.approx(ref["overall"], abs=0.02)
+    for c, metrics in ref["per_class"].items():
+        assert got["details"]["per_class"]["label"][c] == pytest.approx(metrics, abs=0.02), c
+
+
 def test_saebench_reads_our_result_files(ours):
     """SAEBench's own graphing_utils.get_eval_results reads the --format saebench files (in the side environment;
     skipped without it). Its reader knows no 'synthetic' eval type, so the ground-truth file is not passed to it."""
     if not SIDE_PYTHON.exists():
         pytest.skip("no .venv-saebench (see tests/fixtures/saebench/make_fixtures.py for how to make it)")
     got, _ = ours
-    files = [p for p in json.loads(got.path.read_text())["saebench"] if "/synthetic/" not in p]
+    files = [p for p in json.loads(got.path.read_text())["saebench"] if "/synthetic/" not in p and "/tpp/" not in p]
     proc = subprocess.run([str(SIDE_PYTHON), str(FIXTURES / "make_fixtures.py"), "--check-saebench", *files],
                           capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin"}, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

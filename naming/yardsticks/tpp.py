@@ -12,8 +12,8 @@ hurt their own probe and no other.
 
 Said plainly: the 2026 audit of SAEBench found SCR and TPP unreliable (they move with probe training noise and
 with the choice of classes more than with the dictionary); read them beside k-sparse probing, not alone. Here the
-probes are the same L2 logistic regression as sparse-probing's (SAEBench trains them with Adam), and this module
-is not yet checked against SAEBench's code on a fixture.
+probes are the same L2 logistic regression as sparse-probing's (SAEBench trains them with Adam); the rest is
+checked against SAEBench's own functions on the fixture (tests/test_yardstick_reference.py).
 """
 
 from __future__ import annotations
@@ -47,23 +47,36 @@ def top_n(effect: torch.Tensor, n: int) -> torch.Tensor:
 
 def tpp_scores(raw: torch.Tensor, codes: torch.Tensor, decoder: torch.Tensor, train: dict, test: dict,
                seed: int) -> dict[str, dict[str, float]]:
-    """class -> {tpp_threshold_N_total_metric, ..._intended_diff_only, ..._unintended_diff_only} of one column."""
+    """class -> {tpp_threshold_N_total_metric, ..._intended_diff_only, ..._unintended_diff_only} of one column.
+    The balanced tasks are drawn in SAEBench's order, draw for draw: each class's train and test task (the probes),
+    each class's test task (clean accuracy), each class's train task (effects), then for each ablated class and n,
+    each class's test task."""
     g = torch.Generator().manual_seed(seed)
     classes = list(train)
-    probes, tasks, clean, effect = {}, {}, {}, {}
+    probes = {}
     for c in classes:
         tr, ytr = balanced_task(train, c, g)
-        te, yte = balanced_task(test, c, g)
+        balanced_task(test, c, g)  # SAEBench tests each probe as it trains it: the draw is kept, the score not
         probes[c] = fit_logistic(raw[tr], ytr)
-        tasks[c] = (te, yte)
-        clean[c] = probe_accuracy(probes[c], raw[te], yte)
+
+    def accuracies(x: torch.Tensor) -> dict:
+        out = {}
+        for j in classes:
+            te, yte = balanced_task(test, j, g)
+            out[j] = probe_accuracy(probes[j], x[te], yte)
+        return out
+
+    clean = accuracies(raw)
+    effect = {}
+    for c in classes:
+        tr, ytr = balanced_task(train, c, g)
         effect[c] = effects(probes[c], codes[tr], ytr, decoder)
     out: dict[str, dict[str, float]] = {str(c): {} for c in classes}
     for c in classes:
         for n in (n for n in N_VALUES if n <= decoder.shape[0]):
             ablate = top_n(effect[c], n)
-            ablated = raw - codes[:, ablate] @ decoder[ablate].double()
-            drop = {j: clean[j] - probe_accuracy(probes[j], ablated[tasks[j][0]], tasks[j][1]) for j in classes}
+            patched = accuracies(raw - codes[:, ablate] @ decoder[ablate].double())
+            drop = {j: clean[j] - patched[j] for j in classes}
             unintended = sum(drop[j] for j in classes if j != c) / (len(classes) - 1)
             out[str(c)].update({f"tpp_threshold_{n}_total_metric": drop[c] - unintended,
                                 f"tpp_threshold_{n}_intended_diff_only": drop[c],
