@@ -161,3 +161,18 @@ def test_tpp_ablating_a_class_latents_hurts_its_probe_only():
         assert abs(c["tpp_threshold_2_unintended_diff_only"]) < 0.1
         assert c["tpp_threshold_2_total_metric"] == pytest.approx(
             c["tpp_threshold_2_intended_diff_only"] - c["tpp_threshold_2_unintended_diff_only"])
+
+
+def test_store_import_refuses_true_features_that_do_not_fit(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((10, 4), np.float32))
+    np.save(tmp_path / "F.npy", np.zeros((3, 5), np.float32))
+    np.save(tmp_path / "C.npy", np.zeros((9, 3), np.float32))
+    with pytest.raises(ValueError, match=r"--true-features .* has shape \(3, 5\); it must be \[features, 4\]"):
+        cd.import_array(tmp_path / "x.npy", out=tmp_path / "a", true_features=tmp_path / "F.npy")
+    assert not (tmp_path / "a" / "manifest.json").exists()
+    np.save(tmp_path / "F.npy", np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"--true-codes .* has shape \(9, 3\); it must be \[10, 3\]"):
+        cd.import_array(tmp_path / "x.npy", out=tmp_path / "b", true_features=tmp_path / "F.npy",
+                        true_codes=tmp_path / "C.npy")
+    with pytest.raises(ValueError, match="needs true_features"):
+        cd.import_array(tmp_path / "x.npy", out=tmp_path / "c", true_codes=tmp_path / "C.npy")
