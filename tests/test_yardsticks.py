@@ -176,3 +176,15 @@ def test_store_import_refuses_true_features_that_do_not_fit(tmp_path):
                         true_codes=tmp_path / "C.npy")
     with pytest.raises(ValueError, match="needs true_features"):
         cd.import_array(tmp_path / "x.npy", out=tmp_path / "c", true_codes=tmp_path / "C.npy")
+
+
+def test_core_names_the_spliced_scores_as_saebench_does(tiny_lm_store, tmp_path):
+    """On a causal LM's token store, core carries eval's spliced CE/KL under SAEBench's names."""
+    store, model_dir = tiny_lm_store
+    sae = cd.train(store=store, hookpoint="blocks.0.hook_out", latents=64, k=4, batch_size=64, eval_batches=1,
+                   out=tmp_path / "sae")
+    got = cd.evaluate(sae.path, model=str(model_dir), contexts=4, metrics="all")
+    core, m = got.yardsticks.results["core"]["summary"], got.metrics
+    assert core["ce_loss_score"] == m.ce_loss_recovered and core["kl_div_score"] == m.kl_score
+    assert core["ce_loss_without_sae"] == m.splice["ce_clean"] and core["kl_div_with_ablation"] == m.splice["kl_zero"]
+    assert "needs a labelled store" in got.yardsticks.skipped["sparse-probing"]
