@@ -27,9 +27,11 @@ from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
-from conceptdict.naming.yardsticks import NAMES, Inputs, MetricResults, measure, parse_metrics, write_saebench
+from conceptdict.naming.yardsticks import (NAMES, Inputs, MetricResults, check_named, measure, parse_metrics,
+                                            write_saebench)
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
-from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
+from conceptdict.eval_tables import (comparison_to_dict, comparison_to_pandas, evaluation_to_dict,
+                                     evaluation_to_pandas, side_by_side)
 
 if TYPE_CHECKING:
     import pandas
@@ -153,6 +155,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         home = Path(dictionary)
     else:
         run = run_of(dictionary, cfg)
+        if cfg.metrics and "all" not in cfg.metrics:  # a metric asked for by name and missing an input: say so first
+            check_named(parse_metrics(cfg.metrics), run.dictionary,
+                        run.source if isinstance(run.source, ActivationStore) else None)
         batches, rows_from = rows_of(run, cfg.rows, cfg.batch_size, cfg.rows_from)
         result = splice_scores(evaluate_rows(run.dictionary, batches), run.dictionary, run.source, run.hookpoints,
                                cfg)
@@ -402,19 +407,6 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
     (cfg.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     page = write_comparison(result, cfg.out)
     return Comparison(result, rows_from, {"json": cfg.out / "compare.json", "html": page})
-
-
-def side_by_side(names: list[str], results: list[MetricResults]) -> str:
-    """The yardsticks of several dictionaries as one table: a row per ``metric.name``, a column per dictionary."""
-    flats = [r.flat() for r in results]
-    keys = list(dict.fromkeys(k for f in flats for k in f))
-    width = max([len(k) for k in keys] + [6])
-    cols = [max(len(n), 10) for n in names]
-    show = lambda v: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["  ".join([f"{'metric':<{width}}", *(f"{n:>{c}}" for n, c in zip(names, cols))])]
-    lines += ["  ".join([f"{k:<{width}}", *(f"{show(f.get(k)):>{c}}" for f, c in zip(flats, cols))]) for k in keys]
-    lines += [f"{n}: skipped {why}" for n, r in zip(names, results) for why in r.skipped.values()]
-    return "\n".join(lines)
 
 
 def _labels(paths: list[Path]) -> list[str]:

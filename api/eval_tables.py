@@ -11,6 +11,8 @@ from conceptdict.saes.tables import frame, plain
 if TYPE_CHECKING:
     import pandas
 
+    from conceptdict.naming.yardsticks import MetricResults
+
     from conceptdict.eval_api import Comparison, Evaluation
 
 
@@ -47,3 +49,16 @@ def comparison_to_pandas(self: Comparison) -> pandas.DataFrame:
         sticks = row.pop("yardsticks", None)
         row.update(MetricResults(**sticks).flat() if sticks else {})
     return frame(rows, ["name", "kind", "n_latents", "k", "l0", "fvu", "on_frontier"])
+
+
+def side_by_side(names: list[str], results: list[MetricResults]) -> str:
+    """The yardsticks of several dictionaries as one table: a row per ``metric.name``, a column per dictionary."""
+    flats = [r.flat() for r in results]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    width = max([len(k) for k in keys] + [6])
+    cols = [max(len(n), 10) for n in names]
+    show = lambda v: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["  ".join([f"{'metric':<{width}}", *(f"{n:>{c}}" for n, c in zip(names, cols))])]
+    lines += ["  ".join([f"{k:<{width}}", *(f"{show(f.get(k)):>{c}}" for f, c in zip(flats, cols))]) for k in keys]
+    lines += [f"{n}: skipped {why}" for n, r in zip(names, results) for why in r.skipped.values()]
+    return "\n".join(lines)

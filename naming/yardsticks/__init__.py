@@ -117,6 +117,15 @@ def refusal(y: Yardstick, inputs: Inputs) -> str | None:
     return None
 
 
+def check_named(names: list[str], dictionary: SparseCoder, store: ActivationStore | None) -> None:
+    """Refuse, before any work, the first of ``names`` (metrics asked for by name) whose inputs are missing."""
+    inputs = Inputs(dictionary, None, store, "")  # type: ignore[arg-type]  # the checks read no evaluation
+    for y in REGISTRY:
+        why = refusal(y, inputs) if y.name in names else None
+        if why:
+            raise ValueError(why)
+
+
 @dataclass
 class MetricResults:
     """The requested metrics of one dictionary: ``results[name]`` = {"summary": {...}, "details": {...}}, and
