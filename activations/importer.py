@@ -24,6 +24,8 @@ from safetensors import safe_open
 
 from conceptdict.activations import store as st
 from conceptdict.activations.lock import writer_lock
+from conceptdict.activations.true_features import FILE as TRUE_FEATURES_FILE
+from conceptdict.activations.true_features import save_true_features
 from conceptdict.activations.writer import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,12 @@ class ImportConfig:
     shard_rows: int = field(default=65536, metadata={"help": "Rows per shard file."})
     chunk_rows: int = field(default=8192, metadata={"help": "Rows read from the array at a time (bounds memory)."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing store at --out."})
+    true_features: Path | None = field(default=None, metadata={
+        "help": "A .npy [features, D] of the true feature directions the rows were built from (synthetic data): "
+                "kept with the store for `eval --metrics ground-truth` (MCC, uniqueness)."})
+    true_codes: Path | None = field(default=None, metadata={
+        "help": "A .npy [rows, features] of the true features' activation on each row (with --true-features): "
+                "adds each latent's precision / recall / F1 as a detector of its matched feature."})
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in st.DTYPES:
@@ -54,6 +62,9 @@ class ImportConfig:
             raise ValueError(f"level must be one of {st.LEVELS}, got {self.level!r}")
         if self.shard_rows < 1 or self.chunk_rows < 1:
             raise ValueError("shard_rows and chunk_rows must be >= 1")
+        if self.true_codes is not None and self.true_features is None:
+            raise ValueError(f"true_codes={self.true_codes} needs true_features (the directions [features, D] the "
+                             f"codes' columns are activations of); pass --true-features F.npy too")
 
 
 @dataclass
@@ -240,6 +251,11 @@ def _write_store(cfg: ImportConfig, path: Path, out: Path) -> None:
                                    dataset={"kind": "import", "source": str(path.resolve()), "keys": chosen},
                                    model={"id": None, "loader": "conceptdict store import"},
                                    config={"array": str(path), "keys": chosen, "dtype": dtype})
+        if cfg.true_features is not None:
+            if len(chosen) != 1:
+                raise ValueError(f"--true-features describes one hookpoint's rows; {path} imports {chosen}: pick one "
+                                 f"with --key")
+            save_true_features(out, manifest, cfg.true_features, cfg.true_codes, n, dims[names[chosen[0]]])
         writer = ShardWriter(out, manifest, cfg.shard_rows)
         bad = _NonFinite(path, st.DTYPES[dtype])
         for a, b in _chunks(n, cfg.chunk_rows):
@@ -300,5 +316,6 @@ def remove_store_files(out: Path) -> None:
     (out / st.MANIFEST).unlink(missing_ok=True)
     for p in out.glob("shard-*.safetensors"):
         p.unlink()
+    (out / TRUE_FEATURES_FILE).unlink(missing_ok=True)
     for p in out.glob(".*.tmp-*"):
         p.unlink()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import torch
 
 from conceptdict.activations import load_model, spliced_losses
 from conceptdict.activations.live import LiveSource
+from conceptdict.activations.store import ActivationStore
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.naming import dictionary_of
@@ -25,8 +27,11 @@ from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
+from conceptdict.naming.yardsticks import (NAMES, Inputs, MetricResults, check_named, measure, parse_metrics,
+                                            write_saebench)
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
-from conceptdict.eval_tables import comparison_to_dict, comparison_to_pandas, evaluation_to_dict, evaluation_to_pandas
+from conceptdict.eval_tables import (comparison_to_dict, comparison_to_pandas, evaluation_to_dict,
+                                     evaluation_to_pandas, side_by_side)
 
 if TYPE_CHECKING:
     import pandas
@@ -62,8 +67,19 @@ class EvalConfig:
         "help": "Contexts rebuilt from the store's tokens for the spliced CE/KL evaluation; 0 skips it."})
     device: str = field(default="cpu", metadata={"help": "Device for the dictionary and the model."})
     out: Path | None = field(default=None, metadata={"help": "Where to write eval.json; default: DICT/eval.json."})
+    metrics: list[str] = field(default_factory=list, metadata={
+        "help": "The field's yardsticks to add, comma-separated or repeated: " + ", ".join(NAMES) + ", or all (the "
+                "ones whose inputs are present; the others named with why). Default: eval's own table only."})
+    format: Literal["conceptdict", "saebench"] = field(default="conceptdict", metadata={
+        "help": "saebench: also one JSON per --metrics metric in SAEBench's layout, under saebench/ beside "
+                "eval.json."})
 
     def __post_init__(self) -> None:
+        self.metrics = [n.strip() for item in ([self.metrics] if isinstance(self.metrics, str) else self.metrics)
+                        for n in str(item).split(",") if n.strip()]
+        parse_metrics(self.metrics)  # an unknown name is refused here, naming the known ones
+        if self.format == "saebench" and not self.metrics:
+            raise ValueError("format='saebench' writes one file per metric: pass --metrics core,... (or all)")
         if self.rows_from not in ("heldout", "start"):
             raise ValueError(f"rows_from={self.rows_from!r}: choose heldout or start")
         for name in ("rows", "batch_size"):
@@ -86,6 +102,8 @@ class Evaluation(NamedTuple):
     latent_tags: dict[str, int] | None = None
     """A two-source crosscoder's live latents per diff tag (shared, A-only, B-only, other); they add up to the live
     latents. None for other dictionaries."""
+    yardsticks: MetricResults | None = None
+    """The ``metrics`` asked for (``naming.yardsticks``): results, and the ones skipped with why; None when none."""
 
     def format(self, source: str | Path = "") -> str:
         where = ", ".join(str(p) for p in self.store) if isinstance(self.store, list) else self.store
@@ -94,7 +112,8 @@ class Evaluation(NamedTuple):
         if self.latent_tags is not None:
             lines.append(tags_line(self.latent_tags))
         line = threshold_line(getattr(self.dictionary, "training_summary", None) or {}, self.dictionary.k)
-        return "\n".join(lines + ([line] if line else []))
+        more = [self.yardsticks.format()] if self.yardsticks is not None else []
+        return "\n".join(lines + ([line] if line else []) + more)
 
     def to_dict(self, flat: bool = False) -> dict[str, Any]:
         """As plain JSON types (``eval_tables.evaluation_to_dict``); ``flat``: each metric a key of its own."""
@@ -115,11 +134,14 @@ def tags_line(tags: dict[str, int]) -> str:
 def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, store_b: StoreLike | None = None,
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None, rows: int = 65536,
              rows_from: str = "heldout", batch_size: int = 4096, contexts: int = 32, device: str = "cpu",
-             out: str | Path | None = None) -> Evaluation:
+             out: str | Path | None = None, metrics: str | Sequence[str] | None = None,
+             format: Literal["conceptdict", "saebench"] = "conceptdict") -> Evaluation:
     """Evaluate a dictionary (a folder, hub name or SparseCoder) on a store (``conceptdict eval``): L0, FVU,
     explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
-    DICT/eval.json; a dictionary without a folder writes only where ``out`` says)."""
+    DICT/eval.json; a dictionary without a folder writes only where ``out`` says). ``metrics``: the field's
+    yardsticks as well (``naming.yardsticks``: core, sparse-probing, ground-truth, or all), in ``.yardsticks``;
+    ``format="saebench"`` writes each one's SAEBench JSON under saebench/ beside eval.json."""
     cfg = config_from_dict(EvalConfig, given(locals(), "dictionary"), "evaluate")
     layers = [] if isinstance(dictionary, SparseCoder) else transcoder_set(dictionary)
     if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
@@ -133,6 +155,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         home = Path(dictionary)
     else:
         run = run_of(dictionary, cfg)
+        if cfg.metrics and "all" not in cfg.metrics:  # a metric asked for by name and missing an input: say so first
+            check_named(parse_metrics(cfg.metrics), run.dictionary,
+                        run.source if isinstance(run.source, ActivationStore) else None)
         batches, rows_from = rows_of(run, cfg.rows, cfg.batch_size, cfg.rows_from)
         result = splice_scores(evaluate_rows(run.dictionary, batches), run.dictionary, run.source, run.hookpoints,
                                cfg)
@@ -151,8 +176,20 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
               "metrics": result.to_dict(with_density=True),
               "threshold": (getattr(sae, "training_summary", None) or {}).get("threshold")}
+    sticks = None
+    if cfg.metrics:
+        if layers:
+            raise ConfigError(f"--metrics measures one dictionary; {dictionary} is a set of {len(layers)} per-layer "
+                              f"transcoders: evaluate each layer's folder")
+        sticks = measure(parse_metrics(cfg.metrics), Inputs(sae, result, run.source if isinstance(
+            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device),
+            strict="all" not in cfg.metrics)
+        record["yardsticks"] = sticks.to_dict()
+        if cfg.format == "saebench":
+            record["saebench"] = [str(p) for p in write_saebench(sticks, out.parent / "saebench", sae, Path(
+                str(home)).name if home else "dictionary", hookpoints[-1], record["config"])]
     out.write_text(json.dumps(record, indent=2) + "\n")
-    return Evaluation(result, sae, where, hookpoints, rows_from, out, tags)
+    return Evaluation(result, sae, where, hookpoints, rows_from, out, tags, sticks)
 
 
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig) -> Run:
@@ -246,6 +283,12 @@ class CompareConfig:
     match_threshold: float = field(default=0.7, metadata={
         "help": "Decoder cosine at which latents of two dictionaries count as the same direction."})
     device: str = field(default="cpu", metadata={"help": "Device for the dictionaries and the model."})
+    metrics: list[str] = field(default_factory=list, metadata={
+        "help": "The field's yardsticks to put side by side as well (as `eval --metrics`: " + ", ".join(NAMES) +
+                ", or all)."})
+
+    def __post_init__(self) -> None:
+        self.metrics = EvalConfig(metrics=self.metrics).metrics  # split at commas and checked as eval's
 
 
 class Comparison(NamedTuple):
@@ -276,6 +319,10 @@ class Comparison(NamedTuple):
             if row.get("unique_names"):
                 lines.append(f"names only {row['name']} found ({row['unique_names']['count']}): "
                              + ", ".join(row["unique_names"]["examples"][:10]))
+        sticks = [row.get("yardsticks") for row in self.result["dictionaries"]]
+        if any(sticks):
+            lines.append(side_by_side([row["name"] for row in self.result["dictionaries"]],
+                                      [MetricResults(**s) if s else MetricResults() for s in sticks]))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -292,10 +339,11 @@ class Comparison(NamedTuple):
 def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None = None,
             store_b: StoreLike | None = None, out: str | Path | None = None, model: str | None = None,
             rows: int = 16384, batch_size: int = 4096, contexts: int = 32, match_threshold: float = 0.7,
-            device: str = "cpu", overwrite: bool = False) -> Comparison:
+            device: str = "cpu", overwrite: bool = False, metrics: str | Sequence[str] | None = None) -> Comparison:
     """Several dictionaries (or concept dictionaries, whose names then count) on the same rows (``conceptdict
     compare``): L0, FVU, CE/KL with ``model``, dead/dense, weight metrics, latents matched across dictionaries, the
-    FVU-L0 frontier. Writes compare.json and index.html to ``out``."""
+    FVU-L0 frontier; ``metrics``: the field's yardsticks too, each dictionary's side by side (``eval``'s). Writes
+    compare.json and index.html to ``out``."""
     settings = given(locals(), "dictionaries", "overwrite")  # first: before any local name
     from conceptdict.naming.reports.compare import write_comparison
     from conceptdict.saes.compare import Entry
@@ -341,6 +389,16 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
                                                 row["hookpoints"], ecfg)
                               if entry.layers else
                               splice_scores(metrics, entry.model, source, row["hookpoints"], ecfg)).to_dict()
+        if cfg.metrics:
+            if entry.layers:
+                raise ConfigError(f"--metrics measures one dictionary; {row['name']} is a set of per-layer "
+                                  f"transcoders: compare each layer's folders")
+            store = source if isinstance(source, ActivationStore) else None
+            m = row["metrics"]  # compare.json keeps no per-latent density: the rows measured again, splice kept
+            base = dataclasses.replace(evaluate_rows(entry.model, entry.batches), ce_loss_recovered=m[
+                "ce_loss_recovered"], kl_score=m["kl_score"], splice=m["splice"])
+            row["yardsticks"] = measure(parse_metrics(cfg.metrics), Inputs(entry.model, base, store, row[
+                "hookpoints"][0], cfg.rows, device=cfg.device), strict="all" not in cfg.metrics).to_dict()
     rows_from = "; ".join(f"{', '.join(key)}: {why}" if len(recipes) > 1 else why
                           for key, (_, why) in recipes.items())
     result["rows_from"] = rows_from

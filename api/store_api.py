@@ -53,10 +53,11 @@ def cache_config(**settings: Any) -> CacheConfig:
 @takes_settings(ImportConfig)
 def import_array(array: str | Path, *, out: str | Path | None = None, key: str | Sequence[str] | None = None,
                  hookpoint: str | Sequence[str] | None = None, dtype: str | None = None, level: str = "token",
-                 shard_rows: int = 65536, chunk_rows: int = 8192, overwrite: bool = False) -> ActivationStore:
+                 shard_rows: int = 65536, chunk_rows: int = 8192, overwrite: bool = False,
+                 true_features: str | Path | None = None, true_codes: str | Path | None = None) -> ActivationStore:
     """Turn an array file (.npy, .npz, .safetensors; streamed, never unpickled) into a store at ``out``
     (``conceptdict store import``); ``key`` picks the arrays of an .npz or .safetensors file, ``hookpoint`` names
-    them."""
+    them; ``true_features`` / ``true_codes`` keep the synthetic rows' true features with the store."""
     settings = given(locals())  # first: before any local name
     from conceptdict.activations import import_array as run_import
 

@@ -77,6 +77,8 @@ class EvalResult:
     """A cross-layer transcoder's mean L0 of each layer's latents (empty for other kinds)."""
     per_layer_dead: tuple[float, ...] = ()
     """A cross-layer transcoder's fraction of dead latents in each layer (empty for other kinds)."""
+    l1: float | None = None
+    """Mean over rows of the sum of the latents' activations (SAEBench core's "l1"; None where not measured)."""
 
     def to_dict(self, with_density: bool = False) -> dict[str, Any]:
         """JSON-able dict; per-latent density only when asked."""
@@ -113,6 +115,7 @@ class _Sums:
         self.cos = torch.zeros((), **f64)
         self.ratio = torch.zeros((), **f64)
         self.l0 = torch.zeros((), **f64)
+        self.l1 = torch.zeros((), **f64)
         self.fires = torch.zeros(n_latents, **f64)
 
     def add(self, x: Tensor, x_hat: Tensor, f: Tensor) -> None:
@@ -130,6 +133,7 @@ class _Sums:
         self.ratio += (nh / nx.clamp_min(1e-30)).sum()
         active = f != 0
         self.l0 += active.sum()
+        self.l1 += f.double().sum()
         self.fires += active.sum(dim=0)
 
 
@@ -183,6 +187,7 @@ def _result(model: SparseCoder, s: _Sums, n_latents: int | None = None) -> EvalR
         density=tuple(density.tolist()),
         per_layer_l0=tuple(layers.sum(1).tolist()),
         per_layer_dead=tuple((layers == 0).float().mean(1).tolist()),
+        l1=float(s.l1) / s.n,
     )
 
 
@@ -213,6 +218,7 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
         raise ValueError("evaluate() got no rows: pass at least one non-empty batch")
     if shards.size > 1:  # each shard counted its latents' firings: the L0 is their sum, the densities joined
         s.l0 = shards.all_sum(s.l0)
+        s.l1 = shards.all_sum(s.l1)
         s.fires = shards.gather_rows(s.fires)
     return _result(model, s, model.n_latents * shards.size)
 
@@ -238,7 +244,8 @@ def combine_layers(results: list[EvalResult], kind: str) -> EvalResult:
         density_histogram=tuple(map(sum, zip(*(r.density_histogram for r in results)))),
         kind=kind, k=sum(r.k for r in results), n_latents=sum(lat),
         density=tuple(d for r in results for d in r.density),
-        per_layer_l0=tuple(r.l0 for r in results), per_layer_dead=tuple(r.dead_fraction for r in results))
+        per_layer_l0=tuple(r.l0 for r in results), per_layer_dead=tuple(r.dead_fraction for r in results),
+        l1=None if any(r.l1 is None for r in results) else sum(r.l1 for r in results))
 
 
 def ce_loss_recovered(ce_clean: float, ce_zero: float, ce_sae: float) -> float:

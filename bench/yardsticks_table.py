@@ -1,0 +1,116 @@
+"""Every one-space kind x the field's yardsticks (`eval --metrics all`): the table of docs/results/yardsticks.md.
+
+Planted data (``generators.synthetic``, hierarchical: families of a parent and 3 children, Zipf-like firing,
+log-normal magnitudes): the rows go through ``store import`` with their true features (``--true-features``, the
+atoms) and true codes (``--true-codes``: which atoms fired in each row) and a label column ``parent`` (the first of
+parents 0-3 active in the row, 4 when none is), so ``ground-truth``, ``sparse-probing`` and ``core`` all run. Each
+kind trains with the CLI's defaults, only ``--latents``, ``--k`` and the row budget given, and is evaluated on the
+batches its training held out (core) and on the store's first rows (sparse-probing, ground-truth).
+
+``--real STORE``: also every kind on a real store with a label column (e.g. the demo's ``runs/demo/store``,
+MiniLM sentence embeddings labelled by module family): core and sparse-probing.
+
+    .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks              # planted only
+    .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --real runs/demo/store --seeds 0 1
+    .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --real runs/demo/store --no-planted
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import conceptdict as cd
+import numpy as np
+import torch
+from conceptdict.saes.kinds import KINDS, trainable_kinds
+from generators.synthetic import SyntheticSpec, planted_atoms, synthetic_batch_and_atoms
+
+COLUMNS = (("core", "explained_variance", "EV"), ("core", "kl_div_score", "KL score"),
+           ("core", "ce_loss_score", "CE score"), ("sparse-probing", "sae_top_1_test_accuracy", "probe top-1"),
+           ("sparse-probing", "sae_top_5_test_accuracy", "probe top-5"),
+           ("sparse-probing", "llm_top_5_test_accuracy", "raw top-5"), ("ground-truth", "mcc", "MCC"),
+           ("ground-truth", "f1_score", "F1"), ("ground-truth", "uniqueness", "uniqueness"), ("core", "l0", "L0"))
+
+
+def one_space_kinds() -> list[str]:
+    """The trainable kinds that code one space (no crosscoders, transcoders or cross-layer transcoders)."""
+    return [k for k in trainable_kinds() if KINDS[k].sources == "one" and not KINDS[k].transcodes
+            and not KINDS[k].layered]
+
+
+def planted_store(out: Path, seed: int, batches: int) -> Path:
+    spec = SyntheticSpec(n_atoms=64, d=32, active=4, batch_size=1024, n_batches=batches, seed=seed, children=3,
+                         coef_sigma=0.5)
+    atoms = planted_atoms(spec)
+    xs, masks = zip(*(synthetic_batch_and_atoms(spec, i, atoms) for i in range(batches)))
+    x, mask = torch.cat(xs), torch.cat(masks)
+    parents = mask[:, :4].int()
+    label = torch.where(parents.any(1), parents.argmax(1), torch.full((len(x),), 4))
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "rows.npz", acts=x.numpy().astype(np.float32), parent=label.numpy().astype(np.int64))
+    np.save(out / "F.npy", atoms.numpy().astype(np.float32))
+    np.save(out / "C.npy", mask.numpy().astype(np.float32))
+    return cd.import_array(out / "rows.npz", out=out / "store", key="acts", true_features=out / "F.npy",
+                           true_codes=out / "C.npy", overwrite=True).path
+
+
+def measure(store: Path, kind: str, out: Path, latents: int, k: int, tokens: int, seed: int, **more) -> dict:
+    t0 = time.time()
+    sae = cd.train(store=store, kind=kind, latents=latents, k=k, tokens=tokens, out=out, seed=seed, overwrite=True,
+                   **more)
+    ev = cd.evaluate(sae.path, metrics="all", rows=16384)
+    flat = ev.yardsticks.flat()
+    return {label: flat.get(f"{m}.{key}") for m, key, label in COLUMNS} | {"seconds": time.time() - t0}
+
+
+def table(rows: dict[str, list[dict]]) -> str:
+    labels = [label for *_, label in COLUMNS]
+    show = lambda vs: "-" if any(v is None for v in vs) else f"{statistics.mean(vs):.3f}"
+    lines = ["| kind | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for kind, runs in rows.items():
+        lines.append(f"| {kind} | " + " | ".join(show([r[c] for r in runs]) for c in labels) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/yardsticks"))
+    p.add_argument("--kinds", nargs="+", default=None, help="default: every one-space kind")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--batches", type=int, default=24, help="planted rows: batches of 1024")
+    p.add_argument("--tokens", type=int, default=200_000, help="training rows per dictionary")
+    p.add_argument("--real", type=Path, default=None, help="a real store with a label column")
+    p.add_argument("--real-tokens", type=int, default=46080, help="training rows on the real store (the demo's)")
+    p.add_argument("--no-planted", action="store_true", help="only the --real store")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    kinds = args.kinds or one_space_kinds()
+    results: dict[str, dict[str, list[dict]]] = {} if args.no_planted else {"planted": {k: [] for k in kinds}}
+    for seed in [] if args.no_planted else args.seeds:
+        store = planted_store(args.out / f"planted-{seed}", seed, args.batches)
+        for kind in kinds:
+            r = measure(store, kind, args.out / f"planted-{seed}" / kind, 128, 4, args.tokens, seed)
+            results["planted"][kind].append(r)
+            print(f"planted seed {seed} {kind}: " + ", ".join(f"{c} {v:.3f}" for c, v in r.items()
+                                                              if isinstance(v, float)), flush=True)
+    if args.real:
+        results["real"] = {k: [] for k in kinds}
+        for seed in args.seeds:
+            for kind in kinds:
+                r = measure(args.real, kind, args.out / f"real-{seed}" / kind, 1024, 16, args.real_tokens, seed,
+                            batch_size=256)  # the demo's dictionary: 1024 latents, k 16, batches of 256
+                results["real"][kind].append(r)
+                print(f"real seed {seed} {kind}: " + ", ".join(f"{c} {v:.3f}" for c, v in r.items()
+                                                               if isinstance(v, float)), flush=True)
+    for name, rows in results.items():
+        print(f"\n{name} (mean over seeds {args.seeds}):\n{table(rows)}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
