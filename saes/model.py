@@ -134,7 +134,8 @@ class SparseCoder(nn.Module):
         if layered:  # latent j of layer j // (L/S) decodes to the layers from its own on
             self.register_buffer("dec_mask", (torch.arange(width, device=device) // d_in)[None, :]
                                  >= (torch.arange(n_latents, device=device) // per_layer)[:, None], persistent=False)
-        self.reset_parameters()
+        if torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them), nothing to draw
+            self.reset_parameters()
 
     @property
     def spec(self) -> KindSpec:
