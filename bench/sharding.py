@@ -26,6 +26,10 @@ Reported per N:
     .venv/bin/python bench/sharding.py                # D=512 L=32768 k=32 B=1024, 8 steps
     .venv/bin/python bench/sharding.py --small --json out.json
     .venv/bin/python bench/sharding.py --single-file-gib 2   # the small-dictionary path: gathered onto rank 0
+    python bench/sharding.py --small --shards 1 2 --device cuda --backend nccl   # two GPUs (bench/gpu.py runs it)
+
+On CUDA the memory figures are torch's peak allocation on the rank's device (``torch.cuda.max_memory_allocated``,
+reset before ``train()``, less what was allocated there), and the plan is a GPU's (the data path in host memory).
 
 On a shared 2-core machine N = 4 runs 4 processes on 2 cores: tokens/s there measures overhead, not scaling.
 """
@@ -99,13 +103,19 @@ def timed_seam(seam, clock: dict) -> None:
 
 
 class PeakSink:
-    """A metrics sink that records the peak resident memory when each step logs (the last: the loop's peak)."""
+    """A metrics sink that records the peak memory when each step logs (the last: the loop's peak): resident memory
+    on a CPU, torch's peak allocation on a GPU."""
 
-    def __init__(self) -> None:
-        self.peak = 0.0
+    def __init__(self, cuda: bool = False) -> None:
+        self.peak, self.cuda = 0.0, cuda
 
     def write(self, record) -> None:
-        self.peak = peak_mib()
+        if self.cuda:
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated() / 2 ** 20
+        else:
+            self.peak = peak_mib()
 
     def close(self) -> None:
         pass
@@ -123,31 +133,37 @@ def worker(spec: dict) -> dict:
     from conceptdict.saes.config import heldout_batch_count
     from conceptdict.saes.distributed import process_group_comm
 
-    w = ranks.join("gloo")
+    w = ranks.join(spec["backend"])
+    cuda = spec["device"] == "cuda"
     n = spec["shards"]
     torch.set_num_threads(max(1, spec["threads"] // n))
     seam = process_group_comm(n)
     store = ActivationStore(spec["store"])
     cfg = train_config(kind=spec["kind"], latents=spec["L"], k=spec["k"], batch_size=spec["B"],
                        tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=1,
-                       checkpoint_every=0, device="cpu", seed=0, latent_shards=n,
+                       checkpoint_every=0, device=spec["device"], seed=0, latent_shards=n,
                        single_file_gib=spec["single_file_gib"])
     batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
                                            start_batch=start, part=(seam.rank, seam.size))
-    small = train_config(**{**spec["warm"], "latent_shards": n, "device": "cpu"})
+    small = train_config(**{**spec["warm"], "latent_shards": n, "device": spec["device"]})
     train(small, batches, comm=seam)  # compiles the kernels, touches the store: not timed, and small
     torch.set_num_threads(max(1, spec["threads"] // n))
     clock = {"s": 0.0}
     timed_seam(seam, clock)
     ranks.barrier()
-    base, sink = rss_mib(), PeakSink()
+    base, sink = rss_mib(), PeakSink(cuda)
     reset_peak()
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated() / 2 ** 20
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     clock["s"] = 0.0
     out = Path(spec["result"]).with_name(f"dictionary-{n}")
     model = train(cfg, batches, comm=seam, sink=sink, out=out)
     wall = time.perf_counter() - t
-    mem = torch.tensor([sink.peak - base, peak_mib() - base])
+    end = torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else peak_mib()
+    mem = torch.tensor([sink.peak - base, end - base])
     if w.size > 1:
         import torch.distributed as dist
 
@@ -158,7 +174,7 @@ def worker(spec: dict) -> dict:
             "tokens_per_s": cfg.tokens / wall, "comm_s": clock["s"], "comm_share": clock["s"] / wall,
             "train_mib_per_rank": float(mem[0]), "end_mib_per_rank": float(mem[1]),
             "plan_mib_per_rank": cd.plan(kind=spec["kind"], d_model=D, latents=L, k=spec["k"], latent_shards=n,
-                                         batch_size=spec["B"], device="cpu", store_rows=store.num_rows,
+                                         batch_size=spec["B"], device=spec["device"], store_rows=store.num_rows,
                                          store_bytes=store.dtype.itemsize, heldout_batches=heldout_batch_count(cfg)
                                          ).peak / 2 ** 20,
             "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu"),
@@ -187,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads shared by a run")
     p.add_argument("--single-file-gib", type=float, default=0.0,
                    help="the runs' single_file_gib: 0 saves one file per shard, a large value gathers onto rank 0")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU per process: --backend nccl)")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo, or nccl on GPUs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -199,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         store = make_store(tmp, preset["rows"], preset["D"])
         spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm,
+                "device": args.device, "backend": args.backend,
                 "single_file_gib": args.single_file_gib}
         runs = [launch(spec, n, tmp) for n in args.shards]
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} B={preset['B']} steps={preset['steps']} "
