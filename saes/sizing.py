@@ -163,7 +163,8 @@ def _held(cfg: PlanConfig) -> tuple[int, int, int]:
     model.add_train_params()
     n, held, trained, count = cfg.latent_shards, 0, 0, 0
     trainable = {name for name, _ in model.named_parameters()}
-    for name, t in model.state_dict(keep_vars=True).items():
+    held_tensors = [*model.named_parameters(), *model.named_buffers()]  # what it holds (state_dict: what it saves)
+    for name, t in held_tensors:
         numel = t.numel() // n if model.latent_axis(name) is not None else t.numel()
         held += numel * wbytes
         count += t.numel() if name in trainable else 0
