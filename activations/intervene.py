@@ -145,7 +145,7 @@ def dictionary_edits(dictionaries: Mapping[str, Any], edits: Mapping[str, Edit] 
 
 def _splice_edit(hookpoint: str, sae: Any, inner: Edit | None, codes: dict[str, Tensor] | None) -> Edit:
     def edit(x: Tensor) -> Tensor:
-        device = sae.W_dec.device
+        device = sae.device
         with torch.no_grad():
             if codes is not None:
                 codes[hookpoint] = sae.encode(x.to(device))

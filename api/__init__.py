@@ -72,6 +72,7 @@ _WHERE = {
     "export": "concept_api",
     "steer": "edit_api", "erase": "edit_api", "splice": "edit_api",
     "demo": "demo_api",
+    "plan": "plan_api",
     "broad_dictionary": "broad_api",
     "cached_broad_dictionary": "broad_api",
     "load_concepts": ("conceptdict.naming", "load_concepts"),
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.concept_api import name as name
     from conceptdict.concept_api import score as score
     from conceptdict.demo_api import demo as demo
+    from conceptdict.plan_api import plan as plan
     from conceptdict.diff_api import diff as diff
     from conceptdict.edit_api import erase as erase
     from conceptdict.edit_api import splice as splice

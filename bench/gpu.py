@@ -14,6 +14,8 @@ issue 38):
                and SAELens when ``--bench-python`` has them (a side environment: carry their wheels, see below)
   train-bf16   the same rows with ``--precision bf16`` (the encoder matmul in bf16) and train-topk-bf16
   stream       ``bench/stream_throughput.py --device cuda``: does the store stream keep a GPU step fed?
+  sharding     ``bench/sharding.py --small --shards 1 2``: latent shards over NCCL, one GPU per shard, with the
+               plan beside the measured peaks; on one GPU it is skipped and the JSON says why
   distributed  ``bench/distributed.py --nproc 2``: NCCL with one GPU per process when there are two GPUs; on one
                GPU, NCCL refuses two processes on the same device, so both processes share the GPU over gloo
                (which reduces CUDA tensors through the host): recorded as ``backend`` in the JSON
@@ -40,8 +42,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARE = {"gpu-tests": 0.20, "train-step": 0.30, "train-bf16": 0.15, "stream": 0.15, "distributed": 0.15}
+SHARE = {"gpu-tests": 0.20, "train-step": 0.28, "train-bf16": 0.14, "stream": 0.14, "distributed": 0.12,
+         "sharding": 0.12}
 """Each step's share of ``--budget``: what they took is in the JSON, to resize them after a first run."""
+
+
+ONE_GPU = ("one GPU: a 2-shard step needs two (NCCL refuses two processes on one device); bench/distributed.py's "
+           "gloo run covers two processes here")
 
 
 def env_info() -> dict:
@@ -61,7 +68,7 @@ def env_info() -> dict:
     return info
 
 
-def steps(args: argparse.Namespace, gpus: int, tmp: Path) -> list[tuple[str, list[str], Path | None]]:
+def steps(args: argparse.Namespace, gpus: int, tmp: Path) -> list[tuple[str, list[str] | None, Path | None]]:
     """(name, command, the JSON it writes) for every step, on CUDA or, with --dry-run, on the CPU at tiny sizes."""
     py, dev = sys.executable, "cpu" if args.dry_run else "cuda"
     shape = ["--tiny"] if args.dry_run else []
@@ -85,6 +92,9 @@ def steps(args: argparse.Namespace, gpus: int, tmp: Path) -> list[tuple[str, lis
                     "--json", str(tmp / "stream.json")], tmp / "stream.json"),
         ("distributed", [py, str(ROOT / "bench/distributed.py"), *dist, "--json", str(tmp / "distributed.json")],
          tmp / "distributed.json"),
+        ("sharding", [py, str(ROOT / "bench/sharding.py"), "--small", "--shards", "1", "2", "--device", dev,
+                      "--backend", "nccl" if nccl else "gloo", "--json", str(tmp / "sharding.json")]
+         if nccl or args.dry_run else None, tmp / "sharding.json"),
     ]
 
 
@@ -124,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for name, cmd, result in steps(args, info["gpus"], tmp):
         if args.only and name not in args.only:
+            continue
+        if cmd is None:  # a step this machine cannot run: said, not failed
+            report["steps"][name] = {"returncode": 0, "skipped": ONE_GPU}
+            print(f"[gpu.py] {name}: skipped: {ONE_GPU}", flush=True)
             continue
         report["steps"][name] = run_step(name, cmd, result, SHARE[name] * args.budget)
         if name == "distributed":

@@ -13,7 +13,12 @@ Reported per N:
   the last checkpoint are written to a temporary directory). ``--single-file-gib`` is the run's ``single_file_gib``:
   0 (the default) saves one file per shard, so no process ever holds the whole dictionary; a large value gathers
   it onto rank 0, which writes one ``weights.safetensors``;
-- ``formula MiB/rank``: 32 D L / N bytes (W_enc, W_dec, their gradients and two Adam moments in float32);
+- ``plan MiB/rank``: what ``conceptdict plan`` (``cd.plan``, saes/sizing.py) predicts for the same run before it
+  starts (weights, gradients, Adam, the CPU step's row-chunk scores and tensors, the stream's mixing buffer and the
+  held-out batches), and ``train / plan``, the measured training peak over it (1.00: the plan is exact);
+- memory is read from ``/proc/self/status``: the resident memory (VmRSS) before ``train()`` is the base, and the
+  peak (VmHWM) is reset there (``/proc/self/clear_refs``), so what an earlier, freed allocation (the kernels'
+  warm-up run) reached does not hide this run's peak;
 - ``tokens/s`` of the ``train()`` call (initialisation, the final gather and evaluation included; process start-up
   and the kernels' compilation excluded) and ``comm share``: the wall time spent inside the seam's collectives
   (every all-reduce and gather of the data and shard groups) over the wall time, on rank 0.
@@ -21,6 +26,10 @@ Reported per N:
     .venv/bin/python bench/sharding.py                # D=512 L=32768 k=32 B=1024, 8 steps
     .venv/bin/python bench/sharding.py --small --json out.json
     .venv/bin/python bench/sharding.py --single-file-gib 2   # the small-dictionary path: gathered onto rank 0
+    python bench/sharding.py --small --shards 1 2 --device cuda --backend nccl   # two GPUs (bench/gpu.py runs it)
+
+On CUDA the memory figures are torch's peak allocation on the rank's device (``torch.cuda.max_memory_allocated``,
+reset before ``train()``, less what was allocated there), and the plan is a GPU's (the data path in host memory).
 
 On a shared 2-core machine N = 4 runs 4 processes on 2 cores: tokens/s there measures overhead, not scaling.
 """
@@ -30,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -48,9 +56,29 @@ PRESETS = {
 COLLECTIVES = ("all_sum", "all_min", "any", "gather_rows", "reduce_grads", "barrier")
 
 
+def _status_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: resident now; VmHWM: its peak), MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (this benchmark reads Linux's memory figures)")
+
+
 def rss_mib() -> float:
-    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's resident memory now, MiB."""
+    return _status_mib("VmRSS")
+
+
+def peak_mib() -> float:
+    """This process's peak resident memory since the last :func:`reset_peak`, MiB."""
+    return _status_mib("VmHWM")
+
+
+def reset_peak() -> None:
+    """Set the peak resident memory (VmHWM) to the resident memory now (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def timed_seam(seam, clock: dict) -> None:
@@ -75,13 +103,19 @@ def timed_seam(seam, clock: dict) -> None:
 
 
 class PeakSink:
-    """A metrics sink that records the peak resident memory when each step logs (the last: the loop's peak)."""
+    """A metrics sink that records the peak memory when each step logs (the last: the loop's peak): resident memory
+    on a CPU, torch's peak allocation on a GPU."""
 
-    def __init__(self) -> None:
-        self.peak = 0.0
+    def __init__(self, cuda: bool = False) -> None:
+        self.peak, self.cuda = 0.0, cuda
 
     def write(self, record) -> None:
-        self.peak = rss_mib()
+        if self.cuda:
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated() / 2 ** 20
+        else:
+            self.peak = peak_mib()
 
     def close(self) -> None:
         pass
@@ -92,35 +126,44 @@ def worker(spec: dict) -> dict:
     largest over the ranks."""
     import torch
 
+    import conceptdict as cd
     from conceptdict import ranks
     from conceptdict.activations import ActivationStore, stream_batches
     from conceptdict.saes import train, train_config
+    from conceptdict.saes.config import heldout_batch_count
     from conceptdict.saes.distributed import process_group_comm
 
-    w = ranks.join("gloo")
+    w = ranks.join(spec["backend"])
+    cuda = spec["device"] == "cuda"
     n = spec["shards"]
     torch.set_num_threads(max(1, spec["threads"] // n))
     seam = process_group_comm(n)
     store = ActivationStore(spec["store"])
     cfg = train_config(kind=spec["kind"], latents=spec["L"], k=spec["k"], batch_size=spec["B"],
                        tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=1,
-                       checkpoint_every=0, device="cpu", seed=0, latent_shards=n,
+                       checkpoint_every=0, device=spec["device"], seed=0, latent_shards=n,
                        single_file_gib=spec["single_file_gib"])
     batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
                                            start_batch=start, part=(seam.rank, seam.size))
-    small = train_config(**{**spec["warm"], "latent_shards": n, "device": "cpu"})
+    small = train_config(**{**spec["warm"], "latent_shards": n, "device": spec["device"]})
     train(small, batches, comm=seam)  # compiles the kernels, touches the store: not timed, and small
     torch.set_num_threads(max(1, spec["threads"] // n))
     clock = {"s": 0.0}
     timed_seam(seam, clock)
     ranks.barrier()
-    base, sink = rss_mib(), PeakSink()
+    base, sink = rss_mib(), PeakSink(cuda)
+    reset_peak()
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated() / 2 ** 20
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     clock["s"] = 0.0
     out = Path(spec["result"]).with_name(f"dictionary-{n}")
     model = train(cfg, batches, comm=seam, sink=sink, out=out)
     wall = time.perf_counter() - t
-    mem = torch.tensor([sink.peak - base, rss_mib() - base])
+    end = torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else peak_mib()
+    mem = torch.tensor([sink.peak - base, end - base])
     if w.size > 1:
         import torch.distributed as dist
 
@@ -130,7 +173,10 @@ def worker(spec: dict) -> dict:
     return {"shards": n, "threads_per_process": torch.get_num_threads(), "wall_s": wall,
             "tokens_per_s": cfg.tokens / wall, "comm_s": clock["s"], "comm_share": clock["s"] / wall,
             "train_mib_per_rank": float(mem[0]), "end_mib_per_rank": float(mem[1]),
-            "formula_mib_per_rank": 32 * D * L / n / 2 ** 20,
+            "plan_mib_per_rank": cd.plan(kind=spec["kind"], d_model=D, latents=L, k=spec["k"], latent_shards=n,
+                                         batch_size=spec["B"], device=spec["device"], store_rows=store.num_rows,
+                                         store_bytes=store.dtype.itemsize, heldout_batches=heldout_batch_count(cfg)
+                                         ).peak / 2 ** 20,
             "heldout_fvu": (model.training_summary or {}).get("heldout_eval", {}).get("fvu"),
             "saved": sorted(p.name for p in out.glob("weights*"))}
 
@@ -157,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads shared by a run")
     p.add_argument("--single-file-gib", type=float, default=0.0,
                    help="the runs' single_file_gib: 0 saves one file per shard, a large value gathers onto rank 0")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU per process: --backend nccl)")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo, or nccl on GPUs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -169,14 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         store = make_store(tmp, preset["rows"], preset["D"])
         spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm,
+                "device": args.device, "backend": args.backend,
                 "single_file_gib": args.single_file_gib}
         runs = [launch(spec, n, tmp) for n in args.shards]
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} B={preset['B']} steps={preset['steps']} "
           f"threads={args.threads} (shared by each run's processes) single_file_gib={args.single_file_gib}")
-    print(f"{'shards':>6} {'formula MiB/rank':>16} {'train MiB/rank':>14} {'end MiB/rank':>12} {'tokens/s':>9} "
-          f"{'comm share':>10} {'held-out FVU':>12}  saved")
+    print(f"{'shards':>6} {'plan MiB/rank':>13} {'train MiB/rank':>14} {'train / plan':>12} {'end MiB/rank':>12} "
+          f"{'tokens/s':>9} {'comm share':>10} {'held-out FVU':>12}  saved")
     for r in runs:
-        print(f"{r['shards']:>6} {r['formula_mib_per_rank']:>16.0f} {r['train_mib_per_rank']:>14.0f} "
+        print(f"{r['shards']:>6} {r['plan_mib_per_rank']:>13.0f} {r['train_mib_per_rank']:>14.0f} "
+              f"{r['train_mib_per_rank'] / r['plan_mib_per_rank']:>12.2f} "
               f"{r['end_mib_per_rank']:>12.0f} {r['tokens_per_s']:>9,.0f} {100 * r['comm_share']:>9.1f}% "
               f"{r['heldout_fvu'] or float('nan'):>12.5f}  {', '.join(r['saved'])}")
     if args.json:

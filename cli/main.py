@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "cbsae": "cbsae",
     "demo": "demo",
     "broad": "broad",
+    "plan": "plan",
 }
 
 

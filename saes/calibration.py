@@ -31,7 +31,7 @@ def calibrate_threshold(model: SparseCoder, batches: list[Tensor], chunk: int = 
     spec = model.spec
     if spec.scores is None:
         raise ValueError(f"kind {model.kind!r} has no threshold to calibrate")
-    rows = [model.split(model.flatten_batch(x.to(model.W_dec.device).float()))[0] for x in batches]  # the inputs
+    rows = [model.split(model.flatten_batch(x.to(model.device).float()))[0] for x in batches]  # the inputs
     n = sum(x.shape[0] for x in rows)
     keep = max(1, int(round(n * model.k)))
     groups = model.layer_of_latent()

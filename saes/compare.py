@@ -100,7 +100,7 @@ def firing(model: SparseCoder, batches: list[Tensor], max_rows: int) -> Tensor:
     """bool [N, L]: which latents fire on each of the first ``max_rows`` rows (the inference rule)."""
     out, n = [], 0
     for x in batches:
-        inp, _ = model.split(model.flatten_batch(x.to(model.W_dec.device, model.W_dec.dtype)))
+        inp, _ = model.split(model.flatten_batch(x.to(model.device, model.dtype)))
         inp = inp[: max_rows - n]
         out.append(model.spec.encode(model, inp) != 0)
         n += inp.shape[0]
@@ -167,7 +167,7 @@ def _blocks(e: Entry, live: Tensor) -> list[tuple[str, int, Tensor]]:
     out, start = [], 0
     for sub in subs:
         n = sub.model.n_latents
-        out.append((sub.space, sub.model.W_dec.shape[1],
+        out.append((sub.space, sub.model.n_sources * sub.model.d_in,
                     sub.model.W_dec.detach().float().cpu()[live[start:start + n]]))
         start += n
     return out

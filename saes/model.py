@@ -26,8 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from . import kernels
 from .comm import LOCAL, shard_bias, shard_sum
 from .kinds import KINDS, KindSpec, TrainOutput, kind_spec
+from .kinds import clt
 from .kinds.common import pre_activations, relative_acts
 
 if TYPE_CHECKING:
@@ -123,7 +125,10 @@ class SparseCoder(nn.Module):
         # each latent reading its own layer)
         self.W_enc = nn.Parameter(torch.empty(n_latents, d_in if layered else width, **kw).t())
         self.b_enc = nn.Parameter(torch.zeros(n_latents, **kw))
-        self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
+        if layered:  # a cross-layer transcoder holds only its decoder's triangle (saes/kinds/clt.py)
+            clt.add_decoder_blocks(self, **kw)
+        else:
+            self.W_dec = nn.Parameter(torch.empty(n_latents, width, **kw))
         self.b_dec = nn.Parameter(torch.zeros(width, **kw))
         if self.spec.skip:
             self.W_skip = nn.Parameter(torch.zeros(width, width, **kw))
@@ -131,24 +136,53 @@ class SparseCoder(nn.Module):
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
             self.register_buffer(name, torch.zeros(n_latents, **kw))
-        if layered:  # latent j of layer j // (L/S) decodes to the layers from its own on
-            self.register_buffer("dec_mask", (torch.arange(width, device=device) // d_in)[None, :]
-                                 >= (torch.arange(n_latents, device=device) // per_layer)[:, None], persistent=False)
-        self.reset_parameters()
+        if torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them), nothing to draw
+            self.reset_parameters()
 
     @property
     def spec(self) -> KindSpec:
         return kind_spec(self.kind)
 
     @property
+    def W_dec(self) -> Tensor:
+        """The decoder [L, S*D]; a cross-layer transcoder holds its triangle (:meth:`decoder_parts`): made on read."""
+        if self.spec.layered or "W_dec" not in self._parameters:  # (the latter: until __init__ registers it)
+            return clt.whole_decoder(self)
+        return self._parameters["W_dec"]
+
+    def decoder_parts(self) -> list[tuple[Tensor, slice, int]]:
+        """The parameters that hold the decoder: (tensor, its rows (latents), its first column) -- the whole W_dec, or
+        a cross-layer transcoder's block per layer l (rows: layer l's latents, columns from l D on)."""
+        if not self.spec.layered:
+            return [(self.W_dec, slice(0, self.n_latents), 0)]
+        return [(w, lat, l * self.d_in) for l, (w, (lat, _)) in
+                enumerate(zip(clt.decoder_blocks(self), clt.layer_slices(self)))]
+
+    @torch.no_grad()
+    def assign_decoder(self, W: Tensor) -> None:
+        """Set the decoder from its whole [L, S*D] form (a cross-layer transcoder keeps the entries it holds)."""
+        for part, rows, col in self.decoder_parts():
+            part.copy_(W[rows, col:])
+
+    def sparse_decode(self, values: Tensor, indices: Tensor) -> Tensor:
+        """A sparse code (values, latent indices [B, K]) -> its decode [B, S*D], without b_dec."""
+        if self.spec.layered:
+            return clt.decode_code(self, values, indices)
+        return kernels.sparse_decode(values, indices, self.W_dec, None, impl=self.kernel_impl, skip_zero_grads=True)
+
+    def dense_decode(self, f: Tensor) -> Tensor:
+        """Dense codes f [B, L] -> f W_dec [B, S*D], without b_dec (a CLT block by block)."""
+        return clt.dense_decode(self, f) if self.spec.layered else f @ self.W_dec
+
+    @property
     def device(self) -> torch.device:
         """Where the weights are (``sae.to("cuda")`` moves them and returns the dictionary)."""
-        return self.W_dec.device
+        return self.b_enc.device
 
     @property
     def dtype(self) -> torch.dtype:
         """The weights' dtype, in which encode / decode compute (``sae.to(torch.bfloat16)`` changes it)."""
-        return self.W_dec.dtype
+        return self.b_enc.dtype
 
     @property
     def cfg(self) -> DictionaryConfig:
@@ -168,7 +202,7 @@ class SparseCoder(nn.Module):
         [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
         with torch.no_grad():
             i, n = shard
-            L, width = self.n_latents, self.W_dec.shape[1]
+            L, width = self.n_latents, self.n_sources * self.d_in
             w = torch.empty(L, width)
             for s, e in _draw_blocks(L * n, width):  # the whole draw, a block of rows at a time; keep our rows
                 block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
@@ -176,7 +210,7 @@ class SparseCoder(nn.Module):
                 if a < b:
                     w[a - i * L: b - i * L] = block[a - s: b - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            self.W_dec.copy_(w * (0 if self.spec.transcodes else 1))
+            self.assign_decoder(w * (0 if self.spec.transcodes else 1))
             if self.spec.layered:  # each latent's encoder: its row's block of its own layer, at unit norm
                 w = w.view(self.n_latents, self.n_sources, self.d_in)[torch.arange(self.n_latents),
                                                                       self.layer_of_latent()]
@@ -230,19 +264,20 @@ class SparseCoder(nn.Module):
     def layer_of_latent(self) -> Tensor:
         """[L] int64: the layer whose input each latent reads (all 0 unless the kind is layered)."""
         per_layer = self.n_latents // self.n_sources if self.spec.layered else self.n_latents
-        return torch.arange(self.n_latents, device=self.W_dec.device) // per_layer
+        return torch.arange(self.n_latents, device=self.b_enc.device) // per_layer
 
     def decoder_mask(self) -> Tensor | None:
         """bool [L, S*D]: the decoder entries a layered kind has (a latent of layer l writes to layers >= l); the
-        others stay zero. None for every other kind."""
-        return self.dec_mask if self.spec.layered else None
+        others are zero (not held). None for every other kind."""
+        columns = torch.arange(self.n_sources * self.d_in, device=self.device) // self.d_in
+        return columns[None, :] >= self.layer_of_latent()[:, None] if self.spec.layered else None
 
     def reconstruct(self, x: Tensor, f: Tensor, comm: Comm = LOCAL) -> Tensor:
         """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
         f W_dec + b_dec, plus x W_skip for kinds with a skip path. With latent shards (``comm.shards``, saes.comm)
         f is this shard's latents' code [B, L_s]: each shard decodes its part and the parts are summed, the biases
         and the skip path counted once."""
-        out = f @ self.W_dec + shard_bias(self.b_dec, comm)
+        out = self.dense_decode(f) + shard_bias(self.b_dec, comm)
         if self.spec.skip and comm.shards.rank == 0:
             out = out + x @ self.W_skip
         return shard_sum(out, comm)
@@ -322,7 +357,7 @@ class SparseCoder(nn.Module):
     def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """Codes f [..., L] -> x_hat [..., D] (S > 1 sources: [..., S, D]), in f's dtype."""
         rows, back = self.input_rows(f, "decode", (self.n_latents,), "the latents of this dictionary")
-        return back(rows @ self.W_dec + self.b_dec, self.output_shape())
+        return back(self.dense_decode(rows) + self.b_dec, self.output_shape())
 
     def forward(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """Reconstruction of x, same shape and dtype as x (a transcoder: its prediction of the output from the
@@ -345,6 +380,8 @@ class SparseCoder(nn.Module):
         the entries every latent shares (b_dec, W_skip, norm_scale): how latent shards split and join it."""
         if name == "W_enc":
             return 1
+        if name.startswith("W_dec_"):  # a cross-layer transcoder's decoder block: rows are its layer's latents
+            return 0
         per_latent = {"W_dec", "b_enc", "threshold", *self.spec.buffers,
                       *(self.spec.train_params(self) if self.spec.train_params else {})}
         return 0 if name in per_latent else None
@@ -352,7 +389,7 @@ class SparseCoder(nn.Module):
     def add_train_params(self) -> None:
         """Register the kind's extra training parameters (``KindSpec.train_params``), after the weights."""
         for name, t in (self.spec.train_params(self) if self.spec.train_params else {}).items():
-            self.register_parameter(name, nn.Parameter(t.to(self.W_dec)))
+            self.register_parameter(name, nn.Parameter(t.to(self.b_enc)))
 
     def drop_train_params(self) -> None:
         """Remove the extra training parameters (after ``KindSpec.finish`` wrote the inference form)."""
@@ -362,17 +399,16 @@ class SparseCoder(nn.Module):
     @torch.no_grad()
     def normalize_decoder(self) -> None:
         """Rescale every (flattened) decoder row to unit norm."""
-        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        for W, _, _ in self.decoder_parts():
+            W /= W.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     @torch.no_grad()
     def remove_parallel_decoder_grad(self) -> None:
         """Drop the component of W_dec.grad parallel to each (unit) decoder row, so a step keeps norms ~1."""
-        if self.W_dec.grad is None:
-            return
-        W, g = self.W_dec, self.W_dec.grad
-        # g -= (g.w / |w|^2) w, without [L, D] temporaries (31 against 70 ms at L=16384, D=768)
-        coef = torch.linalg.vecdot(W, g) / W.norm(dim=1).square().clamp_min(1e-24)
-        g.addcmul_(W, coef[:, None], value=-1)
+        for W, g in ((W, W.grad) for W, _, _ in self.decoder_parts() if W.grad is not None):
+            # g -= (g.w / |w|^2) w, without [L, D] temporaries (31 against 70 ms at L=16384, D=768)
+            coef = torch.linalg.vecdot(W, g) / W.norm(dim=1).square().clamp_min(1e-24)
+            g.addcmul_(W, coef[:, None], value=-1)
 
     @torch.no_grad()
     def fold_input_scale(self, scale: Tensor) -> None:
@@ -390,7 +426,8 @@ class SparseCoder(nn.Module):
             self.W_enc.mul_(scale[self.layer_of_latent()][None, :])
         else:
             self.W_enc.mul_(c_in[:, None])
-        self.W_dec.div_(c_out[None, :])
+        for W, _, col in self.decoder_parts():
+            W.div_(c_out[None, col:])
         self.b_dec.div_(c_out)
         if self.spec.skip:
             self.W_skip.mul_(c_in[:, None] / c_out[None, :])
@@ -410,27 +447,3 @@ class SparseCoder(nn.Module):
         sources = f", sources={c.sources}" if c.sources > 1 else ""
         return (f"SparseCoder({c.kind}{sources}, d_in={c.d_in}, latents={c.latents}, k={c.k}{hooks}, "
                 f"{str(self.dtype).removeprefix('torch.')}, {self.device})")
-
-
-def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> SparseCoder | None:
-    """The whole dictionary (with the training parameters ``model`` holds) out of every latent shard's ``model``, on
-    every shard; ``to_first``: on shard 0 alone (the others only send theirs and get None), e.g. to save it."""
-    state = {}
-    for name, t in model.state_dict().items():
-        axis = model.latent_axis(name)
-        t = t.detach()
-        if axis is None:
-            state[name] = t
-            continue
-        rows = t.movedim(axis, 0).contiguous()
-        joined = shards.gather_to_first(rows) if to_first else shards.gather_rows(rows)
-        state[name] = None if joined is None else joined.movedim(0, axis)
-    if to_first and shards.rank != 0:
-        return None
-    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
-                        kernel_impl=model.kernel_impl, device=model.W_dec.device)
-    if set(state) - set(whole.state_dict()):  # the training parameters, when ``model`` still has them
-        whole.add_train_params()
-    whole.load_state_dict(state)
-    whole.training_summary = getattr(model, "training_summary", None)
-    return whole

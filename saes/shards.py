@@ -21,10 +21,34 @@ import torch
 
 from .artifact import disk_latent_axes, disk_tensors, finish_parts, save_dictionary, save_dictionary_part
 from .comm import Comm
-from .model import SparseCoder, gather_shards
+from .model import SparseCoder
 
 GIB = 2 ** 30
 
+
+
+def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> SparseCoder | None:
+    """The whole dictionary (with the training parameters ``model`` holds) out of every latent shard's ``model``, on
+    every shard; ``to_first``: on shard 0 alone (the others only send theirs and get None), e.g. to save it."""
+    state = {}
+    for name, t in model.state_dict().items():
+        axis = model.latent_axis(name)
+        t = t.detach()
+        if axis is None:
+            state[name] = t
+            continue
+        rows = t.movedim(axis, 0).contiguous()
+        joined = shards.gather_to_first(rows) if to_first else shards.gather_rows(rows)
+        state[name] = None if joined is None else joined.movedim(0, axis)
+    if to_first and shards.rank != 0:
+        return None
+    whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
+                        kernel_impl=model.kernel_impl, device=model.device)
+    if set(state) - set(whole.state_dict()):  # the training parameters, when ``model`` still has them
+        whole.add_train_params()
+    whole.load_state_dict(state)
+    whole.training_summary = getattr(model, "training_summary", None)
+    return whole
 
 def weights_bytes(model: SparseCoder, comm: Comm) -> int:
     """Bytes of the whole dictionary's saved weights, ``model`` being this latent shard's (``comm.shards``): every

@@ -98,12 +98,12 @@ def heldout_fvu(run, held_out: list, comm: Comm) -> float:
     """The training objective's FVU (normalised units, the step's selection rule) over the held-out batches: summed
     squared error over summed centred variance, both over every process's rows."""
     model, st = run.model, run.state
-    device = model.W_dec.device
+    device = model.device
     scale = st.scale.repeat_interleave(model.d_in).to(device)
     err = torch.zeros((), dtype=torch.float64)
     var = torch.zeros((), dtype=torch.float64)
     for x in held_out:
-        xf = model.flatten_batch(x.to(device=device, dtype=model.W_dec.dtype)) * scale
+        xf = model.flatten_batch(x.to(device=device, dtype=model.dtype)) * scale
         xin, target = model.split(xf)
         stats = batch_stats(target, comm)
         out = model.spec.train_forward(model, xin, StepInputs(stats=stats, comm=comm, settings=run.settings,

@@ -109,7 +109,7 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     loss = fvu
     aux = x.new_zeros(())
     if out.aux is not None:
-        aux = aux_loss(out.aux, model.W_dec, err.detach(), model.kernel_impl, comm)
+        aux = aux_loss(out.aux, model, err.detach(), comm)
         loss = loss + r.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
@@ -277,7 +277,7 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     world_size))``), every process returns the same dictionary (equal to one process's), only rank 0 writes
     ``out``, which must be on a filesystem every process reads when resuming. A checkpoint resumes under any
     number of processes. With latent shards each process returns its shard's latents (L / N of them; the artifact
-    in ``out`` is the whole dictionary; ``saes.model.gather_shards`` joins the shards in memory)."""
+    in ``out`` is the whole dictionary; ``saes.shards.gather_shards`` joins the shards in memory)."""
     return train_sweep([cfg], batches, outs=[out], resume=resume, metas=[meta], sinks=[sink], source=source,
                        comm=comm)[0]
 
@@ -357,8 +357,8 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
     """One step of one dictionary on batch x, then its logging and checkpoint."""
     cfg, run = job.cfg, job.run
     model, st, r = run.model, run.state, run.resolved
-    device = model.W_dec.device
-    dtype = model.W_dec.dtype  # float32, or float64 under precision float64 (the store's rows are cast up exactly)
+    device = model.device
+    dtype = model.dtype  # float32, or float64 under precision float64 (the store's rows are cast up exactly)
     job.last_x = model.flatten_batch(x.to(device, dtype)) * st.scale.repeat_interleave(model.d_in).to(device, dtype)
     at, length = stopping.schedule(st, r.total_steps)  # the rule's end, and the weights it went back to
     lr = lr_at(at, r.lr, r.warmup_steps, length, cfg.decay_fraction)

@@ -52,18 +52,15 @@ def lr_at(step: int, base: float, warmup: int, total: int | None, decay_fraction
     return base * factor
 
 
-def aux_loss(aux: "kernels.SparseCode", W_dec: Tensor, residual: Tensor, impl: str = "auto",
-             comm: Comm = LOCAL) -> Tensor:
+def aux_loss(aux: "kernels.SparseCode", model: SparseCoder, residual: Tensor, comm: Comm = LOCAL) -> Tensor:
     """AuxK (OpenAI): the dead latents' code ``aux`` [B_r, K'] reconstructs the detached residual e [B_r, F]
-    through the decoder WITHOUT b_dec; returns this process's part of ||e - e_hat||^2 / ||e - mean(e)||^2
-    (the denominator over the whole batch; 0 when K' = 0). Latent shards: each decodes its latents' part of the
-    code and the parts are summed."""
+    through ``model``'s decoder WITHOUT b_dec (:meth:`SparseCoder.sparse_decode`); returns this process's part of
+    ||e - e_hat||^2 / ||e - mean(e)||^2 (the denominator over the whole batch; 0 when K' = 0). Latent shards: each
+    decodes its latents' part of the code and the parts are summed."""
     sharded = comm.shards.size > 1
     if aux.values.shape[1] == 0 and not sharded:
         return residual.new_zeros(())
-    zero_bias = torch.zeros(W_dec.shape[1], dtype=W_dec.dtype, device=W_dec.device)
-    e_hat = (kernels.sparse_decode(aux.values, aux.indices, W_dec, zero_bias, impl=impl, skip_zero_grads=True)
-             if aux.values.shape[1] else torch.zeros_like(residual))
+    e_hat = model.sparse_decode(aux.values, aux.indices) if aux.values.shape[1] else torch.zeros_like(residual)
     e_hat = shard_sum(e_hat, comm)
     _, denom = centred_sum_sq(residual, comm)
     return (residual - e_hat).pow(2).sum() / denom.clamp_min(1e-12)
@@ -89,9 +86,6 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
     if comm.shards.size > 1:  # every shard holds these: each has its latents' part of their gradient
         for p in shared:
             p.grad.copy_(comm.shards.all_sum(p.grad))
-    mask = model.decoder_mask()
-    if mask is not None:  # a cross-layer transcoder's decoder entries to earlier layers stay zero (AuxK reaches them)
-        model.W_dec.grad.mul_(mask)
     unit = model.spec.unit_decoder
     if unit:
         model.remove_parallel_decoder_grad()

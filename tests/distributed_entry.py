@@ -97,7 +97,7 @@ def run_train(spec: dict) -> None:
                 raise
             continue
         if cfg.latent_shards > 1:  # each rank returns its shard's latents: join them to compare the whole
-            from conceptdict.saes.model import gather_shards
+            from conceptdict.saes.shards import gather_shards
 
             assert model.n_latents == cfg.latents // cfg.latent_shards, (model.n_latents, cfg.latents)
             model = gather_shards(model, comm.shards)

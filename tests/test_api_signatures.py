@@ -28,6 +28,7 @@ def configs_of(name: str) -> list[type]:
     from conceptdict.naming.interventions.steer import SteerConfig
     from conceptdict.naming.pipeline import NameConfig
     from conceptdict.naming.scoring import ScoreConfig
+    from conceptdict.saes.sizing import PlanConfig
     from conceptdict.train_api import TrainCommand, train_settings
 
     return {
@@ -36,7 +37,7 @@ def configs_of(name: str) -> list[type]:
         "evaluate": [EvalConfig], "compare": [CompareConfig],
         "name": [NameConfig], "score": [ScoreConfig], "cbm": [CbmConfig], "cbsae": [CbSaeConfig],
         "export": [ExportConfig], "steer": [SteerConfig], "erase": [EraseConfig],
-        "broad_dictionary": [BroadConfig], "cached_broad_dictionary": [BroadConfig],
+        "broad_dictionary": [BroadConfig], "cached_broad_dictionary": [BroadConfig], "plan": [PlanConfig],
     }.get(name, [])
 
 

@@ -12,6 +12,7 @@ import torch
 
 from conceptdict.saes import KINDS, SparseCoder, evaluate, load_dictionary, train, train_config
 from conceptdict.saes.comm import local_inputs
+from conceptdict.saes.update import make_optimizer
 from generators.synthetic import SyntheticSpec, synthetic_batch
 from crashing import Crash, crashing
 
@@ -55,7 +56,7 @@ def _random_model(impl: str, masked: bool = True, kind: str = "clt") -> SparseCo
     assert not m.W_dec.any()  # a transcoder's decoder starts at zero
     with torch.no_grad():
         w = torch.randn(S * 16, S * D, generator=g)
-        m.W_dec.copy_(w * m.decoder_mask() if masked else w)
+        m.assign_decoder(w * m.decoder_mask() if masked else w)
         m.b_enc.copy_(torch.randn(S * 16, generator=g) * 0.1)
         m.b_dec.copy_(torch.randn(S * D, generator=g))
     return m
@@ -79,10 +80,36 @@ def test_shapes_and_the_mask():
 
 
 @pytest.mark.unit
+def test_the_decoder_is_held_as_its_triangle():
+    """A CLT holds (and Adam steps) only its decoder's triangle: layer l's block [P, (S - l) D], P D S (S + 1) / 2
+    floats in all, not the L S D of the whole matrix; ``W_dec``, ``state_dict`` and loading keep the whole
+    [L, S*D] layout (zeros below), and a state loads back into the same blocks."""
+    m = _random_model("reference")
+    P = 16
+    blocks = [p for name, p in m.named_parameters() if name.startswith("W_dec")]
+    assert [tuple(b.shape) for b in blocks] == [(P, (S - l) * D) for l in range(S)]
+    assert sum(b.numel() for b in blocks) == P * D * S * (S + 1) // 2 < m.n_latents * S * D
+    opt = make_optimizer(m, lr=1e-3)
+    for q in opt.params:
+        q.grad = torch.ones_like(q)
+    opt.step()
+    held = sum(t.numel() for st in opt.state.values() for k, t in st.items() if k != "step")
+    assert held == 2 * sum(p.numel() for p in m.parameters())
+    state = m.state_dict()
+    assert tuple(state["W_dec"].shape) == (S * P, S * D) and not any(k.startswith("W_dec_") for k in state)
+    assert state["W_dec"].equal(m.W_dec) and not m.W_dec.masked_select(~m.decoder_mask()).any()
+    other = SparseCoder(D, S * P, 4, "clt", n_sources=S)
+    other.load_state_dict(state)
+    assert all(a.equal(b) for a, b in zip(blocks, [p for n, p in other.named_parameters() if n.startswith("W_dec")]))
+    with pytest.raises(ValueError, match="W_dec has shape"):
+        other.load_state_dict({**state, "W_dec": state["W_dec"][:, :D]})
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("impl", ["reference", *IMPLS])
 def test_layer_m_ignores_the_layers_after_it(impl):
     """Changing the inputs of layers > m leaves layer m's reconstruction as it was, in training and inference, even
-    with non-zero decoder entries from later layers' latents to layer m (the forward reads only its triangle)."""
+    when the decoder is given entries from later layers' latents to layer m (only its triangle is held)."""
     m = _random_model(impl, masked=False)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(9, S * D, generator=g)
@@ -118,7 +145,6 @@ def test_the_sparse_step_equals_the_dense_reference(impl, kind):
     out = KINDS[kind].train_forward(m, x, local_inputs(y, dead=dead, k_aux=2))
     aux_hat = out.aux.values.unsqueeze(-1).mul(m.W_dec[out.aux.indices]).sum(1)
     ((y - out.x_hat).pow(2).sum() + (y - out.x_hat.detach() - aux_hat).pow(2).sum()).backward()
-    m.W_dec.grad.mul_(m.decoder_mask())  # as saes.update.apply_update does: AuxK's decode reads the whole W_dec
     got = [out.x_hat.detach()] + [p.grad.clone() for p in m.parameters()]
 
     ref = _random_model("reference", kind=kind)

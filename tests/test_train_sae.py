@@ -79,12 +79,15 @@ def test_lr_schedule_warmup_constant_decay():
 
 
 def test_aux_loss_is_normalised_and_ignores_b_dec():
-    W_dec = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    m = SparseCoder(2, 3, 1, "topk", kernel_impl="reference")
+    with torch.no_grad():
+        m.W_dec.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        m.b_dec.fill_(5.0)
     e = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
     code = SparseCode(torch.tensor([[1.0], [2.0]]), torch.tensor([[1], [0]]))  # e_hat = [[0, 1], [2, 0]]
     # ||e - e_hat||^2 = 1 + 1 + 1 = 3; ||e - mean(e)||^2 = 4
-    assert float(aux_loss(code, W_dec, e, impl="reference")) == pytest.approx(3 / 4)
-    assert float(aux_loss(SparseCode(torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.long)), W_dec, e)) == 0.0
+    assert float(aux_loss(code, m, e)) == pytest.approx(3 / 4)
+    assert float(aux_loss(SparseCode(torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.long)), m, e)) == 0.0
 
 
 def test_threshold_running_estimate():

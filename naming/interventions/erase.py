@@ -203,7 +203,7 @@ def ablation_edit(dictionary, latents: list[int]) -> Edit:
 
     def edit(x: Tensor) -> Tensor:
         with torch.no_grad():
-            f = dictionary.encode(x.float().to(dictionary.W_dec.device))
+            f = dictionary.encode(x.float().to(dictionary.device))
             delta = f[:, idx] @ dictionary.decoder_directions()[idx]
         return (x.float() - delta.to(x.device)).to(x.dtype)
 
@@ -262,7 +262,7 @@ def _fit(method: str, x: Tensor, c: Tensor, data: Labelled, train: Tensor, cfg: 
             log.info("sae-ablation skipped: no --dictionary")
             return None
         with torch.no_grad():
-            codes = dictionary.encode(data.x[train].to(dictionary.W_dec.device)).float().cpu()
+            codes = dictionary.encode(data.x[train].to(dictionary.device)).float().cpu()
         chosen = ablation_latents(codes, c, len(data.concept_classes), cfg.ablate_latents, cfg.ablate_l1)
         extra = {"latents": [{"id": j, "name": names[j] if names else ""} for j in chosen]}
         return (ablation_edit(dictionary, chosen), None, extra)

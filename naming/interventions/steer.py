@@ -113,7 +113,7 @@ def latent_edit(dictionary, latents: Sequence[int], mode: str, alpha: float) -> 
 
     def edit(x: Tensor) -> Tensor:
         with torch.no_grad():
-            f = dictionary.encode(x.float().to(dictionary.W_dec.device))[:, idx].cpu()
+            f = dictionary.encode(x.float().to(dictionary.device))[:, idx].cpu()
         new = torch.full_like(f, alpha) if mode == "clamp" else torch.zeros_like(f)
         return x + ((new - f) @ dirs).to(x.device, x.dtype)
 
@@ -296,12 +296,12 @@ def dictionary_edit(dictionary, edit=None) -> Edit:
     if edit is None:
         def reconstruct(x: Tensor) -> Tensor:
             with torch.no_grad():
-                return dictionary(x.to(dictionary.W_dec.device)).to(x.device)
+                return dictionary(x.to(dictionary.device)).to(x.device)
         return reconstruct
     if callable(edit):
         def recode(x: Tensor) -> Tensor:
             with torch.no_grad():
-                f = dictionary.encode(x.to(dictionary.W_dec.device))
+                f = dictionary.encode(x.to(dictionary.device))
                 delta = dictionary.decode(edit(f.clone())) - dictionary.decode(f)
             return x + delta.to(x.device, x.dtype)
         return recode
@@ -326,7 +326,7 @@ def dictionary_edit(dictionary, edit=None) -> Edit:
         return f
 
     vector = sum((a * dictionary.decoder_directions()[j].float() for j, a in adds.items()),
-                 torch.zeros(dictionary.d_in, device=dictionary.W_dec.device))
+                 torch.zeros(dictionary.d_in, device=dictionary.device))
     clamp = dictionary_edit(dictionary, change) if clamps else None
 
     def apply(x: Tensor) -> Tensor:

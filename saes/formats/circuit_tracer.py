@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..kinds.clt import block_name, decoder_blocks
 from ..model import SparseCoder
 from .common import Loaded, foreign_config
 from .files import FormatError, read_safetensors
@@ -84,15 +85,15 @@ def _read_clt(path: Path, config: dict[str, Any]) -> Loaded:
                           f"(as clt-batchtopk)")
     P, D = enc[0]["W_enc_0"].shape
     model = SparseCoder(D, S * P, int(config.get("k") or 1), "clt-batchtopk", n_sources=S)  # k: what it was trained at
-    W_dec = torch.zeros(S * P, S * D)
+    blocks = {}  # the model holds its decoder as these blocks (saes/kinds/clt.py): no whole [L, S*D] is made
     for l in range(S):
         got = dec[l][f"W_dec_{l}"]
         if tuple(got.shape) != (P, S - l, D):
             raise FormatError(f"{path}/W_dec_{l}.safetensors: W_dec_{l} has shape {list(got.shape)}, expected "
                               f"{[P, S - l, D]}; the folder is inconsistent")
-        W_dec[l * P:(l + 1) * P, l * D:] = got.float().reshape(P, -1)
+        blocks[block_name(l)] = got.float().reshape(P, -1)
     state = {"W_enc": torch.cat([e[f"W_enc_{l}"].float().T for l, e in enumerate(enc)], 1),
-             "b_enc": torch.cat([e[f"b_enc_{l}"].float() for l, e in enumerate(enc)]), "W_dec": W_dec,
+             "b_enc": torch.cat([e[f"b_enc_{l}"].float() for l, e in enumerate(enc)]), **blocks,
              "b_dec": torch.cat([e[f"b_dec_{l}"].float() for l, e in enumerate(enc)]),
              "threshold": torch.cat([e[f"threshold_{l}"].float().reshape(-1) for l, e in enumerate(enc)]),
              "norm_scale": model.norm_scale}
@@ -169,13 +170,13 @@ def write_clt(model: SparseCoder, out: Path, hookpoints: Sequence[str], model_na
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    W_enc, W_dec = model.W_enc.detach().float(), model.W_dec.detach().float()
+    W_enc, blocks = model.W_enc.detach().float(), decoder_blocks(model)
     for l in range(S):
         lat = slice(l * P, (l + 1) * P)
         save_file({f"W_enc_{l}": W_enc[:, lat].T.contiguous(), f"b_enc_{l}": model.b_enc.detach()[lat].float().clone(),
                    f"b_dec_{l}": model.b_dec.detach()[l * D:(l + 1) * D].float().clone(),
                    f"threshold_{l}": model.threshold.detach()[lat].float().clone()}, str(out / f"W_enc_{l}.safetensors"))
-        save_file({f"W_dec_{l}": W_dec[lat, l * D:].reshape(P, S - l, D).contiguous()},
+        save_file({f"W_dec_{l}": blocks[l].detach().float().reshape(P, S - l, D).contiguous()},
                   str(out / f"W_dec_{l}.safetensors"))
     _write_yaml(out, {"model_kind": "cross_layer_transcoder", "feature_input_hook": in_hook,
                       "feature_output_hook": out_hook, "k": model.k, **({"model_name": model_name} if model_name else {})})

@@ -9,8 +9,7 @@ before the MLP) and writes to the MLP outputs of layer l and every later layer:
 
 As a :class:`SparseCoder`, ``n_sources = S`` layers of width D, ``W_enc [D, L]`` (column block l is layer l's
 encoder), ``W_dec [L, S*D]`` whose entries from a latent of layer l to a layer m < l are zero
-(:meth:`SparseCoder.decoder_mask`: the forward never reads them, the update keeps their gradient at zero), ``b_dec
-[S*D]`` the outputs' bias. The training data is [B, 2S, D]: the S layers' MLP inputs, then their outputs
+(:meth:`SparseCoder.decoder_mask`; they are not held, see Memory below), ``b_dec [S*D]`` the outputs' bias. The training data is [B, 2S, D]: the S layers' MLP inputs, then their outputs
 (``--hookpoint`` in that order), split by :meth:`SparseCoder.split` like a transcoder's pair. The per-layer FVU is
 ``EvalResult.per_source_fvu``; the decoder norm of each latent per target layer is
 :meth:`SparseCoder.decoder_norms`.
@@ -21,22 +20,25 @@ estimated while training and calibrated per layer so that each layer's mean L0 o
 
 Training is the one loop: per layer the shared TopK / BatchTopK training code (``common.train_code``: one fused
 encode with that layer's AuxK code over its dead latents, BatchTopK's cut over every process), then per layer one
-sparse decode into the layers it reaches (the decode is the sum of S sparse decodes over the upper block triangle
-of W_dec, half the work of one decode over the full width).
+sparse decode through its block into the layers it reaches (the decode is the sum of S sparse decodes over the
+upper block triangle of W_dec, half the work of one decode over the full width).
 
-Memory: ``W_dec`` holds the full [L, S*D] (the triangle is about half of it) and ``W_enc`` [D, L]; with Adam's two
-moments and the gradient that is 4 (S D L + D L) floats: S = 12 layers, D = 768, P = 8192 latents per layer
-(L = 98304) is 4 x 13 x 768 x 98304 x 4 bytes = 15.7 GB, within one 80 GB GPU; S = 26, D = 2304, P = 16384 is
-about 400 GB and needs the decoder sharded or streamed (not done here).
+Memory: the decoder is held as its triangle, one parameter per layer, ``W_dec_l`` [P, (S - l) D] (layer l's latents
+to the outputs of layers l..S-1: :func:`decoder_blocks`); the entries to earlier layers, which a CLT never writes,
+are neither stored nor stepped by Adam. ``model.W_dec`` is the whole [L, S*D] made from the blocks on each read
+(zeros below), and ``state_dict()`` / files / checkpoints keep that whole layout (hooks convert on save and load),
+so every reader and every saved artifact is unchanged. With ``W_enc`` [D, L], Adam's two moments and the gradient,
+a CLT holds 4 (D L (S + 1) / 2 + D L) floats: S = 26 layers, D = 2304, P = 16384 per layer plans at 223 GiB on one
+device with the step's buffers (``conceptdict plan --kind clt``), against 406 GiB with the whole decoder.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import kernels
 from ..comm import StepInputs
@@ -66,13 +68,88 @@ class LayerEncoder(NamedTuple):
     kernel_impl: str
 
 
-def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tensor]) -> Tensor:
-    """sum over layers l of the sparse decode of layer l's code (values, indices within the layer [B, K_l]) into the
-    outputs of layers >= l -> [B, S*D] (with ``b_dec``). Reads only the decoder's upper block triangle."""
+def block_name(layer: int) -> str:
+    """The parameter holding layer ``layer``'s decoder block."""
+    return f"W_dec_{layer}"
+
+
+def decoder_blocks(model: SparseCoder) -> list[Tensor]:
+    """Layer l's decoder block [P, (S - l) D] for each l: its latents' weights to the outputs of layers l..S-1."""
+    return [getattr(model, block_name(l)) for l in range(model.n_sources)]
+
+
+def add_decoder_blocks(model: SparseCoder, **kw: Any) -> None:
+    """Register the decoder's blocks (uninitialised) and the hooks that give ``state_dict`` / ``load_state_dict``
+    the whole [L, S*D] ``W_dec``."""
+    S, D, P = model.n_sources, model.d_in, model.n_latents // model.n_sources
+    for l in range(S):
+        model.register_parameter(block_name(l), nn.Parameter(torch.empty(P, (S - l) * D, **kw)))
+    model.register_state_dict_post_hook(_whole_in_state)
+    model.register_load_state_dict_pre_hook(_blocks_from_state)
+
+
+def whole_decoder(model: SparseCoder) -> Tensor:
+    """[L, S*D]: the blocks with zeros to the earlier layers (differentiable in the blocks)."""
+    D = model.d_in
+    return torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(decoder_blocks(model))])
+
+
+def block_views(model: SparseCoder, W: Tensor) -> list[Tensor]:
+    """The parts of a whole [L, S*D] decoder ``W`` that the blocks hold, in order."""
+    D = model.d_in
+    return [W[lat, l * D:] for l, (lat, _) in enumerate(layer_slices(model))]
+
+
+def _whole_in_state(module: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
+    blocks = [state.pop(prefix + block_name(l)) for l in range(module.n_sources)]
+    D = module.d_in
+    state[prefix + "W_dec"] = torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(blocks)])
+
+
+def _blocks_from_state(module: nn.Module, state: dict, prefix: str, *args: Any) -> None:
+    W = state.pop(prefix + "W_dec", None)
+    if W is None:
+        return
+    want = (module.n_latents, module.n_sources * module.d_in)
+    if tuple(W.shape) != want:
+        raise ValueError(f"W_dec has shape {tuple(W.shape)}, this {module.kind} needs {want}; load a dictionary of "
+                         f"the same kind, latents, layers and width")
+    for l, part in enumerate(block_views(module, W)):
+        state[prefix + block_name(l)] = part
+
+
+def dense_decode(model: SparseCoder, f: Tensor) -> Tensor:
+    """Dense codes f [B, L] -> f W_dec [B, S*D] (without b_dec), block by block."""
     D, out = model.d_in, None
-    for l, ((lat, _), v, i) in enumerate(zip(layer_slices(model), values, indices)):
-        part = kernels.sparse_decode(v, i, model.W_dec[lat, l * D:], None, impl=model.kernel_impl,
-                                     skip_zero_grads=True)
+    for l, ((lat, _), w) in enumerate(zip(layer_slices(model), decoder_blocks(model))):
+        part = F.pad(f[:, lat] @ w, (l * D, 0))
+        out = part if out is None else out + part
+    return out
+
+
+def decode_code(model: SparseCoder, values: Tensor, indices: Tensor) -> Tensor:
+    """A sparse code over all layers (values, latent indices [B, K]) -> its decode [B, S*D] without b_dec, each layer's
+    entries through its block (the columns holding any of layer l's entries, others masked: a code built layer by
+    layer, as AuxK's, reads each column in one block)."""
+    P, D, out = model.n_latents // model.n_sources, model.d_in, None
+    layer = indices // P
+    for l, w in enumerate(decoder_blocks(model)):
+        here = layer == l
+        cols = here.any(0)
+        if not bool(cols.any()):
+            continue
+        v, i = values[:, cols] * here[:, cols], (indices[:, cols] - l * P).clamp(0, P - 1)
+        part = F.pad(kernels.sparse_decode(v, i, w, None, impl=model.kernel_impl, skip_zero_grads=True), (l * D, 0))
+        out = part if out is None else out + part
+    return out if out is not None else values.new_zeros(values.shape[0], model.n_sources * D)
+
+
+def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tensor]) -> Tensor:
+    """sum over layers l of the sparse decode of layer l's code (values, indices within the layer [B, K_l]) through
+    its block into the outputs of layers >= l -> [B, S*D] (with ``b_dec``)."""
+    D, out = model.d_in, None
+    for l, (w, v, i) in enumerate(zip(decoder_blocks(model), values, indices)):
+        part = kernels.sparse_decode(v, i, w, None, impl=model.kernel_impl, skip_zero_grads=True)
         part = F.pad(part, (l * D, 0))
         out = part if out is None else out + part
     return out + model.b_dec

@@ -138,8 +138,8 @@ def input_scale(model: SparseCoder) -> Tensor:
         if norm.get("folded_into_weights") and norm.get("scale_per_source") is not None:
             scale = torch.tensor(norm["scale_per_source"], dtype=torch.float32)
     if scale is None:
-        return torch.ones(model.n_sources, device=model.W_dec.device)
-    return scale.to(model.W_dec.device, torch.float32)
+        return torch.ones(model.n_sources, device=model.device)
+    return scale.to(model.device, torch.float32)
 
 
 def training_decoder(model: SparseCoder) -> Tensor:
