@@ -17,7 +17,7 @@ from .kernels import FLOAT32_ONLY
 from .kinds import SHARED_DEFAULTS, check_shards, kind_spec, kinds_help
 from .metrics import TRACKERS
 from .model import SparseCoder
-from .precision import MATMUL_DTYPES, check_precision
+from .precision import AUTO, MATMUL_DTYPES, PIN_ENV, check_precision
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,9 @@ class TrainConfig:
     kernel_impl: str = field(default="auto", metadata=_help(
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
-    precision: Literal["float32", "bf16", "fp16", "float64"] = field(default="float32", metadata=_help(
+    precision: Literal["auto", "float32", "bf16", "fp16", "float64"] = field(default="auto", metadata=_help(
+        "auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX) for the "
+        f"kinds with the fused encoder, float32 elsewhere ({PIN_ENV} pins it); the run records what it resolved to. "
         "bf16 / fp16: dtype of the encoder matmul that chooses each step's latents (weights, Adam, values and loss "
         "stay float32; fp16 on CUDA only); float64: the whole step, for runs that must not depend on the process "
         "count or CPU (docs/guide/train.md#precision)."))
@@ -158,8 +160,8 @@ class TrainConfig:
             raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
-        if self.precision not in MATMUL_DTYPES:
-            raise ValueError(f"precision={self.precision!r}: use one of {sorted(MATMUL_DTYPES)}")
+        if self.precision not in MATMUL_DTYPES and self.precision != AUTO:
+            raise ValueError(f"precision={self.precision!r}: use one of {sorted([AUTO, *MATMUL_DTYPES])}")
         if self.precision in ("bf16", "fp16") and not spec.mixed_precision:
             raise ValueError(f"precision={self.precision!r}: kind {self.kind!r} trains in float32 only; use "
                              f"precision float32 or a kind with the fused encoder (topk, batchtopk, crosscoder, ...)")
