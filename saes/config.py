@@ -17,7 +17,7 @@ from .kernels import FLOAT32_ONLY
 from .kinds import SHARED_DEFAULTS, check_shards, kind_spec, kinds_help
 from .metrics import TRACKERS
 from .model import SparseCoder
-from .precision import AUTO, MATMUL_DTYPES, PIN_ENV, check_precision
+from .precision import AUTO, MATMUL_DTYPES, check_precision
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,8 @@ class TrainConfig:
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
     precision: Literal["auto", "float32", "bf16", "fp16", "float64"] = field(default="auto", metadata=_help(
-        "auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX) for the "
-        f"kinds with the fused encoder, float32 elsewhere ({PIN_ENV} pins it); the run records what it resolved to. "
-        "bf16 / fp16: dtype of the encoder matmul that chooses each step's latents (weights, Adam, values and loss "
-        "stay float32; fp16 on CUDA only); float64: the whole step, for runs that must not depend on the process "
-        "count or CPU (docs/guide/train.md#precision)."))
+        "auto: bf16 where the device has it natively, else float32 (recorded as resolved); bf16 / fp16: the encoder "
+        "matmul's dtype (weights, Adam and loss stay float32); float64: the whole step (docs/guide/train.md#precision)."))
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
     latent_shards: int = field(default=1, metadata={"min": 1, **_help(
         "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
