@@ -120,7 +120,7 @@ def run_train(a: argparse.Namespace, store: Path, precision: str, out: Path) -> 
            "--checkpoint-every", "0", "--seed", str(a.seed), "--no-verify", "--overwrite", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k != "CONCEPTDICT_PRECISION"}  # auto means this machine's choice
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t
     if proc.returncode:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -135,7 +135,8 @@ def run_sparsify(a: argparse.Namespace, store: Path) -> dict:
     shards, key = store_shards(store)
     spec = dict(shards=shards, key=key, d=a.d, batch=a.batch, steps=a.steps, latents=a.latents, k=a.k, seed=a.seed)
     t = time.perf_counter()
-    proc = subprocess.run([a.bench_python, "-c", SPARSIFY, json.dumps(spec)], capture_output=True, text=True)
+    proc = subprocess.run([a.bench_python, "-c", SPARSIFY, json.dumps(spec)], capture_output=True, text=True,
+                          check=False)
     wall = time.perf_counter() - t
     if proc.returncode:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
