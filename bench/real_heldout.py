@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cbm_accuracy import batches  # noqa: E402
 from cbm_corpora import default_model, embedded  # noqa: E402
 from synthetic_recovery import kind_variant  # noqa: E402
 
@@ -65,6 +64,17 @@ def parse_args(argv=None):
     if not 0 < a.test_share < 1:
         p.error(f"--test-share {a.test_share} must lie in (0, 1)")
     return a
+
+
+def batches(x: torch.Tensor, batch: int, steps: int, seed: int):
+    """``steps`` whole batches of ``batch`` rows of x, each pass over x in a fresh seeded order."""
+    gen = torch.Generator().manual_seed(seed)
+    done = 0
+    while done < steps:
+        for idx in torch.randperm(len(x), generator=gen).split(batch):
+            if len(idx) == batch and done < steps:
+                done += 1
+                yield x[idx]
 
 
 def split(x: torch.Tensor, share: float, calibration_rows: int, seed: int) -> tuple[torch.Tensor, ...]:

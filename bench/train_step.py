@@ -20,7 +20,11 @@ difference between the trainers). Variants:
   train-topk         one step of conceptdict.saes.train (gradient projection, clipping, renorm, bookkeeping)
   train-topk-bf16    the same with precision="bf16" (the encoder matmul in bf16 chooses the latents; values, loss,
                      weights and Adam float32); its floor is still the float32 matmul, so its "x matmul" over
-                     train-topk's is the speed-up (train_topk_bf16_tokens_over_float32)
+                     train-topk's is the speed-up (train_topk_bf16_tokens_over_float32); "x own" is the step over
+                     the bf16 matmul timed just after the float32 one (train_topk_bf16_over_its_bf16_floor), as
+                     for the kind-* rows under ``--precision bf16``. The table's first line is the CPU's model
+                     name, its AVX2 / AVX-512 / AVX512-BF16 / AMX flags, ATen's capability and whether oneDNN
+                     computes bf16 natively, so that every figure says which hardware it came from
   kind-KIND          one step of the kind's training forward from the kind table (saes.KINDS: topk, batchtopk,
                      jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
                      clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
@@ -132,13 +136,14 @@ class _Meter:
     timed step is paired with the encoder matmul timed just before it (``floors``): the machine's speed
     drifts by tens of percent within a minute, so ratios come from pairs measured seconds apart."""
 
-    def __init__(self, device: str, floor=None):
+    def __init__(self, device: str, floor=None, low_floor=None):
         import torch
 
         self.torch, self.cuda = torch, device.startswith("cuda")
-        self.floor = floor
+        self.floor, self.low_floor = floor, low_floor
         self.times: list[float] = []
         self.floors: list[float] = []
+        self.low_floors: list[float] = []  # with low_floor: the same matmul in bf16 / fp16, timed after the floor
         self.peaks: list[int] = []  # with a floor: the peak of each timed step alone
         if self.cuda:
             torch.cuda.synchronize()
@@ -166,12 +171,16 @@ class _Meter:
         """Time the floor matmul on x, then reset the peak (RSS, or CUDA's allocator peak), so the fresh
         [B, L] output it just freed does not count as the next step's memory."""
         if self.floor is not None:
-            self.sync()
-            t = time.perf_counter()
-            self.floor(x)
-            self.sync()
+            for fn, times in ((self.floor, self.floors), (self.low_floor, self.low_floors)):
+                if fn is None:
+                    continue
+                self.sync()
+                t = time.perf_counter()
+                fn(x)
+                self.sync()
+                if record:
+                    times.append(time.perf_counter() - t)
             if record:
-                self.floors.append(time.perf_counter() - t)
                 if self.cuda:
                     self.torch.cuda.reset_peak_memory_stats()
                 else:
@@ -371,6 +380,8 @@ def worker(names: list[str], p: dict) -> None:
     its OpenMP wait policy (api/__init__.py) holds for our variants; OMP_WAIT_POLICY=ACTIVE overrides it."""
     if set(names) & set(OURS):
         import conceptdict  # noqa: F401
+
+        print("TORCH_CPU " + json.dumps(torch_cpu()), flush=True)
     for name in names:
         try:
             _measure(name, dict(p, D=16, L=64, k=4, B=32, steps=1, warmup=1))
@@ -390,7 +401,8 @@ def _measure(name: str, p: dict) -> dict:
     sources, matmuls = MULTI_SOURCE.get(name, (1, 1))
     batches = synthetic_batches(p["warmup"] + p["steps"], p["B"], sources * p["D"], p["device"])
     floor = _floor(p, matmuls) if name != "matmul" else None
-    meter = _Meter(p["device"], floor)
+    low = low_precision(name, p)
+    meter = _Meter(p["device"], floor, _floor(p, matmuls, low) if floor and low else None)
     if name == "matmul":
         extra = _matmul(p, meter, batches)
     elif name in ("train-topk", "train-topk-bf16"):
@@ -404,21 +416,44 @@ def _measure(name: str, p: dict) -> dict:
     else:
         extra = _ours(name, p, meter, batches)
     step_s = statistics.median(meter.times)
+    own = {}
+    if meter.low_floors:  # the step over the matmul in its own precision, timed just before it
+        own = {"precision": low, "low_floor_s": statistics.median(meter.low_floors),
+               "step_over_own_floor": statistics.median(t / f for t, f in zip(meter.times, meter.low_floors))}
     return {"name": name, "step_s": step_s, "tokens_per_s": p["B"] / step_s, "peak_bytes": meter.peak(),
-            "times": meter.times, "floor_matmuls": matmuls, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "floor_s": statistics.median(meter.floors) if floor else step_s,
+            "times": meter.times, "floor_matmuls": matmuls, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "floor_s": statistics.median(meter.floors) if floor else step_s,
             "step_over_floor": (statistics.median(t / f for t, f in zip(meter.times, meter.floors))
-                                if floor else 1.0), **extra}
+                                if floor else 1.0), **own, **extra}
 
 
-def _floor(p: dict, matmuls: int = 1):
+def low_precision(name: str, p: dict) -> str | None:
+    """The precision below float32 a row trains in (its encoder matmul): bf16 for train-topk-bf16, ``--precision``
+    for the kind-* rows; None for float32 rows."""
+    if name == "train-topk-bf16":
+        return "bf16"
+    if name.startswith("kind-") and p.get("precision", "float32") in ("bf16", "fp16"):
+        return p["precision"]
+    return None
+
+
+def _floor(p: dict, matmuls: int = 1, precision: str | None = None):
     """The encoder matmul x @ W_enc + b_enc timed before every step of a variant (``_Meter``; the peak
     memory of each step is measured after it): with a fresh output, as the "matmul" variant, or with
     ``floor="buffer"`` into a preallocated, already-touched output. ``matmuls`` > 1 (a crosscoder's S
-    sources): that many [B, D] @ [D, L] products back to back, source s read from columns s*D..(s+1)*D of x."""
+    sources): that many [B, D] @ [D, L] products back to back, source s read from columns s*D..(s+1)*D of x.
+    ``precision`` bf16 / fp16: the matmul in that dtype (weights cast once, x cast inside, as a step casts it)."""
     import torch
 
     W_enc_t, b_enc, _, _ = _init_weights(p["D"], p["L"], p["device"])
     W_enc, D = W_enc_t.t(), p["D"]
+    if precision is not None:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        W_enc, b_enc = W_enc.to(dtype), b_enc.to(dtype)
+        cast = (lambda fn: lambda x: fn(x.to(dtype)))
+        if matmuls == 1:
+            return cast(lambda x: torch.addmm(b_enc, x[:, :D], W_enc))
+        return cast(lambda x: [torch.addmm(b_enc, x[:, s * D:(s + 1) * D], W_enc) for s in range(matmuls)])
     if p.get("floor", "fresh") == "buffer":
         out = torch.zeros(p["B"], p["L"], device=p["device"]).fill_(0.0)  # touched: counted before the baseline
 
@@ -445,6 +480,8 @@ def run_worker(python: str, names: list[str], p: dict, timeout: float) -> dict[s
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
         deadline = time.monotonic() + timeout
         for line in proc.stdout:
+            if line.startswith("TORCH_CPU "):
+                p["torch_cpu"] = json.loads(line[len("TORCH_CPU "):])
             if line.startswith("RESULT "):
                 r = json.loads(line[len("RESULT "):])
                 out[r["name"]] = r
@@ -491,6 +528,8 @@ def ratios(res: dict, p: dict) -> dict:
         "reference_over_ours": ratio(rel("reference-topk"), rel("ours-topk")),
         "torch_impl_over_ours": ratio(rel("ours-torch-topk"), rel("ours-topk")),
         "train_step_over_ours": ratio(rel("train-topk"), rel("ours-topk")),
+        "train_topk_over_its_floor (goal <= 1.3)": rel("train-topk"),
+        "train_topk_bf16_over_its_bf16_floor (goal <= 1.5)": res.get("train-topk-bf16", {}).get("step_over_own_floor"),
         "train_topk_bf16_tokens_over_float32 (goal >= 1.6)": ratio(rel("train-topk"), rel("train-topk-bf16")),
         "train_topk_bf16_tokens_over_float32_raw": ratio(step("train-topk"), step("train-topk-bf16")),
         "sparsify_over_reference": ratio(rel("sparsify"), rel("reference-topk")),
@@ -498,17 +537,55 @@ def ratios(res: dict, p: dict) -> dict:
     }
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+"""The CPU flags that decide the speed of a float32 and a bf16 matmul (oneDNN: AVX512-BF16 or AMX make bf16 native)."""
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and which of :data:`CPU_FLAGS` it has (/proc/cpuinfo; empty where there is none)."""
+    info: dict = {"model": None, "flags": []}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and info["model"] is None:
+                    info["model"] = value.strip()
+                elif key.strip() == "flags":
+                    have = set(value.split())
+                    info["flags"] = [f for f in CPU_FLAGS if f in have]
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def torch_cpu() -> dict:
+    """What torch makes of this CPU (asked in the worker, which imports torch): ATen's vector capability and
+    whether oneDNN multiplies bf16 natively (conceptdict's ``precision auto`` reads the same)."""
+    import torch
+
+    from conceptdict.saes.precision import native_bf16
+
+    return {"aten_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16_cpu": native_bf16(torch.device("cpu"))}
+
+
 def print_table(res: dict, rat: dict, p: dict) -> None:
+    cpu = p.get("cpu", {})
+    print(f"CPU {cpu.get('model')} | flags {' '.join(cpu.get('flags', [])) or '-'} | "
+          + " | ".join(f"{k} {v}" for k, v in p.get("torch_cpu", {}).items()))
     print(f"D={p['D']} L={p['L']} k={p['k']} B={p['B']} device={p['device']} precision(kind-*)={p.get('precision')} "
           f"steps={p['steps']} (+{p['warmup']} warm-up)"
           f" floor={p.get('floor', 'fresh')}")
     print("x matmul: median over steps of the step over the encoder matmul timed just before it")
-    print(f"{'variant':18s} {'step ms':>9s} {'matmul ms':>9s} {'x matmul':>9s} {'tokens/s':>10s} {'peak MiB':>9s}  impl")
+    print("x own: the same over the matmul in the row's own precision (bf16 / fp16 rows), timed just after it")
+    print(f"{'variant':18s} {'step ms':>9s} {'matmul ms':>9s} {'x matmul':>9s} {'x own':>6s} {'tokens/s':>10s} "
+          f"{'peak MiB':>9s}  impl")
     for name, r in res.items():
         if "error" in r:
             print(f"{name:18s} error: {r['error']}")
             continue
-        print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_over_floor']:9.2f} "
+        own = f"{r['step_over_own_floor']:6.2f}" if "step_over_own_floor" in r else f"{'-':>6s}"
+        print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_over_floor']:9.2f} {own} "
               f"{r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  {r.get('impl', '')}"
               + (f" (floor: {r['floor_matmuls']} matmuls)" if r.get("floor_matmuls", 1) > 1 else ""))
     b = budget_bytes(p)
@@ -544,7 +621,8 @@ def main(argv=None) -> None:
         worker(a.worker.split(","), json.loads(a.params))
         return
     preset = "tiny" if a.tiny else "small" if a.small else "full"
-    p = dict(PRESETS[preset], device=a.device, floor=a.floor, threads=a.threads, precision=a.precision)
+    p = dict(PRESETS[preset], device=a.device, floor=a.floor, threads=a.threads, precision=a.precision,
+             cpu=cpu_info())
     p.update({k: v for k, v in (("steps", a.steps), ("warmup", a.warmup)) if v is not None})
     names = [n for n in OURS + OTHERS if not a.only or n in a.only]
     res = run_worker(sys.executable, [n for n in names if n in OURS], p, a.timeout) if set(names) & set(OURS) else {}

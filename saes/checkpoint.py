@@ -152,11 +152,16 @@ def latent_axes(model: SparseCoder) -> dict[str, dict]:
             "optimizer": {i: None if model.latent_axis(n) is None else 0 for i, n in enumerate(names)}}
 
 
+FORMER_DEFAULTS = {"precision": "float32"}
+"""Settings whose default changed after checkpoints were written without them: the value such a checkpoint's run
+used (precision's default became auto, which a run resolves and records; before, float32)."""
+
+
 def _resumed_settings(saved: dict[str, Any], cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(checkpoint, now): the settings ``cfg``'s kind reads, from a checkpoint's record (a setting added after it was
     written at its default; other kinds' settings, which older runs recorded too, left out) and from ``cfg``; the
     stopping rule's settings left out of both when the checkpoint predates the rule (:func:`resumed_config`)."""
-    defaults = {f.name: f.default for f in flat_train_fields() if f.default is not MISSING}
+    defaults = {f.name: f.default for f in flat_train_fields() if f.default is not MISSING} | FORMER_DEFAULTS
     skip = SKIP + (STOP_KEYS if not any(k in saved for k in STOP_KEYS) else ())
     now = {k: v for k, v in to_flat(cfg).items() if k not in skip}
     merged = {**defaults, **saved}

@@ -17,7 +17,7 @@ from .kernels import FLOAT32_ONLY
 from .kinds import SHARED_DEFAULTS, check_shards, kind_spec, kinds_help
 from .metrics import TRACKERS
 from .model import SparseCoder
-from .precision import MATMUL_DTYPES, check_precision
+from .precision import AUTO, MATMUL_DTYPES, check_precision
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,9 @@ class TrainConfig:
     kernel_impl: str = field(default="auto", metadata=_help(
         "Kernel implementation (saes.kernels): auto, reference or a registered fast one."))
     device: str = field(default="auto", metadata=_help("cpu, cuda or auto (cuda when available)."))
-    precision: Literal["float32", "bf16", "fp16", "float64"] = field(default="float32", metadata=_help(
-        "bf16 / fp16: dtype of the encoder matmul that chooses each step's latents (weights, Adam, values and loss "
-        "stay float32; fp16 on CUDA only); float64: the whole step, for runs that must not depend on the process "
-        "count or CPU (docs/guide/train.md#precision)."))
+    precision: Literal["auto", "float32", "bf16", "fp16", "float64"] = field(default="auto", metadata=_help(
+        "auto: bf16 where the device has it natively, else float32 (recorded as resolved); bf16 / fp16: the encoder "
+        "matmul's dtype (weights, Adam and loss stay float32); float64: the whole step (docs/guide/train.md#precision)."))
     d_in: int | None = field(default=None, metadata=_help("Expected input width D per source; None: taken from the data."))
     latent_shards: int = field(default=1, metadata={"min": 1, **_help(
         "Split the latents over N processes under torchrun (nproc = N x data ranks; docs/guide/distributed.md).")})
@@ -158,8 +157,8 @@ class TrainConfig:
             raise ValueError(f"topk_start={self.topk_start} must lie in [0, 1] (or None for the kind's default)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use cpu, cuda, cuda:N or auto")
-        if self.precision not in MATMUL_DTYPES:
-            raise ValueError(f"precision={self.precision!r}: use one of {sorted(MATMUL_DTYPES)}")
+        if self.precision not in MATMUL_DTYPES and self.precision != AUTO:
+            raise ValueError(f"precision={self.precision!r}: use one of {sorted([AUTO, *MATMUL_DTYPES])}")
         if self.precision in ("bf16", "fp16") and not spec.mixed_precision:
             raise ValueError(f"precision={self.precision!r}: kind {self.kind!r} trains in float32 only; use "
                              f"precision float32 or a kind with the fused encoder (topk, batchtopk, crosscoder, ...)")

@@ -154,7 +154,7 @@ class TrainingSettings(TypedDict, total=False):
     log: str | None
     kernel_impl: str
     device: str
-    precision: Literal["float32", "bf16", "fp16", "float64"]
+    precision: Literal["auto", "float32", "bf16", "fp16", "float64"]
     d_in: int | None
     latent_shards: int
     single_file_gib: float

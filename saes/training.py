@@ -26,7 +26,7 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -41,7 +41,7 @@ from .checkpoint import TrainState, checkpoint_state, load_sharded, restore, res
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
                      eval_batch_count, heldout_batch_count, resolve, resolve_device, with_heldout_defaults)
-from .precision import MATMUL_DTYPES, check_precision, weight_dtype
+from .precision import MATMUL_DTYPES, check_precision, resolve_precision, weight_dtype
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
@@ -74,6 +74,8 @@ class Run(NamedTuple):
     """Steps over which the kind's sparsity coefficient warms up (``KindSpec.sparsity_warmup``, else the lr's)."""
     momentum: float
     """The running threshold estimate's momentum (the kind's ``threshold_momentum``; 0 for kinds without one)."""
+    matmul_dtype: torch.dtype | None = None
+    """The encoder matmul's dtype (``TrainConfig.precision``, auto resolved for the model's device)."""
 
 
 def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Adam, state: TrainState,
@@ -82,8 +84,9 @@ def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Ad
     spec, settings = model.spec, cfg.kind_settings
     warm = spec.sparsity_warmup(settings) if spec.sparsity_warmup is not None else None
     momentum = settings.threshold_momentum if spec.estimates_threshold else 0.0
+    precision = resolve_precision(cfg.precision, model.W_dec.device, spec.mixed_precision, cfg.kernel_impl)
     return Run(model, gen, opt, state, resolved, settings, warm if warm is not None else resolved.warmup_steps,
-               momentum)
+               momentum, MATMUL_DTYPES[precision])
 
 
 # -- one step ---------------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
     inputs = StepInputs(stats=stats, comm=comm, dead=dead.to(x.device) if use_aux else None, k_aux=r.aux_k,
                         settings=run.settings, warmup=min(1.0, (st.step + 1) / warm) if warm > 0 else 1.0,
                         schedule=lr / r.lr if r.lr else 1.0, code_l1=r.code_l1, per_row=st.step < r.topk_steps,
-                        matmul_dtype=MATMUL_DTYPES[cfg.precision])
+                        matmul_dtype=run.matmul_dtype)
     out = model.spec.train_forward(model, x, inputs)
     err = target - out.x_hat
     fvu = err.pow(2).sum() / stats.total_var
@@ -235,7 +238,6 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
     cfg = with_heldout_defaults(cfg)  # a store's run has them sized already (saes.config.fit_to_store)
     check_tracker(cfg.log)
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
     if resume and out is None:
         raise ValueError("resume=True needs the output directory holding checkpoint.pt")
     if cfg.latent_shards != comm.shards.size:
@@ -244,6 +246,10 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
                          f"under torchrun, as `conceptdict train --latent-shards` does")
     ck = load_sharded(out, CHECKPOINT_FILE, comm.shards.rank, comm.shards.size) if resume else None
     cfg = cfg if ck is None else resumed_config(ck, cfg)
+    recorded = None if ck is None else ck["config"].get("precision", "float32")  # float32: from before the setting
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, kind_spec(cfg.kind).mixed_precision,
+                                                   cfg.kernel_impl, resumed=recorded))
+    check_precision(cfg.precision, device)
     data = open_training_data(batches, eval_batch_count(cfg), cfg.init_rows, None if ck is None else ck["position"],
                               source, comm, calibration_batch_count(cfg))
     run = setup(cfg, data, batches, ck, device, source, comm)

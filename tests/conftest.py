@@ -14,6 +14,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# `precision auto` (TrainConfig's default) trains in bf16 on a CPU with AVX512-BF16 or AMX: the suite pins it to
+# float32 so that every test and golden number is the same on every CPU (saes/precision.py's PIN_ENV; inherited by
+# the processes the tests start). Tests of auto itself unset it (tests/test_precision.py).
+os.environ.setdefault("CONCEPTDICT_PRECISION", "float32")
 # What `import conceptdict` sets for its users (api/__init__.py): OpenMP workers sleep after a parallel region
 # instead of spinning. It must be set before torch is first imported, and test modules import torch before
 # conceptdict, so without it here the whole run (and every subprocess it starts) spins: on a busy 2-core machine

@@ -101,11 +101,15 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, caplog, nat
     from conceptdict.saes import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: native)
+    monkeypatch.setattr(precision, "_warned", set())  # once per process: this test's process starts afresh
+    monkeypatch.setattr(precision, "emulated_bf16_cost", lambda: 4.25)  # what the warning says it measured
     with caplog.at_level("WARNING", logger="conceptdict.saes.precision"):
-        precision.check_precision("bf16", torch.device("cpu"))
-        precision.check_precision("float32", torch.device("cpu"))
+        for _ in range(2):
+            precision.check_precision("bf16", torch.device("cpu"))
+            precision.check_precision("float32", torch.device("cpu"))
     warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
     assert len(warned) == (0 if native else 1), warned
+    assert native or "4.2x slower than float32 here" in warned[0]
 
 
 @pytest.mark.unit
