@@ -84,7 +84,7 @@ def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Ad
     spec, settings = model.spec, cfg.kind_settings
     warm = spec.sparsity_warmup(settings) if spec.sparsity_warmup is not None else None
     momentum = settings.threshold_momentum if spec.estimates_threshold else 0.0
-    precision = resolve_precision(cfg.precision, model.W_dec.device, spec.mixed_precision, cfg.kernel_impl)
+    precision = resolve_precision(cfg.precision, model.device, spec.mixed_precision, cfg.kernel_impl)
     return Run(model, gen, opt, state, resolved, settings, warm if warm is not None else resolved.warmup_steps,
                momentum, MATMUL_DTYPES[precision])
 
