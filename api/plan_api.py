@@ -13,7 +13,7 @@ __all__ = ["MemoryPlan", "PlanConfig", "plan"]
 @takes_settings(PlanConfig)
 def plan(
     *, kind: str = "topk", d_model: int = 768, latents: int = 16384, k: int = 32, sources: int = 1,
-    latent_shards: int = 1, data_ranks: int = 1, precision: Literal["float32", "bf16", "fp16", "float64"] = "float32",
+    latent_shards: int = 1, data_ranks: int = 1, precision: Literal["auto", "float32", "bf16", "fp16", "float64"] = "auto",
     batch_size: int = 4096, device: Literal["cuda", "cpu"] = "cuda", device_gib: float | None = None,
     store_rows: int | None = None, store_bytes: int = 4, buffer_rows: int = 65536, heldout_batches: int = 1,
 ) -> MemoryPlan:

@@ -36,7 +36,7 @@ import torch
 from .kernels.sparse import ROW_CHUNK
 from .kinds import kind_spec
 from .model import SparseCoder
-from .precision import MATMUL_DTYPES, weight_dtype
+from .precision import AUTO, MATMUL_DTYPES, native_bf16, weight_dtype
 
 GIB = 2 ** 30
 SPARE = 0.10
@@ -61,8 +61,9 @@ class PlanConfig:
         "Sources the dictionary reads: a crosscoder's models or hookpoints, a cross-layer transcoder's layers.")})
     latent_shards: int = field(default=1, metadata={"min": 1, **_help("Processes the latents are split over.")})
     data_ranks: int = field(default=1, metadata={"min": 1, **_help("Processes the batch is split over.")})
-    precision: Literal["float32", "bf16", "fp16", "float64"] = field(default="float32", metadata=_help(
-        "Precision of the encoder matmul (as train --precision)."))
+    precision: Literal["auto", "float32", "bf16", "fp16", "float64"] = field(default="auto", metadata=_help(
+        "Precision of the encoder matmul (as train --precision; auto: bf16 on a GPU, on a CPU as this one resolves "
+        "it, float32 for kinds that train in float32 only)."))
     batch_size: int = field(default=4096, metadata={"min": 1, **_help("Rows per step, over all data ranks.")})
     device: Literal["cuda", "cpu"] = field(default="cuda", metadata=_help(
         "Where the step runs: a GPU computes the batch's encoder scores at once, a CPU in row chunks."))
@@ -78,8 +79,8 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         spec = kind_spec(self.kind)
-        if self.precision not in MATMUL_DTYPES:
-            raise ValueError(f"precision={self.precision!r}: use one of {sorted(MATMUL_DTYPES)}")
+        if self.precision not in MATMUL_DTYPES and self.precision != AUTO:
+            raise ValueError(f"precision={self.precision!r}: use one of {sorted([AUTO, *MATMUL_DTYPES])}")
         if spec.layered and self.latents % self.sources:
             raise ValueError(f"a {self.kind} splits its latents equally over its {self.sources} layers: latents="
                              f"{self.latents} is not a multiple of sources={self.sources}")
@@ -180,6 +181,9 @@ def plan_memory(cfg: PlanConfig) -> MemoryPlan:
     """What one rank of the run ``cfg`` describes holds while it trains (see the module's docstring), and with
     ``cfg.device_gib`` the smallest latent shard count that fits."""
     spec = kind_spec(cfg.kind)
+    if cfg.precision == AUTO:  # as a run resolves it (saes.precision.resolve_precision); GPUs in use have bf16
+        bf16 = spec.mixed_precision and (cfg.device == "cuda" or native_bf16(torch.device("cpu")))
+        cfg = PlanConfig(**{**asdict(cfg), "precision": "bf16" if bf16 else "float32"})
     held, trained, count = _held(cfg)
     wbytes = torch.empty((), dtype=weight_dtype(cfg.precision)).element_size()
     mm = MATMUL_DTYPES[cfg.precision]

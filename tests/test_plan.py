@@ -37,7 +37,7 @@ def test_the_plan_counts_what_a_shard_holds(kind, shards):
     if shards > 1 and not kind_spec(kind).shardable:
         pytest.skip(f"{kind} trains in one process only (its plan for N > 1 is marked so)")
     S = sources_of(kind)
-    plan = cd.plan(kind=kind, d_model=D, latents=L * S, k=2, sources=S, latent_shards=shards)
+    plan = cd.plan(kind=kind, d_model=D, latents=L * S, k=2, sources=S, latent_shards=shards, precision="float32")
     model = SparseCoder(D, L * S // shards, 2, kind, n_sources=S)
     model.add_train_params()
     assert plan.weights == bytes_of([*model.parameters(), *model.buffers()])
@@ -55,8 +55,10 @@ def test_the_plan_counts_what_a_shard_holds(kind, shards):
 
 
 def test_precision_moves_what_it_touches():
-    base = cd.plan(d_model=64, latents=1024)
+    base = cd.plan(d_model=64, latents=1024, precision="float32")
     bf16 = cd.plan(d_model=64, latents=1024, precision="bf16")
+    assert cd.plan(d_model=64, latents=1024).config.precision == "bf16"  # auto on a GPU
+    assert cd.plan(kind="spade", d_model=64, latents=1024).config.precision == "float32"  # a float32-only kind
     f64 = cd.plan(d_model=64, latents=1024, precision="float64")
     assert bf16.matmul_copy == 64 * 1024 * 2 and base.matmul_copy == 0
     assert bf16.pre_activations * 2 == base.pre_activations
@@ -64,8 +66,8 @@ def test_precision_moves_what_it_touches():
 
 
 def test_a_gpu_keeps_the_data_path_in_host_memory_and_a_cpu_chunks_its_scores():
-    gpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096)
-    cpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096, device="cpu")
+    gpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096, precision="float32")
+    cpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096, device="cpu", precision="float32")
     assert gpu.host == gpu.data > 0 and cpu.host == 0
     assert cpu.peak - cpu.data < gpu.peak  # a CPU selects row chunks, a GPU the whole batch's scores
     assert gpu.pre_activations == 4096 * (1 << 16) * 4
