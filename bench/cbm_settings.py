@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("key", help="a `conceptdict cbm` setting (CbmConfig field), e.g. scale")
     p.add_argument("values", nargs="+", help="its values to compare (parsed as JSON where they parse, else strings)")
-    p.add_argument("--corpus", action="append", choices=sorted(CORPORA), help="repeat; default: all five")
+    p.add_argument("--corpus", action="append", choices=sorted(CORPORA),
+                   help="repeat; default: the six of bench/cbm_accuracy.py")
     p.add_argument("--route", action="append", choices=["own", "broad"], help="repeat; default: both")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3)
