@@ -100,7 +100,8 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
         codes: str = "relu", scale: str = "probe", super_quantile: float = 0.1,
         lam: float | Sequence[float] | None = None, probe_l2: float | Sequence[float] | None = None,
         max_iter: int = 5000, tol: float = 0.0001, refit_l2: float | Sequence[float] | None = None,
-        val_tolerance: float = 0.005, grow_lambda: int = 3, val_fraction: float = 0.15,
+        val_tolerance: float = 0.005, grow_lambda: int = 3, cv_folds: int = 5, cv_max_rows: int = 4000,
+        val_fraction: float = 0.15,
         test_fraction: float = 0.2, zero_tol: float = 0.01, min_class_size: int = 5, seed: int = 0,
         device: str = "cpu", overwrite: bool = False) -> CbmResult:
     """A sparse concept bottleneck model on a concept dictionary (a folder or the object ``cd.name`` returned),

@@ -39,7 +39,7 @@ from cbm_corpora import CORPORA, HOOKPOINT  # noqa: E402
 
 import conceptdict as cd  # noqa: E402
 
-DEFAULT_CORPORA = ("man2", "manpages", "debian", "pydocs", "debian30")
+DEFAULT_CORPORA = ("man2", "manpages", "debian", "pydocs", "debian30", "msglang")
 FLAGS = {"latents": 1024, "k": 16}
 """The flags ``train`` requires (the demo's sentence dictionary); every other setting is the command's default."""
 VOCAB = "wordfreq:en:20000"
@@ -86,7 +86,8 @@ def cbm_row(result, seconds: float) -> dict:
     m = result.metrics
     return {"cbm_accuracy": m["accuracy"], "probe_accuracy": m["probe_accuracy"],
             "gap_points": 100 * (m["probe_accuracy"] - m["accuracy"]), "cbm_seconds": seconds,
-            "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary")}
+            "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary"),
+            "per_prediction": m.get("concepts_per_prediction"), "cv_folds": m.get("cv_folds")}
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -142,27 +143,36 @@ def broad_row(store: Path, run: Path, broad, seeds: int, broad_texts: set[str]) 
 
 
 def mean_gap(row: dict) -> str:
+    """The mean gap over the seeds, its standard error, and the largest split's gap."""
     if "mean_gap_points" not in row:
         return "-"
-    return f"{row['mean_gap_points']:+.1f} ± {row['mean_gap_se']:.1f} ({len(row['gaps_by_seed'])})"
+    return (f"{row['mean_gap_points']:+.1f} ± {row['mean_gap_se']:.1f} ({len(row['gaps_by_seed'])}; largest "
+            f"{max(row['gaps_by_seed']):+.1f})")
+
+
+def per_prediction(row: dict) -> str:
+    """Concepts per prediction at seed 0, median over the test inputs: contributing at all / making up 90%."""
+    p = row.get("per_prediction")
+    return "-" if not p else f"{p['nonzero']:.0f} / {p['90']:.0f}"
 
 
 def table(rows: list[dict]) -> list[str]:
     broad = any("broad" in r for r in rows)
-    head = ("| corpus | rows | classes | probe | CBM (own) | gap | mean gap (seeds) | steps (upper bound) | "
-            "held-out FVU | train s | name s | cbm s |")
-    head += " CBM (broad) | gap | mean gap (seeds) | broad FVU | cbm s | rows in broad text |" if broad else ""
+    head = ("| corpus | rows | classes | probe | CBM (own) | gap | mean gap (seeds) | concepts per prediction | "
+            "steps (upper bound) | held-out FVU | train s | name s | cbm s |")
+    head += (" CBM (broad) | gap | mean gap (seeds) | concepts per prediction | broad FVU | cbm s | "
+             "rows in broad text |" if broad else "")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         o = r["own"]
         line = (f"| {r['corpus']} | {r['rows']} | {r['classes']} | {100 * o['probe_accuracy']:.1f}% | "
-                f"{100 * o['cbm_accuracy']:.1f}% | {o['gap_points']:+.1f} | {mean_gap(o)} | "
+                f"{100 * o['cbm_accuracy']:.1f}% | {o['gap_points']:+.1f} | {mean_gap(o)} | {per_prediction(o)} | "
                 f"{r['steps']} ({r['upper_bound']}) | {r['heldout_fvu']:.3f} | {r['train_seconds']:.0f} | "
                 f"{r['name_seconds']:.0f} | {o['cbm_seconds']:.0f} |")
         if "broad" in r:
             b = r["broad"]
             line += (f" {100 * b['cbm_accuracy']:.1f}% | {b['gap_points']:+.1f} | {mean_gap(b)} | "
-                     f"{b['dictionary']['fvu']:.3f} | "
+                     f"{per_prediction(b)} | {b['dictionary']['fvu']:.3f} | "
                      f"{b['cbm_seconds']:.0f} | {b.get('texts_in_broad_text', '?')} |")
         out.append(line)
     return out
@@ -186,7 +196,10 @@ def main(argv=None) -> int:
     worst = max(max(r["own"]["gap_points"], r.get("broad", {}).get("gap_points", -100)) for r in rows)
     mean = max(max(r["own"].get("mean_gap_points", -100), r.get("broad", {}).get("mean_gap_points", -100))
                for r in rows)
-    print(f"largest gap {worst:+.1f} points at seed 0, {mean:+.1f} averaged over the seeds (target <= 2)")
+    split = max(max(r["own"].get("gaps_by_seed", [-100]) + r.get("broad", {}).get("gaps_by_seed", [-100]))
+                for r in rows)
+    print(f"largest gap {worst:+.1f} points at seed 0, {split:+.1f} on any split (target <= 2), {mean:+.1f} averaged "
+          "over the seeds (target <= 1)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "largest_gap_points": worst, "largest_mean_gap_points": mean},

@@ -19,12 +19,17 @@ broad route is measured on texts (and pages, packages, files) its dictionary nev
 - ``man2``: a 2-class split of the man pages, user commands (section 1) against library calls (section 3).
 - ``debian30``: topics of short texts: the one-line synopsis alone (a few words) of Debian packages in the 30
   largest sections that have at least :data:`PER_CLASS_30` packages, labelled by section.
+- ``msglang``: a task of another kind, the language of a text rather than its topic: translated program messages
+  (the msgstr of the gettext catalogs under ``/usr/share/locale/LANG/LC_MESSAGES/*.mo``, at least 3 words) in
+  :data:`MSG_LANGUAGES`, ten languages in close pairs and families (Danish / Swedish / Norwegian, Spanish /
+  Portuguese / Catalan, ...), labelled by language. No catalog is in the broad text.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import struct
 import sysconfig
 from pathlib import Path
 
@@ -95,6 +100,40 @@ def debian30(per_class: int = PER_CLASS_30, n_classes: int = 30) -> list[dict]:
     return _take(((s, t) for s in sorted(big[:n_classes]) for t in by_section[s]), per_class)
 
 
+# ---------------------------------------------------------------- translated program messages
+
+MSG_LANGUAGES = ("ca", "da", "de", "es", "fr", "it", "nb", "nl", "pt_BR", "sv")
+LOCALE_ROOT = Path("/usr/share/locale")
+
+
+def mo_messages(path: Path) -> list[str]:
+    """The translations (msgstr; a plural's first form) in gettext catalog ``path`` (the GNU .mo layout: magic,
+    revision, count, offsets of the original and translated string tables); [] for a file that is not one."""
+    data = path.read_bytes()
+    order = {0x950412DE: "<", 0xDE120495: ">"}.get(struct.unpack("<I", data[:4])[0]) if len(data) >= 20 else None
+    if order is None:
+        return []
+    _, count, _, table = struct.unpack(order + "4I", data[4:20])
+    out = []
+    for i in range(count):
+        size, offset = struct.unpack(order + "2I", data[table + 8 * i: table + 8 * i + 8])
+        out.append(data[offset: offset + size].decode("utf-8", "replace").split("\0")[0])
+    return out
+
+
+def msglang(per_class: int = PER_CLASS, root: Path = LOCALE_ROOT,
+            languages: tuple[str, ...] = MSG_LANGUAGES) -> list[dict]:
+    pairs = []
+    for lang in languages:
+        for path in sorted((root / lang / "LC_MESSAGES").glob("*.mo")):
+            for message in mo_messages(path):
+                text = " ".join(message.split())
+                # whole phrases: no format directives or option tables, which say more about the program
+                if len(text.split()) >= 3 and "%" not in text and not text.startswith("-") and len(text) <= 200:
+                    pairs.append((lang, text))
+    return _take(pairs, per_class)
+
+
 # ---------------------------------------------------------------- third-party docstrings
 
 
@@ -136,7 +175,7 @@ def stdlib(per_class: int = PER_CLASS) -> list[dict]:
 
 
 CORPORA = {"manpages": manpages, "debian": debian, "pydocs": pydocs, "stdlib": stdlib, "man2": man2,
-           "debian30": debian30}
+           "debian30": debian30, "msglang": msglang}
 
 
 HOOKPOINT = "sentence.mean_normalized"
@@ -172,7 +211,7 @@ def embedded(name: str, model, cache: Path, max_length: int = 128):
     key = hashlib.sha256(("\n\0".join(texts) + "\0" + "\0".join(labels) + HOOKPOINT + str(max_length)).encode())
     path = cache / f"{name}-{key.hexdigest()[:16]}.safetensors"
     if not path.exists():
-        x = embed_texts(model(), texts, HOOKPOINT, max_length=max_length)
+        x = model().embed_texts(texts, HOOKPOINT, max_length=max_length)
         cache.mkdir(parents=True, exist_ok=True)
         save_file({"x": x.contiguous()}, str(path))
         path.with_suffix(".json").write_text(json.dumps({"labels": labels, "texts": texts}))

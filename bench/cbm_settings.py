@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("key", help="a `conceptdict cbm` setting (CbmConfig field), e.g. scale")
     p.add_argument("values", nargs="+", help="its values to compare (parsed as JSON where they parse, else strings)")
-    p.add_argument("--corpus", action="append", choices=sorted(CORPORA), help="repeat; default: all five")
+    p.add_argument("--corpus", action="append", choices=sorted(CORPORA),
+                   help="repeat; default: the six of bench/cbm_accuracy.py")
     p.add_argument("--route", action="append", choices=["own", "broad"], help="repeat; default: both")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3)
@@ -50,7 +51,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     broad = cd.cached_broad_dictionary() if "broad" in (args.route or ["own", "broad"]) else None
     rows = []
-    print(f"| corpus | route | {args.key} | probe | CBM | mean gap ± SE | concepts used | cbm s |\n|" + "---|" * 8)
+    print(f"| corpus | route | {args.key} | probe | CBM | mean gap ± SE | largest gap | concepts used | concepts per "
+          "prediction | cbm s |\n|" + "---|" * 10)
     for name in args.corpus or DEFAULT_CORPORA:
         store = task_store(name, args.work)
         for route in args.route or ["own", "broad"]:
@@ -73,10 +75,13 @@ def main(argv=None) -> int:
                        "cbm": statistics.fmean(m["accuracy"] for m in fits),
                        "probe": statistics.fmean(m["probe_accuracy"] for m in fits),
                        "concepts_used": statistics.fmean(m["concepts_used"] for m in fits),
+                       "per_prediction": {k: statistics.median(m["concepts_per_prediction"][k] for m in fits)
+                                          for k in fits[0]["concepts_per_prediction"]},
                        "mean_gap": mean, "se": se}
                 rows.append(row)
                 print(f"| {name} | {route} | {v} | {100 * row['probe']:.1f}% | {100 * row['cbm']:.1f}% | "
-                      f"{row['mean_gap']:+.1f} ± {row['se']:.1f} | {row['concepts_used']:.0f} | {seconds:.0f} |",
+                      f"{row['mean_gap']:+.1f} ± {row['se']:.1f} | {max(gaps):+.1f} | {row['concepts_used']:.0f} | "
+                      f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f} | {seconds:.0f} |",
                       flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from conceptdict.naming.bottleneck.cbm import (
     explain_input,
     intervene,
     load_cbm,
+    per_prediction,
     pool_codes,
     save_cbm,
     store_features,
@@ -88,6 +89,14 @@ def test_coverage_counts_concepts_to_reach_each_share():
     cov = coverage(contrib)
     # row 0: positives 5,3,1,1 of 10 -> 90% needs 3 (9/10), 95% and 99% need 4; row 1: 1 each
     assert cov == {"90": 2.0, "95": 2.5, "99": 2.5}
+
+
+def test_per_prediction_is_the_median_over_inputs_of_contributing_concepts():
+    contrib = torch.tensor([[5.0, 3.0, 1.0, 1.0, -4.0], [10.0, 0.0, 0.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0, 0.0]])
+    # contributing (either sign): 5, 1, 2 -> median 2; making up 90% of the positive part: 3, 1, 2 -> median 2
+    assert per_prediction(contrib) == {"nonzero": 2.0, "90": 2.0}
+    assert per_prediction(contrib[:1]) == {"nonzero": 5.0, "90": 3.0}
+    assert per_prediction(torch.zeros(2, 3)) == {"nonzero": 0.0, "90": 0.0}  # nothing positive: no concept needed
 
 
 def _planted_dataset(n=300, L=12, seed=0):

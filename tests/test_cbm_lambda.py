@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conceptdict.naming.bottleneck.baseline import fit_raw_probe, stratified_folds
 from conceptdict.naming.bottleneck.cbm import CbmConfig, CbmResult, gap_notes, train_cbm
 from conceptdict.naming.bottleneck.path import choose_lambda, refit_support
 from conceptdict.naming.bottleneck.solvers import kkt_residual
@@ -31,11 +32,11 @@ def test_choose_lambda_takes_the_sparsest_within_the_tolerance_of_the_best():
     assert choose_lambda(PATH + refits, 0.0) == refits[1]  # and it is now the best of all
 
 
-def _dataset(n=400, L=24, seed=0):
+def _dataset(n=400, L=24, seed=0, signal=0.6):
     gen = torch.Generator().manual_seed(seed)
     y = torch.randint(0, 4, (n,), generator=gen)
     concepts = torch.rand(n, L, generator=gen)
-    concepts[torch.arange(n), y] += 0.6  # concept c signals class c, the rest is noise
+    concepts[torch.arange(n), y] += signal  # concept c signals class c, the rest is noise
     raw = concepts @ torch.randn(L, 12, generator=gen)
     return concepts, [f"class{int(v)}" for v in y], [f"c{i}" for i in range(L)], raw
 
@@ -167,3 +168,51 @@ def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     assert "points below" not in format_cbm(CbmResult(res.weight, res.scale, res.classes, res.concept_ids,
                                                        res.concept_names, 1.0, {**m, **_metrics(0.01)}))
 
+
+
+def test_stratified_folds_partition_the_rows_and_hold_every_class():
+    y = torch.tensor([0] * 23 + [1] * 11 + [2] * 5)
+    fold = stratified_folds(y, 5, seed=3)
+    assert fold.shape == y.shape and set(fold.tolist()) == set(range(5))
+    for f in range(5):  # every fold holds every class; sizes differ by at most one row per class
+        assert set(y[fold == f].tolist()) == {0, 1, 2}
+    for c in range(3):
+        counts = torch.bincount(fold[y == c], minlength=5)
+        assert int(counts.max() - counts.min()) <= 1
+    assert torch.equal(fold, stratified_folds(y, 5, seed=3)) and not torch.equal(fold, stratified_folds(y, 5, seed=4))
+    with pytest.raises(ValueError, match="folds=1"):
+        stratified_folds(y, 1)
+
+
+def test_cross_validation_chooses_on_every_training_row_and_fits_on_them():
+    concepts, labels, names, raw = _dataset(n=300, signal=0.3)  # weak enough that no fit is always right
+    cfg = CbmConfig(lambdas=[0.01, 0.3, 3.0], grow_lambda=0, cv_folds=4)
+    cv = train_cbm(concepts, labels, names, cfg, raw=raw)
+    m = cv.metrics
+    pooled = m["n_train"] + m["n_val"]
+    assert m["cv_folds"] == 4 and m["n_fit"] == pooled
+    # each fit's accuracy is counted over every pooled row once (one fold each), not over the validation split
+    assert all(abs(p["val_accuracy"] * pooled - round(p["val_accuracy"] * pooled)) < 1e-3 for p in m["lambda_path"])
+    assert m["probe_val_accuracy"] * pooled == pytest.approx(round(m["probe_val_accuracy"] * pooled), abs=1e-3)
+    # above cv_max_rows: the one validation split, exactly as without folds
+    single = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.01, 0.3, 3.0], grow_lambda=0, cv_folds=0),
+                       raw=raw)  # fmt: skip
+    capped = train_cbm(concepts, labels, names, CbmConfig(lambdas=[0.01, 0.3, 3.0], grow_lambda=0, cv_folds=4,
+                                                          cv_max_rows=pooled - 1), raw=raw)  # fmt: skip
+    assert capped.metrics["cv_folds"] == 0 and capped.metrics["n_fit"] == m["n_train"]
+    assert torch.equal(capped.weight, single.weight) and capped.metrics["lambda_path"] == single.metrics["lambda_path"]
+    assert [p["val_accuracy"] for p in m["lambda_path"]] != [p["val_accuracy"] for p in single.metrics["lambda_path"]]
+    assert min(cv.metrics["accuracy"], single.metrics["accuracy"]) > 0.35  # chance is 0.25
+
+
+def test_raw_probe_cross_validates_its_l2_and_fits_on_train_and_val():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (240,), generator=gen)
+    raw = torch.randn(240, 6, generator=gen) + 2.0 * torch.nn.functional.one_hot(y, 6).float()
+    train, val, test = torch.arange(0, 150), torch.arange(150, 190), torch.arange(190, 240)
+    probe = fit_raw_probe(raw, y, train, val, test, 3, [1e6, 0.0], folds=5)
+    assert probe.l2 == 0.0 and probe.test_accuracy > 0.6  # a huge L2 loses every fold (chance: 1/3)
+    # pooled over the 190 rows of train and val
+    assert probe.val_accuracy * 190 == pytest.approx(round(probe.val_accuracy * 190), abs=1e-3)
+    on_train = fit_raw_probe(raw, y, train, val, test, 3, [0.0])
+    assert not torch.allclose(probe.weight, on_train.weight)  # fitted on the 190 rows, not the 150

@@ -71,3 +71,24 @@ def test_cbsae_python_line_runs_as_the_guide_writes_it(quick, monkeypatch):
     exec(compile(code, f"{GUIDE.name} (CB-SAE)", "exec"), scope)
     result = scope["result"]
     assert result.dictionary == Path("runs/quick/cbsae/dictionary") and result.summary["n_added"] >= 1
+
+
+def test_cbsae_with_every_listed_concept_present_prunes_and_adds_nothing(quick, monkeypatch, capsys):
+    """A concept list whose concepts the dictionary has already (a kept latent's own name) was a traceback deep in
+    the bottleneck's training (the quantile of zero concepts); it is the pruned dictionary with nothing added."""
+    argv, _ = _guide_blocks()
+    monkeypatch.chdir(quick)
+    concepts = json.loads(Path("runs/quick/concepts/concepts.json").read_text())["concepts"]
+    def score(c):
+        return ((c.get("scores") or {}).get("embedding") or {}).get("score") or 0.0
+
+    kept = [c["name"] for c in concepts if score(c) >= 0.7]
+    assert kept, "the fixture's dictionary keeps no latent; the test needs one"
+    Path("present.txt").write_text(kept[0] + "\n")
+    out = "runs/quick/cbsae-present"
+    args = [*argv[1:], "--steps", str(FAST["steps"])]
+    args[args.index("my-concepts.txt")], args[args.index("--out") + 1] = "present.txt", out
+    assert main(args) == 0, capsys.readouterr().err
+    doc = json.loads((Path(out) / "cbsae.json").read_text())
+    assert doc["n_added"] == 0 and doc["added"] == [] and list(doc["present"]) == [kept[0]]
+    assert doc["n_kept"] == json.loads((Path(out) / "dictionary" / "config.json").read_text())["n_latents"]

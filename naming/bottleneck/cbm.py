@@ -35,9 +35,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe
+from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe, stratified_split
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
-from conceptdict.naming.bottleneck.path import fit_lambda_path
+from conceptdict.naming.bottleneck.path import Part, cv_parts, fit_lambda_path
 
 if TYPE_CHECKING:
     import pandas
@@ -115,6 +115,13 @@ class CbmConfig:
     grow_lambda: int = field(default=3, metadata={"min": 0, "help": (
         "When the largest lambda is chosen, try up to this many larger ones (3x each) while the largest stays "
         "chosen, so the sparsest CBM within val_tolerance is not cut off by the grid (0: the grid alone).")})
+    cv_folds: int = field(default=5, metadata={"min": 0, "help": (
+        "Choose lambda, the refit and the probe's L2 by this many stratified folds of the training and validation "
+        "rows together, then fit the chosen on all of them (0 or 1: on the one validation split, the fits on the "
+        "training rows alone). Only up to cv_max_rows such rows.")})
+    cv_max_rows: int = field(default=4000, metadata={"min": 0, "help": (
+        "Cross-validate only when the training and validation rows are at most this many; above, the one "
+        "validation split (its own noise is smaller there, and the folds cost cv_folds times the fits).")})
     val_fraction: float = field(default=0.15, metadata={"help": "Share of each class held out to choose lambda."})
     test_fraction: float = field(default=0.2, metadata={
         "help": "Share of each class held out for the reported accuracies."})
@@ -140,28 +147,7 @@ class CbmConfig:
             raise ValueError(f"refit_l2={self.refit_l2} must hold values >= 0 (or be empty: no refits)")
 
 
-# ---------------------------------------------------------------- splits and probes
-
-
-class Split(NamedTuple):
-    train: Tensor  # int64 indices
-    val: Tensor
-    test: Tensor
-
-
-def stratified_split(y: Tensor, val_fraction: float, test_fraction: float, seed: int = 0) -> Split:
-    """Per class: shuffle, then ``test_fraction`` to test, ``val_fraction`` to val, the rest to train."""
-    gen = torch.Generator().manual_seed(seed)
-    parts: tuple[list, list, list] = ([], [], [])
-    for c in torch.unique(y).tolist():
-        idx = torch.nonzero(y == c).flatten()
-        idx = idx[torch.randperm(len(idx), generator=gen)]
-        n_test = max(1, round(test_fraction * len(idx)))
-        n_val = max(1, round(val_fraction * len(idx)))
-        parts[2].append(idx[:n_test])
-        parts[1].append(idx[n_test : n_test + n_val])
-        parts[0].append(idx[n_test + n_val :])
-    return Split(*(torch.cat(p).sort().values for p in parts))
+# ---------------------------------------------------------------- how many concepts a prediction takes
 
 
 def coverage(contrib: Tensor, levels: Sequence[float] = COVERAGE_LEVELS) -> dict[str, float]:
@@ -176,6 +162,19 @@ def coverage(contrib: Tensor, levels: Sequence[float] = COVERAGE_LEVELS) -> dict
         need = (frac < level - 1e-9).sum(1) + 1
         out[f"{round(level * 100)}"] = float(need.float().mean()) if keep.any() else 0.0
     return out
+
+
+def per_prediction(contrib: Tensor, level: float = COVERAGE_LEVELS[0]) -> dict[str, float]:
+    """Concepts per prediction, median over the rows of contrib [N, L] (each row: the contributions to that input's
+    predicted class): ``nonzero``, the concepts contributing at all (active and weighted for the class, either sign);
+    ``"90"``, those making up ``level`` of the positive contribution (:func:`coverage`'s count, row by row)."""
+    if not len(contrib):
+        return {"nonzero": 0.0, f"{round(level * 100)}": 0.0}
+    pos = contrib.clamp_min(0).sort(dim=1, descending=True).values
+    frac = pos.cumsum(1) / pos.sum(1, keepdim=True).clamp_min(1e-30)
+    need = torch.where(pos.sum(1) > 0, (frac < level - 1e-9).sum(1) + 1, torch.zeros(len(pos), dtype=torch.int64))
+    return {"nonzero": float((contrib != 0).sum(1).float().median()),
+            f"{round(level * 100)}": float(need.float().median())}
 
 
 # ---------------------------------------------------------------- the CBM
@@ -266,27 +265,37 @@ def train_cbm(
     y = y.to(cfg.device)
     split = stratified_split(y.cpu(), cfg.val_fraction, cfg.test_fraction, cfg.seed)
     C = len(classes)
+    folds = cfg.cv_folds if cfg.cv_folds >= 2 and len(split.train) + len(split.val) <= cfg.cv_max_rows else 0
+    fit_rows = torch.cat([split.train, split.val]) if folds else split.train  # the rows the CBM is fitted on
     probe = None
     if raw is not None:
-        probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol)
-    scale, scaled_by = concept_scale(x[split.train], cfg.scale, probe, directions)
+        probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol,
+                              folds=folds, seed=cfg.seed)  # fmt: skip
+    scale, scaled_by = concept_scale(x[fit_rows], cfg.scale, probe, directions)
     xs = x * scale
-    chosen, W, path = fit_lambda_path(xs[split.train], y[split.train], xs[split.val], y[split.val], C, cfg)
+    if folds:
+        parts = cv_parts(xs[fit_rows], y[fit_rows], folds, cfg.seed)
+        chosen, W, path = fit_lambda_path(parts, C, cfg, final=(xs[fit_rows], y[fit_rows]))
+    else:
+        chosen, W, path = fit_lambda_path([Part(xs[split.train], y[split.train], xs[split.val], y[split.val])], C, cfg)
     lam = chosen["lambda"]
     test_logits = xs[split.test] @ W.T
     metrics: dict[str, Any] = {
         "accuracy": accuracy(test_logits, y[split.test]),
-        "train_accuracy": accuracy(xs[split.train] @ W.T, y[split.train]),
+        "train_accuracy": accuracy(xs[fit_rows] @ W.T, y[fit_rows]),
         "val_accuracy": chosen["val_accuracy"],
         "refit_l2": chosen["l2"],
         "val_accuracy_by_lambda": {str(p["lambda"]): p["val_accuracy"] for p in path if p["l2"] is None},
         "lambda_path": path,
         "val_tolerance": cfg.val_tolerance,
+        "cv_folds": folds,
         "zero_weights": int((W == 0).sum()),
         "n_weights": W.numel(),
         "concepts_used": int((W != 0).any(0).sum()),
         "coverage": coverage(xs[split.test] * W[test_logits.argmax(1)]),
+        "concepts_per_prediction": per_prediction(xs[split.test] * W[test_logits.argmax(1)]),
         "n_train": len(split.train),
+        "n_fit": len(fit_rows),
         "n_val": len(split.val),
         "n_test": len(split.test),
         "n_classes": C,

@@ -181,6 +181,8 @@ def train_bottleneck(x: Tensor, residual: Tensor, targets: Tensor, cfg: CbSaeCon
     """Fit W_c, b_c, D_c (module docstring) on rows x [N, D], residuals [N, D] and concept targets [N, C]."""
     gen = torch.Generator().manual_seed(cfg.seed)
     D, C = x.shape[1], targets.shape[1]
+    if C == 0:  # every listed concept is present already: nothing to add, the CB-SAE is the pruned dictionary
+        return Bottleneck(x.new_zeros(D, 0), x.new_zeros(0), x.new_zeros(0, D), x.new_zeros(0))
     W = torch.nn.Parameter(torch.randn(D, C, generator=gen) / math.sqrt(D))
     b = torch.nn.Parameter(torch.zeros(C))
     Dc = torch.nn.Parameter(W.detach().T.clone() / W.detach().T.norm(dim=1, keepdim=True))

@@ -18,19 +18,19 @@ Shapes: n rows, L concepts, C classes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.baseline import accuracy
+from conceptdict.naming.bottleneck.baseline import accuracy, stratified_folds
 from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
 
 if TYPE_CHECKING:
     from conceptdict.naming.bottleneck.cbm import CbmConfig
 
-__all__ = ["GROW_FACTOR", "choose_lambda", "chosen_refit", "describe_fit", "fit_lambda_path", "is_chosen", "prune",
-           "refit_support"]
+__all__ = ["GROW_FACTOR", "Part", "choose_lambda", "chosen_refit", "cv_parts", "describe_fit", "fit_lambda_path",
+           "is_chosen", "prune", "refit_support"]
 
 GROW_FACTOR = 3.0
 """Each lambda tried above the grid is this many times the last (``CbmConfig.grow_lambda``)."""
@@ -67,34 +67,82 @@ def choose_lambda(path: Sequence[dict], tolerance: float) -> dict:
     return min(ok, key=lambda p: (p["concepts_used"], -p["lambda"], -p["val_accuracy"]))
 
 
-def fit_lambda_path(xtr: Tensor, ytr: Tensor, xva: Tensor, yva: Tensor, n_classes: int,
-                    cfg: CbmConfig) -> tuple[dict, Tensor, list[dict]]:  # fmt: skip
+class Part(NamedTuple):
+    """One training / scoring split of the rows the path is chosen on: the fits are trained on ``x``, ``y`` and
+    scored on ``x_val``, ``y_val``."""
+
+    x: Tensor
+    y: Tensor
+    x_val: Tensor
+    y_val: Tensor
+
+
+def cv_parts(x: Tensor, y: Tensor, folds: int, seed: int = 0) -> list[Part]:
+    """``folds`` stratified folds of the rows x [n, L], y [n] (:func:`baseline.stratified_folds`): each fold scored
+    once by fits on the others."""
+    fold = stratified_folds(y, folds, seed).to(y.device)
+    return [Part(x[fold != f], y[fold != f], x[fold == f], y[fold == f]) for f in range(folds)]
+
+
+class _Fits:
+    """The L1 path of one training set, from the largest lambda down, warm-started; each lambda's pruned fit and its
+    relaxed refits ({l2 or None: weights [C, L]})."""
+
+    def __init__(self, x: Tensor, y: Tensor, n_classes: int, cfg: CbmConfig, lams: Sequence[float]):
+        self.x, self.y, self.n_classes, self.cfg = x, y, n_classes, cfg
+        self.path = fit_path(x, y, n_classes, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
+        self.last = self.path[(max(lams), 0.0)]
+        self.memo: dict[float, dict[float | None, Tensor]] = {}
+
+    def grow(self, lam: float) -> None:
+        self.last = fit_linear(self.x, self.y, self.n_classes, bias=False, l1=lam, init=self.last,
+                               max_iter=self.cfg.max_iter, tol=self.cfg.tol)  # fmt: skip
+        self.path[(lam, 0.0)] = self.last
+
+    def weights(self, lam: float) -> dict[float | None, Tensor]:
+        if lam not in self.memo:
+            W = prune(self.path[(lam, 0.0)].weight, self.cfg.zero_tol)
+            refits = refit_support(self.x, self.y, self.n_classes, W, self.cfg.refit_l2, self.cfg.max_iter,
+                                   self.cfg.tol)  # fmt: skip
+            self.memo[lam] = {None: W, **refits}
+        return self.memo[lam]
+
+
+def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig,
+                    final: tuple[Tensor, Tensor] | None = None) -> tuple[dict, Tensor, list[dict]]:  # fmt: skip
     """(the chosen entry, its weights [C, L], the whole curve): one entry per fit, lambdas smallest first, each
-    lambda's L1 fit (``l2`` None) then its refits; the chosen entry has ``chosen`` True."""
+    lambda's L1 fit (``l2`` None) then its refits; the chosen entry has ``chosen`` True.
+
+    Each entry's validation accuracy is pooled over ``parts`` (one part: the validation split; several:
+    cross-validation folds, :func:`cv_parts`); its weights and concepts used are those of the fit on ``final``
+    (x, y): the rows the CBM is fitted on, by default the first part's training rows."""
     lams = sorted(set(cfg.lambdas))
-    fits = fit_path(xtr, ytr, n_classes, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
+    fitted = [_Fits(p.x, p.y, n_classes, cfg, lams) for p in parts]
+    whole = fitted[0] if final is None else _Fits(*final, n_classes, cfg, lams)
     path: list[dict] = []
     weights: dict[tuple[float, float | None], Tensor] = {}
+    n_val = sum(len(p.y_val) for p in parts)
 
-    def add(lam: float, fit) -> dict:
-        W = prune(fit.weight, cfg.zero_tol)
-        refits = refit_support(xtr, ytr, n_classes, W, cfg.refit_l2, cfg.max_iter, cfg.tol)
-        for l2, V in [(None, W), *refits.items()]:
+    def add(lam: float) -> dict:
+        correct: dict[float | None, float] = {}
+        for part, fits in zip(parts, fitted):
+            for l2, V in fits.weights(lam).items():
+                correct[l2] = correct.get(l2, 0.0) + accuracy(part.x_val @ V.T, part.y_val) * len(part.y_val)
+        for l2, V in whole.weights(lam).items():
             weights[(lam, l2)] = V
-            path.append({"lambda": lam, "l2": l2, "val_accuracy": accuracy(xva @ V.T, yva),
+            path.append({"lambda": lam, "l2": l2, "val_accuracy": correct.get(l2, 0.0) / n_val,
                          "concepts_used": int((V != 0).any(0).sum()), "zero_weights": int((V == 0).sum())})
         return choose_lambda(path, cfg.val_tolerance)
 
     for lam in lams:
-        chosen = add(lam, fits[(lam, 0.0)])
-    last = fits[(lams[-1], 0.0)]
+        chosen = add(lam)
     for _ in range(cfg.grow_lambda):  # the sparsest within tolerance may lie above the grid
         if chosen["lambda"] != lams[-1] or lams[-1] == 0 or chosen["concepts_used"] == 0:
             break
         lams.append(float(f"{lams[-1] * GROW_FACTOR:.6g}"))
-        last = fit_linear(xtr, ytr, n_classes, bias=False, l1=lams[-1], init=last, max_iter=cfg.max_iter,
-                          tol=cfg.tol)  # fmt: skip
-        chosen = add(lams[-1], last)
+        for fits in {id(f): f for f in [*fitted, whole]}.values():
+            fits.grow(lams[-1])
+        chosen = add(lams[-1])
     for p in path:
         p["chosen"] = p is chosen
     return chosen, weights[(chosen["lambda"], chosen["l2"])], path

@@ -93,8 +93,12 @@ def format_cbm(cbm) -> str:
         lines.append(f"linear probe (raw)  {100 * m['probe_accuracy']:.1f}%  (gap {100 * (m['probe_accuracy'] - m['accuracy']):+.1f} points)")
     lines += [f"zero weights        {m['zero_weights']} of {m['n_weights']} ({m['concepts_used']} concepts used)",
               f"concepts per prediction for 90/95/99%: {cov['90']:.1f} / {cov['95']:.1f} / {cov['99']:.1f}"]
+    if m.get("concepts_per_prediction"):
+        per = m["concepts_per_prediction"]
+        lines.append(f"concepts per prediction (median): {per['nonzero']:.0f} contribute, {per['90']:.0f} make up 90%")
     if m.get("lambda_path"):
-        lines.append(f"lambda trade-off (validation; chosen: within {100 * m['val_tolerance']:g} points of the best, "
+        on = f"{m['cv_folds']}-fold cross-validation" if m.get("cv_folds") else "validation"
+        lines.append(f"lambda trade-off ({on}; chosen: within {100 * m['val_tolerance']:g} points of the best, "
                      "fewest concepts):")
         lines += [f"  lambda {p['lambda']:<8g} {describe_fit(p):<13} val {100 * p['val_accuracy']:5.1f}%  "
                   f"{p['concepts_used']:>6} concepts" + ("  <- chosen" if is_chosen(p, cbm.lam) else "")
