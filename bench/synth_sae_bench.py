@@ -222,6 +222,10 @@ def main(argv=None) -> None:
                          "(python3 -m venv .venv-synth && .venv-synth/bin/pip install torch==2.13.0 'sae-lens>=6.54')")
     if args.eval_rows % 4096:
         raise SystemExit(f"--eval-rows {args.eval_rows}: must be a multiple of 4096 (the scoring batch)")
+    # numba's kernels (conceptdict's sparse steps) take --threads too: with its default pool of every core, a step
+    # on the loaded 2-core machine waited for both threads at each parallel region (about 500 rows/s instead of
+    # 5,000 with one thread, measured at width 256), while SAELens ran on one thread
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / f"results-s{'-'.join(map(str, args.scales))}-seed{'-'.join(map(str, args.seeds))}.json"
     rows = []
