@@ -1,0 +1,48 @@
+"""bench/synth_sae_bench.py, the parts that run without sae-lens: every trainable single-source kind is benchmarked
+(a kind added to the registry must be paired with a SAELens architecture or None), and the tables' ratios are taken
+against SAELens' same architecture of the same scale and seed."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from conceptdict.saes.kinds import KINDS
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("synth_sae_bench", ROOT / "bench" / "synth_sae_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_trainable_single_source_kind_is_benchmarked():
+    bench = _bench()
+    assert set(bench.PAIR) == {name for name, spec in KINDS.items() if spec.sources == "one" and spec.trainable}
+    assert {arch for arch in bench.PAIR.values() if arch} <= set(bench.SAELENS)
+
+
+def _row(lib, name, pair, seed, mcc, f1):
+    return {"lib": lib, "name": name, "pair": pair, "scale": 16, "seed": seed, "mcc": mcc,
+            "classification": {"f1_score": f1}, "explained_variance": 0.5, "sae_l0": 6.0, "dead_latents": 0,
+            "samples": 1000, "seconds": 1.0}
+
+
+def test_ratios_are_against_the_same_architecture_scale_and_seed():
+    bench = _bench()
+    rows = [_row("saelens", "topk", "topk", 0, 0.5, 0.4), _row("saelens", "topk", "topk", 1, 0.25, 0.8),
+            _row("saelens", "matryoshka", "matryoshka", 0, 1.0, 1.0),
+            _row("conceptdict", "topk", "topk", 0, 0.6, 0.2), _row("conceptdict", "topk", "topk", 1, 0.5, 0.8),
+            _row("conceptdict", "spade", None, 0, 0.3, 0.3)]
+    f1 = lambda r: r["classification"]["f1_score"]
+    assert bench.ratio(rows[3], rows, lambda r: r["mcc"]) == "x1.20"
+    assert bench.ratio(rows[4], rows, lambda r: r["mcc"]) == "x2.00"
+    assert bench.ratio(rows[3], rows, f1) == "x0.50"
+    assert bench.ratio(rows[5], rows, f1) == "-"  # no SAELens counterpart
+    table = bench.tables(rows)
+    assert "| 16 | conceptdict | topk | 0.550 | 0.500 | 0.500 | 6.0 | x1.60 (x1.20) | x0.75 (x0.50) |" in table
+    assert "order by F1 | sa:matryoshka > sa:topk > co:topk > co:spade" in table
