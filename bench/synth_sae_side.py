@@ -202,7 +202,7 @@ class StoredCodes(torch.nn.Module):
 def score(args) -> None:
     world_dir = Path(args.world)
     model = SyntheticModel.load_from_disk(world_dir / "model")
-    batches = torch.load(world_dir / "eval_features.pt")
+    batches = torch.load(world_dir / "eval_features.pt", weights_only=True)
     rows = sum(len(b) for b in batches)
     if args.saelens:
         sae = SAE.load_from_disk(args.saelens)

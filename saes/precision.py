@@ -106,3 +106,13 @@ def check_precision(precision: str, device: torch.device, warn: bool = True) -> 
         log.warning("precision bf16 on a CPU without AVX512-BF16 or AMX: its bf16 matmul is emulated, %.1fx slower "
                     "than float32 here (measured on a [512, 256] @ [256, 2048] matmul); precision auto or float32 "
                     "is faster on this machine (docs/results/speed.md)", emulated_bf16_cost())
+
+
+def run_precision(precision: str, device: torch.device, mixed_precision: bool, kernel_impl: str,
+                  checkpoint: dict | None = None) -> str:
+    """What a run trains in, checked for ``device`` (:func:`check_precision`): :func:`resolve_precision`, a resumed
+    run's ``auto`` keeping what its checkpoint recorded (float32 for one written before the setting existed)."""
+    recorded = None if checkpoint is None else checkpoint["config"].get("precision", "float32")
+    chosen = resolve_precision(precision, device, mixed_precision, kernel_impl, resumed=recorded)
+    check_precision(chosen, device)
+    return chosen

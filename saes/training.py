@@ -41,7 +41,7 @@ from .checkpoint import TrainState, checkpoint_state, load_sharded, restore, res
 from .comm import LOCAL, Comm, StepInputs, batch_stats, is_main
 from .config import (Resolved, TrainConfig, calibration_batch_count, default_dead_tokens, default_lr,
                      eval_batch_count, heldout_batch_count, resolve, resolve_device, with_heldout_defaults)
-from .precision import MATMUL_DTYPES, check_precision, resolve_precision, weight_dtype
+from .precision import MATMUL_DTYPES, resolve_precision, run_precision, weight_dtype
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
@@ -68,14 +68,11 @@ class Run(NamedTuple):
     opt: Adam
     state: TrainState
     resolved: Resolved
-    settings: Any
-    """The kind's settings (``TrainConfig.kind_settings``), handed to its forward every step."""
+    settings: Any  # the kind's settings (TrainConfig.kind_settings), handed to its forward every step
     sparsity_warmup: int
     """Steps over which the kind's sparsity coefficient warms up (``KindSpec.sparsity_warmup``, else the lr's)."""
-    momentum: float
-    """The running threshold estimate's momentum (the kind's ``threshold_momentum``; 0 for kinds without one)."""
-    matmul_dtype: torch.dtype | None = None
-    """The encoder matmul's dtype (``TrainConfig.precision``, auto resolved for the model's device)."""
+    momentum: float  # the running threshold estimate's (the kind's threshold_momentum; 0 for kinds without one)
+    matmul_dtype: torch.dtype | None = None  # the encoder matmul's (TrainConfig.precision, auto resolved)
 
 
 def make_run(cfg: TrainConfig, model: SparseCoder, gen: torch.Generator, opt: Adam, state: TrainState,
@@ -246,10 +243,8 @@ def _open_job(cfg: TrainConfig, batches: Batches, out: Path | None, resume: bool
                          f"under torchrun, as `conceptdict train --latent-shards` does")
     ck = load_sharded(out, CHECKPOINT_FILE, comm.shards.rank, comm.shards.size) if resume else None
     cfg = cfg if ck is None else resumed_config(ck, cfg)
-    recorded = None if ck is None else ck["config"].get("precision", "float32")  # float32: from before the setting
-    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, kind_spec(cfg.kind).mixed_precision,
-                                                   cfg.kernel_impl, resumed=recorded))
-    check_precision(cfg.precision, device)
+    cfg = replace(cfg, precision=run_precision(cfg.precision, device, kind_spec(cfg.kind).mixed_precision,
+                                               cfg.kernel_impl, ck))
     data = open_training_data(batches, eval_batch_count(cfg), cfg.init_rows, None if ck is None else ck["position"],
                               source, comm, calibration_batch_count(cfg))
     run = setup(cfg, data, batches, ck, device, source, comm)
