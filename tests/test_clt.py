@@ -103,6 +103,8 @@ def test_the_decoder_is_held_as_its_triangle():
     assert all(a.equal(b) for a, b in zip(blocks, [p for n, p in other.named_parameters() if n.startswith("W_dec")]))
     with pytest.raises(ValueError, match="W_dec has shape"):
         other.load_state_dict({**state, "W_dec": state["W_dec"][:, :D]})
+    with torch.no_grad(), pytest.raises(RuntimeError, match="assign_decoder"):  # a write into the copy is refused
+        other.W_dec.add_(1.0)
 
 
 @pytest.mark.unit

@@ -88,10 +88,27 @@ def add_decoder_blocks(model: SparseCoder, **kw: Any) -> None:
     model.register_load_state_dict_pre_hook(_blocks_from_state)
 
 
+class MadeOnRead(torch.Tensor):
+    """A CLT's whole decoder as :func:`whole_decoder` makes it: any op reads it (and gives a plain tensor), an
+    in-place one raises, since writing into this copy would change nothing the dictionary holds."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or name == "__setitem__" \
+                or (kwargs or {}).get("out") is not None:
+            raise RuntimeError(f"W_dec of a cross-layer transcoder is its decoder blocks joined when read; writing "
+                               f"into it ({name}) would change nothing: set it with sae.assign_decoder(W) or write "
+                               f"the blocks (sae.decoder_parts())")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
 def whole_decoder(model: SparseCoder) -> Tensor:
-    """[L, S*D]: the blocks with zeros to the earlier layers (differentiable in the blocks)."""
+    """[L, S*D]: the blocks with zeros to the earlier layers (differentiable in the blocks; read-only:
+    :class:`MadeOnRead`)."""
     D = model.d_in
-    return torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(decoder_blocks(model))])
+    return torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(decoder_blocks(model))]).as_subclass(MadeOnRead)
 
 
 def block_views(model: SparseCoder, W: Tensor) -> list[Tensor]:
