@@ -28,7 +28,7 @@ live, and the end of the run (calibration, evaluation and saving need no more th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -202,7 +202,7 @@ def plan_memory(cfg: PlanConfig) -> MemoryPlan:
     plan = MemoryPlan(cfg, held, trained, 2 * trained, matmul_copy, pre, step, data, count, spec.shardable)
     if cfg.device_gib is None:
         return plan
-    return MemoryPlan(**{**{k: getattr(plan, k) for k in plan.__dataclass_fields__}, "fits": _fits(cfg)})
+    return replace(plan, fits=_fits(cfg))
 
 
 def _fits(cfg: PlanConfig) -> int | None:
@@ -219,11 +219,4 @@ def _fits(cfg: PlanConfig) -> int | None:
     return None
 
 
-def smallest_shards(cfg: PlanConfig) -> int | None:
-    """The smallest ``latent_shards`` for which the run ``cfg`` describes fits ``cfg.device_gib`` (10% spare)."""
-    if cfg.device_gib is None:
-        raise ValueError("smallest_shards needs device_gib: the memory of one device in GiB")
-    return _fits(cfg)
-
-
-__all__ = ["MemoryPlan", "PlanConfig", "plan_memory", "smallest_shards"]
+__all__ = ["MemoryPlan", "PlanConfig", "plan_memory"]

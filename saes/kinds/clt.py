@@ -88,6 +88,11 @@ def add_decoder_blocks(model: SparseCoder, **kw: Any) -> None:
     model.register_load_state_dict_pre_hook(_blocks_from_state)
 
 
+WRITES = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+          "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
+"""The in-place operators of a tensor (besides the methods whose names end in ``_``)."""
+
+
 class MadeOnRead(torch.Tensor):
     """A CLT's whole decoder as :func:`whole_decoder` makes it: any op reads it (and gives a plain tensor), an
     in-place one raises, since writing into this copy would change nothing the dictionary holds."""
@@ -95,8 +100,7 @@ class MadeOnRead(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "")
-        if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or name == "__setitem__" \
-                or (kwargs or {}).get("out") is not None:
+        if (name.endswith("_") and not name.endswith("__")) or name in WRITES or (kwargs or {}).get("out") is not None:
             raise RuntimeError(f"W_dec of a cross-layer transcoder is its decoder blocks joined when read; writing "
                                f"into it ({name}) would change nothing: set it with sae.assign_decoder(W) or write "
                                f"the blocks (sae.decoder_parts())")
@@ -104,11 +108,15 @@ class MadeOnRead(torch.Tensor):
             return func(*args, **(kwargs or {}))
 
 
+def _joined(blocks: list[Tensor], d: int) -> Tensor:
+    """[L, S*D]: each layer's block [P, (S - l) D] with zeros to the earlier layers, stacked."""
+    return torch.cat([F.pad(w, (l * d, 0)) for l, w in enumerate(blocks)])
+
+
 def whole_decoder(model: SparseCoder) -> Tensor:
     """[L, S*D]: the blocks with zeros to the earlier layers (differentiable in the blocks; read-only:
     :class:`MadeOnRead`)."""
-    D = model.d_in
-    return torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(decoder_blocks(model))]).as_subclass(MadeOnRead)
+    return _joined(decoder_blocks(model), model.d_in).as_subclass(MadeOnRead)
 
 
 def block_views(model: SparseCoder, W: Tensor) -> list[Tensor]:
@@ -119,8 +127,7 @@ def block_views(model: SparseCoder, W: Tensor) -> list[Tensor]:
 
 def _whole_in_state(module: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
     blocks = [state.pop(prefix + block_name(l)) for l in range(module.n_sources)]
-    D = module.d_in
-    state[prefix + "W_dec"] = torch.cat([F.pad(w, (l * D, 0)) for l, w in enumerate(blocks)])
+    state[prefix + "W_dec"] = _joined(blocks, module.d_in)
 
 
 def _blocks_from_state(module: nn.Module, state: dict, prefix: str, *args: Any) -> None:
