@@ -155,7 +155,7 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
                                    [r.dictionary for r in runs], run.source, hookpoints, cfg)
         home = Path(dictionary)
     else:
-        run = run_of(dictionary, cfg, lazy=None)  # a block artifact: read a block of latents at a time
+        run = run_of(dictionary, cfg, lazy=None)  # read a block of latents at a time if it does not fit
         if cfg.metrics and isinstance(run.dictionary, LazyDictionary):
             log.info("--metrics: the yardsticks read the whole dictionary; loading %s whole", run.where)
             run = run._replace(dictionary=run.dictionary.whole())
@@ -207,7 +207,7 @@ def tag_counts(sae: SparseCoder | LazyDictionary, density: torch.Tensor) -> dict
 
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bool | None = False) -> Run:
     """``sources.open_run`` with an evaluation's settings; refuses a transcoder whose input is not recorded.
-    ``lazy``: as ``open_run``'s (None: a block artifact is read a block of latents at a time)."""
+    ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it does not fit in memory)."""
     run = open_run(dictionary, store=cfg.store, store_b=cfg.store_b, hookpoint=getattr(cfg, "hookpoint", None),
                    model=cfg.model, dataset=getattr(cfg, "dataset", None), device=cfg.device, lazy=lazy)
     if run.config.get("transcoder") and not run.dictionary.spec.transcodes:

@@ -73,7 +73,7 @@ class Run(NamedTuple):
 def open_dictionary_at(dictionary: Any, device: str = "cpu", lazy: bool | None = False
                        ) -> tuple[Any, dict, Path | str | None]:
     """(dictionary, config, home) of a folder, hub name or SparseCoder; a CB-SAE's folder gives its CB-SAE.
-    ``lazy``: as ``saes.open_dictionary``'s (None: a block artifact read a block of latents at a time)."""
+    ``lazy``: as ``saes.open_dictionary``'s (None: read a block of latents at a time where it does not fit in memory)."""
     from conceptdict.naming.bottleneck.cbsae import is_cbsae_dir, load_cbsae
 
     if isinstance(dictionary, SparseCoder):

@@ -1,7 +1,7 @@
 """A saved dictionary read lazily: its weights stay on disk and a range of latents is read when asked for.
 
-:class:`LazyDictionary` (``cd.load(DIR, lazy=True)``; the commands that stream a dictionary open a block artifact,
-one saved as one file per latent shard, this way) holds the config and the tensors every latent shares (``b_dec``,
+:class:`LazyDictionary` (``cd.load(DIR, lazy=True)``; ``eval``, ``export`` (saelens, sparsify), ``name`` and ``score``
+open a dictionary this way when loading it whole would not fit in the process's memory, :func:`reads_lazily`) holds the config and the tensors every latent shares (``b_dec``,
 ``norm_scale``, ``W_skip``) and reads the rest a block of latents at a time: :meth:`~LazyDictionary.latents` gives an
 in-memory :class:`SparseCoder` of latents ``[start, stop)``, and ``encode`` / ``decode`` / ``sae(x)`` run over the
 blocks (:attr:`~LazyDictionary.blocks`), one block in memory at a time. An inference rule that selects across latents
@@ -228,15 +228,27 @@ class LazyDictionary:
         t.update(self.shared)
         model = self._meta(stop - start)
         state = native_state(model, t, self.path)
-        del t, parts
-        model = model.to_empty(device=self._device)
-        model.load_state_dict(state)
+        del t, parts  # the read tensors become the block's parameters: no second copy
+        state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
+        model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
         del state
+        model.to(self._device)
         check_finite(model, f"latents [{start}, {stop}) of {self.path}")
         model.training_summary = self.training_summary
         model.requires_grad_(False).eval()
         self._held = (start, stop, model)
         return model
+
+    def decoder_directions(self) -> Tensor:
+        """Decoder rows in raw activation units: [L, D] (S = 1) or [L, S, D], as ``SparseCoder``'s; only ``W_dec`` is
+        read (half the weights, in memory whole: what a concept dictionary keeps of each latent)."""
+        S, D = self.n_sources, self.d_in
+        out = torch.empty(self.n_latents, S, D) if S > 1 else torch.empty(self.n_latents, D)
+        for f, a, b in self.files:
+            part = f.read("W_dec")  # [S, n, D] on disk with S > 1 sources
+            out[a:b] = part.permute(1, 0, 2) if S > 1 else part
+            del part
+        return out
 
     def whole(self) -> SparseCoder:
         """The whole dictionary in memory (``load_native``), with ``.config`` and ``.path``."""
@@ -254,6 +266,7 @@ class LazyDictionary:
             for a, b in self.blocks:
                 block = self.latents(a, b)
                 yield a, block, block.rule(rows)
+                del block  # (and the caller drops its name for it) before the next block is read
             return
         values, indices = [], []
         for a, b in self.blocks:
@@ -267,6 +280,7 @@ class LazyDictionary:
             mine = (keep_i >= a) & (keep_i < b)
             f = rows.new_zeros(rows.shape[0], b - a)
             yield a, block, f.scatter_add_(1, torch.where(mine, keep_i - a, 0), torch.where(mine, keep_v, 0))
+            del block, f
 
     def finish(self, x: Tensor, decoded: Tensor) -> Tensor:
         """The reconstruction from the sum of the blocks' decodes [N, S*D] and the encoder input x: plus b_dec, and
@@ -289,14 +303,16 @@ class LazyDictionary:
             total = part if total is None else total + part
             if each is not None:
                 each(f, a)
+            del block, f, part  # one block in memory at a time
         return self.finish(rows, total)
 
     def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """x [..., D] (S sources: [..., S, D]) -> dense codes [..., L], equal to the whole dictionary's."""
         rows, back = self.source_rows(x, "encode")
         f = rows.new_zeros(rows.shape[0], self.n_latents)
-        for a, _, part in self.block_codes(rows):
+        for a, block, part in self.block_codes(rows):
             f[:, a: a + part.shape[1]] = part
+            del block, part  # one block in memory at a time
         return back(f, (self.n_latents,))
 
     @torch.no_grad()
@@ -318,9 +334,52 @@ def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_l
     return LazyDictionary(directory, device, block_latents)
 
 
-def is_block_artifact(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a dictionary saved as one file per latent shard (``weights.index.json``)."""
-    return (Path(directory) / INDEX_FILE).exists() and (Path(directory) / CONFIG_FILE).exists()
+LOAD_FACTOR = 3
+"""Bytes a whole load holds at its peak per byte of weights (``load_native``: the file's tensors, the joined or drawn
+ones and the module's parameters)."""
+
+
+def _status(key: str) -> int | None:
+    """Bytes of ``key`` (VmSize, ...) in /proc/self/status; None where there is none."""
+    path = Path("/proc/self/status")
+    lines = path.read_text().splitlines() if path.exists() else []
+    return next((int(ln.split()[1]) * 1024 for ln in lines if ln.startswith(key + ":")), None)
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still take: the least of the machine's MemAvailable, the room under its address-space
+    limit (``ulimit -v``, RLIMIT_AS) and under its cgroup's ``memory.max``; None where none of them is known."""
+    import resource
+
+    room = []
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        room += [int(ln.split()[1]) * 1024 for ln in meminfo.read_text().splitlines() if ln.startswith("MemAvailable:")]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _status("VmSize")
+    if soft != resource.RLIM_INFINITY and size is not None:
+        room.append(soft - size)
+    cgroup = Path("/sys/fs/cgroup")
+    if (cgroup / "memory.max").exists() and (cgroup / "memory.current").exists():
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            room.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    return min(room) if room else None
+
+
+def reads_lazily(directory: str | Path, available: int | None = None) -> bool:
+    """Whether the commands read the dictionary saved at ``directory`` (this project's layout) lazily: when its kind
+    can be read in blocks and loading it whole (:data:`LOAD_FACTOR` x its weights) would not fit in ``available``
+    bytes (default :func:`available_memory`). A dictionary that fits is loaded whole: the same numbers bit for bit
+    and one pass over its weights."""
+    directory = Path(directory)
+    spec = kind_spec(native_kind(load_native_config(directory)))
+    if spec.layered or not spec.shardable:
+        return False
+    files = ([directory / f for f in read_index(directory)["files"]] if (directory / INDEX_FILE).exists()
+             else [directory / WEIGHTS_FILE])
+    available = available_memory() if available is None else available
+    return available is not None and LOAD_FACTOR * sum(f.stat().st_size for f in files) > available
 
 
 def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Callable[[SparseCoder], dict[str, Tensor]],
@@ -370,4 +429,4 @@ def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Calla
     return path
 
 
-__all__ = ["LazyDictionary", "WeightsFile", "is_block_artifact", "open_lazy", "save_tensors_of"]
+__all__ = ["LazyDictionary", "WeightsFile", "available_memory", "open_lazy", "reads_lazily", "save_tensors_of"]

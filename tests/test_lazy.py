@@ -9,7 +9,7 @@ import torch
 from conceptdict.saes import SparseCoder, evaluate, save_dictionary
 from conceptdict.saes.artifact import finish_parts, save_dictionary_part
 from conceptdict.saes.formats import FormatError, saelens, sparsify
-from conceptdict.saes.lazy import WeightsFile, is_block_artifact, open_lazy
+from conceptdict.saes.lazy import LOAD_FACTOR, WeightsFile, open_lazy, reads_lazily
 from safetensors.torch import load_file
 from test_distributed_shards import blocks_of
 
@@ -56,7 +56,6 @@ def test_lazy_codes_and_reconstructions_are_the_whole_dictionarys(tmp_path, kind
     whole = _whole(kind, sources)
     where = _saved_in_blocks(whole, tmp_path) if layout == "blocks" else save_dictionary(whole, tmp_path)
     lazy = open_lazy(where, block_latents=10)
-    assert is_block_artifact(where) == (layout == "blocks")
     assert len(lazy.blocks) > 3 and all(b - a > K for a, b in lazy.blocks)
     assert lazy.blocks[0][0] == 0 and lazy.blocks[-1][1] == L
     x = _rows(sources)
@@ -83,6 +82,7 @@ def test_latents_is_the_in_memory_dictionary_of_the_range_across_files(tmp_path)
     assert torch.equal(part.b_dec, whole.b_dec) and torch.equal(part.norm_scale, whole.norm_scale)
     assert part.W_enc.t().is_contiguous(), "latent-major like every SparseCoder's encoder"
     assert torch.equal(lazy.whole().W_dec, whole.W_dec)
+    assert torch.equal(lazy.decoder_directions(), whole.decoder_directions())
     with pytest.raises(ValueError, match="more than k=4 latents"):
         lazy.latents(0, 4)
 
@@ -137,3 +137,17 @@ def test_what_is_not_read_lazily_says_how_to_load_it(tmp_path):
         cd.load(tmp_path / "sl", lazy=True)
     lazy = cd.load(tmp_path / "t", lazy=True)  # one file, asked for: lazy too
     assert lazy.n_latents == L and lazy.path == tmp_path / "t" and lazy.config["kind"] == "topk"
+
+
+def test_commands_read_lazily_only_what_does_not_fit(tmp_path):
+    """``reads_lazily``: loading whole (LOAD_FACTOR x the weights) must fit in the memory at hand, else lazily; kinds
+    that are not read in blocks always whole. ``open_dictionary(lazy=None)`` (every streaming command) follows it."""
+    from conceptdict.saes.formats import open_dictionary
+    from conceptdict.saes.lazy import LazyDictionary
+
+    where = _saved_in_blocks(_whole("topk"), tmp_path / "b")
+    size = sum(p.stat().st_size for p in where.glob("weights-*.safetensors"))
+    assert reads_lazily(where, available=LOAD_FACTOR * size - 1) and not reads_lazily(where, available=LOAD_FACTOR * size)
+    assert not reads_lazily(save_dictionary(SparseCoder(D, L, K, "matryoshka"), tmp_path / "m"), available=1)
+    assert isinstance(open_dictionary(where, lazy=None).model, SparseCoder)  # this machine holds 40 KB
+    assert isinstance(open_dictionary(where, lazy=True).model, LazyDictionary)

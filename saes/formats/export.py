@@ -37,7 +37,7 @@ class Writer:
     folder of per-layer transcoders as one set; None: the layout holds one dictionary."""
     streams: bool = False
     """Whether ``export`` also takes a ``saes.lazy.LazyDictionary`` and writes it a block of latents at a time
-    (``saes.lazy.save_tensors_of``), so that a block artifact is exported without being whole in memory."""
+    (``saes.lazy.save_tensors_of``), so that a dictionary larger than memory is exported without being whole."""
 
 
 WRITERS: dict[str, Writer] = {
