@@ -14,6 +14,7 @@ from conceptdict import ranks
 from conceptdict.activations.live import LiveConfig
 from conceptdict.saes import FlatField, SparseCoder, TrainConfig, flat_train_fields, train_config
 from conceptdict.saes.flat import TrainingSettings
+from conceptdict.saes.lazy import LazyDictionary
 from conceptdict.saes.sweep_results import Sweep
 from conceptdict.settings import (
     ConfigError,
@@ -171,7 +172,7 @@ def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | 
 
 
 def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
-         sae_id: str | None = None, lazy: bool = False) -> SparseCoder:
+         sae_id: str | None = None, lazy: bool = False) -> SparseCoder | LazyDictionary:
     """A dictionary from a directory in any format conceptdict reads (its own, SAELens, sparsify,
     dictionary_learning, Gemma Scope), a hub id ``hf:REPO[/SUBDIR][@REV]``, or a SAELens release: ``"RELEASE/SAE_ID"``
     or ``release=..., sae_id=...``. ``.config`` holds its config.json, ``.path`` where it was read from.
