@@ -126,8 +126,8 @@ class _Sums:
 
     def add_codes(self, f: Tensor, first: int = 0) -> None:
         """Codes f [B, L_b] of latents [first, first + L_b) (a block of them, or all)."""
-        self.l0 += torch.count_nonzero(f)  # no [B, L_b] temporaries beyond f's own size: a block's codes can be large
-        self.l1 += f.sum(dtype=torch.float64)
+        self.l0 += torch.count_nonzero(f)  # counted without [B, L_b] bool and int64 temporaries
+        self.l1 += f.double().sum()
         self.fires[first: first + f.shape[1]] += torch.count_nonzero(f, dim=0)
 
     def add_rows(self, x: Tensor, x_hat: Tensor) -> None:

@@ -334,9 +334,11 @@ def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_l
     return LazyDictionary(directory, device, block_latents)
 
 
-LOAD_FACTOR = 3
-"""Bytes a whole load holds at its peak per byte of weights (``load_native``: the file's tensors, the joined or drawn
-ones and the module's parameters)."""
+LOAD_FACTOR = 4
+"""Bytes per byte of weights that a command reading a dictionary whole is taken to need: about 2 for the load
+(``load_native`` holds the joined tensors and the module's parameters at once, plus one file), the rest for the
+command's own buffers that grow with the latents (eval's ``[batch, L]`` codes: at D 512, L 65,536 and batch 512 they
+were 1.5 times the weights). A rule of thumb, not a plan: ``lazy=True`` reads lazily whatever it says."""
 
 
 def _status(key: str) -> int | None:
@@ -367,15 +369,25 @@ def available_memory() -> int | None:
     return min(room) if room else None
 
 
+LAZY_ENV = "CONCEPTDICT_LAZY"
+"""Environment variable that overrides :func:`reads_lazily`'s rule for every command: 1, lazily whenever the kind
+allows; 0, never."""
+
+
 def reads_lazily(directory: str | Path, available: int | None = None) -> bool:
     """Whether the commands read the dictionary saved at ``directory`` (this project's layout) lazily: when its kind
-    can be read in blocks and loading it whole (:data:`LOAD_FACTOR` x its weights) would not fit in ``available``
+    can be read in blocks and reading it whole (:data:`LOAD_FACTOR` x its weights) would not fit in ``available``
     bytes (default :func:`available_memory`). A dictionary that fits is loaded whole: the same numbers bit for bit
-    and one pass over its weights."""
+    and one pass over its weights. :data:`LAZY_ENV` set to 1 or 0 decides instead."""
     directory = Path(directory)
     spec = kind_spec(native_kind(load_native_config(directory)))
     if spec.layered or not spec.shardable:
         return False
+    pinned = os.environ.get(LAZY_ENV, "").strip()
+    if pinned in ("0", "1"):
+        return pinned == "1"
+    if pinned:
+        raise ValueError(f"{LAZY_ENV}={pinned!r}: set it to 1 (read dictionaries lazily), 0 (never) or leave it unset")
     files = ([directory / f for f in read_index(directory)["files"]] if (directory / INDEX_FILE).exists()
              else [directory / WEIGHTS_FILE])
     available = available_memory() if available is None else available

@@ -151,3 +151,16 @@ def test_commands_read_lazily_only_what_does_not_fit(tmp_path):
     assert not reads_lazily(save_dictionary(SparseCoder(D, L, K, "matryoshka"), tmp_path / "m"), available=1)
     assert isinstance(open_dictionary(where, lazy=None).model, SparseCoder)  # this machine holds 40 KB
     assert isinstance(open_dictionary(where, lazy=True).model, LazyDictionary)
+
+
+def test_the_environment_pins_the_choice(tmp_path, monkeypatch):
+    from conceptdict.saes.lazy import LAZY_ENV
+
+    where = _saved_in_blocks(_whole("topk"), tmp_path)
+    monkeypatch.setenv(LAZY_ENV, "1")
+    assert reads_lazily(where, available=10 ** 12)
+    monkeypatch.setenv(LAZY_ENV, "0")
+    assert not reads_lazily(where, available=1)
+    monkeypatch.setenv(LAZY_ENV, "yes")
+    with pytest.raises(ValueError, match="set it to 1"):
+        reads_lazily(where)
