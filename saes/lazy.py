@@ -150,11 +150,6 @@ class LazyDictionary:
     def dtype(self) -> torch.dtype:
         return torch.float32
 
-    @property
-    def weights_bytes(self) -> int:
-        """Bytes of the weights on disk (every file)."""
-        return sum(f.path.stat().st_size for f, _, _ in self.files)
-
     def __repr__(self) -> str:
         return (f"LazyDictionary({self.kind}, d_in={self.d_in}, latents={self.n_latents}, k={self.k}, "
                 f"{len(self.blocks)} blocks, {self.path})")
