@@ -55,7 +55,7 @@ def name(dictionary: DictionaryLike, *, store: StoreLike | None = None, out: str
     through it, gather each latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or
     llm). With ``out`` writes concepts.json, concepts.safetensors and report/ there; the result remembers it."""
     cfg = config_from_dict(NameConfig, given(locals(), "dictionary", "overwrite"), "name")
-    src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device)
+    src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device, lazy=None)  # lazily if it does not fit
     cfg = dataclasses.replace(cfg, hookpoint=src.hookpoint, store=src.store.path)
     cd = name_dictionary(src.model, src.store, cfg, src.inputs)
     home = dictionary if not isinstance(dictionary, SparseCoder) else dictionary.path

@@ -23,6 +23,7 @@ from conceptdict.saes import format_table, threshold_line, with_splice_scores
 from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.saes.evaluation import combine_layers
 from conceptdict.saes.formats import transcoder_set
+from conceptdict.saes.lazy import LazyDictionary
 from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
@@ -154,7 +155,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
                                    [r.dictionary for r in runs], run.source, hookpoints, cfg)
         home = Path(dictionary)
     else:
-        run = run_of(dictionary, cfg)
+        run = run_of(dictionary, cfg, lazy=None)  # read a block of latents at a time if it does not fit
+        if cfg.metrics and isinstance(run.dictionary, LazyDictionary):
+            log.info("--metrics: the yardsticks read the whole dictionary; loading %s whole", run.where)
+            run = run._replace(dictionary=run.dictionary.whole())
         if cfg.metrics and "all" not in cfg.metrics:  # a metric asked for by name and missing an input: say so first
             check_named(parse_metrics(cfg.metrics), run.dictionary,
                         run.source if isinstance(run.source, ActivationStore) else None)
@@ -163,7 +167,7 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
                                cfg)
         hookpoints, home = run.hookpoints, run.home
     sae = run.dictionary
-    tags = live_tag_counts(sae, torch.tensor(result.density)) if sae.n_sources == 2 and \
+    tags = tag_counts(sae, torch.tensor(result.density)) if sae.n_sources == 2 and \
         sae.spec.sources == "several" else None
     if cfg.out is None and (home is None or str(home).startswith("hf:")):
         raise ConfigError(f"{run.where} has no folder of its own to write eval.json into; pass --out FILE (out= in "
@@ -192,10 +196,20 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     return Evaluation(result, sae, where, hookpoints, rows_from, out, tags, sticks)
 
 
-def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig) -> Run:
-    """``sources.open_run`` with an evaluation's settings; refuses a transcoder whose input is not recorded."""
+def tag_counts(sae: SparseCoder | LazyDictionary, density: torch.Tensor) -> dict[str, int]:
+    """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
+    dictionary."""
+    if not isinstance(sae, LazyDictionary):
+        return live_tag_counts(sae, density)
+    parts = [live_tag_counts(sae.latents(a, b), density[a:b]) for a, b in sae.blocks]
+    return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
+
+
+def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bool | None = False) -> Run:
+    """``sources.open_run`` with an evaluation's settings; refuses a transcoder whose input is not recorded.
+    ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it does not fit in memory)."""
     run = open_run(dictionary, store=cfg.store, store_b=cfg.store_b, hookpoint=getattr(cfg, "hookpoint", None),
-                   model=cfg.model, dataset=getattr(cfg, "dataset", None), device=cfg.device)
+                   model=cfg.model, dataset=getattr(cfg, "dataset", None), device=cfg.device, lazy=lazy)
     if run.config.get("transcoder") and not run.dictionary.spec.transcodes:
         raise ConfigError(f"{run.where} is a transcoder whose input hookpoint is not recorded: its decoder predicts "
                           f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
@@ -243,7 +257,7 @@ def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[
 
     def swap(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return sae(x.to(sae.W_enc.device)).to(x.device)
+            return sae(x.to(sae.device)).to(x.device)
 
     losses = spliced_losses(lm, hookpoints[-1], ids, swap, attention_mask=mask,
                             source=hookpoints[0] if len(hookpoints) > 1 else None)

@@ -164,7 +164,8 @@ def write_dictionary(fmt: str, source: Path, cfg: ExportConfig) -> Path:
         return write_set([m for m, _ in opened], [c.get("hookpoints") or [] for _, c in opened], cfg.out,
                          hub_id_of(opened[0][1].get("model")) or None)
     ref = dictionary_of(source)
-    model, config = open_dictionary(ref.path)
+    # too large for memory, in a layout that streams: written a block of latents at a time (saes.lazy)
+    model, config = open_dictionary(ref.path, lazy=None if WRITERS[fmt].streams else False)
     recorded = (ref.concepts.meta.get("model") if ref.concepts else None) or config.get("model")
     hookpoint = ref.concepts.meta.get("hookpoint") if ref.concepts else None
     eval_json = Path(ref.path) / "eval.json"

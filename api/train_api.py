@@ -14,6 +14,7 @@ from conceptdict import ranks
 from conceptdict.activations.live import LiveConfig
 from conceptdict.saes import FlatField, SparseCoder, TrainConfig, flat_train_fields, train_config
 from conceptdict.saes.flat import TrainingSettings
+from conceptdict.saes.lazy import LazyDictionary
 from conceptdict.saes.sweep_results import Sweep
 from conceptdict.settings import (
     ConfigError,
@@ -171,19 +172,23 @@ def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | 
 
 
 def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
-         sae_id: str | None = None) -> SparseCoder:
+         sae_id: str | None = None, lazy: bool = False) -> SparseCoder | LazyDictionary:
     """A dictionary from a directory in any format conceptdict reads (its own, SAELens, sparsify,
     dictionary_learning, Gemma Scope), a hub id ``hf:REPO[/SUBDIR][@REV]``, or a SAELens release: ``"RELEASE/SAE_ID"``
     or ``release=..., sae_id=...``. ``.config`` holds its config.json, ``.path`` where it was read from.
 
     ``sae.encode(x)`` -> codes [..., L], ``sae.decode(codes)`` -> [..., D], ``sae(x)`` -> reconstruction; plain
-    tensors without autograd history unless gradients are enabled and the input requires them."""
+    tensors without autograd history unless gradients are enabled and the input requires them.
+
+    ``lazy=True`` (conceptdict's own layout): a ``LazyDictionary`` that keeps the weights on disk and reads a block of
+    latents at a time (``sae.latents(start, stop)``: a SparseCoder of that range; ``encode`` / ``decode`` / ``sae(x)``
+    as the whole one's), for a dictionary larger than this process's memory (docs/guide/distributed.md)."""
     from conceptdict.saes import open_dictionary
 
     if (release is None) != (sae_id is None) or (release is not None) == (source is not None):
         raise ConfigError("cd.load takes a folder or name, or release= with sae_id= (SAELens's names), not both")
     source = f"{release}/{sae_id}" if release is not None else source
-    model, config = open_dictionary(source, device=device)
+    model, config = open_dictionary(source, device=device, lazy=lazy)
     model.config = config
     model.path = source if str(source).startswith("hf:") or not Path(str(source)).exists() else Path(source)
     return model.requires_grad_(False).eval()

@@ -309,12 +309,13 @@ class Sources(NamedTuple):
 
 
 def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str | None = None,
-                 device: str = "cpu") -> Sources:  # fmt: skip
+                 device: str = "cpu", lazy: bool | None = False) -> Sources:  # fmt: skip
     """The dictionary (folder or SparseCoder) with the store and hookpoint it is named over (``store`` or the one
-    its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store)."""
+    its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store).
+    ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it does not fit in memory, ``saes.lazy``)."""
     from conceptdict.naming.sources import open_run
 
-    run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True)
+    run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True, lazy=lazy)
     model, hp = run.dictionary, run.hookpoints[0]
     inputs = tuple(run.hookpoints[: model.n_sources]) if _layered(model) else (hp,)
     return Sources(model, run.store, hp, run.config, inputs)

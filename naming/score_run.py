@@ -43,7 +43,8 @@ def prepare_context(cd: ConceptDictionary, cfg: ScoreConfig, *, embed: TextEmbed
         sae_dir = cfg.sae_dir or cd.meta.get("sae_dir")
         if not sae_dir:
             raise ValueError("the concept dictionary records no sae_dir; pass --sae-dir DICT_DIR")
-        sources = open_sources(sae_dir, cfg.store or cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device)
+        sources = open_sources(sae_dir, cfg.store or cd.meta.get("store"), cd.meta.get("hookpoint"), cfg.device,
+                               lazy=None)  # encoded a block of latents at a time if it does not fit
     pool = build_pool(cd, sources.model, sources.store, sources.inputs or sources.hookpoint, cfg.negatives)
     cache = TruncatingContextCache(sources.store, 8, 4, 600)
     samples = draw_negatives(cd, pool, cfg.negatives, cache, scored_ids(cd, cfg.max_latents))

@@ -70,8 +70,10 @@ class Run(NamedTuple):
         return [s.path for s in self.source] if isinstance(self.source, list) else [self.store.path]
 
 
-def open_dictionary_at(dictionary: Any, device: str = "cpu") -> tuple[Any, dict, Path | str | None]:
-    """(dictionary, config, home) of a folder, hub name or SparseCoder; a CB-SAE's folder gives its CB-SAE."""
+def open_dictionary_at(dictionary: Any, device: str = "cpu", lazy: bool | None = False
+                       ) -> tuple[Any, dict, Path | str | None]:
+    """(dictionary, config, home) of a folder, hub name or SparseCoder; a CB-SAE's folder gives its CB-SAE.
+    ``lazy``: as ``saes.open_dictionary``'s (None: read a block of latents at a time where it does not fit in memory)."""
     from conceptdict.naming.bottleneck.cbsae import is_cbsae_dir, load_cbsae
 
     if isinstance(dictionary, SparseCoder):
@@ -79,7 +81,7 @@ def open_dictionary_at(dictionary: Any, device: str = "cpu") -> tuple[Any, dict,
     home = dictionary if str(dictionary).startswith("hf:") else Path(dictionary)
     if not str(home).startswith("hf:") and is_cbsae_dir(home):
         return load_cbsae(home, device), json.loads((Path(home) / "config.json").read_text()), home
-    model, config = open_dictionary(home, device=device)
+    model, config = open_dictionary(home, device=device, lazy=lazy)
     return model, config, home
 
 
@@ -93,13 +95,13 @@ def recorded_store(home: Path | str | None, path: str | Path) -> Path:
 
 def open_run(dictionary: Any, *, store: str | Path | None = None, store_b: str | Path | None = None,
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None,
-             device: str = "cpu", reads: bool = False) -> Run:
+             device: str = "cpu", reads: bool = False, lazy: bool | None = False) -> Run:
     """The dictionary (folder, hub name or SparseCoder) with the store(s) and hookpoints it reads (module
     docstring): ``store`` / ``store_b`` / ``hookpoint`` replace the recorded ones; a dictionary trained from a model
     reads ``model`` over ``dataset`` (default: the recorded ones) when no store is given. ``reads``: ``hookpoint``
     may be any hookpoint the dictionary records (a concept dictionary records a transcoder's input), which then
-    changes nothing."""
-    sae, config, home = open_dictionary_at(dictionary, device)
+    changes nothing. ``lazy``: as :func:`open_dictionary_at`'s."""
+    sae, config, home = open_dictionary_at(dictionary, device, lazy)
     if reads and hookpoint in (config.get("hookpoints") or []):
         hookpoint = None
     where = str(home) if home is not None else "this dictionary (made in memory)"

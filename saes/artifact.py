@@ -196,22 +196,23 @@ def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], where: Path) -> 
     return t
 
 
-def load_native(directory: str | Path, device: str | torch.device = "cpu") -> SparseCoder:
-    """A dictionary saved by :func:`save_dictionary` (config.json decides kind and shapes)."""
-    from .formats.files import read_safetensors
-
-    directory = Path(directory)
-    cfg = load_native_config(directory)
-    S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
+def native_kind(cfg: dict[str, Any]) -> str:
+    """The kind a config.json's dictionary runs as (version 1 ran the absolute rules under the names ``batchtopk`` and
+    ``crosscoder``)."""
     kind = cfg["kind"]
-    if int(cfg.get("format_version", 1)) < 2:  # version 1 ran the absolute rules under these names
+    if int(cfg.get("format_version", 1)) < 2:
         kind = {"batchtopk": "batchtopk-absolute", "crosscoder": "crosscoder-absolute"}.get(kind, kind)
-    model = SparseCoder(D, L, k, kind, n_sources=S)
-    path, t = read_weights(directory)
+    return kind
+
+
+def native_state(model: SparseCoder, t: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """The state dict of ``model`` (its shapes: kind, D, L, S; it may be on the meta device) out of the on-disk
+    tensors ``t`` (:func:`disk_tensors`' layout) read from ``path``; every shape checked, the error names the tensor."""
+    S, D, L, kind = model.n_sources, model.d_in, model.n_latents, model.kind
     missing = sorted({"W_enc", "b_enc", "W_dec", "b_dec", *model.spec.buffers,
                       *(("W_skip",) if model.spec.skip else ())} - set(t))
     if missing:
-        raise ValueError(f"{path} lacks tensors {missing} that a {cfg['kind']} dictionary needs; re-save it")
+        raise ValueError(f"{path} lacks tensors {missing} that a {kind} dictionary needs; re-save it")
     lead = (S,) if S > 1 else ()
     if model.spec.layered:  # one encoder [D, L/S] per layer
         W_enc = _expect("W_enc", t["W_enc"], (S, D, L // S), path).transpose(0, 1).reshape(D, L)
@@ -220,13 +221,13 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     W_dec = _expect("W_dec", t["W_dec"], (*lead, L, D), path)
     W_dec = W_dec.permute(1, 0, 2).reshape(L, S * D) if S > 1 else W_dec
     mask = model.decoder_mask()
-    if mask is not None and W_dec.masked_select(~mask).any():
+    if mask is not None and W_dec.masked_select(~mask.to(W_dec.device)).any():
         raise ValueError(f"{path}: W_dec has non-zero entries from a {kind} latent to a layer before its own, which "
                          f"it never writes to; the artifact is inconsistent, re-save it")
     b_dec = _expect("b_dec", t["b_dec"], (*lead, D), path).reshape(S * D)
     state = {"W_enc": W_enc, "b_enc": _expect("b_enc", t["b_enc"], (L,), path), "W_dec": W_dec, "b_dec": b_dec,
-             "threshold": t["threshold"] if "threshold" in t else model.threshold,
-             "norm_scale": t["norm_scale"] if "norm_scale" in t else model.norm_scale}
+             "threshold": t["threshold"] if "threshold" in t else torch.full((L,), -1.0),
+             "norm_scale": t["norm_scale"] if "norm_scale" in t else torch.ones(S)}
     if model.spec.uses_threshold:
         _expect("threshold", state["threshold"], (L,), path)
     if model.spec.relative:
@@ -237,30 +238,48 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     state.update({name: _expect(name, t[name], (L,), path) for name in model.spec.buffers})
     if model.spec.skip:
         state["W_skip"] = _expect("W_skip", t["W_skip"], (D, D), path)
-    model.load_state_dict(state)
+    return state
+
+
+def load_native(directory: str | Path, device: str | torch.device = "cpu") -> SparseCoder:
+    """A dictionary saved by :func:`save_dictionary` (config.json decides kind and shapes)."""
+    directory = Path(directory)
+    cfg = load_native_config(directory)
+    S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
+    model = SparseCoder(D, L, k, native_kind(cfg), n_sources=S)
+    path, t = read_weights(directory)
+    model.load_state_dict(native_state(model, t, path))
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
 
+
+def read_index(directory: Path) -> dict[str, Any]:
+    """weights.index.json of a dictionary saved in latent blocks, every file it names checked to be there."""
+    from .formats.files import FormatError, read_json
+
+    index = read_json(directory / INDEX_FILE)
+    files = list(index["files"])
+    missing = [f for f in files if not (directory / f).exists()]
+    if missing:
+        raise FormatError(f"{directory / missing[0]} is missing: {directory} holds a dictionary saved in {len(files)} "
+                          f"files ({INDEX_FILE} names them), {len(missing)} of which are not there ({missing}); copy "
+                          f"every file the index names into {directory}, or save the dictionary again")
+    return index
 
 
 def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """(the file that names them, every tensor) of a saved dictionary: weights.safetensors, or the files
     weights.index.json names joined along each tensor's latent axis (one block in memory at a time besides the
     joined tensors; safetensors maps each file)."""
-    from .formats.files import FormatError, read_json, read_safetensors
+    from .formats.files import FormatError, read_safetensors
 
     directory = Path(directory)
     index_path = directory / INDEX_FILE
     if not index_path.exists():
         return directory / WEIGHTS_FILE, read_safetensors(directory / WEIGHTS_FILE)
-    index = read_json(index_path)
+    index = read_index(directory)
     files, axes = list(index["files"]), dict(index["latent_axis"])
     groups, extents = dict(index.get("latent_groups", {})), dict(index.get("latent_extent", {}))
-    missing = [f for f in files if not (directory / f).exists()]
-    if missing:
-        raise FormatError(f"{directory / missing[0]} is missing: {directory} holds a dictionary saved in {len(files)} "
-                          f"files ({INDEX_FILE} names them), {len(missing)} of which are not there ({missing}); copy "
-                          f"every file the index names into {directory}, or save the dictionary again")
     joined: dict[str, torch.Tensor] = {}
     offset = 0
     for i, name in enumerate(files):

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .comm import LOCAL, Comm
 from .latents import interleave, latent_groups
+from .lazy import LazyDictionary
 from .model import SparseCoder
 
 if TYPE_CHECKING:
@@ -121,6 +122,17 @@ class _Sums:
 
     def add(self, x: Tensor, x_hat: Tensor, f: Tensor) -> None:
         """x, x_hat [B, S*D], f [B, L]."""
+        self.add_rows(x, x_hat)
+        self.add_codes(f)
+
+    def add_codes(self, f: Tensor, first: int = 0) -> None:
+        """Codes f [B, L_b] of latents [first, first + L_b) (a block of them, or all)."""
+        self.l0 += torch.count_nonzero(f)  # counted without [B, L_b] bool and int64 temporaries
+        self.l1 += f.double().sum()
+        self.fires[first: first + f.shape[1]] += torch.count_nonzero(f, dim=0)
+
+    def add_rows(self, x: Tensor, x_hat: Tensor) -> None:
+        """x, x_hat [B, S*D]."""
         x, x_hat = x.double(), x_hat.double()
         B = x.shape[0]
         self.n += B
@@ -132,10 +144,6 @@ class _Sums:
         nx, nh = x.norm(dim=1), x_hat.norm(dim=1)
         self.cos += ((x * x_hat).sum(dim=1) / (nx * nh).clamp_min(1e-30)).sum()
         self.ratio += (nh / nx.clamp_min(1e-30)).sum()
-        active = f != 0
-        self.l0 += active.sum()
-        self.l1 += f.double().sum()
-        self.fires += active.sum(dim=0)
 
 
 def _variance_per_source(s: _Sums) -> Tensor:
@@ -193,7 +201,7 @@ def _result(model: SparseCoder, s: _Sums, n_latents: int | None = None) -> EvalR
 
 
 @torch.no_grad()
-def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None = None,
+def evaluate(model: SparseCoder | LazyDictionary, batches: Iterable[Tensor], max_rows: int | None = None,
              comm: Comm = LOCAL) -> EvalResult:
     """Metrics of ``model`` (raw activation units) on batches [B, D] or [B, S, D], up to ``max_rows`` rows; a
     transcoder's batches are (input, output) pairs [B, 2, D] and its metrics are against the output.
@@ -201,18 +209,22 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
     ``comm``: with latent shards (``comm.shards``, saes.comm), ``model`` is this shard's latents and every shard
     passes the same batches: each codes its latents (:meth:`SparseCoder.codes`), the reconstruction is the sum of
     the shards' parts, and the per-latent counts are joined, so every shard gets the whole dictionary's result
-    without any of them holding it."""
+    without any of them holding it. A :class:`~saes.lazy.LazyDictionary` (a dictionary read a block of latents at a
+    time) is measured block by block the same way, in one process."""
     shards = comm.shards
-    device = model.W_enc.device
+    device = model.device
     s = _Sums(model.n_sources, model.d_in, model.n_latents, device)
     for x in batches:
-        xf, target = model.split(model.flatten_batch(x.to(device=device, dtype=model.W_enc.dtype)))
+        xf, target = model.split(model.flatten_batch(x.to(device=device, dtype=model.dtype)))
         if max_rows is not None:
             xf, target = xf[: max_rows - s.n], target[: max_rows - s.n]
         if xf.shape[0] == 0:
             break
-        f = model.codes(xf, comm)
-        s.add(target, model.reconstruct(xf, f, comm), f)
+        if isinstance(model, LazyDictionary):
+            s.add_rows(target, model.codes_and_reconstruction(xf, s.add_codes))
+        else:
+            f = model.codes(xf, comm)
+            s.add(target, model.reconstruct(xf, f, comm), f)
         if max_rows is not None and s.n >= max_rows:
             break
     if s.n == 0:

@@ -71,9 +71,20 @@ def locate(source: str | Path) -> tuple[Path, str]:
     raise _unknown(directory)
 
 
-def open_dictionary(source: str | Path, device: str | torch.device = "cpu") -> Loaded:
-    """The dictionary at ``source`` (a directory in any format of :data:`FORMATS`, or ``hf:...``) and its config."""
+def open_dictionary(source: str | Path, device: str | torch.device = "cpu", lazy: bool | None = False) -> Loaded:
+    """The dictionary at ``source`` (a directory in any format of :data:`FORMATS`, or ``hf:...``) and its config.
+    ``lazy``: True, a :class:`~saes.lazy.LazyDictionary` (this project's layout; its weights read a block of latents
+    at a time); None, lazily when loading it whole would not fit in this process's memory (``saes.lazy.reads_lazily``),
+    whole otherwise."""
+    from ..lazy import open_lazy, reads_lazily
+
     directory, fmt = locate(source)
+    if lazy or (lazy is None and fmt == "conceptdict" and reads_lazily(directory)):
+        if fmt != "conceptdict":
+            raise FormatError(f"{directory} is a {fmt} dictionary; only conceptdict's own layout is read lazily: load "
+                              f"it whole (lazy=False), or save it in conceptdict's layout first")
+        lazy_model = open_lazy(directory, device)
+        return Loaded(lazy_model, lazy_model.config)  # type: ignore[arg-type]
     loaded = FORMATS[fmt].read(directory)
     check_finite(loaded.model, f"{fmt} dictionary {directory}")
     return Loaded(loaded.model.to(device).eval(), loaded.config)

@@ -35,13 +35,16 @@ class Writer:
     write_set: Callable[[Sequence[SparseCoder], Sequence[Sequence[str]], Path, str | None], Path] | None = None
     """(models, each one's [input, output] hookpoints, out, model_name) -> the directory: ``train --layers``'
     folder of per-layer transcoders as one set; None: the layout holds one dictionary."""
+    streams: bool = False
+    """Whether ``export`` also takes a ``saes.lazy.LazyDictionary`` and writes it a block of latents at a time
+    (``saes.lazy.save_tensors_of``), so that a dictionary larger than memory is exported without being whole."""
 
 
 WRITERS: dict[str, Writer] = {
     "saelens": Writer(saelens.export, "SAELens cfg.json + sae_weights.safetensors, for the kinds with a SAELens "
-                      "architecture, docs/guide/train.md", "saelens"),
+                      "architecture, docs/guide/train.md", "saelens", streams=True),
     "sparsify": Writer(sparsify.export, "EleutherAI sparsify HOOKPOINT/cfg.json + sae.safetensors: TopK SAEs and "
-                       "transcoders", "sparsify", transcoders=True),
+                       "transcoders", "sparsify", transcoders=True, streams=True),
     "dictionary-learning": Writer(dictlearn.export, "dictionary_learning ae.pt + config.json, for the kinds with an "
                                   "exact dictionary_learning class", "dictionary_learning"),
     "circuit-tracer": Writer(circuit_tracer.export, "circuit-tracer config.yaml + weights: a cross-layer "

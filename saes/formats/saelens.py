@@ -186,7 +186,8 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
     """Write ``cfg.json`` + ``sae_weights.safetensors`` that ``sae_lens.SAE.load_from_disk`` reads.
 
     ``meta`` fills SAELens ``metadata`` (model_name, hook_name, context_size, prepend_bos, dataset_path, ...)."""
-    from ..artifact import save_tensors, write_json
+    from ..artifact import write_json
+    from ..lazy import save_tensors_of
 
     if model.n_sources != 1:
         raise ValueError(f"SAELens has no crosscoder layout (n_sources={model.n_sources}); export the native "
@@ -213,10 +214,13 @@ def write(model: SparseCoder, directory: Path, meta: dict[str, Any] | None = Non
                            "reshape_activations": "none", "metadata": metadata}
     if arch == "topk":
         cfg.update(k=model.k, rescale_acts_by_decoder_norm=False)
-    tensors = {"W_enc": model.W_enc, "W_dec": model.W_dec, "b_dec": model.b_dec,
-               "b_gate" if arch == "gated" else "b_enc": model.b_enc}
-    tensors.update({n: getattr(model, n) for n in EXTRA_TENSORS.get(arch, ())})
-    save_tensors(directory / WEIGHTS, {k: v.float() for k, v in tensors.items()}, {})
+    def tensors(block: SparseCoder) -> dict[str, torch.Tensor]:
+        out = {"W_enc": block.W_enc, "W_dec": block.W_dec, "b_dec": block.b_dec,
+               "b_gate" if arch == "gated" else "b_enc": block.b_enc}
+        out.update({n: getattr(block, n) for n in EXTRA_TENSORS.get(arch, ())})
+        return {k: v.float() for k, v in out.items()}
+
+    save_tensors_of(model, directory / WEIGHTS, tensors, {})  # a lazy dictionary: block by block
     write_json(directory / CONFIG, cfg)
     return directory
 

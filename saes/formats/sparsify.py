@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..model import SparseCoder
 from .common import Loaded, build, foreign_config
 from .files import FormatError, expect_shapes, read_json, read_safetensors
@@ -78,12 +80,22 @@ def read(directory: Path) -> Loaded:
 WRITES = ("topk", "transcoder", "skip-transcoder")
 
 
+def _tensors(model: SparseCoder) -> dict[str, torch.Tensor]:
+    """sparsify's tensors of ``model``."""
+    tensors = {"encoder.weight": model.W_enc.T.float(), "encoder.bias": model.b_enc.float(),
+               "W_dec": model.W_dec.float(), "b_dec": model.b_dec.float()}
+    if model.spec.skip:
+        tensors["W_skip"] = model.W_skip.T.float()
+    return tensors
+
+
 def write(model: SparseCoder, directory: Path, hookpoint: str, model_name: str | None = None,
           transcoder_hookpoints: list[str] | None = None) -> Path:
     """sparsify's layout: ``directory/<hookpoint>/{cfg.json, sae.safetensors}`` (+ the run's config.json with
     the model name). TopK SAEs and (skip) transcoders are sparsify's kinds; ``transcoder_hookpoints`` [input,
     output] go into the run's config.json so that reading it back knows both. Returns the hookpoint folder."""
-    from ..artifact import save_tensors, write_json
+    from ..artifact import write_json
+    from ..lazy import save_tensors_of
 
     if model.kind not in WRITES or model.n_sources != 1:
         raise ValueError(f"sparsify holds single-source TopK SAEs and transcoders ({', '.join(WRITES)}); a "
@@ -91,11 +103,7 @@ def write(model: SparseCoder, directory: Path, hookpoint: str, model_name: str |
                          f"export it as saelens or dictionary-learning instead")
     sub = directory / hookpoint
     sub.mkdir(parents=True, exist_ok=True)
-    tensors = {"encoder.weight": model.W_enc.T.float(), "encoder.bias": model.b_enc.float(),
-               "W_dec": model.W_dec.float(), "b_dec": model.b_dec.float()}
-    if model.spec.skip:
-        tensors["W_skip"] = model.W_skip.T.float()
-    save_tensors(sub / WEIGHTS, tensors, {})
+    save_tensors_of(model, sub / WEIGHTS, _tensors, {})  # a lazy dictionary: block by block
     write_json(sub / CONFIG, {"activation": "topk", "expansion_factor": 32, "normalize_decoder": True,
                               "num_latents": model.n_latents, "k": model.k, "multi_topk": False,
                               "skip_connection": model.spec.skip, "transcode": model.spec.transcodes,

@@ -1,0 +1,439 @@
+"""A saved dictionary read lazily: its weights stay on disk and a range of latents is read when asked for.
+
+:class:`LazyDictionary` (``cd.load(DIR, lazy=True)``; ``eval``, ``export`` (saelens, sparsify), ``name`` and ``score``
+open a dictionary this way when loading it whole would not fit in the process's memory, :func:`reads_lazily`) holds the config and the tensors every latent shares (``b_dec``,
+``norm_scale``, ``W_skip``) and reads the rest a block of latents at a time: :meth:`~LazyDictionary.latents` gives an
+in-memory :class:`SparseCoder` of latents ``[start, stop)``, and ``encode`` / ``decode`` / ``sae(x)`` run over the
+blocks (:attr:`~LazyDictionary.blocks`), one block in memory at a time. An inference rule that selects across latents
+(per-row TopK: ``KindSpec.shard_encode``) keeps each row's k largest over every block's k largest, as latent shards
+do, so the codes equal the whole dictionary's.
+
+The weights files are read with ``pread`` at the offsets their safetensors header names, not mapped: a mapping
+counts its whole file against a process's address-space limit (``ulimit -v``), a read only the block it holds. So
+a dictionary larger than the memory of the process is read in ``block_latents`` pieces; peak: one block's weights
+(plus a copy of its encoder while it is built) and the caller's buffers. :func:`save_tensors_of` writes a layout's
+weights file the same way, one block at a time.
+
+Kinds: those whose latents can be split (``KindSpec.shardable``: topk, batchtopk, jumprelu, relu, crosscoders);
+the others read their neighbours (Matryoshka's prefixes, SpaDE's simplex) or split by layer (cross-layer transcoders)
+and are loaded whole (``cd.load(DIR)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .artifact import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    WEIGHTS_FILE,
+    disk_latent_axes,
+    load_native,
+    load_native_config,
+    native_kind,
+    native_state,
+    read_index,
+)
+from .kinds import KindSpec, kind_spec
+from .model import SparseCoder
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+"""safetensors dtype names -> torch dtypes."""
+BLOCK_MIB = 512
+"""Default most MiB of weights in one block when none is given (a file of a block artifact larger than this is
+read in several blocks)."""
+
+
+def _io(call: Callable[[int, memoryview, int], int], fd: int, view: memoryview, offset: int, what: str) -> None:
+    """``os.preadv`` / ``os.pwritev`` of all of ``view`` at ``offset`` (one call moves at most ~2 GiB)."""
+    done = 0
+    while done < len(view):
+        n = call(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"{what}: {len(view) - done} bytes short at offset {offset + done}; the file is truncated")
+        done += n
+
+
+def _rows(t: Tensor, outer: int) -> np.ndarray:
+    """``t`` (contiguous) as bytes [outer, -1], sharing its memory."""
+    return t.view(-1).view(torch.uint8).numpy().reshape(outer, -1)
+
+
+class WeightsFile:
+    """One safetensors file's header, and reads of whole tensors or of a range along one axis (``pread``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        self.base = 8 + size
+        header.pop("__metadata__", None)
+        self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int]] = {
+            name: (DTYPES[h["dtype"]], tuple(h["shape"]), int(h["data_offsets"][0])) for name, h in header.items()}
+
+    def read(self, name: str, axis: int | None = None, start: int = 0, stop: int | None = None) -> Tensor:
+        """Tensor ``name``, or its entries ``[start, stop)`` along ``axis``."""
+        dtype, full, offset = self.tensors[name]
+        shape = full or (1,)
+        if axis is None:
+            axis, start, stop = 0, 0, shape[0]
+        stop = shape[axis] if stop is None else stop
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        out = torch.empty((*shape[:axis], stop - start, *shape[axis + 1:]), dtype=dtype)
+        width = out.element_size() * inner  # bytes of one entry along ``axis``
+        rows = _rows(out, outer)
+        with open(self.path, "rb") as f:
+            for o in range(outer):
+                _io(os.preadv, f.fileno(), memoryview(rows[o]), self.base + offset + (o * shape[axis] + start) * width,
+                    str(self.path))
+        return out if full else out.reshape(())
+
+
+class LazyDictionary:
+    """A saved dictionary (this project's layout, one file or one per latent shard) read a block of latents at a
+    time (module docstring). ``encode`` / ``decode`` / ``sae(x)`` take what :class:`SparseCoder`'s do and give the
+    same results; :meth:`latents` a block in memory; :meth:`whole` the whole dictionary."""
+
+    source_rows = SparseCoder.source_rows
+    input_rows = SparseCoder.input_rows
+    output_shape = SparseCoder.output_shape
+    flatten_input = SparseCoder.flatten_input
+    flatten_batch = SparseCoder.flatten_batch
+    split = SparseCoder.split
+    data_sources = SparseCoder.data_sources
+    cfg = SparseCoder.cfg
+
+    def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
+                 block_latents: int | None = None) -> None:
+        self.path = Path(directory)
+        self.config = load_native_config(self.path)
+        cfg = self.config
+        self.kind, self.d_in, self.n_latents = native_kind(cfg), int(cfg["d_in"]), int(cfg["n_latents"])
+        self.k, self.n_sources = int(cfg["k"]), int(cfg["n_sources"])
+        self.training_summary = cfg.get("training")
+        self._device = torch.device(device)
+        spec = self.spec
+        if spec.layered or not spec.shardable:
+            why = "its latents are split by layer" if spec.layered else "its rule reads other latents"
+            raise ValueError(f"a {self.kind} dictionary is not read in blocks of latents ({why}); load it whole: "
+                             f"cd.load({str(self.path)!r})")
+        self.files = self._files()
+        self.axes = disk_latent_axes(self._meta(self.n_latents))
+        first = self.files[0][0]
+        self.shared = {name: first.read(name) for name, axis in self.axes.items()
+                       if axis is None and name in first.tensors}
+        self.blocks = self._blocks(block_latents)
+        self._held: tuple[int, int, SparseCoder] | None = None
+
+    # -- what it is -----------------------------------------------------------------------------
+    @property
+    def spec(self) -> KindSpec:
+        return kind_spec(self.kind)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def __repr__(self) -> str:
+        return (f"LazyDictionary({self.kind}, d_in={self.d_in}, latents={self.n_latents}, k={self.k}, "
+                f"{len(self.blocks)} blocks, {self.path})")
+
+    def requires_grad_(self, flag: bool = True) -> LazyDictionary:
+        """Nothing to do: its blocks are made without gradients (here so that it reads like a SparseCoder)."""
+        return self
+
+    def eval(self) -> LazyDictionary:
+        return self
+
+    def _meta(self, n_latents: int) -> SparseCoder:
+        return SparseCoder(self.d_in, n_latents, self.k, self.kind, n_sources=self.n_sources, device="meta")
+
+    def _files(self) -> list[tuple[WeightsFile, int, int]]:
+        """(file, first latent, end) of each weights file, in latent order."""
+        index_path = self.path / INDEX_FILE
+        if not index_path.exists():
+            return [(WeightsFile(self.path / WEIGHTS_FILE), 0, self.n_latents)]
+        index = read_index(self.path)
+        out, start = [], 0
+        for name, n in zip(index["files"], index["latents_per_file"]):
+            out.append((WeightsFile(self.path / name), start, start + int(n)))
+            start += int(n)
+        if start != self.n_latents:
+            raise ValueError(f"{index_path}: its files hold {start} latents but {CONFIG_FILE} says {self.n_latents}; "
+                             f"save the dictionary again")
+        return out
+
+    def _blocks(self, block_latents: int | None) -> list[tuple[int, int]]:
+        """The latent ranges read one at a time: each file's latents, in pieces of at most ``block_latents`` (None:
+        :data:`BLOCK_MIB` of weights); a piece never holds k latents or fewer (it joins the one before)."""
+        if block_latents is None:
+            per_latent = sum(math.prod(s) * torch.empty((), dtype=d).element_size() // s[self.axes[n]]
+                             for n, (d, s, _) in self.files[0][0].tensors.items() if self.axes.get(n) is not None)
+            block_latents = max(1, BLOCK_MIB * 2 ** 20 // max(per_latent, 1))
+        if block_latents <= self.k:
+            raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of its "
+                             f"latents; raise block_latents")
+        out: list[tuple[int, int]] = []
+        for _, a, b in self.files:
+            for s in range(a, b, block_latents):
+                e = min(b, s + block_latents)
+                if out and e - s <= self.k:
+                    out[-1] = (out[-1][0], e)
+                else:
+                    out.append((s, e))
+        return out
+
+    # -- reading ----------------------------------------------------------------------------------
+    def latents(self, start: int, stop: int) -> SparseCoder:
+        """Latents ``[start, stop)`` as an in-memory dictionary of ``stop - start`` latents (read from the files that
+        hold them; its ``encode`` is the kind's rule on those latents alone). A NaN or Inf in them is refused as a
+        whole dictionary's is (``saes.formats.check_finite``)."""
+        from .formats import check_finite
+
+        if not 0 <= start < stop <= self.n_latents or stop - start <= self.k:
+            raise ValueError(f"latents({start}, {stop}): the range must lie in [0, {self.n_latents}) and hold more "
+                             f"than k={self.k} latents")
+        if self._held is not None and self._held[:2] == (start, stop):
+            return self._held[2]
+        self._held = None  # let the block held before go first
+        parts: dict[str, list[Tensor]] = {}
+        for f, a, b in self.files:
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                for name in f.tensors:
+                    if self.axes.get(name) is not None:
+                        parts.setdefault(name, []).append(f.read(name, self.axes[name], lo - a, hi - a))
+        t = {n: p[0] if len(p) == 1 else torch.cat(p, dim=self.axes[n]) for n, p in parts.items()}
+        t.update(self.shared)
+        model = self._meta(stop - start)
+        state = native_state(model, t, self.path)
+        del t, parts  # the read tensors become the block's parameters: no second copy
+        state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
+        model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
+        del state
+        model.to(self._device)
+        check_finite(model, f"latents [{start}, {stop}) of {self.path}")
+        model.training_summary = self.training_summary
+        model.requires_grad_(False).eval()
+        self._held = (start, stop, model)
+        return model
+
+    def decoder_directions(self) -> Tensor:
+        """Decoder rows in raw activation units: [L, D] (S = 1) or [L, S, D], as ``SparseCoder``'s; only ``W_dec`` is
+        read (half the weights, in memory whole: what a concept dictionary keeps of each latent)."""
+        S, D = self.n_sources, self.d_in
+        out = torch.empty(self.n_latents, S, D) if S > 1 else torch.empty(self.n_latents, D)
+        for f, a, b in self.files:
+            part = f.read("W_dec")  # [S, n, D] on disk with S > 1 sources
+            out[a:b] = part.permute(1, 0, 2) if S > 1 else part
+            del part
+        return out
+
+    def whole(self) -> SparseCoder:
+        """The whole dictionary in memory (``load_native``), with ``.config`` and ``.path``."""
+        model = load_native(self.path, self._device)
+        model.config, model.path = self.config, self.path
+        return model.requires_grad_(False)
+
+    # -- inference over blocks --------------------------------------------------------------------
+    @torch.no_grad()
+    def block_codes(self, rows: Tensor) -> Iterator[tuple[int, SparseCoder, Tensor]]:
+        """(first latent, block, the block's codes [N, stop - start]) for each block, of rows [N, S*D]: together the
+        whole dictionary's codes. A rule that selects across latents keeps each row's k largest of every block's k
+        largest (read in a first pass), as latent shards do (``kinds.common.shard_keep``)."""
+        if self.spec.shard_encode is None:
+            for a, b in self.blocks:
+                block = self.latents(a, b)
+                yield a, block, block.rule(rows)
+                del block  # (and the caller drops its name for it) before the next block is read
+            return
+        values, indices = [], []
+        for a, b in self.blocks:
+            top = self.latents(a, b).rule(rows).topk(self.k, dim=1)
+            values.append(top.values)
+            indices.append(top.indices + a)
+        best = torch.cat(values, 1).topk(self.k, dim=1)
+        keep_v, keep_i = best.values, torch.cat(indices, 1).gather(1, best.indices)
+        for a, b in reversed(self.blocks):  # the last block read first: it is still held
+            block = self.latents(a, b)
+            mine = (keep_i >= a) & (keep_i < b)
+            f = rows.new_zeros(rows.shape[0], b - a)
+            yield a, block, f.scatter_add_(1, torch.where(mine, keep_i - a, 0), torch.where(mine, keep_v, 0))
+            del block, f
+
+    def finish(self, x: Tensor, decoded: Tensor) -> Tensor:
+        """The reconstruction from the sum of the blocks' decodes [N, S*D] and the encoder input x: plus b_dec, and
+        x W_skip for a kind with a skip path."""
+        out = decoded + self.shared_tensor("b_dec")
+        return out + x @ self.shared_tensor("W_skip") if self.spec.skip else out
+
+    def shared_tensor(self, name: str) -> Tensor:
+        """A tensor every latent shares, in the in-memory layout (b_dec [S*D], W_skip [D, D])."""
+        return self.shared[name].reshape(-1).to(self._device) if name == "b_dec" else self.shared[name].to(self._device)
+
+    @torch.no_grad()
+    def codes_and_reconstruction(self, rows: Tensor,
+                                 each: Callable[[Tensor, int], None] | None = None) -> Tensor:
+        """The reconstruction [N, S*D] of rows [N, S*D] (a transcoder: its output), X
+        ``each(codes, first latent)`` as they come."""
+        total = None
+        for a, block, f in self.block_codes(rows):
+            part = block.dense_decode(f)
+            total = part if total is None else total + part
+            if each is not None:
+                each(f, a)
+            del block, f, part  # one block in memory at a time
+        return self.finish(rows, total)
+
+    def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """x [..., D] (S sources: [..., S, D]) -> dense codes [..., L], equal to the whole dictionary's."""
+        rows, back = self.source_rows(x, "encode")
+        f = rows.new_zeros(rows.shape[0], self.n_latents)
+        for a, block, part in self.block_codes(rows):
+            f[:, a: a + part.shape[1]] = part
+            del block, part  # one block in memory at a time
+        return back(f, (self.n_latents,))
+
+    @torch.no_grad()
+    def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """Codes f [..., L] -> x_hat [..., D] (S sources: [..., S, D])."""
+        rows, back = self.input_rows(f, "decode", (self.n_latents,), "the latents of this dictionary")
+        total = sum(self.latents(a, b).dense_decode(rows[:, a:b]) for a, b in self.blocks)
+        return back(total + self.shared_tensor("b_dec"), self.output_shape())
+
+    def __call__(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """Reconstruction of x, as ``SparseCoder.forward``."""
+        rows, back = self.source_rows(x, "sae(x)")
+        return back(self.codes_and_reconstruction(rows), self.output_shape())
+
+
+def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_latents: int | None = None
+              ) -> LazyDictionary:
+    """:class:`LazyDictionary` of a dictionary saved by ``saes.artifact`` (one file, or one per latent shard)."""
+    return LazyDictionary(directory, device, block_latents)
+
+
+LOAD_FACTOR = 4
+"""Bytes per byte of weights that a command reading a dictionary whole is taken to need: about 2 for the load
+(``load_native`` holds the joined tensors and the module's parameters at once, plus one file), the rest for the
+command's own buffers that grow with the latents (eval's ``[batch, L]`` codes: at D 512, L 65,536 and batch 512 they
+were 1.5 times the weights). A rule of thumb, not a plan: ``lazy=True`` reads lazily whatever it says."""
+
+
+def _status(key: str) -> int | None:
+    """Bytes of ``key`` (VmSize, ...) in /proc/self/status; None where there is none."""
+    path = Path("/proc/self/status")
+    lines = path.read_text().splitlines() if path.exists() else []
+    return next((int(ln.split()[1]) * 1024 for ln in lines if ln.startswith(key + ":")), None)
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still take: the least of the machine's MemAvailable, the room under its address-space
+    limit (``ulimit -v``, RLIMIT_AS) and under its cgroup's ``memory.max``; None where none of them is known."""
+    import resource
+
+    room = []
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        room += [int(ln.split()[1]) * 1024 for ln in meminfo.read_text().splitlines() if ln.startswith("MemAvailable:")]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _status("VmSize")
+    if soft != resource.RLIM_INFINITY and size is not None:
+        room.append(soft - size)
+    cgroup = Path("/sys/fs/cgroup")
+    if (cgroup / "memory.max").exists() and (cgroup / "memory.current").exists():
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            room.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    return min(room) if room else None
+
+
+LAZY_ENV = "CONCEPTDICT_LAZY"
+"""Environment variable that overrides :func:`reads_lazily`'s rule for every command: 1, lazily whenever the kind
+allows; 0, never."""
+
+
+def reads_lazily(directory: str | Path, available: int | None = None) -> bool:
+    """Whether the commands read the dictionary saved at ``directory`` (this project's layout) lazily: when its kind
+    can be read in blocks and reading it whole (:data:`LOAD_FACTOR` x its weights) would not fit in ``available``
+    bytes (default :func:`available_memory`). A dictionary that fits is loaded whole: the same numbers bit for bit
+    and one pass over its weights. :data:`LAZY_ENV` set to 1 or 0 decides instead."""
+    directory = Path(directory)
+    spec = kind_spec(native_kind(load_native_config(directory)))
+    if spec.layered or not spec.shardable:
+        return False
+    pinned = os.environ.get(LAZY_ENV, "").strip()
+    if pinned in ("0", "1"):
+        return pinned == "1"
+    if pinned:
+        raise ValueError(f"{LAZY_ENV}={pinned!r}: set it to 1 (read dictionaries lazily), 0 (never) or leave it unset")
+    files = ([directory / f for f in read_index(directory)["files"]] if (directory / INDEX_FILE).exists()
+             else [directory / WEIGHTS_FILE])
+    available = available_memory() if available is None else available
+    return available is not None and LOAD_FACTOR * sum(f.stat().st_size for f in files) > available
+
+
+def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Callable[[SparseCoder], dict[str, Tensor]],
+                    metadata: dict[str, str]) -> Path:
+    """Write the safetensors file of ``make(model)`` (a layout's tensors of a dictionary) to ``path``; a lazy
+    dictionary's is written block by block, ``make`` run on each block: the axis along which each tensor runs over
+    the latents is found by running ``make`` on two shapes on the meta device."""
+    from .artifact import save_tensors
+
+    if isinstance(model, SparseCoder):
+        save_tensors(path, make(model), metadata)
+        return path
+    whole, other = make(model._meta(model.n_latents)), make(model._meta(model.n_latents + 1))
+    axes = {n: next((i for i, (p, q) in enumerate(zip(t.shape, other[n].shape)) if p != q), None)
+            for n, t in whole.items()}
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name in sorted(whole):
+        t = whole[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": next(k for k, v in DTYPES.items() if v == t.dtype), "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    base = 8 + len(text)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(base + offset)
+        for a, b in model.blocks:
+            tensors = make(model.latents(a, b))
+            for name, t in tensors.items():
+                axis, at = axes[name], base + header[name]["data_offsets"][0]
+                t = t.detach().cpu().contiguous()
+                if axis is None:  # shared by every latent: written once
+                    if a == 0:
+                        _io(os.pwritev, f.fileno(), memoryview(_rows(t, 1)[0]), at, str(path))
+                    continue
+                outer, L = math.prod(t.shape[:axis]), whole[name].shape[axis]
+                width = t.element_size() * math.prod(t.shape[axis + 1:])  # bytes of one latent's entry per row
+                rows = _rows(t, outer)
+                for o in range(outer):
+                    _io(os.pwritev, f.fileno(), memoryview(rows[o]), at + (o * L + a) * width, str(path))
+            del tensors
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["LazyDictionary", "WeightsFile", "available_memory", "open_lazy", "reads_lazily", "save_tensors_of"]

@@ -1,0 +1,85 @@
+"""Entry script for tests/test_lazy_capped.py (not collected by pytest): evaluate and export a block artifact in ONE
+process whose address space is capped below the artifact's size.
+
+    python tests/lazy_capped.py SPEC.json
+
+SPEC: ``artifact`` (a block artifact), ``warmup`` (a small one over the same store), ``store``, ``hookpoint``,
+``out`` (a folder), ``budget_mib``. The process first evaluates and exports ``warmup``, whole and lazily (every
+import, thread pool and kernel the measured run needs), reads its own VmSize, caps its address space at VmSize + budget
+(``RLIMIT_AS``: it counts every mapping, so torch's own is in the baseline and only what the run adds is capped),
+resets VmHWM (``/proc/self/clear_refs``), then evaluates and exports ``artifact``, and finally tries to load it
+whole under the same cap. Prints one JSON line: the VmSize / VmRSS baseline, the cap, VmPeak and VmHWM after the
+run, the eval's FVU and L0, and whether the whole load failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MIB = 2 ** 20
+
+
+def status(key: str) -> int:
+    """Bytes of ``key`` (VmSize, VmRSS, VmHWM, VmPeak) in /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def run(spec: dict, artifact: str, tag: str) -> dict:
+    import conceptdict as cd
+    from conceptdict.cli.main import main
+
+    out = Path(spec["out"])
+    result = cd.evaluate(artifact, store=spec["store"], hookpoint=spec["hookpoint"], contexts=0,
+                         batch_size=spec.get("batch_size", 512), out=out / f"{tag}-eval.json")
+    code = main(["export", artifact, "--format", "saelens", "--out", str(out / f"{tag}-saelens")])
+    done = {"fvu": result.metrics.fvu, "l0": result.metrics.l0, "export_exit": code, "export_vmhwm": status("VmHWM")}
+    if spec.get("vocab"):
+        done["name_exit"] = main(["name", artifact, "--vocab", spec["vocab"], "--model", "planted", "--cache-dir",
+                                  spec["cache"], "--top-k", "3", "--n-bins", "4", "--chunk", "64", "--base-rows", "16",
+                                  "--out", str(out / f"{tag}-named")])
+    return done
+
+
+def warm_up(spec: dict) -> None:
+    """The commands on the small artifact (which fits, so they load it whole), then the lazy route on it too."""
+    import torch
+    from conceptdict.saes import evaluate
+    from conceptdict.saes.formats import saelens
+    from conceptdict.saes.lazy import open_lazy
+
+    run(spec, spec["warmup"], "warmup")
+    lazy = open_lazy(spec["warmup"])
+    evaluate(lazy, [torch.randn(spec.get("batch_size", 512), lazy.d_in)])
+    saelens.write(lazy, Path(spec["out"]) / "warmup-lazy")
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    warm_up(spec)
+    base_size, base_rss = status("VmSize"), status("VmRSS")
+    cap = base_size + int(spec["budget_mib"] * MIB)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here
+    measured = run(spec, spec["artifact"], "big")
+    record = {"base_vmsize": base_size, "base_rss": base_rss, "cap": cap, "vmpeak": status("VmPeak"),
+              "vmhwm": status("VmHWM"), **measured}
+    try:
+        import conceptdict as cd
+
+        cd.load(spec["artifact"])
+        record["whole_load"] = "loaded"
+    except (MemoryError, RuntimeError) as e:
+        record["whole_load"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Issue 55's check: a block artifact larger than a process's memory cap is evaluated and exported in one process
+under the cap (tests/lazy_capped.py runs it: eval and export choose to read it lazily because it does not fit).
+
+The cap is ``RLIMIT_AS`` set to the process's VmSize after a warm-up (torch alone maps over a GiB of address space
+it never touches, so an absolute cap would measure torch) plus a budget of half the artifact's weights; loading the
+artifact whole under the same cap fails, which shows that the cap bites. glibc is told to return every allocation
+of 64 KiB or more to the system when freed (``MALLOC_MMAP_THRESHOLD_``): with its default, freed 16 MiB blocks stay
+in the heap and the address space grows with fragmentation rather than with what is alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+D, L, PARTS, K = 512, 65536, 16, 32
+"""256 MiB of weights in 16 files of 16 MiB."""
+MIB = 2 ** 20
+
+
+def _blocks(where: Path, latents: int, parts: int, store: Path) -> Path:
+    from conceptdict.saes.artifact import finish_parts, save_dictionary_part
+    from conceptdict.saes.model import SparseCoder
+
+    for i in range(parts):
+        torch.manual_seed(i)
+        part = SparseCoder(D, latents // parts, K, "topk")
+        save_dictionary_part(part, where, i, parts)
+    finish_parts(part, where, parts, extra={"stores": [str(store)], "hookpoints": ["hp"]})
+    return where
+
+
+def test_a_block_artifact_larger_than_the_cap_is_evaluated_and_exported_under_it(tmp_path):
+    import conceptdict as cd
+    from conceptdict.activations import import_array
+    from conceptdict.activations.importer import ImportConfig
+
+    g = torch.Generator().manual_seed(0)
+    save_file({"hp": torch.randn(2048, D, generator=g)}, str(tmp_path / "acts.safetensors"))
+    store = import_array(ImportConfig(array=tmp_path / "acts.safetensors", out=tmp_path / "store"))
+    big = _blocks(tmp_path / "big", L, PARTS, store)
+    weights = sum(p.stat().st_size for p in big.glob("weights-*.safetensors"))
+    spec = {"artifact": str(big), "warmup": str(_blocks(tmp_path / "warm", 256, 2, store)), "store": str(store),
+            "hookpoint": "hp", "out": str(tmp_path / "out"), "budget_mib": weights / 2 / MIB}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    script = Path(__file__).with_name("lazy_capped.py")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "spec.json")], capture_output=True, text=True,
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    added, peak = got["vmpeak"] - got["base_vmsize"], got["vmhwm"] - got["base_rss"]
+    print(f"weights {weights / MIB:.0f} MiB, cap +{(got['cap'] - got['base_vmsize']) / MIB:.0f} MiB: address space "
+          f"+{added / MIB:.1f} MiB, resident peak (VmHWM) +{peak / MIB:.1f} MiB")
+    assert got["whole_load"].startswith("failed"), "the cap must be too small for the whole dictionary"
+    assert got["export_exit"] == 0 and peak < weights / 2
+    whole = cd.load(big)  # here, without a cap: the reference
+    ref = cd.evaluate(whole, store=store, hookpoint="hp", contexts=0, batch_size=512, out=tmp_path / "whole.json")
+    assert got["fvu"] == pytest.approx(ref.metrics.fvu, rel=1e-6) and got["l0"] == ref.metrics.l0 == K
+    exported = load_file(tmp_path / "out" / "big-saelens" / "sae_weights.safetensors")
+    assert torch.equal(exported["W_dec"], whole.W_dec) and torch.equal(exported["W_enc"], whole.W_enc)
