@@ -13,7 +13,11 @@ Tolerances (absolute unless said):
   both sides and the same L2 logistic objective (sklearn's lbfgs there, float64 L-BFGS here; a point on the boundary
   may fall either way; one test point is 1/137 = 0.0073);
 - tpp: every tpp_threshold_N_{total_metric, intended_diff_only, unintended_diff_only}, per class and averaged: 0.02
-  (SAEBench's functions with sklearn probes there: the same draws; float32 there, float64 here).
+  (SAEBench's functions with sklearn probes there: the same draws; float32 there, float64 here);
+- scr: every scr_dir1 / scr_dir2 / scr_metric_threshold_N of each run (a's classes 0/1 and 2/3 against b's 0/1 of
+  scr.npz) and their means: 1e-6 (SAEBench's functions with sklearn probes there; its SCR draws nothing that changes
+  a number: every task is all its inputs, so the only slack would be a test point on a probe's boundary: measured
+  equal to the last digit).
 """
 
 from __future__ import annotations
@@ -83,6 +87,25 @@ def test_tpp_equals_saebench_tpp(ours):
         assert got["details"]["per_class"]["label"][c] == pytest.approx(metrics, abs=0.02), c
 
 
+@pytest.fixture(scope="module")
+def scr_ours(tmp_path_factory):
+    """conceptdict's eval --metrics scr of the fixture's SAE on scr.npz (two label columns a and b), --format
+    saebench."""
+    root = tmp_path_factory.mktemp("yardstick_scr")
+    store = cd.import_array(FIXTURES / "scr.npz", out=root / "store", key="acts")
+    return cd.evaluate(FIXTURES / "sae", store=store.path, hookpoint="acts", rows_from="start", rows=4096, contexts=0,
+                       metrics="scr", format="saebench", out=root / "eval.json")
+
+
+def test_scr_equals_saebench_scr(scr_ours):
+    got = scr_ours.yardsticks.results["scr"]
+    ref = REF["scr"]
+    assert list(got["details"]["runs"]) == list(ref["runs"])
+    for name, metrics in ref["runs"].items():
+        assert got["details"]["runs"][name] == pytest.approx(metrics, abs=1e-6), name
+    assert got["summary"] == pytest.approx(ref["overall"], abs=1e-6)
+
+
 def test_saebench_reads_our_result_files(ours):
     """SAEBench's own graphing_utils.get_eval_results reads the --format saebench files (in the side environment;
     skipped without it). Its reader knows no 'synthetic' eval type, so the ground-truth file is not passed to it."""
@@ -104,3 +127,21 @@ def test_saebench_reads_our_result_files(ours):
         else:
             assert entry["sae_top_1_test_accuracy"] == pytest.approx(
                 summary["sparse-probing"]["sae_top_1_test_accuracy"])
+
+
+def read_with_saebench(files: list[str]) -> dict:
+    """{file: what SAEBench's graphing_utils.get_eval_results reads from it}, run in the side environment."""
+    proc = subprocess.run([str(SIDE_PYTHON), str(FIXTURES / "make_fixtures.py"), "--check-saebench", *files],
+                          capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_saebench_reads_our_scr_file(scr_ours):
+    if not SIDE_PYTHON.exists():
+        pytest.skip("no .venv-saebench (see tests/fixtures/saebench/make_fixtures.py for how to make it)")
+    (f,) = json.loads(scr_ours.path.read_text())["saebench"]
+    (entry,) = read_with_saebench([f])[f].values()
+    summary = scr_ours.yardsticks.results["scr"]["summary"]
+    assert entry["scr_metric_threshold_2"] == pytest.approx(summary["scr_metric_threshold_2"])
+    assert entry["sae_class"] == "topk"
