@@ -41,6 +41,8 @@ REGISTRY: tuple[Yardstick, ...] = (
               "latents hurts its probe, not the others' (the 2026 audit found it unreliable)"),
     Yardstick("scr", "scr", ("rows", "one_space", "two_labels"), "spurious correlation removal: ablating one label "
               "column's latents frees a biased probe to read the other (the 2026 audit found it unreliable)"),
+    Yardstick("absorption", "absorption", ("one_space", "causal_lm"), "first-letter feature absorption: how much "
+              "of a letter probe's direction other latents carry where the letter's main latents are silent"),
 )
 NAMES = tuple(y.name for y in REGISTRY)
 DEFAULT: tuple[str, ...] = ()
@@ -88,6 +90,21 @@ def _two_labels_missing(inputs: Inputs) -> str | None:
             f"twice, or `store import` an .npz holding two 1-D integer arrays beside the activations")
 
 
+def _causal_lm_missing(inputs: Inputs) -> str | None:
+    from conceptdict.activations.tokens import causal_lm_source
+
+    if inputs.store is not None and causal_lm_source(inputs.store) is not None:
+        return None
+    if inputs.store is None:
+        return ("needs a token-level hookpoint of a causal LM read from a store; these rows came from a model's "
+                "forward: pass --store STORE cached from that model")
+    model = (inputs.store.manifest.get("model") or {}).get("id") or "no recorded model (imported rows)"
+    what = "token activations" if inputs.store.level == "token" else "sentence embeddings"
+    return (f"needs a token-level hookpoint of a causal LM (its vocabulary is the task); this dictionary was "
+            f"trained on {what} of {model} ({inputs.store.path}): use a dictionary of a causal LM's "
+            f"token store")
+
+
 def _one_space_missing(inputs: Inputs) -> str | None:
     sae = inputs.dictionary
     if sae.n_sources != 1 or sae.spec.transcodes:
@@ -98,7 +115,7 @@ def _one_space_missing(inputs: Inputs) -> str | None:
 
 CHECKS = {"rows": lambda inputs: None, "one_space": _one_space_missing, "labels": _labels_missing,
           "true_features": _true_features_missing,
-          "two_labels": _two_labels_missing}
+          "two_labels": _two_labels_missing, "causal_lm": _causal_lm_missing}
 """Input name -> (inputs -> None when present, else the one-line refusal)."""
 
 
