@@ -207,6 +207,26 @@ def absorption_of(acts: torch.Tensor, codes: torch.Tensor, direction: torch.Tens
     return fractions, full
 
 
+def letter_result(fractions: list[float], full: list[bool], main: list[int]) -> dict[str, Any]:
+    """One letter's numbers over its probe true positives (SAEBench ``_aggregate_results_df``)."""
+    return {"mean_absorption_fraction": sum(fractions) / len(fractions), "full_absorption_rate": sum(full) / len(full),
+            "num_full_absorption": sum(full), "num_probe_true_positives": len(fractions),
+            "num_split_features": len(main)}
+
+
+def summarise(per_letter: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The means and sample standard deviations over the letters (SAEBench's ``AbsorptionMeanMetrics``)."""
+    series = {key: [v[key] for v in per_letter.values()] for key in ("mean_absorption_fraction",
+                                                                     "full_absorption_rate", "num_split_features")}
+    spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0
+    return {"mean_absorption_fraction_score": statistics.mean(series["mean_absorption_fraction"]),
+            "mean_full_absorption_score": statistics.mean(series["full_absorption_rate"]),
+            "mean_num_split_features": statistics.mean(series["num_split_features"]),
+            "std_dev_absorption_fraction_score": spread(series["mean_absorption_fraction"]),
+            "std_dev_full_absorption_score": spread(series["full_absorption_rate"]),
+            "std_dev_num_split_features": spread(series["num_split_features"])}
+
+
 @torch.no_grad()
 def encode(sae, x: torch.Tensor) -> torch.Tensor:
     """The dictionary's codes [n, L] (float32, on the CPU) of activations [n, D]."""
@@ -253,20 +273,9 @@ def compute(inputs) -> dict[str, Any]:
             continue
         a = word_activations(lm, inputs.hookpoint, [prompt(w, words, rng) for w in found])
         fractions, full = absorption_of(a, encode(sae, a), probe[i, :-1], main, decoder)
-        per_letter[LETTERS[c]] = {"mean_absorption_fraction": sum(fractions) / len(found),
-                                  "full_absorption_rate": sum(full) / len(found), "num_full_absorption": sum(full),
-                                  "num_probe_true_positives": len(found), "num_split_features": len(main),
-                                  "main_latents": main, "probe_f1": probe_f1[c], "k_sparse_f1": k_f1}
-    series = {key: [v[key] for v in per_letter.values()] for key in ("mean_absorption_fraction",
-                                                                     "full_absorption_rate", "num_split_features")}
-    spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0
-    summary = {"mean_absorption_fraction_score": statistics.mean(series["mean_absorption_fraction"]),
-               "mean_full_absorption_score": statistics.mean(series["full_absorption_rate"]),
-               "mean_num_split_features": statistics.mean(series["num_split_features"]),
-               "std_dev_absorption_fraction_score": spread(series["mean_absorption_fraction"]),
-               "std_dev_full_absorption_score": spread(series["full_absorption_rate"]),
-               "std_dev_num_split_features": spread(series["num_split_features"])}
-    return {"summary": summary, "details": {"letters": per_letter, "words": len(words), "model": str(name),
+        per_letter[LETTERS[c]] = {**letter_result(fractions, full, main), "main_latents": main,
+                                  "probe_f1": probe_f1[c], "k_sparse_f1": k_f1}
+    return {"summary": summarise(per_letter), "details": {"letters": per_letter, "words": len(words), "model": str(name),
                                             "probe_f1": {LETTERS[c]: v for c, v in probe_f1.items()}}}
 
 
