@@ -20,51 +20,23 @@ from conceptdict.naming.yardsticks.absorption import (
     main_latents,
     prompt,
 )
+from generators.letter_lm import HOOKPOINT, PER_LETTER
 
 pytestmark = pytest.mark.integration
 
-D, PER_LETTER, HOOK = 64, 16, "blocks.0.hook_out"
-
-
-def letter_words(seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    words: set[str] = set()
-    for letter in LETTERS:
-        while sum(w[0] == letter for w in words) < PER_LETTER:
-            words.add(letter + "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 5))))
-    return sorted(words | {"has", "the", "first", "letter"})
+D = 64
 
 
 @pytest.fixture(scope="module")
 def letter_lm(tmp_path_factory):
-    """(store, model dir, letter directions [26, D], {word: its embedding's own part [D]}): a 1-layer GPT-2 (d 64)
-    whose word embeddings are 4 x their first letter's unit direction plus 0.2 x noise, and a token store of it
-    at blocks.0.hook_out over sentences of its words."""
-    from conceptdict.activations.cache import CacheConfig, cache_activations
-    from fixtures_models import SPECIALS, word_tokenizer
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """(store, model dir, letter directions [26, D], {word: its embedding's own part [D]}): the 1-layer GPT-2 of
+    bench/generators/letter_lm.py (word embeddings 4 x their first letter's unit direction plus 0.2 x noise) and a
+    token store of it at blocks.0.hook_out."""
+    from generators.letter_lm import build_letter_lm, letter_store
 
     root = tmp_path_factory.mktemp("letter_lm")
-    words = letter_words()
-    tok = word_tokenizer(SPECIALS + words)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=D, n_head=2, n_positions=128, vocab_size=len(tok),
-                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                       pad_token_id=tok.pad_token_id))
-    g = torch.Generator().manual_seed(0)
-    letters = torch.nn.functional.normalize(torch.randn(26, D, generator=g), dim=1)
-    own = {}
-    with torch.no_grad():
-        for w in words:
-            own[w] = 0.2 * torch.randn(D, generator=g)
-            model.transformer.wte.weight[tok.convert_tokens_to_ids(w)] = 4 * letters[letter_of(w)] + own[w]
-    model.save_pretrained(root / "lm")
-    tok.save_pretrained(root / "lm")
-    rng = random.Random(1)
-    records = [{"text": " ".join(rng.choice(words) for _ in range(20))} for _ in range(40)]
-    cfg = CacheConfig(model=str(root / "lm"), hookpoints=[HOOK], dataset="", out=root / "store", context_length=32,
-                      batch_size=8, progress=False)
-    return cache_activations(cfg, records=records), root / "lm", letters, own
+    lm = build_letter_lm(root / "lm", d_model=D)
+    return letter_store(root / "store", lm), lm.path, lm.letters, lm.own
 
 
 def write_relu(directory, enc: torch.Tensor, b_enc: torch.Tensor, dec: torch.Tensor):
@@ -113,7 +85,7 @@ def test_absorbed_letter_is_found_and_the_clean_dictionary_has_none(letter_lm, t
     results = {}
     for name, absorb in (("clean", ""), ("absorbed", "a")):
         sae = letter_dictionary(tmp_path / name, letters, own, absorb)
-        got = cd.evaluate(sae, store=store, hookpoint=HOOK, contexts=0, rows_from="start", metrics="absorption",
+        got = cd.evaluate(sae, store=store, hookpoint=HOOKPOINT, contexts=0, rows_from="start", metrics="absorption",
                           format="saebench", out=tmp_path / f"{name}.json")
         results[name] = got.yardsticks.results["absorption"]
     clean, absorbed = (results[n]["details"]["letters"] for n in ("clean", "absorbed"))

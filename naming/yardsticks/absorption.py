@@ -218,10 +218,10 @@ def summarise(per_letter: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The means and sample standard deviations over the letters (SAEBench's ``AbsorptionMeanMetrics``)."""
     series = {key: [v[key] for v in per_letter.values()] for key in ("mean_absorption_fraction",
                                                                      "full_absorption_rate", "num_split_features")}
-    spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0
-    return {"mean_absorption_fraction_score": statistics.mean(series["mean_absorption_fraction"]),
-            "mean_full_absorption_score": statistics.mean(series["full_absorption_rate"]),
-            "mean_num_split_features": statistics.mean(series["num_split_features"]),
+    spread = lambda v: float(statistics.stdev(v)) if len(v) > 1 else 0.0
+    return {"mean_absorption_fraction_score": float(statistics.mean(series["mean_absorption_fraction"])),
+            "mean_full_absorption_score": float(statistics.mean(series["full_absorption_rate"])),
+            "mean_num_split_features": float(statistics.mean(series["num_split_features"])),
             "std_dev_absorption_fraction_score": spread(series["mean_absorption_fraction"]),
             "std_dev_full_absorption_score": spread(series["full_absorption_rate"]),
             "std_dev_num_split_features": spread(series["num_split_features"])}
