@@ -19,6 +19,7 @@ from conceptdict.naming.yardsticks.absorption import (
     letter_of,
     main_latents,
     prompt,
+    word_activations,
 )
 from generators.letter_lm import HOOKPOINT, PER_LETTER
 
@@ -78,6 +79,14 @@ def test_alpha_words_and_the_prompt_are_saebench_s(letter_lm):
     lines = text.split("\n")
     assert lines[0] == "" and lines[-1] == "apple has the first letter:" and len(lines) == 4
     assert sorted(lines[1:3]) == ["cat has the first letter: C", "dog has the first letter: D"]
+    # the activation read is the one at the asked word's token (the last of its prompt), not at an example's
+    word = words[5]
+    text = prompt(word, words, random.Random(0))
+    ids = lm.to_tokens(text)[0]
+    at = int(torch.nonzero(ids == lm.tokenizer.convert_tokens_to_ids(word)).flatten()[-1])
+    cache = lm.run_with_cache(text, names=[HOOKPOINT]).cache[HOOKPOINT]
+    assert torch.allclose(word_activations(lm, HOOKPOINT, [text])[0], cache[0, at].double())
+    assert at == len(ids) - 6  # SAEBench's prompt_token_pos for its template
 
 
 def test_absorbed_letter_is_found_and_the_clean_dictionary_has_none(letter_lm, tmp_path):

@@ -89,15 +89,19 @@ def prompt(word: str, examples: list[str], rng: random.Random) -> str:
 
 @torch.no_grad()
 def word_activations(lm, hookpoint: str, prompts: list[str]) -> torch.Tensor:
-    """[n, D] float64: the hookpoint's activation at each prompt's word (the token before the template's tail)."""
+    """[n, D] float64: the hookpoint's activation at each prompt's word: the last token of the prompt cut before
+    the template's tail (the model's special prefix counted), so a tokenizer that marks word starts (SentencePiece)
+    finds it as well as one that does not."""
     from conceptdict.activations.data import special_wrapping
 
-    tail = len(lm.tokenizer(TEMPLATE.split("{word}", 1)[1], add_special_tokens=False)["input_ids"])
-    suffix = len(special_wrapping(lm.tokenizer, prepend_bos=lm.is_causal)[1])
+    tail = len(TEMPLATE.split("{word}", 1)[1])
+    prefix = len(special_wrapping(lm.tokenizer, prepend_bos=lm.is_causal)[0])
     out = []
     for i in range(0, len(prompts), BATCH):
-        tokens = lm.to_tokens(prompts[i:i + BATCH], return_mask=True)
-        at = tokens.mask.sum(1) - suffix - tail - 1
+        batch = prompts[i:i + BATCH]
+        tokens = lm.to_tokens(batch, return_mask=True)
+        at = torch.tensor([prefix + len(lm.tokenizer(p[:-tail], add_special_tokens=False)["input_ids"]) - 1
+                           for p in batch])
         acts = lm.run_with_cache(tokens, names=[hookpoint]).cache[hookpoint]
         out.append(acts[torch.arange(len(at)), at].double().cpu())
     return torch.cat(out)
