@@ -10,9 +10,13 @@ batches its training held out (core) and on the store's first rows (sparse-probi
 ``--real STORE``: also every kind on a real store with a label column (e.g. the demo's ``runs/demo/store``,
 MiniLM sentence embeddings labelled by module family): core and sparse-probing.
 
+``--absorption``: also every kind on the tiny letter LM of ``generators.letter_lm`` (a 1-layer GPT-2 whose word
+embeddings carry their first letter; a token store of it at blocks.0.hook_out): core and absorption.
+
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks              # planted only
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --real runs/demo/store --seeds 0 1
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --real runs/demo/store --no-planted
+    .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --absorption --no-planted
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import conceptdict as cd
 import numpy as np
 import torch
 from conceptdict.saes.kinds import KINDS, trainable_kinds
+from generators.letter_lm import HOOKPOINT, build_letter_lm, letter_store
 from generators.synthetic import SyntheticSpec, planted_atoms, synthetic_batch_and_atoms
 
 COLUMNS = (("core", "explained_variance", "EV"), ("core", "kl_div_score", "KL score"),
@@ -34,6 +39,10 @@ COLUMNS = (("core", "explained_variance", "EV"), ("core", "kl_div_score", "KL sc
            ("sparse-probing", "sae_top_5_test_accuracy", "probe top-5"),
            ("sparse-probing", "llm_top_5_test_accuracy", "raw top-5"), ("ground-truth", "mcc", "MCC"),
            ("ground-truth", "f1_score", "F1"), ("ground-truth", "uniqueness", "uniqueness"), ("core", "l0", "L0"))
+ABSORPTION_COLUMNS = (("core", "explained_variance", "EV"),
+                      ("absorption", "mean_absorption_fraction_score", "absorption fraction"),
+                      ("absorption", "mean_full_absorption_score", "full absorption"),
+                      ("absorption", "mean_num_split_features", "split features"), ("core", "l0", "L0"))
 
 
 def one_space_kinds() -> list[str]:
@@ -58,17 +67,20 @@ def planted_store(out: Path, seed: int, batches: int) -> Path:
                            true_codes=out / "C.npy", overwrite=True).path
 
 
-def measure(store: Path, kind: str, out: Path, latents: int, k: int, tokens: int, seed: int, **more) -> dict:
+def measure(store: Path, kind: str, out: Path, latents: int, k: int, tokens: int, seed: int, metrics: str = "all",
+            columns=COLUMNS, **more) -> dict:
     t0 = time.time()
     sae = cd.train(store=store, kind=kind, latents=latents, k=k, tokens=tokens, out=out, seed=seed, overwrite=True,
                    **more)
-    ev = cd.evaluate(sae.path, metrics="all", rows=16384)
+    t1 = time.time()
+    ev = cd.evaluate(sae.path, metrics=metrics, rows=16384, contexts=0 if metrics != "all" else 32)
     flat = ev.yardsticks.flat()
-    return {label: flat.get(f"{m}.{key}") for m, key, label in COLUMNS} | {"seconds": time.time() - t0}
+    return {label: flat.get(f"{m}.{key}") for m, key, label in columns} | {"seconds": time.time() - t0,
+                                                                          "eval seconds": time.time() - t1}
 
 
-def table(rows: dict[str, list[dict]]) -> str:
-    labels = [label for *_, label in COLUMNS]
+def table(rows: dict[str, list[dict]], columns=COLUMNS) -> str:
+    labels = [label for *_, label in columns]
     show = lambda vs: "-" if any(v is None for v in vs) else f"{statistics.mean(vs):.3f}"
     lines = ["| kind | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for kind, runs in rows.items():
@@ -86,6 +98,7 @@ def main() -> None:
     p.add_argument("--real", type=Path, default=None, help="a real store with a label column")
     p.add_argument("--real-tokens", type=int, default=46080, help="training rows on the real store (the demo's)")
     p.add_argument("--no-planted", action="store_true", help="only the --real store")
+    p.add_argument("--absorption", action="store_true", help="every kind on the tiny letter LM: core, absorption")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     kinds = args.kinds or one_space_kinds()
@@ -106,8 +119,20 @@ def main() -> None:
                 results["real"][kind].append(r)
                 print(f"real seed {seed} {kind}: " + ", ".join(f"{c} {v:.3f}" for c, v in r.items()
                                                                if isinstance(v, float)), flush=True)
+    if args.absorption:
+        results["absorption"] = {k: [] for k in kinds}
+        lm = build_letter_lm(args.out / "letter-lm" / "model")
+        store = letter_store(args.out / "letter-lm" / "store", lm, documents=400)
+        for seed in args.seeds:
+            for kind in kinds:
+                r = measure(store, kind, args.out / f"letter-{seed}" / kind, 128, 4, args.tokens, seed,
+                            metrics="core,absorption", columns=ABSORPTION_COLUMNS, hookpoint=HOOKPOINT)
+                results["absorption"][kind].append(r)
+                print(f"absorption seed {seed} {kind}: " + ", ".join(f"{c} {v:.3f}" for c, v in r.items()
+                                                                     if isinstance(v, float)), flush=True)
     for name, rows in results.items():
-        print(f"\n{name} (mean over seeds {args.seeds}):\n{table(rows)}")
+        columns = ABSORPTION_COLUMNS if name == "absorption" else COLUMNS
+        print(f"\n{name} (mean over seeds {args.seeds}):\n{table(rows, columns)}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -39,6 +39,10 @@ REGISTRY: tuple[Yardstick, ...] = (
               "feature"),
     Yardstick("tpp", "tpp", ("rows", "one_space", "labels"), "targeted probe perturbation: ablating a class's "
               "latents hurts its probe, not the others' (the 2026 audit found it unreliable)"),
+    Yardstick("scr", "scr", ("rows", "one_space", "two_labels"), "spurious correlation removal: ablating one label "
+              "column's latents frees a biased probe to read the other (the 2026 audit found it unreliable)"),
+    Yardstick("absorption", "absorption", ("one_space", "causal_lm"), "first-letter feature absorption: how much "
+              "of a letter probe's direction other latents carry where the letter's main latents are silent"),
 )
 NAMES = tuple(y.name for y in REGISTRY)
 DEFAULT: tuple[str, ...] = ()
@@ -77,6 +81,30 @@ def _true_features_missing(inputs: Inputs) -> str | None:
     return None
 
 
+def _two_labels_missing(inputs: Inputs) -> str | None:
+    why = _labels_missing(inputs)
+    if why or len(inputs.store.manifest["label_keys"]) >= 2:
+        return why and why.replace("per-row label columns", "two per-row label columns")
+    return (f"needs a store with two label columns (one for the concept, one for the spurious one); "
+            f"{inputs.store.path} has one ({inputs.store.manifest['label_keys'][0]}): cache it with --label-column "
+            f"twice, or `store import` an .npz holding two 1-D integer arrays beside the activations")
+
+
+def _causal_lm_missing(inputs: Inputs) -> str | None:
+    from conceptdict.activations.tokens import causal_lm_source
+
+    if inputs.store is not None and causal_lm_source(inputs.store) is not None:
+        return None
+    if inputs.store is None:
+        return ("needs a token-level hookpoint of a causal LM read from a store; these rows came from a model's "
+                "forward: pass --store STORE cached from that model")
+    model = (inputs.store.manifest.get("model") or {}).get("id") or "no recorded model (imported rows)"
+    what = "token activations" if inputs.store.level == "token" else "sentence embeddings"
+    return (f"needs a token-level hookpoint of a causal LM (its vocabulary is the task); this dictionary was "
+            f"trained on {what} of {model} ({inputs.store.path}): use a dictionary of a causal LM's "
+            f"token store")
+
+
 def _one_space_missing(inputs: Inputs) -> str | None:
     sae = inputs.dictionary
     if sae.n_sources != 1 or sae.spec.transcodes:
@@ -86,7 +114,8 @@ def _one_space_missing(inputs: Inputs) -> str | None:
 
 
 CHECKS = {"rows": lambda inputs: None, "one_space": _one_space_missing, "labels": _labels_missing,
-          "true_features": _true_features_missing}
+          "true_features": _true_features_missing,
+          "two_labels": _two_labels_missing, "causal_lm": _causal_lm_missing}
 """Input name -> (inputs -> None when present, else the one-line refusal)."""
 
 
@@ -171,18 +200,24 @@ def module_of(name: str):
 
 
 def measure(names: list[str], inputs: Inputs, strict: bool = True) -> MetricResults:
-    """Run the metrics ``names`` on ``inputs``. A metric whose inputs are missing raises ValueError with its
-    refusal when ``strict`` (asked for by name), else is listed in ``skipped`` (asked for by ``all``)."""
+    """Run the metrics ``names`` on ``inputs``. A metric whose inputs are missing, or that finds them too thin to
+    measure (its ValueError), raises ValueError with why when ``strict`` (asked for by name), else is listed in
+    ``skipped`` (asked for by ``all``)."""
     out = MetricResults()
     for name in names:
         y = next(y for y in REGISTRY if y.name == name)
         why = refusal(y, inputs)
-        if why:
-            if strict:
-                raise ValueError(why)
-            out.skipped[name] = why
-            continue
-        out.results[name] = module_of(name).compute(inputs)
+        if why is None:
+            try:
+                out.results[name] = module_of(name).compute(inputs)
+                continue
+            except ValueError as e:
+                if strict:
+                    raise
+                why = str(e) if str(e).startswith(f"{name}:") else f"{name}: {e}"
+        if strict:
+            raise ValueError(why)
+        out.skipped[name] = why
     return out
 
 

@@ -34,25 +34,33 @@ TEST_FRACTION = 0.2
 CHUNK = 8192
 
 
-def fit_logistic(x_train: torch.Tensor, y_train: torch.Tensor, C: float = 1.0, max_iter: int = 1000) -> torch.Tensor:
-    """sklearn's default logistic regression (L2, ``C``, unpenalised intercept), fit by L-BFGS in float64: the
-    weights with the intercept last [D + 1]."""
-    x, y = x_train.double(), y_train.double()
-    w = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)
+def minimise(w: torch.Tensor, objective, max_iter: int = 1000) -> torch.Tensor:
+    """``w`` (float64) moved by L-BFGS (strong Wolfe line search) to the minimum of the smooth ``objective(w)``."""
+    w = w.detach().clone().requires_grad_(True)
     opt = torch.optim.LBFGS([w], lr=1, max_iter=max_iter, tolerance_grad=1e-6, tolerance_change=1e-10,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def loss() -> torch.Tensor:
         opt.zero_grad()
-        z = x @ w[:-1] + w[-1]
-        value = C * torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum") + \
-            0.5 * w[:-1].pow(2).sum()
+        value = objective(w)
         value.backward()
         return value
 
     with torch.enable_grad():
         opt.step(loss)
     return w.detach()
+
+
+def fit_logistic(x_train: torch.Tensor, y_train: torch.Tensor, C: float = 1.0, max_iter: int = 1000,
+                 weight: torch.Tensor | None = None) -> torch.Tensor:
+    """sklearn's default logistic regression (L2, ``C``, unpenalised intercept), fit by L-BFGS in float64: the
+    weights with the intercept last [D + 1]. ``weight``: each training row's weight (sklearn's sample weights;
+    ``class_weight="balanced"`` is n / (2 n_class))."""
+    x, y = x_train.double(), y_train.double()
+    wt = None if weight is None else weight.double()
+    return minimise(torch.zeros(x.shape[1] + 1, dtype=torch.float64), lambda w: C * torch.nn.functional.
+                    binary_cross_entropy_with_logits(x @ w[:-1] + w[-1], y, weight=wt, reduction="sum") +
+                    0.5 * w[:-1].pow(2).sum(), max_iter)
 
 
 def probe_accuracy(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:

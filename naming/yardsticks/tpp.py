@@ -33,10 +33,13 @@ N_VALUES = (2, 5, 10, 20, 50, 100, 500)
 """SAEBench's numbers of ablated latents (those above the dictionary's width are left out)."""
 
 
-def effects(w: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
-    """Each latent's effect on the probe ``w`` [D + 1]: clamp(mean code pos - neg, 0) * (W_dec[j] . w) -> [L]."""
-    diff = (codes[labels == 1].mean(0) - codes[labels == 0].mean(0)).clamp_min(0)
-    return diff * (decoder.double() @ w[:-1])
+def effects(w: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor, decoder: torch.Tensor,
+            scr: bool = False) -> torch.Tensor:
+    """Each latent's effect on the probe ``w`` [D + 1]: clamp(mean code pos - neg, 0) * (W_dec[j] . w) -> [L];
+    ``scr`` (SAEBench's ``perform_scr``): |(mean code pos - neg) * (W_dec[j] . w)|, no clamp."""
+    diff = codes[labels == 1].mean(0) - codes[labels == 0].mean(0)
+    out = (diff if scr else diff.clamp_min(0)) * (decoder.double() @ w[:-1])
+    return out.abs() if scr else out
 
 
 def top_n(effect: torch.Tensor, n: int) -> torch.Tensor:
