@@ -141,7 +141,7 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
     DICT/eval.json; a dictionary without a folder writes only where ``out`` says). ``metrics``: the field's
-    yardsticks as well (``naming.yardsticks``: core, sparse-probing, ground-truth, or all), in ``.yardsticks``;
+    yardsticks as well (``naming.yardsticks.NAMES``, or all), in ``.yardsticks``;
     ``format="saebench"`` writes each one's SAEBench JSON under saebench/ beside eval.json."""
     cfg = config_from_dict(EvalConfig, given(locals(), "dictionary"), "evaluate")
     layers = [] if isinstance(dictionary, SparseCoder) else transcoder_set(dictionary)

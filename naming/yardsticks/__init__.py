@@ -1,4 +1,4 @@
-"""The field's yardsticks (``conceptdict eval DICT --metrics core,sparse-probing,ground-truth|all``).
+"""The field's yardsticks (``conceptdict eval DICT --metrics core,sparse-probing,absorption,...|all``; the names: REGISTRY).
 
 Each metric is one module of this package with ``compute(inputs) -> dict`` (``{"summary": {name: number},
 "details": {...}}``) and ``saebench(result, about) -> dict`` (SAEBench's JSON layout); its registry line below names
@@ -45,6 +45,12 @@ REGISTRY: tuple[Yardstick, ...] = (
               "of a letter probe's direction other latents carry where the letter's main latents are silent"),
 )
 NAMES = tuple(y.name for y in REGISTRY)
+
+
+class TooThin(ValueError):
+    """A metric's inputs are present but too thin to measure it (e.g. too few letters a probe can read, too few
+    rows in a class): ``--metrics all`` lists the metric as skipped with this message; asked for by name, it is
+    the error. Any other exception of a metric is a failure, never a skip."""
 DEFAULT: tuple[str, ...] = ()
 """No metrics asked: ``eval`` reports what it always has (the core numbers under its own names)."""
 
@@ -201,7 +207,7 @@ def module_of(name: str):
 
 def measure(names: list[str], inputs: Inputs, strict: bool = True) -> MetricResults:
     """Run the metrics ``names`` on ``inputs``. A metric whose inputs are missing, or that finds them too thin to
-    measure (its ValueError), raises ValueError with why when ``strict`` (asked for by name), else is listed in
+    measure (:class:`TooThin`), raises ValueError with why when ``strict`` (asked for by name), else is listed in
     ``skipped`` (asked for by ``all``)."""
     out = MetricResults()
     for name in names:
@@ -211,7 +217,7 @@ def measure(names: list[str], inputs: Inputs, strict: bool = True) -> MetricResu
             try:
                 out.results[name] = module_of(name).compute(inputs)
                 continue
-            except ValueError as e:
+            except TooThin as e:
                 if strict:
                     raise
                 why = str(e) if str(e).startswith(f"{name}:") else f"{name}: {e}"

@@ -37,6 +37,7 @@ from string import ascii_letters
 from typing import Any
 
 import torch
+from conceptdict.naming.yardsticks import TooThin
 from conceptdict.naming.yardsticks.sparse_probing import fit_logistic, minimise
 
 SAEBENCH_TYPE = "absorption_first_letter"
@@ -259,7 +260,7 @@ def compute(inputs) -> dict[str, Any]:
     probe_f1 = {c: f1(score[:, i] > 0, y["test"] == c) for i, c in enumerate(letters)}
     good = [c for c in letters if probe_f1[c] > MIN_PROBE_F1]
     if len(good) < MIN_LETTERS:
-        raise ValueError(f"absorption: {len(good)} first letters have a probe test F1 above {MIN_PROBE_F1} at "
+        raise TooThin(f"absorption: {len(good)} first letters have a probe test F1 above {MIN_PROBE_F1} at "
                          f"{inputs.hookpoint} of {name} ({len(words)} words; SAEBench needs {MIN_LETTERS}): this "
                          f"hookpoint does not carry first letters linearly, so absorption cannot be measured there")
     codes = {s: encode(sae, a) for s, a in acts.items()}

@@ -36,6 +36,7 @@ from itertools import combinations
 from typing import Any
 
 import torch
+from conceptdict.naming.yardsticks import TooThin
 from conceptdict.naming.yardsticks.sparse_probing import (
     fit_logistic,
     pooled_inputs,
@@ -120,7 +121,7 @@ def compute(inputs) -> dict[str, Any]:
     raw, codes, first = pooled_inputs(inputs)
     found = runs(store, first, inputs.seed)
     if not found:
-        raise ValueError(f"scr: no two label columns of {store.path} have {MIN_PER_QUADRANT} inputs in each of the "
+        raise TooThin(f"scr: no two label columns of {store.path} have {MIN_PER_QUADRANT} inputs in each of the "
                          f"four quadrants of their two most frequent classes (train and test) among the first "
                          f"{inputs.rows} rows; label more rows or pass a larger --rows")
     decoder = sae.decoder_directions().double().cpu()

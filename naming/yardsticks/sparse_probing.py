@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 import torch
+from conceptdict.naming.yardsticks import TooThin
 
 SAEBENCH_TYPE = "sparse_probing"
 K_VALUES = (1, 2, 5)
@@ -166,7 +167,7 @@ def label_splits(inputs) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[di
         if len(common) >= 2:
             splits[key] = split(sorted(common, key=str), values, torch.Generator().manual_seed(inputs.seed))
     if not splits:
-        raise ValueError(f"no label column of {store.path} has two classes with at least {MIN_PER_CLASS} inputs "
+        raise TooThin(f"no label column of {store.path} has two classes with at least {MIN_PER_CLASS} inputs "
                          f"each among the first {inputs.rows} rows; label more rows or pass a larger --rows")
     return raw, codes, splits
 
