@@ -1,4 +1,4 @@
-"""The field's yardsticks (``conceptdict eval DICT --metrics core,sparse-probing,absorption,...|all``; the names: REGISTRY).
+"""The field's yardsticks (``conceptdict eval DICT --metrics core,sparse-probing,absorption,...|all``: REGISTRY).
 
 Each metric is one module of this package with ``compute(inputs) -> dict`` (``{"summary": {name: number},
 "details": {...}}``) and ``saebench(result, about) -> dict`` (SAEBench's JSON layout); its registry line below names
