@@ -206,7 +206,7 @@ def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig) -> Run:
 def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
                       cfg: EvalConfig) -> EvalResult:
     """:func:`splice_scores` of per-layer transcoders: every MLP replaced at once by its layer's transcoder."""
-    lm_ids = _lm_contexts(store, cfg)
+    lm_ids = lm_contexts(store, cfg)
     if lm_ids is None:
         return result
     S = len(models)
@@ -214,7 +214,7 @@ def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hook
                               list(zip(hookpoints[:S], hookpoints[S:])), *lm_ids[1:])
 
 
-def _lm_contexts(store, cfg: EvalConfig):
+def lm_contexts(store, cfg: EvalConfig):
     """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
     if isinstance(store, LiveSource):
         ids = store.contexts(cfg.contexts) if cfg.contexts else None
@@ -227,12 +227,14 @@ def _lm_contexts(store, cfg: EvalConfig):
     return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
 
 
-def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
+def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig,
+                  lm_ids: tuple | None = None) -> EvalResult:
     """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
-    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
+    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output). ``lm_ids``:
+    :func:`lm_contexts`' answer when the caller keeps it (evaluations during training), else it is made here."""
     if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
         return result
-    lm_ids = _lm_contexts(store, cfg)
+    lm_ids = lm_ids or lm_contexts(store, cfg)
     if lm_ids is None:
         return result
     lm, ids, mask = lm_ids
