@@ -119,3 +119,20 @@ def test_rank0_logs_the_one_process_evaluations_under_torchrun(tiny_lm_store, tm
             for key in ("eval/core.explained_variance", "eval/core.l0", "eval/core.kl_div_score",
                         "eval/core.average_max_decoder_cosine_sim", "eval/core.frac_alive"):
                 assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (name, key)
+
+
+def test_a_run_from_the_models_forward_splices_into_that_model(tiny_lm_dir, tmp_path):
+    from fixtures_models import tiny_corpus
+
+    dataset = tmp_path / "docs.jsonl"
+    dataset.write_text("".join(json.dumps(d) + "\n" for d in tiny_corpus(80)))
+    common = ["--model", str(tiny_lm_dir), "--hookpoint", "blocks.1.hook_out", "--dataset", str(dataset),
+              "--context-length", "32", "--forward-batch-size", "4", "--latents", "32", "--k", "4", "--batch-size",
+              "32", "--tokens", str(32 * 12), "--eval-batches", "1", "--device", "cpu", "--buffer-rows", "256"]
+    assert main(["train", *common, "--out", str(tmp_path / "plain")]) == 0
+    assert main(["train", *common, "--eval-every", "6", "--eval-contexts", "4", "--out", str(tmp_path / "eval")]) == 0
+    plain, evaluated = (load_file(tmp_path / n / "weights.safetensors") for n in ("plain", "eval"))
+    assert all(torch.equal(plain[k], evaluated[k]) for k in plain)
+    _, evals = records(tmp_path / "eval")
+    assert [r["step"] for r in evals] == [6, 12]
+    assert all(0 < r["eval/core.kl_div_with_ablation"] and "eval/core.ce_loss_score" in r for r in evals)
