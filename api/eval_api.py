@@ -17,6 +17,7 @@ from conceptdict.activations.store import ActivationStore
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.naming import dictionary_of
+from conceptdict.naming.llm import LlmConfig
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import format_table, threshold_line, with_splice_scores
@@ -73,6 +74,14 @@ class EvalConfig:
     format: Literal["conceptdict", "saebench"] = field(default="conceptdict", metadata={
         "help": "saebench: also one JSON per --metrics metric in SAEBench's layout, under saebench/ beside "
                 "eval.json."})
+    llm: LlmConfig = field(default_factory=LlmConfig, metadata={
+        "help": "autointerp: the explainer and scorer's OpenAI-compatible server (--llm.url ...; answers cached in "
+                "autointerp_cache.jsonl beside eval.json)."})
+    autointerp_scorer: Literal["auto", "llm", "embedding"] = field(default="auto", metadata={
+        "help": "autointerp: llm (the server at --llm.url), embedding (the context namer and the sentence encoder, "
+                "no server; not SAEBench's numbers), auto (llm when a server answers, else embedding, said so)."})
+    autointerp_latents: int = field(default=100, metadata={
+        "help": "autointerp: latents explained and scored, drawn at random among the live ones (SAEBench: 1000)."})
 
     def __post_init__(self) -> None:
         self.metrics = [n.strip() for item in ([self.metrics] if isinstance(self.metrics, str) else self.metrics)
@@ -80,6 +89,10 @@ class EvalConfig:
         parse_metrics(self.metrics)  # an unknown name is refused here, naming the known ones
         if self.format == "saebench" and not self.metrics:
             raise ValueError("format='saebench' writes one file per metric: pass --metrics core,... (or all)")
+        if isinstance(self.llm, dict):
+            self.llm = LlmConfig(**self.llm)
+        if self.autointerp_latents < 1:
+            raise ValueError(f"autointerp_latents={self.autointerp_latents} must be at least 1")
         if self.rows_from not in ("heldout", "start"):
             raise ValueError(f"rows_from={self.rows_from!r}: choose heldout or start")
         for name in ("rows", "batch_size"):
@@ -135,7 +148,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None, rows: int = 65536,
              rows_from: str = "heldout", batch_size: int = 4096, contexts: int = 32, device: str = "cpu",
              out: str | Path | None = None, metrics: str | Sequence[str] | None = None,
-             format: Literal["conceptdict", "saebench"] = "conceptdict") -> Evaluation:
+             format: Literal["conceptdict", "saebench"] = "conceptdict", llm: LlmConfig | None = None,
+             autointerp_scorer: Literal["auto", "llm", "embedding"] = "auto",
+             autointerp_latents: int = 100) -> Evaluation:
     """Evaluate a dictionary (a folder, hub name or SparseCoder) on a store (``conceptdict eval``): L0, FVU,
     explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
@@ -181,8 +196,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         if layers:
             raise ConfigError(f"--metrics measures one dictionary; {dictionary} is a set of {len(layers)} per-layer "
                               f"transcoders: evaluate each layer's folder")
+        options = {"autointerp": {"llm": cfg.llm, "scorer": cfg.autointerp_scorer, "latents": cfg.autointerp_latents,
+                                  "cache": out.parent / "autointerp_cache.jsonl"}}
         sticks = measure(parse_metrics(cfg.metrics), Inputs(sae, result, run.source if isinstance(
-            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device),
+            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device, options=options),
             strict="all" not in cfg.metrics)
         record["yardsticks"] = sticks.to_dict()
         if cfg.format == "saebench":
