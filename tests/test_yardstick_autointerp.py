@@ -140,3 +140,56 @@ def test_eval_metrics_autointerp_writes_saebenchs_layout(tiny_lm_store, planted_
     capsys.readouterr()
     assert main(["eval", str(planted_sae), "--metrics", "autointerp"]) != 0
     assert "autointerp: needs example texts (a store cached from a text model" in capsys.readouterr().err
+
+
+SIDE_SCRIPT = """
+import json, sys
+import torch
+from sae_bench.evals.autointerp.main import AutoInterp
+from sae_bench.sae_bench_utils.indexing_utils import get_k_largest_indices
+
+spec = json.loads(open(sys.argv[1]).read())
+top = get_k_largest_indices(torch.tensor(spec["acts"]), k=spec["k"], buffer=spec["buffer"], no_overlap=True)
+
+
+class Example:  # what score_predictions reads of an example
+    def __init__(self, active):
+        self.is_active = active
+
+
+print(json.dumps({
+    "top": top.tolist(),
+    "parsed": [AutoInterp.parse_predictions(None, a) for a in spec["answers"]],
+    "explanations": [AutoInterp.parse_explanation(None, a) for a in spec["explanations"]],
+    "scores": [AutoInterp.score_predictions(None, p, [Example(a) for a in spec["active"]])
+               for p in spec["predictions"]]}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_selection_parsing_and_score_equal_saebenchs_code(tmp_path):
+    """SAEBench's own get_k_largest_indices, parse_predictions, parse_explanation and score_predictions (in the side
+    environment; its runner itself needs OpenAI's API) on the same activations and answers."""
+    if not SIDE_PYTHON.exists():
+        pytest.skip("no .venv-saebench (see tests/fixtures/saebench/make_fixtures.py for how to make it)")
+    g = torch.Generator().manual_seed(3)
+    acts = torch.rand(8, 40, generator=g) * (torch.rand(8, 40, generator=g) < 0.5)  # 8 contexts of 40 tokens
+    answers = ["1, 3 and 5.", "None", "2,4", "the first one", " 7 ", "1, 2, x"]
+    explanations = ["This neuron activates on the word 'knows'.", "activates on verbs. activates on nouns", "dates"]
+    active = [True, False, True, False, True, False, False]
+    predictions = [[1, 3, 5], [], [2, 4, 6, 7], [1, 2, 3, 4, 5, 6, 7], [9]]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"acts": acts.tolist(), "k": N_TOP, "buffer": 10, "answers": answers,
+                                "explanations": explanations, "active": active, "predictions": predictions}))
+    proc = subprocess.run([str(SIDE_PYTHON), "-c", SIDE_SCRIPT, str(spec)], capture_output=True, text=True,
+                          timeout=600, env={"PATH": "/usr/bin:/bin", "JAXTYPING_DISABLE": "1"}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    flat = acts.flatten()
+    ours = top_centres(flat, centres(torch.arange(8).repeat_interleave(40), 10), N_TOP, 10)
+    assert ours == [row * 40 + col for row, col in ref["top"]]
+    assert [parse_predictions(a) for a in answers] == ref["parsed"]
+    assert [parse_explanation(a) for a in explanations] == ref["explanations"]
+    windows = [Window(i, [0.0], a) for i, a in enumerate(active)]
+    assert [score_predictions(p, windows) for p in predictions] == ref["scores"]
