@@ -27,6 +27,10 @@ Reported per N:
     .venv/bin/python bench/sharding.py --small --json out.json
     .venv/bin/python bench/sharding.py --single-file-gib 2   # the small-dictionary path: gathered onto rank 0
     python bench/sharding.py --small --shards 1 2 --device cuda --backend nccl   # two GPUs (bench/gpu.py runs it)
+    .venv/bin/python bench/sharding.py --kind clt --layers 2   # a cross-layer transcoder over 2 layers, L in all
+
+``--kind clt`` / ``clt-batchtopk`` train on a store of ``--layers`` synthetic MLP inputs and outputs (each output a
+fixed random map of the inputs up to its layer plus noise); each shard holds its slice of every layer's latents.
 
 On CUDA the memory figures are torch's peak allocation on the rank's device (``torch.cuda.max_memory_allocated``,
 reset before ``train()``, less what was allocated there), and the plan is a GPU's (the data path in host memory).
@@ -121,6 +125,26 @@ class PeakSink:
         pass
 
 
+def make_layered_store(directory: Path, rows: int, d: int, layers: int, seed: int = 0) -> Path:
+    """A synthetic store for a cross-layer transcoder: hookpoints in_0 .. in_{S-1} (sparse combinations of random
+    atoms plus noise) and out_0 .. out_{S-1} (out_m = sum over l <= m of in_l M_lm / sqrt(m + 1), plus noise)."""
+    import numpy as np
+
+    from conceptdict.activations import ImportConfig, import_array
+
+    rng = np.random.default_rng(seed)
+    ins = []
+    for _ in range(layers):
+        atoms = rng.normal(size=(4 * d, d)).astype(np.float32)
+        codes = rng.random((rows, 4 * d), dtype=np.float32) * (rng.random((rows, 4 * d)) < 0.02)
+        ins.append(codes @ atoms + 0.05 * rng.normal(size=(rows, d)).astype(np.float32))
+    maps = [[rng.normal(size=(d, d)).astype(np.float32) / np.sqrt(d) for _ in range(layers)] for _ in range(layers)]
+    outs = [sum(ins[l] @ maps[l][m] for l in range(m + 1)) / np.sqrt(m + 1) for m in range(layers)]
+    arrays = {f"in_{l}": x for l, x in enumerate(ins)} | {f"out_{m}": y for m, y in enumerate(outs)}
+    np.savez(directory / "layers.npz", **arrays)
+    return import_array(ImportConfig(array=directory / "layers.npz", out=directory / "store"))
+
+
 def worker(spec: dict) -> dict:
     """Train once in this process (a torchrun rank or the whole job); returns rank 0's figures, the memory the
     largest over the ranks."""
@@ -143,8 +167,9 @@ def worker(spec: dict) -> dict:
                        tokens=spec["B"] * spec["steps"], eval_batches=1, init_rows=spec["B"], log_every=1,
                        checkpoint_every=0, device=spec["device"], seed=0, latent_shards=n,
                        single_file_gib=spec["single_file_gib"])
-    batches = lambda start: stream_batches(store, store.hookpoints[0], cfg.batch_size, epochs=None,  # noqa: E731
-                                           start_batch=start, part=(seam.rank, seam.size))
+    hps = spec["hookpoints"]
+    batches = lambda start: stream_batches(store, hps if len(hps) > 1 else hps[0], cfg.batch_size,  # noqa: E731
+                                           epochs=None, start_batch=start, part=(seam.rank, seam.size))
     small = train_config(**{**spec["warm"], "latent_shards": n, "device": spec["device"]})
     train(small, batches, comm=seam)  # compiles the kernels, touches the store: not timed, and small
     torch.set_num_threads(max(1, spec["threads"] // n))
@@ -174,6 +199,7 @@ def worker(spec: dict) -> dict:
             "tokens_per_s": cfg.tokens / wall, "comm_s": clock["s"], "comm_share": clock["s"] / wall,
             "train_mib_per_rank": float(mem[0]), "end_mib_per_rank": float(mem[1]),
             "plan_mib_per_rank": cd.plan(kind=spec["kind"], d_model=D, latents=L, k=spec["k"], latent_shards=n,
+                                         sources=spec["layers"],
                                          batch_size=spec["B"], device=spec["device"], store_rows=store.num_rows,
                                          store_bytes=store.dtype.itemsize, heldout_batches=heldout_batch_count(cfg)
                                          ).peak / 2 ** 20,
@@ -200,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="a preset that finishes in about a minute")
     p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="latent shard counts to run")
     p.add_argument("--kind", default="topk", help="dictionary kind (a shardable one)")
+    p.add_argument("--layers", type=int, default=2, help="a clt's layers (its store: each layer's MLP input and "
+                                                           "output); --L is the latents over all of them")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads shared by a run")
     p.add_argument("--single-file-gib", type=float, default=0.0,
                    help="the runs' single_file_gib: 0 saves one file per shard, a large value gathers onto rank 0")
@@ -215,12 +243,18 @@ def main(argv: list[str] | None = None) -> int:
                 eval_batches=1, init_rows=preset["B"], log_every=10 ** 9, checkpoint_every=0, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        store = make_store(tmp, preset["rows"], preset["D"])
+        layers = args.layers if args.kind.startswith("clt") else 1
+        store = (make_layered_store(tmp, preset["rows"], preset["D"], layers) if layers > 1 else
+                 make_store(tmp, preset["rows"], preset["D"]))
+        hookpoints = ([f"in_{l}" for l in range(layers)] + [f"out_{l}" for l in range(layers)] if layers > 1
+                      else ["acts"])
         spec = {**preset, "store": str(store), "kind": args.kind, "threads": args.threads, "warm": warm,
+                "layers": layers, "hookpoints": hookpoints,
                 "device": args.device, "backend": args.backend,
                 "single_file_gib": args.single_file_gib}
         runs = [launch(spec, n, tmp) for n in args.shards]
     print(f"kind={args.kind} D={preset['D']} L={preset['L']} k={preset['k']} B={preset['B']} steps={preset['steps']} "
+          + (f"layers={args.layers} " if args.kind.startswith("clt") else "") +
           f"threads={args.threads} (shared by each run's processes) single_file_gib={args.single_file_gib}")
     print(f"{'shards':>6} {'plan MiB/rank':>13} {'train MiB/rank':>14} {'train / plan':>12} {'end MiB/rank':>12} "
           f"{'tokens/s':>9} {'comm share':>10} {'held-out FVU':>12}  saved")

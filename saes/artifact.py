@@ -10,8 +10,10 @@ A dictionary too large to gather onto one process (a latent-sharded run above ``
 saved as one file per latent shard instead of ``weights.safetensors``: ``weights-00001-of-0000N.safetensors`` ..
 (file i: the i-th block of latents of every per-latent tensor; the tensors every latent shares, ``b_dec``,
 ``norm_scale``, ``W_skip``, in the first file only) and ``weights.index.json`` naming the files in latent order, the
-latents each holds and the axis along which each tensor is split (null: whole, in the first file). The index is
-written after every file, then config.json; :func:`load_native` joins the files into one dictionary.
+latents each holds, the axis along which each tensor is split (null: whole, in the first file) and the groups along
+that axis (``latent_groups``: a cross-layer transcoder's file i holds the i-th slice of every layer's latents, so its
+per-latent tensors other than ``W_enc`` run over S groups; saes.latents). The index is written after every file, then
+config.json; :func:`load_native` joins the files into one dictionary.
 Weights are always in raw activation units (any training normalisation is folded in; its constants are
 recorded in config.json). Configuration is read from config.json, never inferred from tensor names.
 
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from .latents import latent_groups, place
 from .model import SparseCoder
 
 FORMAT = "conceptdict-dictionary"
@@ -86,6 +89,12 @@ def disk_latent_axes(model: SparseCoder) -> dict[str, int | None]:
                    None if model.latent_axis(name) is None else 0) for name in disk_tensors(model)}
 
 
+def disk_latent_groups(model: SparseCoder) -> dict[str, int]:
+    """The groups along each on-disk tensor's latent axis (saes.latents): a CLT's layers, except for its encoder
+    ``[S, D, L/S]``, whose latent axis runs over one layer's latents; 1 for every other kind."""
+    return {name: 1 if name == "W_enc" else latent_groups(model, "b_enc") for name in disk_tensors(model)}
+
+
 def save_dictionary(model: SparseCoder, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
     """Write config.json + weights.safetensors to ``directory``; ``extra`` adds keys to config.json
     (e.g. ``hookpoints``, ``stores``, ``model``). Returns the directory. The files of a dictionary saved as
@@ -103,9 +112,6 @@ def save_dictionary_part(model: SparseCoder, directory: str | Path, part: int, p
     """Write ``model``, latent block ``part`` of ``parts`` of a dictionary (a latent shard), as its weights file
     (:func:`part_file`) in ``directory``; the tensors every latent shares go into the first file only. The
     dictionary is readable once :func:`finish_parts` has written the index and config.json. Returns the file."""
-    if model.spec.layered:
-        raise ValueError(f"a {model.kind} splits its latents by layer and cannot be saved in latent blocks; save "
-                         f"the whole dictionary with save_dictionary")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     axes = disk_latent_axes(model)
@@ -121,14 +127,15 @@ def finish_parts(model: SparseCoder, directory: str | Path, parts: int, extra: d
     left there before. Returns the directory."""
     directory = Path(directory)
     config = _config(model, extra, model.n_latents * parts)
-    files = [part_file(i, parts) for i in range(parts)]
+    files, axes = [part_file(i, parts) for i in range(parts)], disk_latent_axes(model)
     missing = [f for f in files if not (directory / f).exists()]
     if missing:
         raise FileNotFoundError(f"{directory} lacks {missing}: every latent block is saved (save_dictionary_part) "
                                 f"before the index is written")
     write_json(directory / INDEX_FILE, {
         "format": FORMAT, "format_version": FORMAT_VERSION, "n_latents": model.n_latents * parts, "files": files,
-        "latents_per_file": [model.n_latents] * parts, "latent_axis": disk_latent_axes(model)})
+        "latents_per_file": [model.n_latents] * parts, "latent_axis": axes, "latent_groups": disk_latent_groups(model),
+        "latent_extent": {k: t.shape[axes[k]] * parts for k, t in disk_tensors(model).items() if axes[k] is not None}})
     _remove(directory, [WEIGHTS_FILE, *(p.name for p in directory.glob("weights-*-of-*.safetensors")
                                         if p.name not in files)])
     write_json(directory / CONFIG_FILE, config)
@@ -248,6 +255,7 @@ def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
         return directory / WEIGHTS_FILE, read_safetensors(directory / WEIGHTS_FILE)
     index = read_json(index_path)
     files, axes = list(index["files"]), dict(index["latent_axis"])
+    groups, extents = dict(index.get("latent_groups", {})), dict(index.get("latent_extent", {}))
     missing = [f for f in files if not (directory / f).exists()]
     if missing:
         raise FormatError(f"{directory / missing[0]} is missing: {directory} holds a dictionary saved in {len(files)} "
@@ -263,15 +271,16 @@ def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
             if axis is None:
                 joined.setdefault(key, t)
                 continue
+            extent = int(extents.get(key, index["n_latents"]))  # a CLT's W_enc [S, D, L/S]: one layer's latents
             if key not in joined:
                 shape = list(t.shape)
-                shape[axis] = int(index["n_latents"])
+                shape[axis] = extent
                 joined[key] = t.new_empty(shape)
-            if t.shape[axis] != n:
-                raise FormatError(f"{directory / name}: tensor {key} holds {t.shape[axis]} latents along axis {axis} "
-                                  f"but {INDEX_FILE} says {n}; the files do not belong together, save the dictionary "
-                                  f"again")
-            joined[key].narrow(axis, offset, n).copy_(t)
+            if t.shape[axis] != n * extent // int(index["n_latents"]):
+                raise FormatError(f"{directory / name}: tensor {key} holds {t.shape[axis]} entries along axis {axis} "
+                                  f"but {INDEX_FILE} says {n * extent // int(index['n_latents'])}; the files do not "
+                                  f"belong together, save the dictionary again")
+            place(joined[key], t, axis, int(groups.get(key, 1)), offset * extent // int(index["n_latents"]))
         offset += n
         del part
     if offset != int(index["n_latents"]):

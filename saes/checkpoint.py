@@ -10,10 +10,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import latents
 from .adam import Adam
 from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
+from .latents import latent_groups
 from .model import SparseCoder
 from .stopping import StopState
 
@@ -78,32 +80,33 @@ def load_sharded(out: Path, name: str, shard: int, shards: int) -> dict[str, Any
     return take_shard(parts, shard, shards)
 
 
-def _axes(ck: dict[str, Any]) -> tuple[dict[str, int | None], dict[int, int | None]]:
+def _axes(ck: dict[str, Any]) -> tuple[dict[str, tuple[int | None, int]], dict[int, tuple[int | None, int]]]:
+    """(axis, groups) of each model and optimizer entry (saes.latents)."""
     axes = ck.get("latent_axes") or {"model": {}, "optimizer": {}}  # written before latent shards: never split
-    return axes["model"], axes["optimizer"]
+    groups = ck.get("latent_groups") or {"model": {}, "optimizer": {}}  # written before sharded CLTs: one group
+    return ({k: (a, groups["model"].get(k, 1)) for k, a in axes["model"].items()},
+            {i: (a, groups["optimizer"].get(i, 1)) for i, a in axes["optimizer"].items()})
 
 
 def take_shard(parts: list[dict[str, Any]], shard: int, shards: int) -> dict[str, Any]:
     """Latent shard ``shard`` of ``shards`` out of a checkpoint written as ``len(parts)`` latent shards (in order):
-    every per-latent tensor's slice of this shard's latents (copied out of the parts it spans), everything else
-    part 0's."""
+    every per-latent tensor's slice of this shard's latents (copied out of the parts it spans; a CLT's slice of
+    each layer, saes.latents), everything else part 0's."""
     model_axes, opt_axes = _axes(parts[0])
+    layers = model_axes.get("b_enc", (0, 1))[1]  # since_fired runs over the latents as b_enc does
 
-    def cut(tensors: list[Tensor], axis: int | None) -> Tensor:
+    def cut(tensors: list[Tensor], axis_groups: tuple[int | None, int] | None) -> Tensor:
+        axis, groups = axis_groups or (None, 1)
         if axis is None or tensors[0].dim() == 0:
             return tensors[0].clone()
-        n = tensors[0].shape[axis]  # latents per part
-        lo, hi = shard * n * len(tensors) // shards, (shard + 1) * n * len(tensors) // shards
-        pieces = [t.narrow(axis, max(lo, j * n) - j * n, min(hi, (j + 1) * n) - max(lo, j * n))
-                  for j, t in enumerate(tensors) if max(lo, j * n) < min(hi, (j + 1) * n)]
-        return torch.cat(pieces, dim=axis)  # a copy, off the mapped files
+        return latents.cut(tensors, axis, groups, shard, shards)  # a copy, off the mapped files
 
     ck = {k: v.clone() if isinstance(v, Tensor) else v for k, v in parts[0].items()}
     ck["model"] = {k: cut([p["model"][k] for p in parts], model_axes.get(k)) for k in parts[0]["model"]}
     ck["optimizer"] = dict(parts[0]["optimizer"])
     ck["optimizer"]["state"] = {i: {k: cut([p["optimizer"]["state"][i][k] for p in parts], opt_axes.get(i))
                                     for k in st} for i, st in parts[0]["optimizer"]["state"].items()}
-    ck["since_fired"] = cut([p["since_fired"] for p in parts], 0)
+    ck["since_fired"] = cut([p["since_fired"] for p in parts], (0, layers))
     if parts[0].get("stop_weights") is not None:  # the stopping rule's copy of the model at its low
         ck["stop_weights"] = {k: cut([p["stop_weights"][k] for p in parts], model_axes.get(k))
                               for k in parts[0]["stop_weights"]}
@@ -140,7 +143,7 @@ def checkpoint_state(model: SparseCoder, opt: Adam, st: TrainState, cfg: TrainCo
         "scale": st.scale, "since_fired": st.since_fired, "rng": gen.get_state(), "stop": st.stop.to_dict(),
         "stop_weights": st.stop.weights,
         "config": config_key(cfg), "shape": [model.n_sources, model.d_in], "resolved": resolved.to_dict(),
-        "latent_axes": latent_axes(model),
+        "latent_axes": latent_axes(model), "latent_groups": latent_groups_of(model),
     }
 
 
@@ -151,6 +154,13 @@ def latent_axes(model: SparseCoder) -> dict[str, dict]:
     names = [name for name, _ in model.named_parameters()]
     return {"model": {k: model.latent_axis(k) for k in model.state_dict()},
             "optimizer": {i: None if model.latent_axis(n) is None else 0 for i, n in enumerate(names)}}
+
+
+def latent_groups_of(model: SparseCoder) -> dict[str, dict]:
+    """The groups along each entry's latent axis (saes.latents: a CLT's layers), named as :func:`latent_axes`."""
+    names = [name for name, _ in model.named_parameters()]
+    return {"model": {k: latent_groups(model, k) for k in model.state_dict()},
+            "optimizer": {i: latent_groups(model, n) for i, n in enumerate(names)}}
 
 
 FORMER_DEFAULTS = {"precision": "float32"}

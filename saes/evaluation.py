@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .comm import LOCAL, Comm
+from .latents import interleave, latent_groups
 from .model import SparseCoder
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ def evaluate(model: SparseCoder, batches: Iterable[Tensor], max_rows: int | None
     if shards.size > 1:  # each shard counted its latents' firings: the L0 is their sum, the densities joined
         s.l0 = shards.all_sum(s.l0)
         s.l1 = shards.all_sum(s.l1)
-        s.fires = shards.gather_rows(s.fires)
+        s.fires = interleave(shards.gather_rows(s.fires), shards.size, latent_groups(model, "b_enc"))
     return _result(model, s, model.n_latents * shards.size)
 
 

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from . import kernels
 from .comm import LOCAL, shard_bias, shard_sum
-from .kinds import KINDS, KindSpec, TrainOutput, kind_spec
-from .kinds import clt
+from .kinds import KINDS, KindSpec, TrainOutput, clt, kind_spec
 from .kinds.common import pre_activations, relative_acts
+from .latents import latent_groups, shard_ranges
 
 if TYPE_CHECKING:
     from .comm import Comm
@@ -198,17 +198,16 @@ class SparseCoder(nn.Module):
     def reset_parameters(self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)) -> None:
         """Random unit-norm decoder rows, ``W_enc = W_dec^T``, zero biases. A transcoder's decoder starts at
         zero (sparsify's rule: it predicts another activation, so a tied decoder would start with a random map;
-        the first steps give each latent its direction). ``shard`` (i, N): this module holds latents
-        [i L, (i + 1) L) of a dictionary of N L, and takes those rows of the whole dictionary's draw."""
+        the first steps give each latent its direction). ``shard`` (i, N): this module is latent shard i of N of a
+        dictionary of N L latents (saes.latents: a CLT's slice of each layer), and takes those rows of its draw."""
         with torch.no_grad():
-            i, n = shard
             L, width = self.n_latents, self.n_sources * self.d_in
-            w = torch.empty(L, width)
-            for s, e in _draw_blocks(L * n, width):  # the whole draw, a block of rows at a time; keep our rows
+            ours, w = shard_ranges(L * shard[1], latent_groups(self, "W_dec"), *shard), torch.empty(L, width)
+            for s, e in _draw_blocks(L * shard[1], width):  # the whole draw, a block of rows at a time; keep ours
                 block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
-                a, b = max(s, i * L), min(e, (i + 1) * L)
-                if a < b:
-                    w[a - i * L: b - i * L] = block[a - s: b - s]
+                for lo, hi, at in ours:
+                    if max(s, lo) < min(e, hi):
+                        w[at + max(s, lo) - lo: at + min(e, hi) - lo] = block[max(s, lo) - s: min(e, hi) - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.assign_decoder(w * (0 if self.spec.transcodes else 1))
             if self.spec.layered:  # each latent's encoder: its row's block of its own layer, at unit norm

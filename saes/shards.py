@@ -21,10 +21,10 @@ import torch
 
 from .artifact import disk_latent_axes, disk_tensors, finish_parts, save_dictionary, save_dictionary_part
 from .comm import Comm
+from .latents import interleave, latent_groups
 from .model import SparseCoder
 
 GIB = 2 ** 30
-
 
 
 def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> SparseCoder | None:
@@ -39,7 +39,8 @@ def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> S
             continue
         rows = t.movedim(axis, 0).contiguous()
         joined = shards.gather_to_first(rows) if to_first else shards.gather_rows(rows)
-        state[name] = None if joined is None else joined.movedim(0, axis)
+        state[name] = None if joined is None else interleave(joined, shards.size,
+                                                             latent_groups(model, name)).movedim(0, axis)
     if to_first and shards.rank != 0:
         return None
     whole = SparseCoder(model.d_in, model.n_latents * shards.size, model.k, model.kind, n_sources=model.n_sources,
@@ -49,6 +50,7 @@ def gather_shards(model: SparseCoder, shards: Comm, to_first: bool = False) -> S
     whole.load_state_dict(state)
     whole.training_summary = getattr(model, "training_summary", None)
     return whole
+
 
 def weights_bytes(model: SparseCoder, comm: Comm) -> int:
     """Bytes of the whole dictionary's saved weights, ``model`` being this latent shard's (``comm.shards``): every

@@ -45,6 +45,7 @@ from .precision import MATMUL_DTYPES, resolve_precision, run_precision, weight_d
 from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
+from .kinds import check_shards
 from .model import SparseCoder, kind_spec
 from . import during, stopping
 from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
@@ -140,7 +141,8 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device, source: s
         if S < 2 or S % 2:
             raise ValueError(f"a {cfg.kind} needs each layer's MLP input and output, the inputs first; {source} "
                              f"gives {S} source(s): pass --hookpoint IN_0 .. IN_N --hookpoint OUT_0 .. OUT_N")
-        S //= 2  # the layers
+        S //= 2  # the layers (latent shards split each layer's latents: saes.latents)
+        check_shards(cfg.kind, cfg.latents, cfg.k, shards.size, layers=S)
     elif spec.transcodes:
         if S != 2:
             raise ValueError(f"a {cfg.kind} needs two hookpoints, the component's input then its output; {source} "
@@ -276,11 +278,10 @@ def train(cfg: TrainConfig, batches: Batches, *, out: str | Path | None = None, 
     ``source`` names the data in error messages (e.g. "store runs/x, hookpoint blocks.0.hook_resid_post").
 
     ``comm``: the seam to the other processes of a data-parallel job (``saes.distributed.TorchComm``); then
-    ``batches`` yields THIS process's part of every batch (``activations.stream_batches(..., part=(rank,
-    world_size))``), every process returns the same dictionary (equal to one process's), only rank 0 writes
-    ``out``, which must be on a filesystem every process reads when resuming. A checkpoint resumes under any
-    number of processes. With latent shards each process returns its shard's latents (L / N of them; the artifact
-    in ``out`` is the whole dictionary; ``saes.shards.gather_shards`` joins the shards in memory)."""
+    ``batches`` yields THIS process's part of every batch (``activations.stream_batches(..., part=(rank, world))``),
+    every process returns the same dictionary (one process's), only rank 0 writes ``out`` (on a filesystem every
+    process reads to resume; a checkpoint resumes under any number of processes). With latent shards each process
+    returns its shard's latents (saes.latents; ``out`` has the whole; ``saes.shards.gather_shards`` joins them)."""
     return train_sweep([cfg], batches, outs=[out], resume=resume, metas=[meta], sinks=[sink], source=source,
                        comm=comm)[0]
 
@@ -361,8 +362,7 @@ def _loop(jobs: list[Job], data: Iterator[tuple[int, Tensor]], comm: Comm) -> No
 def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Comm) -> None:
     """One step of one dictionary on batch x, then its logging and checkpoint."""
     cfg, run = job.cfg, job.run
-    model, st, r = run.model, run.state, run.resolved
-    device = model.device
+    model, st, r, device = run.model, run.state, run.resolved, run.model.device
     dtype = model.dtype  # float32, or float64 under precision float64 (the store's rows are cast up exactly)
     job.last_x = model.flatten_batch(x.to(device, dtype)) * st.scale.repeat_interleave(model.d_in).to(device, dtype)
     at, length = stopping.schedule(st, r.total_steps)  # the rule's end, and the weights it went back to

@@ -22,7 +22,7 @@ from test_distributed_train import (GOES_BACK, base_config, failure, max_diff, n
 
 from conceptdict.saes import reads_several_sources, train, train_config
 
-KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder"]
+KINDS = ["topk", "batchtopk", "jumprelu", "relu", "crosscoder", "clt", "clt-batchtopk"]
 LAYOUTS = {"2": (2, 2), "4": (4, 4), "2x2": (2, 4)}
 """name -> (latent shards, processes)."""
 SEVERAL = ("2", "2x2")
@@ -32,7 +32,8 @@ pytestmark = pytest.mark.equivalence  # `make test` runs these again under anoth
 
 
 def hookpoints(kind: str) -> list[str]:
-    return ["a", "b"] if reads_several_sources(kind) else ["a"]
+    """A cross-layer transcoder over two layers (inputs a, c; outputs b, d); a crosscoder over a and b."""
+    return ["a", "c", "b", "d"] if kind.startswith("clt") else ["a", "b"] if reads_several_sources(kind) else ["a"]
 
 
 def state(model) -> dict:
@@ -76,7 +77,15 @@ def sharded_runs(tmp_path_factory):
                         "interrupt_at": 14})  # resumed from step 6 on 4 shards; checkpoint at step 9, killed at 10
     launches[4].append({**one, "config": {**cfg, "latent_shards": 2}, "resume": True,
                         "weights": str(tmp / "resharded.safetensors")})  # 2 shards x 2 data ranks, to the end
-    for kind, hps in EVERY_KIND:  # 4 data ranks, no latent shards: every trainable kind
+    out = tmp / "resharded-clt"  # a CLT's checkpoint: each layer's latents resharded
+    cfg = base_config("clt-batchtopk", checkpoint_every=6)
+    one = {"stores": [str(store)], "hookpoints": hookpoints("clt"), "out": str(out),
+           "weights": str(tmp / "never.safetensors")}
+    launches[2].append({**one, "config": {**cfg, "latent_shards": 2}, "interrupt_at": 11})
+    launches[4].append({**one, "config": {**cfg, "latent_shards": 4}, "resume": True,
+                        "weights": str(tmp / "resharded-clt.safetensors")})
+    for kind, hps in EVERY_KIND:  # 4 data ranks, no latent shards: every trainable kind (a CLT over 2 layers)
+        hps = hookpoints(kind) if kind.startswith("clt") else hps
         refs.setdefault(kind, state(one_process(store, hps, train_config(**base_config(kind)))))
         launches[4].append({"config": base_config(kind), "stores": [str(store)], "hookpoints": hps,
                             "weights": str(tmp / f"{kind}-dp4.safetensors")})
@@ -152,7 +161,7 @@ def test_the_sharded_artifact_and_its_summary_are_one_process(sharded_runs, kind
     assert b["heldout_eval"]["density_histogram"] == a["heldout_eval"]["density_histogram"]
     assert ("threshold" in a) == ("threshold" in b)
     for key, value in a.get("threshold", {}).items():
-        if isinstance(value, float):
+        if isinstance(value, (float, list)):  # a CLT's per_layer: one threshold per layer, in float32 matmuls
             assert b["threshold"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), f"{kind}: threshold {key}"
         else:
             assert b["threshold"][key] == value, f"{kind}: threshold {key}"
@@ -220,6 +229,8 @@ def test_checkpoint_reshards_from_two_to_four_and_back(sharded_runs):
     assert names == ["checkpoint.shard-0-of-2.pt", "checkpoint.shard-1-of-2.pt"], names
     parts = [torch.load(out / n, weights_only=True) for n in names]
     assert [p["step"] for p in parts] == [14, 14] and parts[0]["model"]["W_dec"].shape[0] == 32
+    diff = ulps(load_file(tmp / "resharded-clt.safetensors"), refs["clt-batchtopk"])
+    assert diff <= 1, f"a clt-batchtopk resumed from 2 shards on 4 differs from one process by {diff:.3g} units"
 
 
 @pytest.mark.integration
@@ -248,6 +259,15 @@ def test_kinds_that_cannot_be_sharded_refuse(tmp_path):
         train_config(latents=64, k=4, latent_shards=3)
     with pytest.raises(ValueError, match="latent_shards=2 but the seam holds 1 latent shard"):
         train(train_config(latents=64, k=4, latent_shards=2), [torch.randn(32, 8)] * 4)
+    from conceptdict.saes.kinds import check_shards  # a CLT's shards split each layer's latents
+
+    with pytest.raises(ValueError, match="latent_shards=4 must divide the 32 latents per layer of this 2-layer clt "
+                                         "into shards of more than k=8 latents each; pick latents a multiple of 8 "
+                                         "above 64"):
+        check_shards("clt", 64, 8, 4, layers=2)
+    with pytest.raises(ValueError, match="the 30 latents per layer"):
+        check_shards("clt-batchtopk", 60, 2, 4, layers=2)
+    check_shards("clt", 64, 7, 4, layers=2)
 
 
 @pytest.mark.integration
@@ -312,8 +332,31 @@ def test_shards_draw_the_one_process_initialisation_block_by_block(d, latents, s
     assert len(blocks) > 1 and torch.equal(torch.cat(blocks), whole)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("layers, shards", [(2, 2), (3, 4)])
+def test_clt_shards_draw_the_one_process_initialisation_of_each_layer(layers, shards):
+    """A CLT's shard i holds the i-th slice of every layer's latents (saes.latents): its rows of the one-process
+    draw, so that the shards joined layer by layer are the one-process dictionary, encoder and decoder blocks."""
+    from conceptdict.saes.latents import join
+    from conceptdict.saes.model import SparseCoder
+
+    one = SparseCoder(5, 16 * layers, 2, "clt", n_sources=layers)
+    one.reset_parameters(torch.Generator().manual_seed(7))
+    parts = []
+    for i in range(shards):
+        part = SparseCoder(5, 16 * layers // shards, 2, "clt", n_sources=layers)
+        part.reset_parameters(torch.Generator().manual_seed(7), shard=(i, shards))
+        parts.append(part)
+    assert torch.equal(join([p.W_dec for p in parts], 0, layers), one.W_dec)
+    assert torch.equal(join([p.W_enc for p in parts], 1, layers), one.W_enc)
+    for layer in range(layers):  # a decoder block: one layer's latents, one group
+        block = f"W_dec_{layer}"
+        assert torch.equal(join([getattr(p, block) for p in parts], 0, 1), getattr(one, block))
+
+
 def blocks_of(whole, parts: int) -> list:
     """``whole`` cut into ``parts`` latent blocks, each a SparseCoder of its latents (as latent shards hold them)."""
+    from conceptdict.saes.latents import cut, latent_groups
     from conceptdict.saes.model import SparseCoder
 
     n = whole.n_latents // parts
@@ -321,27 +364,34 @@ def blocks_of(whole, parts: int) -> list:
     for i in range(parts):
         part = SparseCoder(whole.d_in, n, whole.k, whole.kind, n_sources=whole.n_sources)
         part.load_state_dict({name: t if whole.latent_axis(name) is None else
-                              t.narrow(whole.latent_axis(name), i * n, n) for name, t in whole.state_dict().items()})
+                              cut([t], whole.latent_axis(name), latent_groups(whole, name), i, parts)
+                              for name, t in whole.state_dict().items()})
         part.training_summary = {"steps": 3}
         out.append(part)
     return out
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind, sources", [("topk", 1), ("batchtopk", 1), ("jumprelu", 1), ("crosscoder", 2)])
+@pytest.mark.parametrize("kind, sources", [("topk", 1), ("batchtopk", 1), ("jumprelu", 1), ("crosscoder", 2),
+                                          ("clt", 2), ("clt-batchtopk", 2)])
 def test_a_dictionary_saved_in_latent_blocks_loads_as_one(tmp_path, kind, sources):
     """Each latent block written as its own weights-0000I-of-0000N.safetensors plus weights.index.json: ``cd.load``
     (every command's loader) reads the one dictionary, bit for bit; a single file saved there later replaces them."""
     import conceptdict as cd
     from conceptdict.saes import evaluate
-    from conceptdict.saes.artifact import INDEX_FILE, disk_tensors, finish_parts, save_dictionary, save_dictionary_part
+    from conceptdict.saes.artifact import (
+        INDEX_FILE,
+        disk_tensors,
+        finish_parts,
+        save_dictionary,
+        save_dictionary_part,
+    )
     from conceptdict.saes.model import SparseCoder
 
     torch.manual_seed(0)
-    whole = SparseCoder(6, 64, 4, kind, n_sources=sources)
-    with torch.no_grad():
-        for t in whole.state_dict().values():
-            t.copy_(torch.rand_like(t) + 0.1 if t.dim() == 1 and t.numel() in (64, sources) else torch.randn_like(t))
+    whole = SparseCoder(6, 64, 4, kind, n_sources=sources)  # a CLT: 2 layers, each file a slice of both
+    whole.load_state_dict({name: torch.rand_like(t) + 0.1 if t.dim() == 1 and t.numel() in (64, sources) else
+                           torch.randn_like(t) for name, t in whole.state_dict().items()})
     blocks = blocks_of(whole, 4)
     for i, part in enumerate(blocks):
         save_dictionary_part(part, tmp_path, i, 4)
@@ -355,7 +405,7 @@ def test_a_dictionary_saved_in_latent_blocks_loads_as_one(tmp_path, kind, source
     saved = disk_tensors(loaded)
     for name, t in disk_tensors(whole).items():  # what the format saves of it
         assert torch.equal(saved[name], t), f"{kind}: {name} differs after the blocks are joined"
-    x = torch.randn(32, sources, 6) if sources > 1 else torch.randn(32, 6)
+    x = torch.randn(32, 2 * sources if kind.startswith("clt") else sources, 6) if sources > 1 else torch.randn(32, 6)
     assert evaluate(loaded, [x]).fvu == evaluate(whole, [x]).fvu
     save_dictionary(whole, tmp_path)  # the ordinary artifact over the blocks: they go
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "weights.safetensors"]

@@ -92,7 +92,7 @@ def test_a_gemma_sized_clt_on_80_gib_devices(capsys):
     out = capsys.readouterr().out
     assert "14,231,759,360 parameters" in out  # the decoder as its triangle (26,500,098,560 with the whole matrix)
     assert "fits 80 GiB with 10% spare: --latent-shards 4" in out
-    assert "does not train with --latent-shards yet" not in out  # the note is for N > 1 only
+    assert "does not train with --latent-shards yet" not in out  # it trains sharded (test_distributed_shards.py)
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -107,9 +107,10 @@ def reads_several_sources(kind: str) -> bool:
     return kind_spec(kind).sources != "one"
 
 
-def check_shards(kind: str, latents: int, k: int, shards: int) -> None:
+def check_shards(kind: str, latents: int, k: int, shards: int, layers: int = 1) -> None:
     """ValueError unless a ``kind`` dictionary of ``latents`` latents, ``k`` per row, trains over ``shards`` latent
-    shards (``TrainConfig.latent_shards``): a shardable kind, whole shards of more than k latents."""
+    shards (``TrainConfig.latent_shards``): a shardable kind, whole shards of more than k latents; a layered kind
+    (``layers`` > 1: a CLT, whose shards split each layer's latents) of more than k latents per layer."""
     if shards > 1 and not kind_spec(kind).shardable:
         can = ", ".join(sorted(name for name, spec in KINDS.items() if spec.shardable))
         raise ValueError(f"kind {kind!r} cannot be trained with latent_shards={shards}; the kinds that can: {can} "
@@ -117,6 +118,10 @@ def check_shards(kind: str, latents: int, k: int, shards: int) -> None:
     if shards < 1 or latents % shards or k >= latents // shards:
         raise ValueError(f"latent_shards={shards} must be at least 1 and divide latents={latents} into shards of "
                          f"more than k={k} latents; pick latents a multiple of it above {shards * k}")
+    if shards > 1 and layers > 1 and (latents % (layers * shards) or k >= latents // (layers * shards)):
+        raise ValueError(f"latent_shards={shards} must divide the {latents / layers:g} latents per layer of this "
+                         f"{layers}-layer {kind} into shards of more than k={k} latents each; pick latents a "
+                         f"multiple of {layers * shards} above {layers * shards * k}")
 
 
 def is_crosscoder(kind: str) -> bool:

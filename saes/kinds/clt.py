@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import kernels
-from ..comm import StepInputs
+from ..comm import LOCAL, Comm, StepInputs, shard_bias, shard_sum
 from .batchtopk import ThresholdSettings
-from .common import relu_scores, threshold_encode, train_code
+from .common import relu_scores, shard_code, threshold_encode, train_code
 from .spec import KindSpec, TrainOutput
 
 if TYPE_CHECKING:
@@ -168,15 +168,16 @@ def decode_code(model: SparseCoder, values: Tensor, indices: Tensor) -> Tensor:
     return out if out is not None else values.new_zeros(values.shape[0], model.n_sources * D)
 
 
-def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tensor]) -> Tensor:
+def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tensor], comm: Comm = LOCAL) -> Tensor:
     """sum over layers l of the sparse decode of layer l's code (values, indices within the layer [B, K_l]) through
-    its block into the outputs of layers >= l -> [B, S*D] (with ``b_dec``)."""
+    its block into the outputs of layers >= l -> [B, S*D] (with ``b_dec``). With latent shards (``comm.shards``)
+    each shard decodes its latents of every layer and the partial decodes are summed (differentiable)."""
     D, out = model.d_in, None
     for l, (w, v, i) in enumerate(zip(decoder_blocks(model), values, indices)):
         part = kernels.sparse_decode(v, i, w, None, impl=model.kernel_impl, skip_zero_grads=True)
         part = F.pad(part, (l * D, 0))
         out = part if out is None else out + part
-    return out + model.b_dec
+    return shard_sum(out + shard_bias(model.b_dec, comm), comm)
 
 
 def _train_rule(model: SparseCoder, x: Tensor, inputs: StepInputs, batch: bool) -> TrainOutput:
@@ -189,7 +190,7 @@ def _train_rule(model: SparseCoder, x: Tensor, inputs: StepInputs, batch: bool) 
                              model.kernel_impl)
         codes.append(train_code(layer, x[:, src], inputs._replace(dead=dead[lat] if dead is not None else None),
                                 batch=batch))
-    y_hat = layered_decode(model, [c.values for c in codes], [c.indices for c in codes])
+    y_hat = layered_decode(model, [c.values for c in codes], [c.indices for c in codes], inputs.comm)
     fired = torch.cat([c.fired for c in codes])
     aux = None
     if dead is not None:
@@ -213,12 +214,14 @@ def _batchtopk_train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> Train
     return _train_rule(model, x, inputs, batch=not inputs.per_row)
 
 
-def _topk_encode(model: SparseCoder, x: Tensor) -> Tensor:
-    """Inference of ``clt``: TopK per layer of x_l W_enc^l + b_enc^l, as dense codes [B, L]."""
+def _topk_encode(model: SparseCoder, x: Tensor, comm: Comm = LOCAL) -> Tensor:
+    """Inference of ``clt``: TopK per layer of x_l W_enc^l + b_enc^l, as dense codes [B, L]. With latent shards
+    (``comm.shards``): this shard's latents, each layer's kept where they are among the row's k largest of that
+    layer over every shard (``common.shard_code``)."""
     f = torch.zeros(x.shape[0], model.n_latents, dtype=x.dtype, device=x.device)
     for lat, src in layer_slices(model):
         code = kernels.encode_topk(x[:, src], model.W_enc[:, lat], model.b_enc[lat], model.k, impl=model.kernel_impl)
-        f.scatter_(1, code.indices + lat.start, code.values)
+        f.scatter_(1, code.indices + lat.start, shard_code(code.values, model.k, comm))
     return f
 
 
@@ -226,8 +229,8 @@ def _topk_encode(model: SparseCoder, x: Tensor) -> Tensor:
 # common.pre_activations reads each layer's input with its own encoder
 KINDS = (
     KindSpec(_topk_train, _topk_encode, uses_aux=True, uses_threshold=False, sources="pair", layered=True,
-             name="clt", mixed_precision=True),
+             name="clt", mixed_precision=True, shard_encode=_topk_encode, shardable=True),
     KindSpec(_batchtopk_train, threshold_encode, uses_aux=True, uses_threshold=True, scores=relu_scores,
              sources="pair", layered=True, name="clt-batchtopk", settings=ThresholdSettings, calibrated=True,
-             mixed_precision=True),
+             mixed_precision=True, shardable=True),
 )
