@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import conceptdict as cd
 from conceptdict.cli.main import main
-from conceptdict.saes import train, train_config
+from conceptdict.saes import KINDS, train, train_config
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +98,25 @@ def test_saes_train_logs_the_heldout_headline_without_an_evaluator(tmp_path):
     assert [r["step"] for r in evals] == [3, 6, 9] and {"eval/fvu", "eval/l0", "eval/dead_fraction"} <= evals[0].keys()
     with pytest.raises(ValueError, match="the yardsticks are computed by conceptdict.train"):
         train(train_config(latents=16, k=2, eval_every=3, metrics="core", device="cpu"), batches)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, spec in KINDS.items() if spec.trainable))
+def test_every_kind_evaluates_during_training_without_changing_its_weights(kind, tmp_path):
+    spec = KINDS[kind]
+    sources = 4 if spec.layered else 2 if spec.transcodes or spec.sources == "several" else 1
+    shape = (64, sources, 8) if sources > 1 else (64, 8)
+    batches = [torch.randn(*shape, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    base = {"kind": kind, "latents": 32, "k": 4, "batch_size": 64, "eval_batches": 1, "tokens": 64 * 9, "seed": 1,
+            "kernel_impl": "reference", "device": "cpu", "checkpoint_every": 0}
+    train(train_config(**base), batches, out=tmp_path / "plain")
+    train(train_config(**base, eval_every=3), batches, out=tmp_path / "eval")
+    plain, evaluated = (load_file(tmp_path / n / "weights.safetensors") for n in ("plain", "eval"))
+    assert all(torch.equal(plain[k], evaluated[k]) for k in plain), f"{kind}: --eval-every changed the weights"
+    _, evals = records(tmp_path / "eval")
+    held = json.loads((tmp_path / "eval" / "config.json").read_text())["training"]["heldout_eval"]
+    assert [r["step"] for r in evals] == [3, 6, 9]
+    assert evals[-1]["eval/fvu"] == pytest.approx(held["fvu"], rel=1e-6)  # the saved dictionary, measured at step 9
+    assert evals[-1]["eval/l0"] == pytest.approx(held["l0"], rel=1e-6)
 
 
 @pytest.mark.equivalence
