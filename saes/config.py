@@ -87,7 +87,8 @@ class TrainConfig:
         "Stopping rule: steps between held-out evaluations; None: a 20th of the run's upper bound, at least 10."))
     eval_every: int = field(default=0, metadata={"min": 0, **_help(
         "Evaluate the dictionary on the held-out rows every this many steps and log `metrics` to metrics.jsonl and "
-        "the tracker (0: only at the end); the weights are unchanged (docs/guide/train.md#evaluation-during-training).")})
+        "the tracker (0: only at the end); the weights are unchanged "
+        "(docs/guide/train.md#evaluation-during-training).")})
     metrics: list[str] = field(default_factory=list, metadata=_help(
         "With eval_every: the yardsticks to compute, comma-separated or repeated, as `eval --metrics` names them "
         "(core, sparse-probing, ground-truth, ...); empty: core."))

@@ -40,7 +40,8 @@ def answer(user: str) -> str:
 
 def planted_inputs(options: dict) -> Inputs:
     store, coder = planted(n_ctx=120, ctx_len=32)
-    return Inputs(coder, None, store, "hp", rows=store.num_rows, seed=0, options={"autointerp": options})  # type: ignore[arg-type]
+    return Inputs(coder, None, store, "hp", rows=store.num_rows, seed=0,  # type: ignore[arg-type]  # fakes
+                  options={"autointerp": options})
 
 
 def test_selection_follows_the_protocol():
@@ -109,6 +110,25 @@ def test_without_a_server_the_embedding_scorer_runs_and_says_so(tmp_path):
     assert asked["summary"] == got["summary"] and "asked for" in asked["note"]
 
 
+def test_a_sequence_store_shows_whole_inputs(tmp_path):
+    """Rows that are whole inputs (a sentence store): each example is one row's text, no window around it."""
+    from test_naming_fakes import FakeCoder, FakeStore
+
+    g = torch.Generator().manual_seed(0)
+    pairs = torch.randint(0, len(WORDS), (2000, 2), generator=g)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    texts = [f"{WORDS[a]} {WORDS[b]}" for a, b in pairs.tolist()]
+    x = torch.nn.functional.one_hot(pairs, len(WORDS)).sum(1).float() + 0.01 * torch.rand(len(texts), len(WORDS),
+                                                                                          generator=g)
+    store, coder = FakeStore(x, texts, level="sequence"), FakeCoder(torch.eye(len(WORDS)), k=2)
+    inputs = Inputs(coder, None, store, "hp", rows=store.num_rows, seed=0,  # type: ignore[arg-type]  # fakes
+                    options={"autointerp": {"scorer": "embedding", "latents": 5, "embed": TextEmbedder(bag_of_words)}})
+    got = autointerp.compute(inputs)
+    assert got["summary"]["n_latents_scored"] == 5 and got["summary"]["autointerp_score"] > 0.8
+    for j, r in got["details"]["latents"].items():
+        assert r["explanation"] == WORDS[int(j)]
+
+
 @pytest.mark.integration
 def test_eval_metrics_autointerp_writes_saebenchs_layout(tiny_lm_store, planted_store, tmp_path, capsys):
     from conceptdict.cli.main import main
@@ -117,8 +137,8 @@ def test_eval_metrics_autointerp_writes_saebenchs_layout(tiny_lm_store, planted_
     assert main(["train", "--store", str(tiny_lm_store[0]), "--hookpoint", "blocks.0.hook_out", "--latents", "16",
                  "--k", "4", "--batch-size", "32", "--tokens", "640", "--device", "cpu", "--out", str(sae)]) == 0
     capsys.readouterr()
-    assert main(["eval", str(sae), "--metrics", "autointerp", "--autointerp-scorer", "embedding", "--autointerp-latents",
-                 "3", "--rows-from", "start", "--contexts", "0", "--format", "saebench"]) == 0
+    assert main(["eval", str(sae), "--metrics", "autointerp", "--autointerp-scorer", "embedding",
+                 "--autointerp-latents", "3", "--rows-from", "start", "--contexts", "0", "--format", "saebench"]) == 0
     out = capsys.readouterr().out
     assert "[autointerp] (scorer embedding (asked for): not comparable with SAEBench's LLM-judged scores)" in out
     record = json.loads((sae / "eval.json").read_text())

@@ -174,7 +174,7 @@ def compute(inputs) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(inputs.seed)
     chosen = {j: select(codes[:, i], valid, gen, buffer) for i, j in enumerate(latents)}
     selections = {j: s for j, s in chosen.items() if s is not None}
-    judged = judge(selections, store, buffer, options, inputs.seed, N_TOP_SCORING + N_IW_SCORING)
+    judged = judge(selections, store, inputs.hookpoint, buffer, options, inputs.seed, N_TOP_SCORING + N_IW_SCORING)
     scores = {j: score_predictions(r["predictions"], selections[j].scoring) for j, r in judged.latents.items()}
     values = torch.tensor(list(scores.values()), dtype=torch.float64)
     summary = {"autointerp_score": float(values.mean()) if len(values) else float("nan"),

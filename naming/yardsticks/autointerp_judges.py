@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 SCORERS = ("auto", "llm", "embedding")
 EXPLANATION_TOKENS = 30
 """SAEBench's ``max_tokens_in_explanation``."""
+ENCODER, ENCODER_HOOKPOINT = "default", "sentence.mean_normalized"
+"""The embedding scorer's sentence encoder (the packaged all-MiniLM-L6-v2, as ``score``'s default); on a store cached
+with it (the demo's) the windows' vectors are their rows, not embedded again."""
+SEQUENCE_TOKENS = 128
+"""A sequence store's input is shown up to its ``context_length`` tokens (this many when it records none)."""
 
 GENERATION_SYSTEM = (
     "We're studying neurons in a neural network. Each neuron activates on some particular word/words/substring/"
@@ -94,8 +99,10 @@ def window_text(contexts: ContextCache, window, threshold: float | None) -> tupl
     (``contexts``: the store's row contexts, ``buffer`` tokens each side)."""
     store, buffer = contexts.store, contexts.before
     ctx = contexts.context(window.row)
-    if store.level != "token":
-        return ctx.text.replace("\n", "↵"), Example(window.row, max(window.acts), tuple(ctx.tokens), -1, ctx.text)
+    if store.level != "token":  # the input's text, cut to the tokens the store's model read
+        limit = int(store.manifest.get("context_length") or SEQUENCE_TOKENS)
+        text = ctx.text if len(ctx.tokens) <= limit else "".join(display_tokens(ctx.tokens[:limit])).strip()
+        return text.replace("\n", "↵"), Example(window.row, max(window.acts), tuple(ctx.tokens[:limit]), -1, text)
     pieces = display_tokens(ctx.tokens)
     if threshold is not None:
         pieces = [f"<<{t}>>" if a > threshold else t for t, a in zip(pieces, window.acts)]
@@ -103,7 +110,8 @@ def window_text(contexts: ContextCache, window, threshold: float | None) -> tupl
                                                         ctx.text)
 
 
-def judge(selections: dict, store, buffer: int, options: dict[str, Any], seed: int, n_correct: int) -> Judged:
+def judge(selections: dict, store, hookpoint: str, buffer: int, options: dict[str, Any], seed: int,
+          n_correct: int) -> Judged:
     """Explain and score every selected latent (``autointerp.Selection``): through the LLM (``options["scorer"]`` llm
     or auto), else (embedding, or auto when no server answers) the context namer and the sentence encoder.
     ``n_correct``: the activating windows the scoring set was built with (the scorer prompt's example answer has as
@@ -124,7 +132,7 @@ def judge(selections: dict, store, buffer: int, options: dict[str, Any], seed: i
                     f"by the context namer, scored by the sentence encoder: not comparable with SAEBench's LLM-judged "
                     f"scores")
             log.warning("autointerp: %s", note)
-    return _by_embedding(selections, contexts, options.get("embed"), n_correct, note or
+    return _by_embedding(selections, contexts, hookpoint, options.get("embed"), n_correct, note or
                          "scorer embedding (asked for): not comparable with SAEBench's LLM-judged scores")
 
 
@@ -150,22 +158,32 @@ def _by_llm(selections: dict, contexts: ContextCache, cfg: LlmConfig, cache, see
     return Judged(out, "llm", usage)
 
 
-def _by_embedding(selections: dict, contexts: ContextCache, embed, n_correct: int, note: str) -> Judged:
+def _by_embedding(selections: dict, contexts: ContextCache, hookpoint: str, embed, n_correct: int,
+                  note: str) -> Judged:
     from ..namers import context_names
-    from ..scoring import model_embedder
+    from ..scoring import model_embedder, store_rows_are
 
-    embed = embed or model_embedder("default", "sentence.mean_normalized")
+    store = contexts.store
+    rows = embed is None and store_rows_are(store, hookpoint, ENCODER, ENCODER_HOOKPOINT)
+    embed = embed or model_embedder(ENCODER, ENCODER_HOOKPOINT)
     ids = list(selections)
     base = [window_text(contexts, w, None)[1] for j in ids for w in selections[j].randoms]
     names = context_names([tuple(window_text(contexts, w, None)[1] for w in selections[j].generation)
                            for j in ids], base, n_runner_ups=0)
     texts = {j: [window_text(contexts, w, None)[0] for w in selections[j].scoring] for j in ids}
-    embed([t for j, n in zip(ids, names) if n.name for t in texts[j]] + [n.name for n in names if n.name])  # one pass
+    embed([t for j, n in zip(ids, names) if n.name and not rows for t in texts[j]] + [n.name for n in names if n.name])
     out = {}
     for j, named in zip(ids, names):
         if not named.name:
             continue
-        sims = embed(texts[j]) @ embed([named.name])[0]
+        vectors = _row_vectors(store, hookpoint, [w.row for w in selections[j].scoring]) if rows else embed(texts[j])
+        sims = vectors @ embed([named.name])[0]
         top = torch.argsort(sims, descending=True, stable=True)[:n_correct]
         out[j] = {"explanation": named.name, "predictions": sorted(int(i) + 1 for i in top)}
     return Judged(out, "embedding", {}, note)
+
+
+def _row_vectors(store, hookpoint: str, rows: list[int]) -> torch.Tensor:
+    """Unit store rows [n, D]: the encoder's embeddings of those inputs when the store was cached with it."""
+    x = torch.cat([store.rows(hookpoint, r, r + 1) for r in rows]).float()
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
