@@ -40,7 +40,9 @@ from conceptdict.activations.cache import Batch, batch_rows, count_rows, iter_ba
 from conceptdict.activations.stream import prefetched, rank_rows
 from conceptdict.activations.tokens import pad_sequences
 
-_FORWARD = threading.Lock()  # one forward at a time per process: hooks are registered on the shared model
+FORWARD_LOCK = threading.Lock()
+"""One forward at a time per process: hooks are registered on the shared model (the training stream's forwards, an
+evaluation during training that splices a dictionary in)."""
 
 
 @dataclass
@@ -217,7 +219,7 @@ class _Forward:
 
     def of(self, batch: Batch) -> torch.Tensor:
         if self.last is None or self.last[0] != batch.index:
-            with _FORWARD:
+            with FORWARD_LOCK:
                 acts = self.model.capture(batch.input_ids, batch.attention_mask, self.hookpoints)
             tensors = batch_rows(batch, acts, self.level, self.special, None)[0]
             self.last = batch.index, torch.stack([tensors[h] for h in self.hookpoints], 1)

@@ -17,6 +17,7 @@ from conceptdict.activations.store import ActivationStore
 from conceptdict.activations.replacement import replacement_losses
 from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.naming import dictionary_of
+from conceptdict.naming.llm import LlmConfig
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import format_table, threshold_line, with_splice_scores
@@ -74,6 +75,14 @@ class EvalConfig:
     format: Literal["conceptdict", "saebench"] = field(default="conceptdict", metadata={
         "help": "saebench: also one JSON per --metrics metric in SAEBench's layout, under saebench/ beside "
                 "eval.json."})
+    llm: LlmConfig = field(default_factory=LlmConfig, metadata={
+        "help": "autointerp: the explainer and scorer's OpenAI-compatible server (--llm.url ...; answers cached in "
+                "autointerp_cache.jsonl beside eval.json)."})
+    autointerp_scorer: Literal["auto", "llm", "embedding"] = field(default="auto", metadata={
+        "help": "autointerp: llm (the server at --llm.url), embedding (the context namer and the sentence encoder, "
+                "no server; not SAEBench's numbers), auto (llm when a server answers, else embedding, said so)."})
+    autointerp_latents: int = field(default=100, metadata={
+        "help": "autointerp: latents explained and scored, drawn at random among the live ones (SAEBench: 1000)."})
 
     def __post_init__(self) -> None:
         self.metrics = [n.strip() for item in ([self.metrics] if isinstance(self.metrics, str) else self.metrics)
@@ -81,6 +90,10 @@ class EvalConfig:
         parse_metrics(self.metrics)  # an unknown name is refused here, naming the known ones
         if self.format == "saebench" and not self.metrics:
             raise ValueError("format='saebench' writes one file per metric: pass --metrics core,... (or all)")
+        if isinstance(self.llm, dict):
+            self.llm = LlmConfig(**self.llm)
+        if self.autointerp_latents < 1:
+            raise ValueError(f"autointerp_latents={self.autointerp_latents} must be at least 1")
         if self.rows_from not in ("heldout", "start"):
             raise ValueError(f"rows_from={self.rows_from!r}: choose heldout or start")
         for name in ("rows", "batch_size"):
@@ -136,7 +149,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
              hookpoint: str | None = None, model: str | None = None, dataset: str | None = None, rows: int = 65536,
              rows_from: str = "heldout", batch_size: int = 4096, contexts: int = 32, device: str = "cpu",
              out: str | Path | None = None, metrics: str | Sequence[str] | None = None,
-             format: Literal["conceptdict", "saebench"] = "conceptdict") -> Evaluation:
+             format: Literal["conceptdict", "saebench"] = "conceptdict", llm: LlmConfig | None = None,
+             autointerp_scorer: Literal["auto", "llm", "embedding"] = "auto",
+             autointerp_latents: int = 100) -> Evaluation:
     """Evaluate a dictionary (a folder, hub name or SparseCoder) on a store (``conceptdict eval``): L0, FVU,
     explained variance, cosine, dead and dense latents, and for a causal LM's token store CE loss recovered and the
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
@@ -185,8 +200,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         if layers:
             raise ConfigError(f"--metrics measures one dictionary; {dictionary} is a set of {len(layers)} per-layer "
                               f"transcoders: evaluate each layer's folder")
+        options = {"autointerp": {"llm": cfg.llm, "scorer": cfg.autointerp_scorer, "latents": cfg.autointerp_latents,
+                                  "cache": out.parent / "autointerp_cache.jsonl"}}
         sticks = measure(parse_metrics(cfg.metrics), Inputs(sae, result, run.source if isinstance(
-            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device),
+            run.source, ActivationStore) else None, hookpoints[0], cfg.rows, device=cfg.device, options=options),
             strict="all" not in cfg.metrics)
         record["yardsticks"] = sticks.to_dict()
         if cfg.format == "saebench":
@@ -220,7 +237,7 @@ def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bo
 def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
                       cfg: EvalConfig) -> EvalResult:
     """:func:`splice_scores` of per-layer transcoders: every MLP replaced at once by its layer's transcoder."""
-    lm_ids = _lm_contexts(store, cfg)
+    lm_ids = lm_contexts(store, cfg)
     if lm_ids is None:
         return result
     S = len(models)
@@ -228,7 +245,7 @@ def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hook
                               list(zip(hookpoints[:S], hookpoints[S:])), *lm_ids[1:])
 
 
-def _lm_contexts(store, cfg: EvalConfig):
+def lm_contexts(store, cfg: EvalConfig):
     """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
     if isinstance(store, LiveSource):
         ids = store.contexts(cfg.contexts) if cfg.contexts else None
@@ -241,12 +258,14 @@ def _lm_contexts(store, cfg: EvalConfig):
     return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
 
 
-def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig) -> EvalResult:
+def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig,
+                  lm_ids: tuple | None = None) -> EvalResult:
     """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
-    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output)."""
+    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output). ``lm_ids``:
+    :func:`lm_contexts`' answer when the caller keeps it (evaluations during training), else it is made here."""
     if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
         return result
-    lm_ids = _lm_contexts(store, cfg)
+    lm_ids = lm_ids or lm_contexts(store, cfg)
     if lm_ids is None:
         return result
     lm, ids, mask = lm_ids

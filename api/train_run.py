@@ -27,6 +27,7 @@ from conceptdict.saes.plan import (check_sources, layer_runs, per_hookpoint_runs
                                    sweep_points)
 from conceptdict.saes.training import train_sweep
 from conceptdict.settings import ConfigError, to_jsonable, write_resolved_config
+from conceptdict.train_eval import evaluator
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class TrainPlan(NamedTuple):
     """What train_config.json records beside the command and the training settings."""
     more_rows: str
     """How a run of this source gets more rows (the short-run warning's fix)."""
+    live: tuple[LiveConfig, Any] | None = None
+    """A model's forward: its settings and the model (evaluations during training splice into it); None: stores."""
 
 
 def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
@@ -96,6 +99,7 @@ def run_training(cmd: TrainCommand, cfg: TrainConfig, live: LiveConfig,
 
 def drive(cmd: TrainCommand, plan: TrainPlan, comm) -> list[tuple[str, Path, SparseCoder]]:
     """Warn about short runs, record each run's settings, and stream every pass once into ``saes.train_sweep``."""
+    evaluators = [evaluator(c, m, *(plan.live or ())) for c, m in zip(plan.cfgs, plan.metas)]  # refusals first
     warn_short_runs(plan.names, plan.cfgs, plan.more_rows)
     if ranks.current().main:
         for out, c in zip(plan.outs, plan.cfgs):
@@ -106,7 +110,8 @@ def drive(cmd: TrainCommand, plan: TrainPlan, comm) -> list[tuple[str, Path, Spa
         trained = train_sweep([plan.cfgs[i] for i in members], batches, outs=[plan.outs[i] for i in members],
                               resume=cmd.resume, metas=[plan.metas[i] for i in members],
                               names=[plan.names[i] for i in members], source=plan.source, comm=comm,
-                              picks=[plan.picks[i] for i in members])
+                              picks=[plan.picks[i] for i in members],
+                              evaluators=[evaluators[i] for i in members])
         for i, model in zip(members, trained):
             models[i] = model
     return list(zip(plan.names, plan.outs, models))
@@ -232,7 +237,7 @@ def plan_live(cmd: TrainCommand, live: LiveConfig, points: list[tuple[str, Train
     passes = [(members, reader(batch, seed)) for (batch, seed), members in stream_groups(cfgs).items()]
     return TrainPlan(names, outs, cfgs, [pick for _, _, pick in runs], metas, passes,
                      f"model {live.model} over {live.dataset}, hookpoint {', '.join(hookpoints)}",
-                     {"live": to_jsonable(live)}, "pass more --tokens")
+                     {"live": to_jsonable(live)}, "pass more --tokens", (live, model))
 
 
 MIN_STEPS = 50

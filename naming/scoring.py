@@ -138,9 +138,15 @@ class ScoringContext:
 def rows_are_embeddings(ctx: ScoringContext) -> bool:
     """True when the store rows are the encoder's own text embeddings (see ``context_vectors``)."""
     src = ctx.sources
-    if src is None or getattr(src.store, "level", "") != "sequence" or src.hookpoint != ctx.cfg.encoder_hookpoint:
+    return src is not None and store_rows_are(src.store, src.hookpoint, ctx.cfg.encoder, ctx.cfg.encoder_hookpoint)
+
+
+def store_rows_are(store, hookpoint: str, encoder: str, encoder_hookpoint: str) -> bool:
+    """True when ``store``'s rows at ``hookpoint`` are ``encoder``'s text embeddings at ``encoder_hookpoint`` (a
+    sequence store cached with that encoder): a text's vector is then its row."""
+    if getattr(store, "level", "") != "sequence" or hookpoint != encoder_hookpoint:
         return False
-    return (src.store.manifest.get("config") or {}).get("model") == ctx.cfg.encoder
+    return (store.manifest.get("config") or {}).get("model") == encoder
 
 
 Scorer = Callable[[ScoringContext, dict[int, str]], dict[int, dict[str, Any]]]

@@ -21,9 +21,10 @@ from .stopping import StopState
 
 log = logging.getLogger(__name__)
 
-SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl", "latent_shards", "single_file_gib")
-"""Settings a resumed run may change (logging and IO cadence, where it runs, over how many latent shards, how the
-artifact is split into files)."""
+SKIP = ("checkpoint_every", "log_every", "log", "device", "kernel_impl", "latent_shards", "single_file_gib",
+        "eval_every", "metrics", "eval_contexts")
+"""Settings a resumed run may change (logging, evaluation and IO cadence, where it runs, over how many latent shards,
+how the artifact is split into files)."""
 
 
 STOP_KEYS = ("stop_patience", "stop_threshold", "stop_every")

@@ -85,6 +85,16 @@ class TrainConfig:
         "it (docs/results/defaults.md#stopping-rule)."))
     stop_every: int | None = field(default=None, metadata=_help(
         "Stopping rule: steps between held-out evaluations; None: a 20th of the run's upper bound, at least 10."))
+    eval_every: int = field(default=0, metadata={"min": 0, **_help(
+        "Evaluate the dictionary on the held-out rows every this many steps and log `metrics` to metrics.jsonl and "
+        "the tracker (0: only at the end); the weights are unchanged "
+        "(docs/guide/train.md#evaluation-during-training).")})
+    metrics: list[str] = field(default_factory=list, metadata=_help(
+        "With eval_every: the yardsticks to compute, comma-separated or repeated, as `eval --metrics` names them "
+        "(core, sparse-probing, ground-truth, ...); empty: core."))
+    eval_contexts: int = field(default=32, metadata={"min": 0, **_help(
+        "With eval_every, where a causal LM is at hand (a token store's model, or --model): contexts for core's "
+        "spliced CE/KL score at each evaluation; 0 skips it.")})
     seed: int = field(default=0, metadata={"min": 0, **_help(
         "Seed of the initialisation (the data order is the stream's own seed).")})
     checkpoint_every: int = field(default=500, metadata=_help(
@@ -136,10 +146,20 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative (0 or None: the default)")
         if not 0 <= self.stop_threshold < 1:
             raise ValueError(f"stop_threshold={self.stop_threshold} must lie in [0, 1) (a share of the best FVU)")
+        self.metrics = [n.strip() for item in ([self.metrics] if isinstance(self.metrics, str) else self.metrics)
+                        for n in str(item).split(",") if n.strip()]
+        if self.metrics and not self.eval_every:
+            raise ValueError(f"metrics={','.join(self.metrics)} are computed during training every eval_every steps; "
+                             f"pass --eval-every N (eval_every=N), or measure the saved dictionary: conceptdict eval "
+                             f"DICT --metrics ...")
+        if self.eval_every and self.eval_batches == 0:
+            raise ValueError(f"eval_every={self.eval_every} evaluates on the held-out rows, but eval_batches=0 holds "
+                             f"none out: leave eval_batches at its default or set it to 1 or more")
         for name in ("init_rows", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("eval_batches", "calibration_batches", "checkpoint_every", "grad_clip"):
+        for name in ("eval_batches", "calibration_batches", "checkpoint_every", "grad_clip", "eval_every",
+                     "eval_contexts"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must not be negative")
         if self.tokens is not None and self.tokens < 1:

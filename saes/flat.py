@@ -148,6 +148,9 @@ class TrainingSettings(TypedDict, total=False):
     stop_patience: int | None
     stop_threshold: float
     stop_every: int | None
+    eval_every: int
+    metrics: list[str]
+    eval_contexts: int
     seed: int
     checkpoint_every: int
     log_every: int

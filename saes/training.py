@@ -47,7 +47,7 @@ from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .kinds import check_shards
 from .model import SparseCoder, kind_spec
-from . import stopping
+from . import during, stopping
 from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,8 @@ class Job:
     """The source(s) of each [B, S, D] batch it trains on (None: the whole batch)."""
     last_x: Tensor | None = None
     metrics: dict[str, float] | None = None
+    evaluator: during.Evaluator | None = None
+    """What an evaluation every ``cfg.eval_every`` steps measures (saes.during)."""
 
     @property
     def done(self) -> bool:
@@ -288,7 +290,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
                 resume: bool = False, metas: list[dict[str, Any] | None] | None = None,
                 sinks: list[MetricsSink | None] | None = None, names: list[str] | None = None,
                 source: str = "the training batches", comm: Comm = LOCAL,
-                picks: list[int | tuple[int, ...] | None] | None = None) -> list[SparseCoder]:
+                picks: list[int | tuple[int, ...] | None] | None = None,
+                evaluators: list[during.Evaluator | None] | None = None) -> list[SparseCoder]:
     """Train several dictionaries on ONE pass over ``batches``: every batch read is stepped by each dictionary
     whose next training batch it is, each with its own model, optimizer, schedule, checkpoint, metrics and
     artifact (``outs[i]``), so each ends bit for bit as :func:`train` alone on the same batches would end.
@@ -300,7 +303,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     forward); with several dictionaries ``batches`` must be a list or a function start_batch -> iterable.
     ``picks[i]``: dictionary i trains on source ``picks[i]`` of every [B, S, D] batch (several hookpoints of one
     forward feed one dictionary each; a tuple: those sources, e.g. one layer's MLP input and output for its
-    transcoder); None: on the whole batch."""
+    transcoder); None: on the whole batch. ``evaluators[i]``: what dictionary i's evaluations every ``eval_every`` steps
+    measure (``saes.during``; None: the held-out headline numbers)."""
     n = len(cfgs)
     if not n or len(outs) != n:
         raise ValueError(f"train_sweep needs one output per config; got {n} configs and {len(outs)} outputs")
@@ -315,8 +319,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
     first = min(j.run.state.position for j in jobs)
     data = (itertools.chain(jobs[0].data.head, jobs[0].data.rest) if n == 1  # the (picked) stream it opened
             else checked(shared.read_on(first), first, source))
-    for job, p in zip(jobs, picks if n > 1 else [None]):
-        job.pick = list(p) if isinstance(p, tuple) else p
+    for job, p, e in zip(jobs, picks if n > 1 else [None] * n, evaluators or [None] * n):
+        job.pick, job.evaluator = list(p) if isinstance(p, tuple) else p, during.checked(job.cfg, e)
     _loop(jobs, enumerate(data, first), comm)
     models = []
     for job, meta in zip(jobs, metas or [None] * n):
@@ -375,6 +379,8 @@ def _step_job(job: Job, x: Tensor, clock: dict[int, tuple[float, int]], comm: Co
             stopping.say_fired(cfg, st, fvu, r.total_steps, job.name)
     if st.step % cfg.log_every == 0 and is_main(comm):
         _log_metrics(job, clock)
+    if during.due(cfg, st.step):  # its seconds left out of the next line's tok/s
+        clock[id(job)] = (clock[id(job)][0] + during.evaluate_now(job, job.evaluator, comm), clock[id(job)][1])
     if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
         _save(job, comm)
 
@@ -419,20 +425,14 @@ def _finish(run: Run, cfg: TrainConfig, data: TrainingData, out: Path | None, me
     from .shards import save_trained
 
     model, st, held_out = run.model, run.state, data.held_out
-    model.to(torch.float32)  # precision float64 ends in the float32 dictionary every reader expects
-    if model.spec.finish is not None:
-        with torch.no_grad():
-            model.spec.finish(model)
-    model.drop_train_params()
-    model.fold_input_scale(st.scale)
-    model.eval()
+    during.to_inference(model, st.scale)
     summary: dict[str, Any] = {
         "config": to_flat(cfg, every_kind=True), "resolved": run.resolved.to_dict(), "steps": st.step, "rows": st.rows,
         "threshold_updates": st.threshold_updates, "last_step": last,
         "stopping": None if not cfg.stop_patience else {
             "patience": cfg.stop_patience, "threshold": cfg.stop_threshold, "upper_bound": run.resolved.total_steps,
             **st.stop.to_dict()},
-        "normalisation": {"scale_per_source": [float(c) for c in st.scale], "folded_into_weights": True},
+        "normalisation": during.normalisation(st.scale),
     }
     model.training_summary = summary  # before calibrating and evaluating: crosscoders read the folded scale from it
     if model.spec.uses_threshold:

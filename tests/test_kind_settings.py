@@ -27,11 +27,11 @@ OLD_FIELDS = [
     "checkpoint_every", "log_every", "kernel_impl", "device", "d_in"]
 """TrainConfig's fields before the kinds owned their settings: every one is still a flat name."""
 ADDED_FIELDS = ["log", "stop_patience", "stop_threshold", "stop_every", "precision", "latent_shards",
-                "single_file_gib"]
+                "single_file_gib", "eval_every", "metrics", "eval_contexts"]
 """Flat names added since (``log``: the optional metrics tracker, saes/metrics.py; ``stop_*``: the stopping rule,
 saes/stopping.py; ``precision``: the encoder matmul's dtype, saes/config.py; ``latent_shards``: the latents split
 over processes, saes/distributed.py; ``single_file_gib``: above it a sharded run saves one file per shard,
-saes/shards.py)."""
+saes/shards.py; ``eval_every``, ``metrics``, ``eval_contexts``: evaluation during training, saes/during.py)."""
 
 
 def test_every_former_field_is_a_flat_name_with_short_help():

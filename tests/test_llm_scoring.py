@@ -60,7 +60,7 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "timeout":
             time.sleep(1.0)  # longer than the client's timeout_s
         user = body["messages"][1]["content"]
-        answer = {"malformed": "I think the first one, maybe.", "short": "[1]"}.get(action) or judge(user)
+        answer = {"malformed": "I think the first one, maybe.", "short": "[1]"}.get(action) or srv.answer(user)
         out = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}],
                           "usage": {"prompt_tokens": len(user) // 4, "completion_tokens": 7}}).encode()
         try:
@@ -80,6 +80,7 @@ def server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
     srv.script, srv.answered, srv.lock, srv.release = [], [], threading.Lock(), threading.Event()
+    srv.answer = judge  # what a 200 answers to the user message (other tests script their own explainer / judge)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv

@@ -50,9 +50,10 @@ def truth_run(tmp_path_factory):
 
 def test_parse_metrics_names_the_known_ones():
     assert parse_metrics("core, sparse-probing") == ["core", "sparse-probing"]
-    assert parse_metrics(["all"]) == ["core", "sparse-probing", "ground-truth", "tpp", "scr", "absorption"]
-    with pytest.raises(ValueError, match="unknown metric .absorbtion.; known: core, sparse-probing, ground-truth, tpp, "
-                                         "scr, absorption or all"):
+    assert parse_metrics(["all"]) == ["core", "sparse-probing", "ground-truth", "autointerp", "tpp", "scr",
+                                      "absorption"]
+    with pytest.raises(ValueError, match="unknown metric .absorbtion.; known: core, sparse-probing, ground-truth, "
+                                         "autointerp, tpp, scr, absorption or all"):
         parse_metrics("absorbtion")
 
 
@@ -78,6 +79,7 @@ def test_eval_metrics_all_on_a_store_with_truth_and_labels(truth_run, tmp_path, 
     assert "[core]" in text and "[sparse-probing]" in text and "[ground-truth]" in text and "[tpp]" in text
     assert "skipped scr: scr: needs a store with two label columns" not in text  # one "scr:" (the refusal's own)
     assert "skipped scr: needs a store with two label columns" in text and "skipped absorption: needs a token" in text
+    assert text.count("skipped") == 3 and "skipped autointerp: needs example texts" in text  # an imported store
     record = json.loads(out.read_text())
     r = record["yardsticks"]["results"]
     gt = r["ground-truth"]["summary"]
@@ -112,7 +114,7 @@ def test_a_missing_input_is_refused_or_skipped(planted_store, tmp_path, capsys):
         cd.evaluate(sae.path, metrics=["ground-truth"], out=tmp_path / "e.json")
     got = cd.evaluate(sae.path, metrics="all", out=tmp_path / "e.json")
     assert list(got.yardsticks.results) == ["core"]
-    assert set(got.yardsticks.skipped) == {"sparse-probing", "ground-truth", "tpp", "scr", "absorption"}
+    assert set(got.yardsticks.skipped) == {"sparse-probing", "ground-truth", "autointerp", "tpp", "scr", "absorption"}
     assert "needs a labelled store" in got.yardsticks.skipped["sparse-probing"]
     assert "skipped sparse-probing: needs a labelled store" in got.format()
     row = got.to_pandas()

@@ -37,6 +37,9 @@ REGISTRY: tuple[Yardstick, ...] = (
     Yardstick("ground-truth", "ground_truth", ("rows", "one_space", "true_features"), "sae_lens.synthetic: MCC "
               "(Hungarian), uniqueness, precision / recall / F1 of each latent as a detector of its matched true "
               "feature"),
+    Yardstick("autointerp", "autointerp", ("rows", "one_space", "texts"), "SAEBench's detection protocol: an LLM "
+              "explains each latent from its examples and labels a scoring set; accuracy (embedding scorer without a "
+              "server)"),
     Yardstick("tpp", "tpp", ("rows", "one_space", "labels"), "targeted probe perturbation: ablating a class's "
               "latents hurts its probe, not the others' (the 2026 audit found it unreliable)"),
     Yardstick("scr", "scr", ("rows", "one_space", "two_labels"), "spurious correlation removal: ablating one label "
@@ -68,6 +71,19 @@ class Inputs:
     """At most this many store rows are read by metrics that read rows of their own (labels, true codes)."""
     seed: int = 0
     device: str = "cpu"
+    options: dict[str, Any] = field(default_factory=dict)
+    """Settings of one metric by its name, e.g. ``{"autointerp": {"llm": LlmConfig, "scorer": "auto", ...}}``."""
+
+
+def _texts_missing(inputs: Inputs) -> str | None:
+    s = inputs.store
+    if s is None:
+        return "needs a store's token or text records; the rows came from a model's forward: pass --store STORE"
+    imported = (s.manifest.get("dataset") or {}).get("kind") == "import"
+    if imported or getattr(s, "is_image_store", False) or (s.level == "token" and getattr(s, "tokenizer", "") is None):
+        return (f"needs example texts (a store cached from a text model: its tokens and tokenizer, or its inputs' "
+                f"texts); {s.path} has none: cache one with `conceptdict cache --model M --dataset D`")
+    return None
 
 
 def _labels_missing(inputs: Inputs) -> str | None:
@@ -123,6 +139,8 @@ CHECKS = {"rows": lambda inputs: None, "one_space": _one_space_missing, "labels"
           "true_features": _true_features_missing,
           "two_labels": _two_labels_missing, "causal_lm": _causal_lm_missing}
 """Input name -> (inputs -> None when present, else the one-line refusal)."""
+
+CHECKS["texts"] = _texts_missing  # autointerp's examples
 
 
 def parse_metrics(metrics: str | list[str] | tuple[str, ...] | None) -> list[str]:
