@@ -68,6 +68,9 @@ def main(argv=None) -> int:
                 for seed in range(args.seeds):
                     m = cd.cbm(concepts, label_column="label", seed=seed, **{args.key: v}, **kw).metrics
                     fits.append(m)
+                    print(f"  ({name}, {route}, {v}, seed {seed}: probe {100 * m['probe_accuracy']:.1f}%, CBM "
+                          f"{100 * m['accuracy']:.1f}%, gap {100 * m['probe_gap']:+.1f}, {m['concepts_used']} "
+                          f"concepts, {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 seconds = (time.perf_counter() - t0) / args.seeds
                 gaps = [100 * m["probe_gap"] for m in fits]
                 mean, se = mean_se(gaps)

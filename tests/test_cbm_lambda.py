@@ -144,6 +144,21 @@ def test_gap_notes_say_why_only_above_two_points():
     assert "it memorised its training rows (FVU 0.040 on them, 0.440 held out)" in "\n".join(gap_notes(memorised))
 
 
+def test_a_cbm_far_below_its_probe_says_whether_the_concepts_or_the_sparsity_lose_it():
+    concepts, labels, names, raw = _dataset(signal=0.6)
+    gen = torch.Generator().manual_seed(1)
+    blind = torch.rand(concepts.shape, generator=gen)  # concepts that carry nothing of the label; raw carries it all
+    cfg = CbmConfig(lambdas=[0.01, 0.1], grow_lambda=0, cv_folds=0)
+    lost = train_cbm(blind, labels, names, cfg, raw=raw).metrics
+    assert 100 * lost["probe_gap"] > 20 and lost["concept_probe_accuracy"] < lost["probe_accuracy"] - 0.2
+    note = [n for n in gap_notes(lost) if "dense: all of them" in n]
+    assert len(note) == 1 and "points are lost in what the concepts carry" in note[0]
+    carried = {**_metrics(0.07), "concept_probe_accuracy": 0.91}
+    assert "they carry what the raw probe reads, 8.0 in the bottleneck's sparsity" in "\n".join(gap_notes(carried))
+    close = train_cbm(concepts, labels, names, cfg, raw=raw).metrics
+    assert 100 * close["probe_gap"] <= 2 and "concept_probe_accuracy" not in close  # fitted only when it explains
+
+
 def test_format_cbm_prints_the_curve_the_gap_and_the_reasons():
     m = {**_metrics(0.05), "n_classes": 4, "n_test": 80, "zero_weights": 5, "n_weights": 96,
          "coverage": {"90": 2.0, "95": 3.0, "99": 4.0}, "val_tolerance": 0.005,

@@ -304,6 +304,9 @@ def train_cbm(
     if probe is not None:
         metrics.update(probe_accuracy=probe.test_accuracy, probe_val_accuracy=probe.val_accuracy, probe_l2=probe.l2,
                        probe_gap=probe.test_accuracy - metrics["accuracy"])  # fmt: skip
+        if 100 * metrics["probe_gap"] > GAP_POINTS:  # is the gap in what the concepts carry, or in the sparsity?
+            metrics["concept_probe_accuracy"] = fit_raw_probe(x, y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol,
+                                                              folds=folds, seed=cfg.seed).test_accuracy  # fmt: skip
     log.info("CBM accuracy %.3f (lambda %g, refit L2 %s) vs raw probe %s", metrics["accuracy"], lam, chosen["l2"],
              f"{metrics['probe_accuracy']:.3f}" if raw is not None else "n/a")  # fmt: skip
     ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
@@ -323,6 +326,12 @@ def gap_notes(metrics: dict[str, Any]) -> list[str]:
     if gap is None or 100 * gap <= GAP_POINTS:
         return []
     notes = [f"the CBM is {100 * gap:.1f} points below the raw probe (more than {GAP_POINTS:g}); why:"]
+    if (dense := metrics.get("concept_probe_accuracy")) is not None:
+        lost = 100 * (metrics["probe_accuracy"] - dense)
+        where = (f"{lost:.1f} points are lost in what the concepts carry (more active latents per row, a larger k, "
+                 "or other concepts carry more), " if lost > 0 else "they carry what the raw probe reads, ")
+        notes.append(f"- the same probe on the concept activations (dense: all of them, no L1) is at {100 * dense:.1f}"
+                     f"%: {where}{100 * (dense - metrics['accuracy']):.1f} in the bottleneck's sparsity")
     d = metrics.get("dictionary")
     if not d:
         return notes + ["- no dictionary measurement on these rows was recorded (fit through `conceptdict cbm`)"]

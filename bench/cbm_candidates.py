@@ -1,0 +1,180 @@
+"""What a CBM's inputs could be, on one labelled corpus: how much of the raw probe's accuracy each set of concept
+activations can carry at all, and what the CBM makes of it.
+
+Per candidate and split (``cbm --seed 0..N-1``, the stores and own dictionaries ``bench/cbm_accuracy.py`` left in
+``--work``), two figures beside the raw probe (``conceptdict cbm``'s baseline: standardised raw activations, L2 by
+the same 5-fold cross-validation):
+
+- **ceiling**: the same probe fitted on the candidate's concept activations instead of the raw ones (dense, every
+  concept, L2 chosen the same way). A CBM reads the same activations through a sparse layer, so what the ceiling
+  misses of the raw probe no choice of lambda, refit or scale can recover: it is lost in the features.
+- **CBM** (``--cbm``): ``naming.bottleneck.cbm.train_cbm`` on those activations with every ``conceptdict cbm``
+  default (the probe scale from the candidate's decoder directions, the lambda path, refits, 5-fold choice):
+  accuracy, gap to the raw probe, concepts used, and concepts per prediction (median over the test inputs:
+  contributing at all / making up 90% of the predicted class's positive contribution).
+
+Candidates (``--candidate``, repeat):
+
+- ``own``: the encoder's ReLU activations of the own dictionary (``cbm --codes relu``, the default);
+  ``sparse``: its TopK code (``--codes sparse``);
+- ``signed``: the own encoder's pre-activations split into two non-negative concepts each, ``relu(pre)`` and
+  ``relu(-pre)`` (a linear layer on them reads every direction the encoder spans);
+- ``LxxxKyy``: a dictionary of xxx latents and k yy trained on the corpus's store (``conceptdict train --latents
+  xxx --k yy``, every other setting at its default; written under ``--work``), its ReLU activations;
+- ``broad``: the broad dictionary's ReLU activations (``conceptdict broad``, cached); ``union``: the own and the
+  broad dictionaries' concepts side by side;
+- ``names``: the own concepts plus, per class, the cosine between a row's embedding and the embedding of the
+  class's name (:data:`CLASS_NAMES`; the concept supervision of CB-SAE, ``conceptdict cbsae``, in its plainest form:
+  what a bottleneck latent aligned to that text could add).
+
+    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_accuracy.py --corpus msglang      # store, own dictionary
+    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_candidates.py --corpus msglang --candidate own \\
+        --candidate signed --candidate L1024K32 --candidate union --candidate names --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conceptdict as cd
+from cbm_accuracy import mean_se, task_store
+from cbm_corpora import CORPORA, HOOKPOINT
+from conceptdict.naming.bottleneck.baseline import fit_raw_probe, stratified_split
+from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
+from conceptdict.naming.bottleneck.features import concept_directions
+from conceptdict.saes import open_dictionary
+from conceptdict.saes.kinds.common import pre_activations
+
+CLASS_NAMES = {"ca": "Catalan", "da": "Danish", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian",
+               "nb": "Norwegian", "nl": "Dutch", "pt_BR": "Portuguese", "sv": "Swedish"}
+"""The ``names`` candidate's text per class (msglang's languages); classes without one are left out."""
+SIZED = re.compile(r"L(\d+)K(\d+)$")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", default="msglang", choices=sorted(CORPORA))
+    p.add_argument("--candidate", action="append", help="own, sparse, signed, LxxxKyy, broad, union, names (repeat)")
+    p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
+    p.add_argument("--seeds", type=int, default=3, help="splits 0..N-1")
+    p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
+    p.add_argument("--cv-folds", type=int, default=CbmConfig.cv_folds,
+                   help="the CBM's cv_folds (0: one validation split, about a sixth of the fits)")
+    p.add_argument("--json", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def relu_of(sae, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the encoder's ReLU activations of raw [N, D] through dictionary ``sae``, its decoder directions [L, D])."""
+    model, _ = open_dictionary(sae)
+    with torch.no_grad():
+        return model.dense_activations(raw).float(), concept_directions(model, raw.shape[1])
+
+
+def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: list, work: Path):
+    """(concept activations [N, L'], decoder directions [L', D] or None) of candidate ``name``."""
+    own = work / "runs" / corpus / "sae"
+    if name in ("own", "sparse", "signed"):
+        model, _ = open_dictionary(own)
+        dirs = concept_directions(model, raw.shape[1])
+        with torch.no_grad():
+            if name == "sparse":
+                return model.encode(raw).float(), dirs
+            if name == "own":
+                return model.dense_activations(raw).float(), dirs
+            pre = pre_activations(model, raw).float()  # relu(pre) - relu(-pre) = pre: every direction it spans
+            return torch.cat([pre.clamp_min(0), (-pre).clamp_min(0)], 1), torch.cat([dirs, -dirs])
+    if m := SIZED.match(name):
+        out = work / "runs" / corpus / f"sae-{name}"
+        if not (out / "config.json").exists():
+            cd.train(store=[store], hookpoint=[HOOKPOINT], out=out, overwrite=True, latents=int(m[1]), k=int(m[2]))
+        return relu_of(out, raw)
+    if name in ("broad", "union"):
+        broad = cd.cached_broad_dictionary()
+        if broad is None:
+            raise SystemExit("no broad dictionary is cached; run `conceptdict broad` first")
+        b, bdirs = relu_of(broad.sae, raw)
+        if name == "broad":
+            return b, bdirs
+        o, odirs = relu_of(own, raw)
+        return torch.cat([o, b], 1), torch.cat([odirs, bdirs])
+    if name == "names":
+        from conceptdict.naming.scoring import model_embedder
+
+        classes = sorted({str(v) for v in labels} & set(CLASS_NAMES))
+        text = model_embedder("default", HOOKPOINT)([CLASS_NAMES[c] for c in classes])
+        o, _ = relu_of(own, raw)
+        unit = raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return torch.cat([o, unit @ text.T], 1), None
+    raise SystemExit(f"unknown candidate {name!r}: one of own, sparse, signed, LxxxKyy (e.g. L1024K32), broad, "
+                     "union, names")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    store_dir = task_store(args.corpus, args.work)
+    store = cd.open_store(store_dir)
+    raw = torch.cat([x.float() for _, x in store.iter_rows(HOOKPOINT, 4096)])
+    labels = list(store.labels("label"))
+    cfg = CbmConfig(label_column="label")
+    y, classes, keep = encode_labels(labels, cfg.min_class_size)
+    probes, rows = {}, []
+    print("| candidate | concepts | active per row | split | raw probe | ceiling | CBM | gap | concepts used | "
+          "per prediction |\n|" + "---|" * 10)
+    for name in args.candidate or ["own"]:
+        x, dirs = candidate(name, args.corpus, store_dir, raw, labels, args.work)
+        active = float((x[keep] != 0).sum(1).float().median())
+        for seed in range(args.seeds):
+            t0 = time.perf_counter()
+            split = stratified_split(y, cfg.val_fraction, cfg.test_fraction, seed)
+            folds = cfg.cv_folds if len(split.train) + len(split.val) <= cfg.cv_max_rows else 0
+            if seed not in probes:  # the same for every candidate
+                probes[seed] = fit_raw_probe(raw[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
+                                             folds=folds, seed=seed)  # fmt: skip
+            probe = probes[seed]
+            ceiling = fit_raw_probe(x[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
+                                    folds=folds, seed=seed)  # fmt: skip
+            row = {"candidate": name, "concepts": x.shape[1], "active_per_row": active, "seed": seed,
+                   "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
+            if args.cbm:
+                fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds)
+                r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs)
+                m = r.metrics
+                row.update(cbm=m["accuracy"], gap=100 * m["probe_gap"], used=m["concepts_used"],
+                           per_prediction=m["concepts_per_prediction"], lam=r.lam, refit_l2=m["refit_l2"])
+            row["seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            cbm = (f"{100 * row['cbm']:.1f}% | {row['gap']:+.1f} | {row['used']} | "
+                   f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f}") if args.cbm else \
+                "- | - | - | -"
+            print(f"| {name} | {x.shape[1]} | {active:.0f} | {seed} | {100 * probe.test_accuracy:.1f}% | "
+                  f"{100 * ceiling.test_accuracy:.1f}% | {cbm} |", flush=True)
+        mine = [r for r in rows if r["candidate"] == name]
+        short, se = mean_se([100 * (r["probe"] - r["ceiling"]) for r in mine])
+        line = f"{name}: raw probe - ceiling {short:+.1f} ± {se:.1f} points"
+        if args.cbm:
+            gap, gse = mean_se([r["gap"] for r in mine])
+            line += (f"; gap {gap:+.1f} ± {gse:.1f} (largest {max(r['gap'] for r in mine):+.1f}), concepts used "
+                     f"{statistics.fmean(r['used'] for r in mine):.0f}, per prediction (median of the splits) "
+                     f"{statistics.median(r['per_prediction']['nonzero'] for r in mine):.0f} / "
+                     f"{statistics.median(r['per_prediction']['90'] for r in mine):.0f}")
+        print(line, flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"corpus": args.corpus, "rows": rows}, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
