@@ -18,7 +18,6 @@
   the raw activations of the same inputs, trained and tested on the same split (``baseline.fit_raw_probe``).
 - Coverage: for each test prediction, the number of concepts whose positive contributions ``a_j * scale_j * W[c, j]``
   make up 90/95/99% of the positive total (mean over test inputs).
-
 Shapes: N inputs, L concepts, D raw activation width, C classes.
 """
 
