@@ -40,7 +40,8 @@ from . import reference
 from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
-OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above")
+OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above",
+       "project_rows")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -192,6 +193,13 @@ def encode(
                                                   k_aux=k_aux, mm_dtype=mm_dtype))
 
 
+def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:
+    """In place, for every row r of W [L, F] and G [L, F]: G[r] -= (<G[r], W[r]> / |W[r]|^2) W[r] (the decoder
+    gradient without its component along each decoder row). ``numba``: one pass over W and G instead of torch's
+    three reductions and an update (``reference.project_rows``)."""
+    _fn("project_rows", impl, W)(W, G)
+
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
@@ -202,5 +210,5 @@ from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402
 
 __all__ = [
     "IMPLS", "Encoded", "SparseCode", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
-    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "resolve_impl", "sparse_decode",
+    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
 ]

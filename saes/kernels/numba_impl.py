@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import numba_kernels as nk
+from . import reference
 from .sparse import Backend, make_ops
 
 _NO_COLS = np.empty(0, np.int64)
@@ -139,6 +140,15 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     grad_W = np.empty(tuple(W_enc.shape), np.float32)
     nk.encoder_backward(_i64(idx), _f32(g), _f32(x), _f32(W_enc), grad_x, grad_W)
     return torch.from_numpy(grad_x), torch.from_numpy(grad_W)
+
+
+def project_rows(W: Tensor, G: Tensor) -> None:
+    """``reference.project_rows`` in one numba pass (float32, contiguous CPU tensors; the reference otherwise)."""
+    if W.dtype != torch.float32 or G.dtype != torch.float32 or not (W.is_contiguous() and G.is_contiguous()) or \
+            W.device.type != "cpu":
+        reference.project_rows(W, G)
+        return
+    nk.project_rows(W.detach().numpy(), G.detach().numpy())
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,

@@ -82,6 +82,24 @@ def gather_dot(idx, G, W, val, out):
             out[b, j] = s
 
 
+@njit(**_OPTS)
+def project_rows(W, G):
+    """In place, every row r: G[r] -= (<G[r], W[r]> / max(|W[r]|^2, 1e-24)) W[r]: the decoder gradient without its
+    component along each row, in one pass over both (the dot and the norm together, then the update in cache)."""
+    L, D = W.shape
+    for r in prange(L):
+        w = W[r]
+        g = G[r]
+        dot = np.float32(0.0)
+        sq = np.float32(0.0)
+        for d in range(D):
+            dot += w[d] * g[d]
+            sq += w[d] * w[d]
+        c = dot / max(sq, np.float32(1e-24))
+        for d in range(D):
+            g[d] -= c * w[d]
+
+
 @njit(cache=True)
 def _bucket_by_latent(idx, val, L):
     """Counting sort of the B*K entries with a nonzero value by latent: (start [L+1], flat entry ids

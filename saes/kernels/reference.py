@@ -66,6 +66,14 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     return dense @ W_dec if b_dec is None else dense @ W_dec + b_dec
 
 
+@torch.no_grad()
+def project_rows(W: Tensor, G: Tensor) -> None:
+    """In place: G[r] -= (<G[r], W[r]> / |W[r]|^2) W[r] for every row r (|W[r]|^2 at least 1e-24), without [L, D]
+    temporaries."""
+    coef = torch.linalg.vecdot(W, G) / W.norm(dim=1).square().clamp_min(1e-24)
+    G.addcmul_(W, coef[:, None], value=-1)
+
+
 def rounded_rows(W: Tensor, dtype: torch.dtype) -> Tensor:
     """W rounded to ``dtype`` (and back to W's) in value, W itself in gradient: a product with it reads the rounded
     weights and hands their gradient to W unchanged (what the fast kernels do with a bf16 copy of the weights)."""

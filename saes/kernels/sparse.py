@@ -7,7 +7,7 @@ an embedding-bag sum and its backward a gather-dot (values) and a scatter (W_dec
 ``pre`` is computed in row chunks on CPU and freed as soon as each chunk is selected; nothing saved for
 backward is [B, L].
 
-A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_backend()`` below is the
+A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_impl.torch_backend()`` is the
 portable one (index_add / embedding_bag), usable on any device.
 
 Shapes: x [B, D], W_enc [D, L], b_enc [L], W_dec [L, D], b_dec [D], idx / val [B, K].
@@ -18,15 +18,11 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .copies import rounded
 from .select import (Selection, above_candidates, batch_cutoff, batch_from_candidates, join_candidates,
                      n_candidates, row_candidates, row_floor, select_batch, select_rows)
-
-# rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
-_CHUNK_ROWS = 1024
 
 
 class Backend(NamedTuple):
@@ -58,57 +54,6 @@ class Backend(NamedTuple):
     reads_bf16: bool = False
     """Whether the row primitives take bf16 pre-activations as they are (each element the float32 it is exactly,
     scores in the bias's float32): the bf16 encoder matmul's chunks are then selected without a float32 copy."""
-
-
-# ---------------------------------------------------------------- the portable (torch) backend
-
-
-def torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
-                    scale: Tensor | None = None, floor: float = float("-inf")) -> tuple[Tensor, Tensor]:
-    score = pre if cols is None else pre.index_select(1, cols)
-    if bias is not None:
-        score = score + (bias if cols is None else bias[cols]).to(score.dtype)
-    if scale is not None:
-        score = score * (scale if cols is None else scale[cols]).to(score.dtype)
-    values, pos = score.topk(k, dim=1, sorted=False)
-    return values, (pos if cols is None else cols[pos])
-
-
-def _torch_gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
-    out = F.embedding_bag(idx, W, per_sample_weights=val.to(W.dtype), mode="sum")
-    return out if bias is None else out + bias
-
-
-def _torch_gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
-    out = G.new_empty(idx.shape)
-    for s in range(0, idx.shape[0], _CHUNK_ROWS):
-        rows = W[idx[s : s + _CHUNK_ROWS]]  # [c, K, D]
-        out[s : s + _CHUNK_ROWS] = torch.bmm(rows, G[s : s + _CHUNK_ROWS, :, None].to(W.dtype))[..., 0].to(G.dtype)
-    return out if val is None else out.masked_fill_(val == 0, 0)
-
-
-def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
-    out = A.new_zeros(L, A.shape[1])
-    for s in range(0, idx.shape[0], _CHUNK_ROWS):
-        i, v, a = idx[s : s + _CHUNK_ROWS], val[s : s + _CHUNK_ROWS], A[s : s + _CHUNK_ROWS]
-        contrib = (v.to(A.dtype)[:, :, None] * a[:, None, :]).reshape(-1, A.shape[1])
-        out.index_add_(0, i.reshape(-1), contrib)
-        del contrib
-    return out
-
-
-def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    """grad_x by embedding_bag over W_enc^T rows, grad_W_enc^T by index_add; grad_W_enc comes back in
-    W_enc's layout (no copies for latent-major storage, SparseCoder's)."""
-    latent_major = W_enc.t().is_contiguous()
-    grad_x = _torch_gather_sum(idx, g, W_enc.t() if latent_major else W_enc.t().contiguous(), None)
-    grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t()
-    return grad_x, grad_W if latent_major else grad_W.contiguous()
-
-
-def torch_backend() -> Backend:
-    """The portable backend: embedding_bag / index_add / bmm in chunks; any device, any float dtype."""
-    return Backend(torch_row_topk, _torch_gather_sum, _torch_gather_dot, _torch_scatter_rows, _torch_encoder_backward)
 
 
 # ---------------------------------------------------------------- autograd
