@@ -10,6 +10,7 @@ import importlib.util
 import pytest
 import torch
 from conceptdict.saes import kernels
+from conceptdict.saes.adam import Adam
 from conceptdict.saes.kernels import copies, reference, sparse
 
 pytestmark = [pytest.mark.unit, pytest.mark.equivalence]
@@ -144,12 +145,25 @@ def test_a_rounded_copy_is_made_once_per_update_and_never_stale():
     again = copies.rounded(W, BF16)
     assert again.data_ptr() == first.data_ptr() and torch.equal(again, first)  # not copied again
     assert copies.rounded(p, BF16).data_ptr() == first.data_ptr()  # the parameter and its view share it
-    opt = torch.optim.SGD([p], lr=0.5)
-    p.grad = torch.ones_like(p)
-    opt.step()  # an in-place update bumps the storage's version
+    opt = Adam([p.detach().t()], lr=0.5)  # the training loop's Adam, on the storage-order alias it steps
+    opt.params[0].grad = torch.ones_like(W)
+    opt.step()  # torch's fused kernel writes without a version bump; Adam bumps it
     assert torch.equal(copies.rounded(W, BF16), W.detach().to(BF16))
     with torch.no_grad():
         p /= p.norm(dim=1, keepdim=True)  # as the decoder renormalisation writes
     assert torch.equal(copies.rounded(W, BF16), W.detach().to(BF16))
     copies.release_copies()
     assert torch.equal(copies.rounded(W, BF16), W.detach().to(BF16))
+
+
+def test_the_encoder_parameter_a_transposed_matrix_gets_one_copy_per_update():
+    from conceptdict.saes import SparseCoder
+
+    model = SparseCoder(8, 40, 4)  # W_enc: a [D, L] parameter over latent-major [L, D] storage
+    W = model.W_enc
+    first = copies.rounded(W, BF16)
+    assert first.stride() == W.stride() and torch.equal(first, W.detach().to(BF16))
+    assert copies.rounded(model.W_enc, BF16).data_ptr() == first.data_ptr()
+    with torch.no_grad():
+        model.W_enc.mul_(2)
+    assert torch.equal(copies.rounded(model.W_enc, BF16), model.W_enc.detach().to(BF16))
