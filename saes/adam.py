@@ -68,6 +68,9 @@ class Adam:
                                [s["exp_avg_sq"] for s in states], [], steps, amsgrad=False, lr=group["lr"],
                                beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], maximize=False,
                                grad_scale=None, found_inf=None)
+            # the fused kernel writes the weights without telling autograd: bump their version counters, which
+            # say when a weight changed (saes.kernels.copies remakes its bf16 copies by them)
+            torch.autograd.graph.increment_version(ps)
 
     def state_dict(self) -> dict[str, Any]:
         """``torch.optim.Adam.state_dict()``'s layout: state by parameter index, the group with indices for params."""

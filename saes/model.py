@@ -405,9 +405,7 @@ class SparseCoder(nn.Module):
     def remove_parallel_decoder_grad(self) -> None:
         """Drop the component of W_dec.grad parallel to each (unit) decoder row, so a step keeps norms ~1."""
         for W, g in ((W, W.grad) for W, _, _ in self.decoder_parts() if W.grad is not None):
-            # g -= (g.w / |w|^2) w, without [L, D] temporaries (31 against 70 ms at L=16384, D=768)
-            coef = torch.linalg.vecdot(W, g) / W.norm(dim=1).square().clamp_min(1e-24)
-            g.addcmul_(W, coef[:, None], value=-1)
+            kernels.project_rows(W.detach(), g, impl=self.kernel_impl)  # g -= (g.w / |w|^2) w
 
     @torch.no_grad()
     def fold_input_scale(self, scale: Tensor) -> None:

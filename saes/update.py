@@ -100,9 +100,16 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
 @torch.no_grad()
 def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Tensor]) -> None:
     """``torch.nn.utils.clip_grad_norm_`` over the whole dictionary: with latent shards the norm counts every
-    shard's latents once and the parameters every shard holds (``shared``) once."""
+    shard's latents once and the parameters every shard holds (``shared``) once.
+
+    The gradients are multiplied only when the norm is above ``max_norm``: clip_grad_norm_ multiplies them by its
+    coefficient clamped at 1 every step, and a multiplication by 1 changes no number (the same gradients, bit for
+    bit) but reads and writes every gradient (~25 ms at D 768, L 16384 on this 2-core CPU)."""
     if comm.shards.size == 1:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        params = list(model.parameters())
+        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if not max_norm / (total + 1e-6) >= 1.0:  # (a NaN norm multiplies, as clip_grad_norm_ does)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return
     ids = {id(p) for p in shared}
 
@@ -113,8 +120,9 @@ def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Ten
     own = sq([p.grad for p in model.parameters() if id(p) not in ids])
     total = (comm.shards.all_sum(own) + sq([p.grad for p in shared])).sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in model.parameters():
-        p.grad.mul_(coef.to(p.grad.dtype))
+    if not coef >= 1.0:  # a multiplication by 1 changes nothing (see above)
+        for p in model.parameters():
+            p.grad.mul_(coef.to(p.grad.dtype))
 
 
 @torch.no_grad()

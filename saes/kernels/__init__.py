@@ -40,7 +40,8 @@ from . import reference
 from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
-OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above")
+OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above",
+       "project_rows")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -117,8 +118,13 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None, impl: str = "a
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, impl: str = "auto", *,
-                  skip_zero_grads: bool = False) -> Tensor:
+                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec, differentiable in values, W_dec, b_dec.
+
+    ``rows_dtype`` (bf16; None: W_dec's): the rows are read rounded to it, in the forward and in the values'
+    gradient, while W_dec's gradient is as without it (it reads no weights) and the sums stay in W_dec's dtype
+    (``reference.rounded_rows``). The fast kernels read the cached bf16 copy of W_dec (``copies.rounded``, made once
+    per update): half the bytes of the gathers. Training passes its bf16 precision here.
 
     ``skip_zero_grads=True``: a value exactly 0 gets gradient 0 instead of <grad, W_dec[index]>, and the
     fast kernels skip it. Right for codes from ``encode``, whose zeros are padding or ReLU zeros whose
@@ -130,9 +136,10 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     if indices.dim() == 2 and indices.shape[0] > 1 and indices.stride(0) == 0:
         if skip_zero_grads:
             values = torch.where(values != 0, values, values.detach())
-        out = values @ W_dec.index_select(0, indices[0])
+        W = W_dec if rows_dtype is None else reference.rounded_rows(W_dec, rows_dtype)
+        out = values @ W.index_select(0, indices[0])
         return out if b_dec is None else out + b_dec
-    return _fn("sparse_decode", impl, values)(values, indices, W_dec, b_dec, skip_zero_grads)
+    return _fn("sparse_decode", impl, values)(values, indices, W_dec, b_dec, skip_zero_grads, rows_dtype)
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
@@ -172,7 +179,8 @@ def encode(
     entries only; returns ``Encoded(values, indices, aux_values, aux_indices, smallest)``.
 
     ``mm_dtype`` (bf16 / fp16, None: x's dtype): the dtype of the matmul that chooses the entries; their values
-    are recomputed in x's dtype (``sparse.encode``). The fast implementations only.
+    are recomputed in x's dtype (``sparse.encode``). With bf16, x's gradient reads W_enc rounded to bf16 (W_enc's
+    gradient is as without it), as ``sparse_decode(rows_dtype=)`` reads W_dec. The fast implementations only.
     """
     if mm_dtype is None:
         return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
@@ -185,6 +193,13 @@ def encode(
                                                   k_aux=k_aux, mm_dtype=mm_dtype))
 
 
+def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:
+    """In place, for every row r of W [L, F] and G [L, F]: G[r] -= (<G[r], W[r]> / |W[r]|^2) W[r] (the decoder
+    gradient without its component along each decoder row). ``numba``: one pass over W and G instead of torch's
+    three reductions and an update (``reference.project_rows``)."""
+    _fn("project_rows", impl, W)(W, G)
+
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
@@ -195,5 +210,5 @@ from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402
 
 __all__ = [
     "IMPLS", "Encoded", "SparseCode", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
-    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "resolve_impl", "sparse_decode",
+    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
 ]

@@ -1,7 +1,8 @@
 """The ``numba`` implementation (CPU): numba kernels from ``numba_kernels.py`` behind the sparse autograd.
 
 numba is imported when this module is (first use of ``impl="numba"`` or of "auto" on CPU), never at
-package import. Kernels compute in float32; other dtypes are converted at the boundary.
+package import. Kernels compute in float32; bf16 pre-activations and weight rows are read as they are (their bits,
+each element the float32 it is exactly: ``numba_kernels._at``), other dtypes are converted at the boundary.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import numba_kernels as nk
+from . import reference
 from .sparse import Backend, make_ops
 
 _NO_COLS = np.empty(0, np.int64)
@@ -47,6 +49,20 @@ def _f32(t: Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).contiguous().numpy()
 
 
+def _rows(t: Tensor) -> np.ndarray:
+    """A tensor the kernels read element by element as float32: a bf16 one as its bits (uint16, no copy), else
+    float32."""
+    if t.dtype == torch.bfloat16:
+        return t.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+    return _f32(t)
+
+
+def _scores(pre: Tensor, bias: Tensor | None) -> torch.dtype:
+    """The dtype of the scores pre + bias: the wider of the two (float32 for bf16 pre-activations and a float32
+    bias, as the kernel computed them)."""
+    return pre.dtype if bias is None else torch.promote_types(pre.dtype, bias.dtype)
+
+
 def _i64(t: Tensor) -> np.ndarray:
     return t.detach().to(torch.int64).contiguous().numpy()
 
@@ -62,9 +78,9 @@ def row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = Non
     B = pre.shape[0]
     values = np.empty((B, k), np.float32)
     indices = np.empty((B, k), np.int64)
-    nk.row_topk(_f32(pre), k, _NO_COLS if cols is None else _i64(cols), None if bias is None else _f32(bias),
+    nk.row_topk(_rows(pre), k, _NO_COLS if cols is None else _i64(cols), None if bias is None else _f32(bias),
                 None if scale is None else _f32(scale), np.float32(floor), values, indices)
-    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices)
+    return torch.from_numpy(values).to(_scores(pre, bias)), torch.from_numpy(indices)
 
 
 def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
@@ -74,9 +90,9 @@ def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
     values = np.empty((B, cap), np.float32)
     indices = np.empty((B, cap), np.int64)
     count = np.empty(B, np.int64)
-    nk.row_above(_f32(pre), np.float32(tau), cap, None if bias is None else _f32(bias),
+    nk.row_above(_rows(pre), np.float32(tau), cap, None if bias is None else _f32(bias),
                  None if scale is None else _f32(scale), values, indices, count)
-    return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
+    return torch.from_numpy(values).to(_scores(pre, bias)), torch.from_numpy(indices), torch.from_numpy(count)
 
 
 def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -85,7 +101,7 @@ def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple
     values = np.empty((B, cap), np.float32)
     indices = np.empty((B, cap), np.int64)
     count = np.empty(B, np.int64)
-    nk.row_above_floor(_f32(pre), _f32(bias), _f32(floor), cap, values, indices, count)
+    nk.row_above_floor(_rows(pre), _f32(bias), _f32(floor), cap, values, indices, count)
     return torch.from_numpy(values).to(pre.dtype), torch.from_numpy(indices), torch.from_numpy(count)
 
 
@@ -94,13 +110,13 @@ def gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tens
     D = W.shape[1]
     out = np.empty((idx.shape[0], D), np.float32)
     b = np.zeros(D, np.float32) if bias is None else _f32(bias)
-    nk.gather_sum(_i64(idx), _f32(val), _f32(W), b, out)
-    return torch.from_numpy(out).to(W.dtype)
+    nk.gather_sum(_i64(idx), _f32(val), _rows(W), b, out)
+    return torch.from_numpy(out).to(torch.promote_types(W.dtype, val.dtype))
 
 
 def gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
     out = np.empty(tuple(idx.shape), np.float32)
-    nk.gather_dot(_i64(idx), _f32(G), _f32(W), None if val is None else _f32(val), out)
+    nk.gather_dot(_i64(idx), _f32(G), _rows(W), None if val is None else _f32(val), out)
     return torch.from_numpy(out).to(G.dtype)
 
 
@@ -117,7 +133,7 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     decode's gather-sum over W_enc^T rows and grad_W_enc^T the decode's bucketed row scatter of x, both
     with contiguous rows. Row-major W_enc: the tiled kernel (transposes 16-latent tiles in cache)."""
     _check_cpu(W_enc)
-    if W_enc.t().is_contiguous() and W_enc.dtype == torch.float32:
+    if W_enc.t().is_contiguous() and W_enc.dtype in (torch.float32, torch.bfloat16):
         grad_x = gather_sum(idx, g, W_enc.t(), None)
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
@@ -126,5 +142,15 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     return torch.from_numpy(grad_x), torch.from_numpy(grad_W)
 
 
-BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor)
+def project_rows(W: Tensor, G: Tensor) -> None:
+    """``reference.project_rows`` in one numba pass (float32, contiguous CPU tensors; the reference otherwise)."""
+    if W.dtype != torch.float32 or G.dtype != torch.float32 or not (W.is_contiguous() and G.is_contiguous()) or \
+            W.device.type != "cpu":
+        reference.project_rows(W, G)
+        return
+    nk.project_rows(W.detach().numpy(), G.detach().numpy())
+
+
+BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,
+                  reads_bf16=True)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

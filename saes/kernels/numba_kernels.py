@@ -1,7 +1,10 @@
 """CPU kernels in numba (``@njit(parallel=True, cache=True)``), imported only when the ``numba`` impl is used.
 
 Every kernel reads float32 numpy arrays (zero-copy views of contiguous CPU tensors) and writes into a
-preallocated output; ``numba_impl.py`` wraps them as a backend for the sparse autograd in ``sparse.py``.
+preallocated output; ``numba_impl.py`` wraps them as a backend for the sparse autograd in ``sparse.py``. The
+arrays read as rows (pre-activations, weight rows) may instead hold bfloat16 bit patterns (uint16 views of bf16
+tensors): each element is read as the float32 it is exactly (:func:`_at`), so a kernel computes the same float32
+sums on a bf16 tensor as on its float32 copy, reading half the bytes and making no copy.
 
 Shapes: idx / val [B, K] (int64 / float32), W rows [L, D], x [B, D], W_enc [D, L].
 """
@@ -10,9 +13,39 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 _OPTS = dict(parallel=True, cache=True, fastmath=True, nogil=True)
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is ``bits`` (uint32): a register move, no memory round trip."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+def _at(a, i):
+    """a[i] as float32: an element of a float32 array, or of a bf16 tensor viewed as uint16 (its bits, shifted into
+    the high half of a float32: the bf16 value exactly). Compiled per dtype (numba types the arrays apart)."""
+    return np.float32(a[i])
+
+
+@overload(_at, inline="always")
+def _at_typed(a, i):
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+        def from_bf16(a, i):
+            return _f32_from_bits(np.uint32(a[i]) << np.uint32(16))
+        return from_bf16
+
+    def plain(a, i):
+        return a[i]
+    return plain
 
 
 @njit(**_OPTS)
@@ -26,9 +59,9 @@ def gather_sum(idx, val, W, bias, out):
         for j in range(K):
             v = val[b, j]
             if v != 0.0:
-                r = idx[b, j]
+                w = W[idx[b, j]]
                 for d in range(D):
-                    out[b, d] += v * W[r, d]
+                    out[b, d] += v * _at(w, d)
 
 
 @njit(**_OPTS)
@@ -42,11 +75,29 @@ def gather_dot(idx, G, W, val, out):
             if val is not None and val[b, j] == 0.0:
                 out[b, j] = 0.0
                 continue
-            r = idx[b, j]
+            w = W[idx[b, j]]
             s = np.float32(0.0)
             for d in range(D):
-                s += G[b, d] * W[r, d]
+                s += G[b, d] * _at(w, d)
             out[b, j] = s
+
+
+@njit(**_OPTS)
+def project_rows(W, G):
+    """In place, every row r: G[r] -= (<G[r], W[r]> / max(|W[r]|^2, 1e-24)) W[r]: the decoder gradient without its
+    component along each row, in one pass over both (the dot and the norm together, then the update in cache)."""
+    L, D = W.shape
+    for r in prange(L):
+        w = W[r]
+        g = G[r]
+        dot = np.float32(0.0)
+        sq = np.float32(0.0)
+        for d in range(D):
+            dot += w[d] * g[d]
+            sq += w[d] * w[d]
+        c = dot / max(sq, np.float32(1e-24))
+        for d in range(D):
+            g[d] -= c * w[d]
 
 
 @njit(cache=True)
@@ -197,7 +248,7 @@ SCAN_BLOCK = 32  # columns tested at once (a vectorised count) before any scalar
 @njit(cache=True, nogil=True, inline="always")
 def _score(row, c, bias, scale):
     """(row[c] + bias[c]) * scale[c]; ``bias`` / ``scale`` None are compiled out (numba types None apart)."""
-    v = row[c]
+    v = _at(row, c)
     if bias is not None:
         v += bias[c]
     if scale is not None:
@@ -346,19 +397,19 @@ def row_above_floor(pre, bias, floor, cap, out_val, out_idx, count):
         while c0 + SCAN_BLOCK <= L:
             hits = 0
             for u in range(SCAN_BLOCK):
-                hits += row[c0 + u] + bias[c0 + u] > floor[c0 + u]
+                hits += _at(row, c0 + u) + bias[c0 + u] > floor[c0 + u]
             if hits > 0:
                 for u in range(SCAN_BLOCK):
-                    if row[c0 + u] + bias[c0 + u] > floor[c0 + u]:
+                    if _at(row, c0 + u) + bias[c0 + u] > floor[c0 + u]:
                         if n < cap:
-                            out_val[b, n] = row[c0 + u]
+                            out_val[b, n] = _at(row, c0 + u)
                             out_idx[b, n] = c0 + u
                         n += 1
             c0 += SCAN_BLOCK
         for c in range(c0, L):
-            if row[c] + bias[c] > floor[c]:
+            if _at(row, c) + bias[c] > floor[c]:
                 if n < cap:
-                    out_val[b, n] = row[c]
+                    out_val[b, n] = _at(row, c)
                     out_idx[b, n] = c
                 n += 1
         for j in range(min(n, cap), cap):

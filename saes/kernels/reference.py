@@ -51,16 +51,33 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tenso
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
-                  skip_zero_grads: bool = False) -> Tensor:
+                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec.
 
-    ``skip_zero_grads``: values exactly 0 get a zero gradient (see ``saes.kernels.sparse_decode``)."""
+    ``skip_zero_grads``: values exactly 0 get a zero gradient; ``rows_dtype``: W_dec's rows are read rounded to it,
+    its gradient is W_dec's (see ``saes.kernels.sparse_decode``)."""
+    if rows_dtype is not None:
+        W_dec = rounded_rows(W_dec, rows_dtype)
     if skip_zero_grads:
         values = torch.where(values != 0, values, values.detach())
     B = values.shape[0]
     L = W_dec.shape[0]
     dense = values.new_zeros(B, L).scatter_add(1, indices, values)
     return dense @ W_dec if b_dec is None else dense @ W_dec + b_dec
+
+
+@torch.no_grad()
+def project_rows(W: Tensor, G: Tensor) -> None:
+    """In place: G[r] -= (<G[r], W[r]> / |W[r]|^2) W[r] for every row r (|W[r]|^2 at least 1e-24), without [L, D]
+    temporaries."""
+    coef = torch.linalg.vecdot(W, G) / W.norm(dim=1).square().clamp_min(1e-24)
+    G.addcmul_(W, coef[:, None], value=-1)
+
+
+def rounded_rows(W: Tensor, dtype: torch.dtype) -> Tensor:
+    """W rounded to ``dtype`` (and back to W's) in value, W itself in gradient: a product with it reads the rounded
+    weights and hands their gradient to W unchanged (what the fast kernels do with a bf16 copy of the weights)."""
+    return W + (W.detach().to(dtype).to(W.dtype) - W.detach())
 
 
 def encode_topk(x: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -49,7 +49,7 @@ def select_rows(pre: Tensor, k: int, row_topk, bias: Tensor | None = None,
     """Per-row TopK of ReLU(pre + bias): values [B, k] (clamped at 0), indices [B, k]; ``floor`` is a
     hint of the rows' k-th largest score (``row_floor``)."""
     values, indices = row_topk(pre, k, None, bias, None, floor)
-    return Selection(values.clamp_min(0), indices, pre.new_zeros(()))
+    return Selection(values.clamp_min(0), indices, values.new_zeros(()))
 
 
 # the TopK floor hint is this quantile of the first chunk's k-th largest scores (a row below it is rescanned)
@@ -81,8 +81,9 @@ def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Te
 
 
 def _value_at(pre: Tensor, index: Tensor, bias: Tensor | None) -> Tensor:
+    """(pre + bias) at ``index``, in the wider dtype of the two (as the backends' scores)."""
     value = pre.gather(1, index)
-    return value if bias is None else value + bias.to(value.dtype)[index]
+    return value if bias is None else value.to(torch.promote_types(value.dtype, bias.dtype)) + bias[index]
 
 
 # the cutoff guessed from the first rows keeps about this many times k entries per row on average

@@ -7,7 +7,7 @@ an embedding-bag sum and its backward a gather-dot (values) and a scatter (W_dec
 ``pre`` is computed in row chunks on CPU and freed as soon as each chunk is selected; nothing saved for
 backward is [B, L].
 
-A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_backend()`` below is the
+A backend supplies the primitives (``torch``, ``numba``, ``triton``); ``torch_impl.torch_backend()`` is the
 portable one (index_add / embedding_bag), usable on any device.
 
 Shapes: x [B, D], W_enc [D, L], b_enc [L], W_dec [L, D], b_dec [D], idx / val [B, K].
@@ -18,14 +18,11 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from .copies import rounded
 from .select import (Selection, above_candidates, batch_cutoff, batch_from_candidates, join_candidates,
                      n_candidates, row_candidates, row_floor, select_batch, select_rows)
-
-# rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
-_CHUNK_ROWS = 1024
 
 
 class Backend(NamedTuple):
@@ -54,109 +51,76 @@ class Backend(NamedTuple):
     row the columns with pre + bias > floor in column order, the first cap of them (0-padded), and how many
     there are. When present, ``encode_above`` tests each chunk in one pass instead of a compare and a nonzero,
     and takes the values from it instead of gathering them again."""
-
-
-# ---------------------------------------------------------------- the portable (torch) backend
-
-
-def torch_row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = None,
-                    scale: Tensor | None = None, floor: float = float("-inf")) -> tuple[Tensor, Tensor]:
-    score = pre if cols is None else pre.index_select(1, cols)
-    if bias is not None:
-        score = score + (bias if cols is None else bias[cols]).to(score.dtype)
-    if scale is not None:
-        score = score * (scale if cols is None else scale[cols]).to(score.dtype)
-    values, pos = score.topk(k, dim=1, sorted=False)
-    return values, (pos if cols is None else cols[pos])
-
-
-def _torch_gather_sum(idx: Tensor, val: Tensor, W: Tensor, bias: Tensor | None) -> Tensor:
-    out = F.embedding_bag(idx, W, per_sample_weights=val.to(W.dtype), mode="sum")
-    return out if bias is None else out + bias
-
-
-def _torch_gather_dot(idx: Tensor, G: Tensor, W: Tensor, val: Tensor | None = None) -> Tensor:
-    out = G.new_empty(idx.shape)
-    for s in range(0, idx.shape[0], _CHUNK_ROWS):
-        rows = W[idx[s : s + _CHUNK_ROWS]]  # [c, K, D]
-        out[s : s + _CHUNK_ROWS] = torch.bmm(rows, G[s : s + _CHUNK_ROWS, :, None].to(W.dtype))[..., 0].to(G.dtype)
-    return out if val is None else out.masked_fill_(val == 0, 0)
-
-
-def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
-    out = A.new_zeros(L, A.shape[1])
-    for s in range(0, idx.shape[0], _CHUNK_ROWS):
-        i, v, a = idx[s : s + _CHUNK_ROWS], val[s : s + _CHUNK_ROWS], A[s : s + _CHUNK_ROWS]
-        contrib = (v.to(A.dtype)[:, :, None] * a[:, None, :]).reshape(-1, A.shape[1])
-        out.index_add_(0, i.reshape(-1), contrib)
-        del contrib
-    return out
-
-
-def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    """grad_x by embedding_bag over W_enc^T rows, grad_W_enc^T by index_add; grad_W_enc comes back in
-    W_enc's layout (no copies for latent-major storage, SparseCoder's)."""
-    latent_major = W_enc.t().is_contiguous()
-    grad_x = _torch_gather_sum(idx, g, W_enc.t() if latent_major else W_enc.t().contiguous(), None)
-    grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t()
-    return grad_x, grad_W if latent_major else grad_W.contiguous()
-
-
-def torch_backend() -> Backend:
-    """The portable backend: embedding_bag / index_add / bmm in chunks; any device, any float dtype."""
-    return Backend(torch_row_topk, _torch_gather_sum, _torch_gather_dot, _torch_scatter_rows, _torch_encoder_backward)
+    reads_bf16: bool = False
+    """Whether the row primitives take bf16 pre-activations as they are (each element the float32 it is exactly,
+    scores in the bias's float32): the bf16 encoder matmul's chunks are then selected without a float32 copy."""
 
 
 # ---------------------------------------------------------------- autograd
 
 
+def rows_read(W: Tensor, rows_dtype: torch.dtype | None, backend: Backend) -> Tensor:
+    """The weights a gather reads: ``W`` itself (``rows_dtype`` None), else W rounded to ``rows_dtype`` (the cached
+    copy of ``copies.rounded``): as it is for a backend that reads bf16 rows, else as W's dtype (same values)."""
+    if rows_dtype is None or rows_dtype == W.dtype:
+        return W
+    low = rounded(W, rows_dtype)
+    return low if backend.reads_bf16 and rows_dtype == torch.bfloat16 else low.to(W.dtype)
+
+
 class _SparseDecode(torch.autograd.Function):
+    """x_hat = b_dec + the code's rows of ``W_rows`` (W_dec, or W_dec rounded: ``rows_read``); the gradient of
+    W_dec is the scatter of the code's values, which does not read the weights."""
+
     @staticmethod
-    def forward(ctx, values, indices, W_dec, b_dec, backend, skip_zero_grads):
+    def forward(ctx, values, indices, W_dec, b_dec, backend, skip_zero_grads, W_rows):
         ctx.backend = backend
         ctx.skip_zero_grads = skip_zero_grads
         ctx.has_bias = b_dec is not None
-        ctx.save_for_backward(values, indices, W_dec)
-        return backend.gather_sum(indices, values, W_dec, b_dec)
+        ctx.W_dtype = W_dec.dtype
+        ctx.save_for_backward(values, indices, W_rows)
+        return backend.gather_sum(indices, values, W_rows, b_dec).to(W_dec.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        values, indices, W_dec = ctx.saved_tensors
+        values, indices, W_rows = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         grad_v = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
             skip = values if ctx.skip_zero_grads else None
-            grad_v = ctx.backend.gather_dot(indices, grad_out, W_dec, skip).to(values.dtype)
+            grad_v = ctx.backend.gather_dot(indices, grad_out, W_rows, skip).to(values.dtype)
         if ctx.needs_input_grad[2]:
-            grad_W = ctx.backend.scatter_rows(indices, values, grad_out, W_dec.shape[0]).to(W_dec.dtype)
+            grad_W = ctx.backend.scatter_rows(indices, values, grad_out, W_rows.shape[0]).to(ctx.W_dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_b = grad_out.sum(0)
-        return grad_v, None, grad_W, grad_b, None, None
+        return grad_v, None, grad_W, grad_b, None, None, None
 
 
 class _SparseEncoderGrad(torch.autograd.Function):
-    """Identity on the selected values in forward; the sparse encoder backward in backward."""
+    """Identity on the selected values in forward; the sparse encoder backward in backward, its grad_x from the rows
+    of ``W_rows`` (W_enc, or W_enc rounded: ``rows_read``; grad_W_enc does not read the weights)."""
 
     @staticmethod
-    def forward(ctx, x, W_enc, b_enc, indices, values, backend):
+    def forward(ctx, x, W_enc, b_enc, indices, values, backend, W_rows):
         ctx.backend = backend
         ctx.L = W_enc.shape[1]
-        ctx.save_for_backward(x, W_enc, indices, values > 0)
+        ctx.W_dtype = W_enc.dtype
+        ctx.save_for_backward(x, W_rows, indices, values > 0)
         return values.clone()
 
     @staticmethod
     def backward(ctx, grad_values):
-        x, W_enc, indices, alive = ctx.saved_tensors
+        x, W_rows, indices, alive = ctx.saved_tensors
         g = (grad_values * alive).contiguous()
         grad_x = grad_W = grad_b = None
         if ctx.needs_input_grad[2]:
             grad_b = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
-            grad_b = grad_b.to(W_enc.dtype)
+            grad_b = grad_b.to(ctx.W_dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_enc)
+            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows)
             grad_x = grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None
-            grad_W = grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_W, grad_b, None, None, None
+            grad_W = grad_W.to(ctx.W_dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_W, grad_b, None, None, None, None
 
 
 class _SparseGather(torch.autograd.Function):
@@ -185,10 +149,12 @@ def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend) -> T
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend,
-                  skip_zero_grads: bool = False) -> Tensor:
+                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward;
-    ``skip_zero_grads``: zero values get gradient 0 (``saes.kernels.sparse_decode``)."""
-    return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend, skip_zero_grads)
+    ``skip_zero_grads``: zero values get gradient 0; ``rows_dtype``: the rows read rounded to it
+    (``saes.kernels.sparse_decode``)."""
+    return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend, skip_zero_grads,
+                               rows_read(W_dec, rows_dtype, backend))
 
 
 class Encoded(NamedTuple):
@@ -229,7 +195,8 @@ def encode(
 
     ``mm_dtype`` (bf16, fp16): the matmul runs in that dtype and only chooses the entries; the kept values are
     recomputed in x's dtype (:func:`_exact_values`), so the selection reads rounded scores while the values, the
-    loss and every gradient stay float32 (the backend sees float32 only; ``TrainConfig.precision``)."""
+    loss and the weights' gradients stay float32 (``TrainConfig.precision``). The matmul reads the cached rounded
+    copy of W_enc (``copies.rounded``: made once per update) and, with bf16, so does grad_x (``rows_read``)."""
     B, L = x.shape[0], W_enc.shape[1]
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
@@ -242,15 +209,16 @@ def encode(
     main, aux = [], []
     tau, floor = 0.0, float("-inf")
     low = mm_dtype is not None and mm_dtype != x.dtype
+    direct = low and cpu and mm_dtype == torch.bfloat16 and backend.reads_bf16  # select the bf16 chunk itself
     with torch.no_grad():
-        x_mm, W_mm = (x.to(mm_dtype), W_enc.to(mm_dtype)) if low else (x, W_enc)
-        buf = x.new_empty(min(step, B), L) if cpu else None
+        x_mm, W_mm = (x.to(mm_dtype), rounded(W_enc, mm_dtype)) if low else (x, W_enc)
+        buf = x.new_empty(min(step, B), L) if cpu and not direct else None
         buf_mm = x_mm.new_empty(min(step, B), L) if cpu and low else buf
         for s in range(0, B, step):
             xs = x_mm[s : s + step]
             if cpu:  # into one reused chunk buffer; the selection adds b_enc (addmm would copy it in first)
                 pre, bias = torch.mm(xs, W_mm, out=buf_mm[: xs.shape[0]]), b_enc
-                pre = buf[: xs.shape[0]].copy_(pre) if low else pre
+                pre = buf[: xs.shape[0]].copy_(pre) if low and not direct else pre
             else:
                 pre, bias = torch.addmm(b_enc.to(W_mm.dtype), xs, W_mm).to(x.dtype), None
             if batch and k and main and backend.row_above is not None:
@@ -280,7 +248,8 @@ def encode(
             vals = _exact_values(x, W_enc, b_enc, idx, vals, backend)
             kept = vals[:, :K][vals[:, :K] > 0]
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
-    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend)
+    W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
+    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
@@ -423,8 +392,8 @@ def make_ops(backend: Backend):
     def _batch_topk(acts, k, scale=None):
         return batch_topk(acts, k, scale, backend)
 
-    def _sparse_decode(values, indices, W_dec, b_dec, skip_zero_grads=False):
-        return sparse_decode(values, indices, W_dec, b_dec, backend, skip_zero_grads)
+    def _sparse_decode(values, indices, W_dec, b_dec, skip_zero_grads=False, rows_dtype=None):
+        return sparse_decode(values, indices, W_dec, b_dec, backend, skip_zero_grads, rows_dtype)
 
     def _encode_aux(x, W_enc, b_enc, dead, k_aux):
         enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux, dense_aux_ok=False)

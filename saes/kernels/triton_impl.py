@@ -21,7 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .sparse import Backend, torch_row_topk, make_ops
+from .reference import project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
+from .sparse import Backend, make_ops
+from .torch_impl import torch_row_topk
 
 BLOCK_D = 128
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -74,18 +74,19 @@ def sparse_train_forward(model: "SparseCoder", x: Tensor, inputs: StepInputs, *,
 
 def decode_train_code(model: "SparseCoder", c: "TrainCode", inputs: StepInputs, *, tie_break: bool) -> TrainOutput:
     """The sparse decode of a training code ``c``; ``tie_break``: with :func:`add_code_l1`'s penalty."""
-    x_hat = sharded_decode(model, c.values, c.indices, inputs.comm)
+    rows = inputs.matmul_dtype if inputs.matmul_dtype == torch.bfloat16 else None  # a bf16 step reads bf16 rows
+    x_hat = sharded_decode(model, c.values, c.indices, inputs.comm, rows_dtype=rows)
     penalty = add_code_l1(None, c.values, inputs) if tie_break else None
     return TrainOutput(x_hat, c.fired, c.l0, penalty, c.smallest, c.aux)
 
 
 def sharded_decode(model: "SparseCoder", values: Tensor, indices: Tensor, comm: Comm,
-                   skip_zero_grads: bool = True) -> Tensor:
+                   skip_zero_grads: bool = True, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B_r, F] = b_dec + the code values/indices [B_r, K] (this shard's latents) decoded
-    (``kernels.sparse_decode``): each latent shard decodes its own entries and the partial reconstructions are
-    summed over the shards (differentiable)."""
+    (``kernels.sparse_decode``, its rows read rounded to ``rows_dtype`` when given): each latent shard decodes its
+    own entries and the partial reconstructions are summed over the shards (differentiable)."""
     part = kernels.sparse_decode(values, indices, model.W_dec, shard_bias(model.b_dec, comm), impl=model.kernel_impl,
-                                 skip_zero_grads=skip_zero_grads)
+                                 skip_zero_grads=skip_zero_grads, rows_dtype=rows_dtype)
     return shard_sum(part, comm)
 
 
