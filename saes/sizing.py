@@ -13,7 +13,9 @@ dtype's size, 4 or 8 with ``precision float64``):
 
 - ``weights``: every parameter and buffer, the latent axis split over N;
 - ``gradients``: one per parameter; ``adam``: two moments per parameter (float32, or float64);
-- ``matmul copy``: with ``precision`` bf16 / fp16, the encoder cast to that dtype for the step's matmul;
+- ``matmul copy``: with ``precision`` bf16 / fp16, the encoder cast to that dtype for the step's matmul; in bf16 also
+  the decoder rows the sparse decode reads (``saes.kernels.copies``: a bf16 copy on a CPU, the rounded rows in
+  float32 on a GPU; not for a CLT, whose blocks are read in float32);
 - ``pre-activations``: ``[rows, L/N]`` encoder scores in the matmul's dtype; ``rows`` is ``B_r`` on a GPU (one
   matmul), at most :data:`saes.kernels.sparse.ROW_CHUNK` rows on a CPU (row chunks, each selected and freed);
 - ``step tensors``: the batch, its reconstruction, the error and its gradient (``4 B_r W w``, W the batch's width);
@@ -194,6 +196,8 @@ def plan_memory(cfg: PlanConfig) -> MemoryPlan:
     row_width = cfg.d_model * cfg.sources * (2 if spec.sources == "pair" else 1)
     out_width = cfg.d_model * cfg.sources
     matmul_copy = 0 if mm is None else d_enc * L_r * mbytes
+    if mm == torch.bfloat16 and not spec.layered:  # the decode's rounded rows (saes.kernels.copies)
+        matmul_copy += L_r * out_width * (mbytes if cfg.device == "cpu" else 4)
     rows = per_rank if cfg.device == "cuda" else min(per_rank, ROW_CHUNK)
     pre = rows * L_r * mbytes
     step = per_rank * row_width * wbytes + 3 * per_rank * out_width * wbytes

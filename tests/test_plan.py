@@ -60,7 +60,10 @@ def test_precision_moves_what_it_touches():
     assert cd.plan(d_model=64, latents=1024).config.precision == "bf16"  # auto on a GPU
     assert cd.plan(kind="spade", d_model=64, latents=1024).config.precision == "float32"  # a float32-only kind
     f64 = cd.plan(d_model=64, latents=1024, precision="float64")
-    assert bf16.matmul_copy == 64 * 1024 * 2 and base.matmul_copy == 0
+    # the encoder's bf16 copy, and the decoder's rounded rows: float32 on a GPU (bf16 on a CPU)
+    assert bf16.matmul_copy == 64 * 1024 * 2 + 1024 * 64 * 4 and base.matmul_copy == 0
+    cpu = cd.plan(d_model=64, latents=1024, precision="bf16", device="cpu")
+    assert cpu.matmul_copy == 64 * 1024 * 2 + 1024 * 64 * 2
     assert bf16.pre_activations * 2 == base.pre_activations
     assert f64.weights == 2 * base.weights and f64.adam == 2 * base.adam
 
