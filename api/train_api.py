@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypedDict, overload
+from typing import Any, Literal, Mapping, Sequence, TypedDict, overload
 
 from typing_extensions import Unpack
 
@@ -169,6 +169,21 @@ def _one_or_many(trained: list[tuple[str, Path, SparseCoder]]) -> SparseCoder | 
     if len(trained) == 1 and trained[0][0] == "":
         return trained[0][2]
     return Sweep(trained)
+
+
+@overload
+def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
+         sae_id: str | None = None, lazy: Literal[False] = False) -> SparseCoder: ...
+
+
+@overload
+def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
+         sae_id: str | None = None, lazy: Literal[True]) -> LazyDictionary: ...
+
+
+@overload
+def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
+         sae_id: str | None = None, lazy: bool = False) -> SparseCoder | LazyDictionary: ...
 
 
 def load(source: str | Path | None = None, device: str = "cpu", *, release: str | None = None,
