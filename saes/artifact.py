@@ -280,6 +280,7 @@ def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
     index = read_index(directory)
     files, axes = list(index["files"]), dict(index["latent_axis"])
     groups, extents = dict(index.get("latent_groups", {})), dict(index.get("latent_extent", {}))
+    total = int(index["n_latents"])
     joined: dict[str, torch.Tensor] = {}
     offset = 0
     for i, name in enumerate(files):
@@ -290,19 +291,19 @@ def read_weights(directory: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
             if axis is None:
                 joined.setdefault(key, t)
                 continue
-            extent = int(extents.get(key, index["n_latents"]))  # a CLT's W_enc [S, D, L/S]: one layer's latents
+            extent = int(extents.get(key, total))  # a CLT's W_enc [S, D, L/S]: one layer's latents
             if key not in joined:
                 shape = list(t.shape)
                 shape[axis] = extent
                 joined[key] = t.new_empty(shape)
-            if t.shape[axis] != n * extent // int(index["n_latents"]):
+            if t.shape[axis] != n * extent // total:
                 raise FormatError(f"{directory / name}: tensor {key} holds {t.shape[axis]} entries along axis {axis} "
-                                  f"but {INDEX_FILE} says {n * extent // int(index['n_latents'])}; the files do not "
-                                  f"belong together, save the dictionary again")
-            place(joined[key], t, axis, int(groups.get(key, 1)), offset * extent // int(index["n_latents"]))
+                                  f"but {INDEX_FILE} says {n * extent // total}; the files do not belong together, "
+                                  f"save the dictionary again")
+            place(joined[key], t, axis, int(groups.get(key, 1)), offset * extent // total)
         offset += n
         del part
-    if offset != int(index["n_latents"]):
+    if offset != total:
         raise FormatError(f"{index_path}: its files hold {offset} latents but it says n_latents={index['n_latents']}; "
                           f"the index is damaged, save the dictionary again")
     return index_path, joined

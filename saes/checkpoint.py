@@ -15,7 +15,6 @@ from .adam import Adam
 from .config import Resolved, TrainConfig
 from .files import read_checkpoint, write_atomic
 from .flat import flat_train_fields, to_flat
-from .latents import latent_groups
 from .model import SparseCoder
 from .stopping import StopState
 
@@ -159,8 +158,8 @@ def latent_axes(model: SparseCoder) -> dict[str, dict]:
 def latent_groups_of(model: SparseCoder) -> dict[str, dict]:
     """The groups along each entry's latent axis (saes.latents: a CLT's layers), named as :func:`latent_axes`."""
     names = [name for name, _ in model.named_parameters()]
-    return {"model": {k: latent_groups(model, k) for k in model.state_dict()},
-            "optimizer": {i: latent_groups(model, n) for i, n in enumerate(names)}}
+    return {"model": {k: latents.latent_groups(model, k) for k in model.state_dict()},
+            "optimizer": {i: latents.latent_groups(model, n) for i, n in enumerate(names)}}
 
 
 FORMER_DEFAULTS = {"precision": "float32"}

@@ -206,8 +206,9 @@ class SparseCoder(nn.Module):
             for s, e in _draw_blocks(L * shard[1], width):  # the whole draw, a block of rows at a time; keep ours
                 block = torch.randn((e - s, width), generator=generator, dtype=torch.float32)
                 for lo, hi, at in ours:
-                    if max(s, lo) < min(e, hi):
-                        w[at + max(s, lo) - lo: at + min(e, hi) - lo] = block[max(s, lo) - s: min(e, hi) - s]
+                    a, b = max(s, lo), min(e, hi)
+                    if a < b:
+                        w[at + a - lo: at + b - lo] = block[a - s: b - s]
             w /= w.norm(dim=1, keepdim=True).clamp_min(1e-12)
             self.assign_decoder(w * (0 if self.spec.transcodes else 1))
             if self.spec.layered:  # each latent's encoder: its row's block of its own layer, at unit norm
