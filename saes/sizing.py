@@ -92,7 +92,8 @@ class PlanConfig:
     store_rows: int | None = field(default=None, metadata=_help(
         "Rows of the store the run reads (None: at least the mixing buffer's)."))
     store_bytes: int = field(default=4, metadata=_help(
-        "Bytes per value in the store (4 float32, 2 bf16/float16); a GPU run's fills keep them, a CPU run's are float32."))
+        "Bytes per value in the store (4 float32, 2 bf16/float16); a GPU run's fills keep them, a CPU run's are "
+        "float32."))
     buffer_rows: int = field(default=65536, metadata={"min": 1, **_help("Rows in the training stream's mixing "
                                                                          "buffer (as train --buffer-rows).")})
     heldout_batches: int = field(default=1, metadata={"min": 0, **_help(

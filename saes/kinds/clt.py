@@ -28,8 +28,9 @@ to the outputs of layers l..S-1: :func:`decoder_blocks`); the entries to earlier
 are neither stored nor stepped by Adam. ``model.W_dec`` is the whole [L, S*D] made from the blocks on each read
 (zeros below), and ``state_dict()`` / files / checkpoints keep that whole layout (hooks convert on save and load),
 so every reader and every saved artifact is unchanged. With ``W_enc`` [D, L], Adam's two moments and the gradient,
-a CLT holds 4 (D L (S + 1) / 2 + D L) floats: S = 26 layers, D = 2304, P = 16384 per layer plans at 223 GiB on one
-device with the step's buffers (``conceptdict plan --kind clt``), against 406 GiB with the whole decoder.
+a CLT holds 4 (D L (S + 1) / 2 + D L) floats: S = 26 layers, D = 2304, P = 16384 per layer plans at 217 GiB in
+float32 on one device with the step's buffers (``conceptdict plan --kind clt``), against 400 GiB with the whole
+decoder.
 """
 
 from __future__ import annotations
