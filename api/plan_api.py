@@ -18,8 +18,8 @@ def plan(
     store_rows: int | None = None, store_bytes: int = 4, buffer_rows: int = 65536, heldout_batches: int = 1,
 ) -> MemoryPlan:
     """What one rank of a training run holds (weights, gradients, Adam state, the step's and the data's buffers,
-    the peak), counted on the dictionary itself built without memory; with ``device_gib`` the smallest
-    ``latent_shards`` that fits one device with 10% spare (``MemoryPlan.fits``).
+    the allocator's slack, the peak), counted on the dictionary itself built without memory; with ``device_gib`` the
+    smallest ``latent_shards`` that fits one device with 10% spare (``MemoryPlan.fits``).
 
     >>> cd.plan(kind="clt", d_model=2304, latents=26 * 16384, sources=26, device_gib=80).fits
     """

@@ -14,8 +14,9 @@ Reported per N:
   0 (the default) saves one file per shard, so no process ever holds the whole dictionary; a large value gathers
   it onto rank 0, which writes one ``weights.safetensors``;
 - ``plan MiB/rank``: what ``conceptdict plan`` (``cd.plan``, saes/sizing.py) predicts for the same run before it
-  starts (weights, gradients, Adam, the CPU step's row-chunk scores and tensors, the stream's mixing buffer and the
-  held-out batches), and ``train / plan``, the measured training peak over it (1.00: the plan is exact);
+  starts (weights, gradients, Adam, the CPU step's row-chunk scores, a CLT's one layer's, and tensors, a CLT's layer
+  gradient, the stream's three buffer fills, the held-out batches and the allocator's slack), and ``train / plan``,
+  the measured training peak over it (1.00: the plan is exact);
 - memory is read from ``/proc/self/status``: the resident memory (VmRSS) before ``train()`` is the base, and the
   peak (VmHWM) is reset there (``/proc/self/clear_refs``), so what an earlier, freed allocation (the kernels'
   warm-up run) reached does not hide this run's peak;

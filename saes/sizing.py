@@ -17,12 +17,24 @@ dtype's size, 4 or 8 with ``precision float64``):
   the decoder rows the sparse decode reads (``saes.kernels.copies``: a bf16 copy on a CPU, the rounded rows in
   float32 on a GPU; not for a CLT, whose blocks are read in float32);
 - ``pre-activations``: ``[rows, L/N]`` encoder scores in the matmul's dtype; ``rows`` is ``B_r`` on a GPU (one
-  matmul), at most :data:`saes.kernels.sparse.ROW_CHUNK` rows on a CPU (row chunks, each selected and freed);
+  matmul), at most :data:`saes.kernels.sparse.ROW_CHUNK` rows on a CPU (row chunks, each selected and freed). A
+  cross-layer transcoder encodes one layer at a time: ``[rows, L/(N S)]``;
+- ``layer gradient`` (a cross-layer transcoder): one layer's encoder gradient ``[D, L/(N S)]``, made by
+  the kernel before it is added into W_enc's (``saes.kinds.clt.layer_encoder_weights``); the CPU kernel keeps that
+  buffer for the next step;
 - ``step tensors``: the batch, its reconstruction, the error and its gradient (``4 B_r W w``, W the batch's width);
-- ``data``: the stream's mixing buffer (``min(buffer_rows, store_rows)`` rows of the store's row width at the
-  store's dtype, and as much again read ahead by the background thread) plus the held-out batches, whole.
+- ``data``: the stream's buffer fills of ``min(buffer_rows, store_rows) / data_ranks`` rows (each rank gathers its
+  rows of every batch) at the row width, float32 on a CPU (converted while gathering), the store's dtype on a GPU.
+  :data:`STREAM_FILLS` of them are held at once: the fill the loop reads, the one waiting in the read-ahead queue,
+  and the one the reader thread has gathered and holds until the queue has room. Plus the held-out batches, whole;
+- ``allocator`` (host memory: a CPU run's peak, a GPU run's host): :data:`ALLOCATOR_SLACK`, freed memory glibc's
+  malloc keeps. Once the process frees a block that malloc had mapped apart (the step's and the stream's buffers
+  are), malloc raises its mmap threshold to that block's size, at most 32 MiB, and its trim threshold to twice
+  that: blocks below it come from the heap, and up to 64 MiB freed at the heap's top stay resident. Measured on a
+  4-shard CLT (bench/sharding.py): 67 MiB per rank less with ``MALLOC_MMAP_THRESHOLD_=33554432``, which fixes both
+  thresholds (the trim threshold at its 128 KiB default).
 
-What it leaves out, and why it is an estimate: allocator caches and fragmentation, the kernels' small work
+What it leaves out, and why it is an estimate: fragmentation inside the heap, the kernels' small work
 buffers, the CUDA context (~0.5 GiB per process on a GPU), the model and tokenizer of a run that reads a model
 live, and the end of the run (calibration, evaluation and saving need no more than training:
 ``docs/guide/distributed.md#sizing``). ``bench/sharding.py`` prints this plan beside measured peaks.
@@ -44,6 +56,12 @@ GIB = 2 ** 30
 SPARE = 0.10
 """Share of a device's memory a plan leaves free when it picks the smallest shard count that fits."""
 MAX_SHARDS = 4096
+ALLOCATOR_SLACK = 2 * 32 * 2 ** 20
+"""Freed host memory glibc's malloc keeps resident: its dynamic trim threshold, twice the mmap threshold (at most 32
+MiB on 64-bit Linux) it rises to once a mapped block is freed (the module's docstring: ``allocator``)."""
+STREAM_FILLS = 3
+"""Buffer fills the training stream holds at once with its read-ahead of one (``activations.stream_batches(
+prefetch=1)``, what ``train`` reads): the fill being read, one in the queue, one gathered and waiting for room."""
 
 
 def _help(text: str) -> dict[str, str]:
@@ -73,7 +91,9 @@ class PlanConfig:
         "Memory of one device in GiB: the plan also gives the smallest --latent-shards that fits it (10% spare)."))
     store_rows: int | None = field(default=None, metadata=_help(
         "Rows of the store the run reads (None: at least the mixing buffer's)."))
-    store_bytes: int = field(default=4, metadata=_help("Bytes per value in the store (4 float32, 2 bf16/float16)."))
+    store_bytes: int = field(default=4, metadata=_help(
+        "Bytes per value in the store (4 float32, 2 bf16/float16); a GPU run's fills keep them, a CPU run's are "
+        "float32."))
     buffer_rows: int = field(default=65536, metadata={"min": 1, **_help("Rows in the training stream's mixing "
                                                                          "buffer (as train --buffer-rows).")})
     heldout_batches: int = field(default=1, metadata={"min": 0, **_help(
@@ -104,8 +124,11 @@ class MemoryPlan:
     adam: int
     matmul_copy: int
     pre_activations: int
+    layer_gradient: int
     step_tensors: int
     data: int
+    allocator: int
+    """Freed host memory the C allocator keeps (:data:`ALLOCATOR_SLACK`): in the peak on a CPU, in ``host`` on a GPU."""
     parameters: int
     """Parameters of the whole dictionary (all shards), a count."""
     shardable: bool
@@ -120,14 +143,14 @@ class MemoryPlan:
         """The training peak of one rank's device: every part on a CPU; on a GPU every part but ``data``, which the
         stream holds in host memory (:attr:`host`)."""
         on_device = (self.weights + self.gradients + self.adam + self.matmul_copy + self.pre_activations
-                     + self.step_tensors)
-        return on_device + (self.data if self.config.device == "cpu" else 0)
+                     + self.layer_gradient + self.step_tensors)
+        return on_device + (self.data + self.allocator if self.config.device == "cpu" else 0)
 
     @property
     def host(self) -> int:
-        """Host memory of one rank's data path on a GPU run (the mixing buffer and held-out batches; 0 on a CPU, where
-        :attr:`peak` counts them)."""
-        return self.data if self.config.device == "cuda" else 0
+        """Host memory of one rank's data path on a GPU run (the stream's fills, the held-out batches and the
+        allocator's slack; 0 on a CPU, where :attr:`peak` counts them)."""
+        return self.data + self.allocator if self.config.device == "cuda" else 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "config"}
@@ -141,9 +164,9 @@ class MemoryPlan:
                 f"{c.precision}, batch {c.batch_size} on {c.device}")
         parts = [("weights", self.weights), ("gradients", self.gradients), ("adam", self.adam),
                  ("matmul copy", self.matmul_copy), ("pre-activations", self.pre_activations),
-                 ("step tensors", self.step_tensors)]
-        parts += [("data", self.data), ("peak per rank", self.peak)] if c.device == "cpu" else [
-            ("peak per device", self.peak), ("host: data", self.host)]
+                 ("layer gradient", self.layer_gradient), ("step tensors", self.step_tensors)]
+        parts += [("data", self.data), ("allocator", self.allocator), ("peak per rank", self.peak)] \
+            if c.device == "cpu" else [("peak per device", self.peak), ("host memory", self.host)]
         lines = [head] + [f"  {name:<16} {_gib(b)}" for name, b in parts if b or name.startswith("peak")]
         if not self.shardable and c.latent_shards > 1:
             lines.append(f"  note: kind {c.kind!r} does not train with --latent-shards yet; these are the figures it "
@@ -199,11 +222,16 @@ def plan_memory(cfg: PlanConfig) -> MemoryPlan:
     if mm == torch.bfloat16 and not spec.layered:  # the decode's rounded rows (saes.kernels.copies)
         matmul_copy += L_r * out_width * (mbytes if cfg.device == "cpu" else 4)
     rows = per_rank if cfg.device == "cuda" else min(per_rank, ROW_CHUNK)
-    pre = rows * L_r * mbytes
+    encoded = L_r // cfg.sources if spec.layered else L_r  # the latents one encoder matmul scores
+    pre = rows * encoded * mbytes
+    layer_gradient = cfg.d_model * encoded * wbytes if spec.layered else 0
     step = per_rank * row_width * wbytes + 3 * per_rank * out_width * wbytes
-    buffer = min(cfg.buffer_rows, cfg.store_rows or cfg.buffer_rows)
-    data = 2 * buffer * row_width * cfg.store_bytes + cfg.heldout_batches * cfg.batch_size * row_width * wbytes
-    plan = MemoryPlan(cfg, held, trained, 2 * trained, matmul_copy, pre, step, data, count, spec.shardable)
+    fill = min(cfg.buffer_rows, cfg.store_rows or cfg.buffer_rows) // cfg.data_ranks
+    fill_bytes = 4 if cfg.device == "cpu" else cfg.store_bytes
+    data = (STREAM_FILLS * fill * row_width * fill_bytes
+            + cfg.heldout_batches * cfg.batch_size * row_width * wbytes)
+    plan = MemoryPlan(cfg, held, trained, 2 * trained, matmul_copy, pre, layer_gradient, step, data,
+                      ALLOCATOR_SLACK, count, spec.shardable)
     if cfg.device_gib is None:
         return plan
     return replace(plan, fits=_fits(cfg))

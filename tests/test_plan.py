@@ -71,7 +71,7 @@ def test_precision_moves_what_it_touches():
 def test_a_gpu_keeps_the_data_path_in_host_memory_and_a_cpu_chunks_its_scores():
     gpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096, precision="float32")
     cpu = cd.plan(d_model=64, latents=1 << 16, batch_size=4096, device="cpu", precision="float32")
-    assert gpu.host == gpu.data > 0 and cpu.host == 0
+    assert gpu.host == gpu.data + gpu.allocator and gpu.data > 0 and cpu.host == 0
     assert cpu.peak - cpu.data < gpu.peak  # a CPU selects row chunks, a GPU the whole batch's scores
     assert gpu.pre_activations == 4096 * (1 << 16) * 4
 

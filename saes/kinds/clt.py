@@ -28,12 +28,15 @@ to the outputs of layers l..S-1: :func:`decoder_blocks`); the entries to earlier
 are neither stored nor stepped by Adam. ``model.W_dec`` is the whole [L, S*D] made from the blocks on each read
 (zeros below), and ``state_dict()`` / files / checkpoints keep that whole layout (hooks convert on save and load),
 so every reader and every saved artifact is unchanged. With ``W_enc`` [D, L], Adam's two moments and the gradient,
-a CLT holds 4 (D L (S + 1) / 2 + D L) floats: S = 26 layers, D = 2304, P = 16384 per layer plans at 223 GiB on one
-device with the step's buffers (``conceptdict plan --kind clt``), against 406 GiB with the whole decoder.
+a CLT holds 4 (D L (S + 1) / 2 + D L) floats: S = 26 layers, D = 2304, P = 16384 per layer plans at 217 GiB in
+float32 on one device with the step's buffers (``conceptdict plan --kind clt``), against 400 GiB with the whole
+decoder.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -180,14 +183,60 @@ def layered_decode(model: SparseCoder, values: list[Tensor], indices: list[Tenso
     return shard_sum(out + shard_bias(model.b_dec, comm), comm)
 
 
+_ALIASES: dict[int, tuple[weakref.ref, Tensor]] = {}
+"""id(W_enc) -> (a reference to it, a detached alias of it: same storage and version counter), kept so that the
+layers' encoder columns have one base from step to step (``kernels.copies.rounded`` caches the bf16 copy by its
+base); an entry goes when its W_enc does."""
+
+
+def _alias(W: Tensor) -> Tensor:
+    hit = _ALIASES.get(id(W))
+    if hit is not None and hit[0]() is W and hit[1].data_ptr() == W.data_ptr() and hit[1].stride() == W.stride() \
+            and hit[1].shape == W.shape:
+        return hit[1]
+    if hit is None or hit[0]() is not W:
+        weakref.finalize(W, _ALIASES.pop, id(W), None)
+    _ALIASES[id(W)] = (weakref.ref(W), W.detach())
+    return _ALIASES[id(W)][1]
+
+
+def layer_encoder_weights(model: SparseCoder) -> list[Tensor]:
+    """Each layer's encoder columns ``W_enc[:, lat]`` [D, P] for a training step, their gradients written into ONE
+    ``W_enc.grad``.
+
+    Slicing the parameter (``model.W_enc[:, lat]``) would let autograd make each layer's gradient [D, P], widen it to a
+    zero-padded [D, L], add the layers' and copy the sum into W_enc's layout: three transient gradients of the whole
+    encoder's size on top of the layers' own. Here each layer's columns are a leaf (a view of W_enc's storage), and as
+    soon as a layer's gradient is made it is added into its columns of ``W_enc.grad`` (allocated at zero by the first
+    layer, in W_enc's layout) and dropped, so the kernel's buffer serves the next layer: the backward holds W_enc's
+    gradient plus one layer's. The sums are the same numbers (each entry is one layer's gradient plus zero)."""
+    W = model.W_enc
+    if not (W.requires_grad and torch.is_grad_enabled()):
+        return [W[:, lat] for lat, _ in layer_slices(model)]
+    alias, views = _alias(W), []
+    for lat, _ in layer_slices(model):
+        view = alias[:, lat].requires_grad_()
+        view.register_post_accumulate_grad_hook(functools.partial(_into_columns, W, lat))
+        views.append(view)
+    return views
+
+
+@torch.no_grad()
+def _into_columns(W: Tensor, lat: slice, view: Tensor) -> None:
+    """Add a layer's gradient (``view.grad``) into its columns ``lat`` of ``W.grad`` and free it."""
+    if W.grad is None:
+        W.grad = torch.zeros_like(W)
+    W.grad[:, lat].add_(view.grad)
+    view.grad = None
+
+
 def _train_rule(model: SparseCoder, x: Tensor, inputs: StepInputs, batch: bool) -> TrainOutput:
     """x: the layers' (normalised) MLP inputs [B_r, S*D]; returns the prediction of their outputs [B_r, S*D]. Per layer
     the shared training code (TopK per row, or BatchTopK over the batch: ``batch``), then :func:`layered_decode`."""
     dead, zero = inputs.dead, x.new_zeros(())
     codes = []
-    for lat, src in layer_slices(model):
-        layer = LayerEncoder(model.W_enc[:, lat], model.b_enc[lat], zero, model.k, lat.stop - lat.start,
-                             model.kernel_impl)
+    for (lat, src), W_enc in zip(layer_slices(model), layer_encoder_weights(model)):
+        layer = LayerEncoder(W_enc, model.b_enc[lat], zero, model.k, lat.stop - lat.start, model.kernel_impl)
         codes.append(train_code(layer, x[:, src], inputs._replace(dead=dead[lat] if dead is not None else None),
                                 batch=batch))
     y_hat = layered_decode(model, [c.values for c in codes], [c.indices for c in codes], inputs.comm)
