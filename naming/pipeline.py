@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 
 VOCAB_BATCH = 1024  # vocabulary words are short: large batches amortise the per-call cost of the model
 PIECE = 1024
-"""Latents of a lazily read dictionary's block whose examples, names and concepts are built at once (their
-evidence is gathered for the whole block): bounds the records in memory whatever the block's width."""
+"""Latents whose examples, names and records are built at once (their evidence is gathered for the whole
+dictionary, or a lazily read dictionary's block): what ``conceptdict name`` holds of them before they are written
+(``naming.written``), whatever the dictionary's width. A multiple of the namers' own chunks (1024, 256), so that
+their numbers do not depend on it."""
 
 
 @dataclass
@@ -299,14 +301,14 @@ class Naming:
         }
 
     def blocks(self) -> Iterator[NamedBlock]:
-        """The named blocks in latent order: one of the whole dictionary, or a lazily read dictionary's
-        (``saes.lazy``) one block in memory at a time (its TopK's per-row cutoffs read first, one pass per block),
-        named :data:`PIECE` latents at a time."""
+        """The named pieces in latent order, :data:`PIECE` latents each: of the whole dictionary (its evidence
+        gathered at once), or of a lazily read dictionary's blocks (``saes.lazy``), one block in memory at a time
+        (its TopK's per-row cutoffs read first, one pass over the store per block)."""
         from conceptdict.saes.lazy import LazyDictionary
 
         model, cfg = self.model, self.cfg
         if not isinstance(model, LazyDictionary):
-            yield from self.block(model)
+            yield from self.block(model, piece=PIECE)
             return
         cutoff = model.cutoffs(lambda: iter_inputs(self.store, self.inputs, cfg.chunk), self.store.num_rows)
         for a, b in model.blocks:

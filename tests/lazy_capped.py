@@ -19,6 +19,7 @@ import json
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,11 +45,11 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
     done = {"fvu": result.metrics.fvu, "l0": result.metrics.l0, "export_exit": code, "export_vmhwm": status("VmHWM")}
     if spec.get("vocab"):
         Path("/proc/self/clear_refs").write_text("5")  # name's own resident peak from here
-        done["name_base_rss"] = status("VmRSS")
+        done["name_base_rss"], started = status("VmRSS"), time.perf_counter()
         done["name_exit"] = main(["name", artifact, "--vocab", spec["vocab"], "--model", "planted", "--cache-dir",
                                   spec["cache"], "--top-k", "3", "--n-bins", "4", "--chunk", "64", "--base-rows", "16",
                                   "--logit-tokens", "0", "--out", str(out / f"{tag}-named")])
-        done["name_vmhwm"] = status("VmHWM")
+        done["name_vmhwm"], done["name_s"] = status("VmHWM"), time.perf_counter() - started
     return done
 
 

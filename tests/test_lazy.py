@@ -3,6 +3,8 @@ reconstructions, evaluation and exported files."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import conceptdict as cd
 import pytest
 import torch
@@ -299,3 +301,26 @@ def test_name_in_memory_false_writes_the_same_folder_and_returns_a_summary(tmp_p
     assert want.path == tmp_path / "whole" and len(want) == L
     with pytest.raises(Exception, match="pass out=DIR"):
         cd.name(where, in_memory=False, store=store, hookpoint="a")
+
+
+def test_the_llm_namers_max_latents_counts_every_piece(tmp_path, monkeypatch):
+    """Named a few latents at a time, the llm namer still names ``max_latents`` firing latents in all (the lowest
+    ids), not that many per piece; its detection draws are seeded by the latent's id."""
+    from conceptdict.naming import Naming, llm, pipeline
+    from conceptdict.naming.llm import LlmConfig
+
+    whole, lazy, store, cfg = _naming_setup(tmp_path, "topk", "context")
+    calls: list[str] = []
+
+    def chat(config, messages):
+        calls.append(messages[-1]["content"])
+        return "cat" if len(calls) % 2 else " ".join(["1"] * 40)
+
+    monkeypatch.setattr(llm, "chat", chat)
+    monkeypatch.setattr(pipeline, "PIECE", 4)
+    cfg = dataclasses.replace(cfg, namer="llm", llm=LlmConfig(url="http://unused", max_latents=7, n_heldout=2))
+    run = Naming(lazy, store, cfg)
+    concepts = [c for block in run.blocks() for c in block.concepts]
+    named = [c.id for c in concepts if c.name]
+    firing = [c.id for c in concepts if c.top_examples]
+    assert named == firing[:7] and len(calls) == 14

@@ -67,7 +67,7 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_un
     print(f"weights {weights / MIB:.0f} MiB, cap +{(got['cap'] - got['base_vmsize']) / MIB:.0f} MiB: address space "
           f"+{added / MIB:.1f} MiB, resident peak (VmHWM) +{peak / MIB:.1f} MiB")
     named = got["name_vmhwm"] - got["name_base_rss"]
-    print(f"name: resident peak (VmHWM) +{named / MIB:.1f} MiB over its start")
+    print(f"name: resident peak (VmHWM) +{named / MIB:.1f} MiB over its start, {got['name_s']:.0f} s")
     assert got["whole_load"].startswith("failed"), "the cap must be too small for the whole dictionary"
     assert got["export_exit"] == 0 and got["name_exit"] == 0 and peak < weights / 2
     whole = cd.load(big)  # here, without a cap: the reference
