@@ -36,6 +36,7 @@ from conceptdict.naming.llm import LlmConfig
 from conceptdict.naming.negatives import NegativeConfig
 from conceptdict.naming.scoring import ScoreConfig
 from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
+from conceptdict.saes import SparseCoder  # noqa: F401 (DictionaryLike's hints name it: typing.get_type_hints(cd.name))
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
 from conceptdict.export_formats import export_format, formats_help, write_export
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config

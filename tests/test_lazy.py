@@ -309,7 +309,7 @@ def test_the_llm_namers_max_latents_counts_every_piece(tmp_path, monkeypatch):
     from conceptdict.naming import Naming, llm, pipeline
     from conceptdict.naming.llm import LlmConfig
 
-    whole, lazy, store, cfg = _naming_setup(tmp_path, "topk", "context")
+    _, lazy, store, cfg = _naming_setup(tmp_path, "topk", "context")
     calls: list[str] = []
 
     def chat(config, messages):
