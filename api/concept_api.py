@@ -7,9 +7,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence, TypedDict, overload
 
 import torch
+from typing_extensions import Unpack
 
 from conceptdict.activations import ActivationStore, first_batches, heldout_batches, heldout_row_ids
 from conceptdict.naming import (
@@ -18,6 +19,8 @@ from conceptdict.naming import (
     ConceptDictionary,
     concept_directions,
     NameConfig,
+    NamedSummary,
+    Naming,
     load_concepts,
     name_dictionary,
     open_sources,
@@ -25,6 +28,7 @@ from conceptdict.naming import (
     save_concepts,
     store_features,
     train_cbm,
+    write_named,
     write_report,
 )
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
@@ -32,7 +36,7 @@ from conceptdict.naming.llm import LlmConfig
 from conceptdict.naming.negatives import NegativeConfig
 from conceptdict.naming.scoring import ScoreConfig
 from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
-from conceptdict.saes import SparseCoder
+from conceptdict.saes import SparseCoder  # noqa: F401 (DictionaryLike's hints name it: typing.get_type_hints(cd.name))
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
 from conceptdict.export_formats import export_format, formats_help, write_export
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
@@ -42,24 +46,76 @@ from conceptdict.naming.sources import Run, open_run, training_heldout
 log = logging.getLogger(__name__)
 
 
+class NameKeywords(TypedDict, total=False):
+    """Every keyword of :func:`name` but the dictionary and ``in_memory``: :class:`NameConfig`'s settings and
+    ``overwrite``."""
+
+    store: StoreLike | None
+    out: str | Path | None
+    namer: str
+    vocab: str
+    hookpoint: str | None
+    model: str | None
+    top_k: int
+    n_bins: int
+    quantile: float | Sequence[float] | None
+    context_before: int
+    context_after: int
+    max_chars: int
+    runner_ups: int
+    base_rows: int
+    logit_tokens: int
+    source: int
+    cache_dir: str | Path | None
+    chunk: int
+    device: str
+    seed: int
+    llm: LlmConfig | dict[str, Any] | None
+    overwrite: bool
+
+
+@overload
+def name(dictionary: DictionaryLike, *, in_memory: Literal[True] = True,
+         **settings: Unpack[NameKeywords]) -> ConceptDictionary: ...
+
+
+@overload
+def name(dictionary: DictionaryLike, *, in_memory: Literal[False], **settings: Unpack[NameKeywords]) -> NamedSummary: ...
+
+
+@overload
+def name(dictionary: DictionaryLike, *, in_memory: bool = True,
+         **settings: Unpack[NameKeywords]) -> ConceptDictionary | NamedSummary: ...
+
+
 @guarded("name")
-@takes_settings(NameConfig, extra=("overwrite",))
-def name(dictionary: DictionaryLike, *, store: StoreLike | None = None, out: str | Path | None = None,
-         namer: str = "vocab", vocab: str = "wordfreq:en:20000", hookpoint: str | None = None,
-         model: str | None = None, top_k: int = 20, n_bins: int = 32, quantile: float | Sequence[float] | None = None,
-         context_before: int = 8, context_after: int = 4, max_chars: int = 600, runner_ups: int = 4,
-         base_rows: int = 512, logit_tokens: int = 10, source: int = -1, cache_dir: str | Path | None = None,
-         chunk: int = 4096, device: str = "cpu", seed: int = 0, llm: LlmConfig | dict[str, Any] | None = None,
-         overwrite: bool = False) -> ConceptDictionary:
+@takes_settings(NameConfig, extra=("overwrite", "in_memory"))
+def name(dictionary: DictionaryLike, *, in_memory: bool = True,
+         **settings: Unpack[NameKeywords]) -> ConceptDictionary | NamedSummary:
     """Name every latent of a dictionary (a folder or SparseCoder; ``conceptdict name``): discover (stream the store
     through it, gather each latent's evidence), then name (vocab as in Discover-then-Name, context, logit-lens or
-    llm). With ``out`` writes concepts.json, concepts.safetensors and report/ there; the result remembers it."""
-    cfg = config_from_dict(NameConfig, given(locals(), "dictionary", "overwrite"), "name")
+    llm). With ``out`` writes concepts.json, concepts.safetensors and report/ there; the result remembers it.
+
+    ``in_memory=False`` (needs ``out``; the command line's way) writes them a block of latents at a time and returns
+    a :class:`~conceptdict.naming.written.NamedSummary` (counts and the most frequent concepts) instead of every
+    concept: a dictionary read lazily (``saes.lazy``: it does not fit in memory) is then named one block in memory
+    at a time. The files are the same either way."""
+    cfg = config_from_dict(NameConfig, given(settings, "overwrite"), "name")
+    if not in_memory and cfg.out is None:
+        raise ConfigError("name(in_memory=False) writes the concepts to out= as it goes: pass out=DIR (or leave "
+                          "in_memory=True to get them in memory)")
     src = open_sources(dictionary, cfg.store, cfg.hookpoint, cfg.device, lazy=None)  # lazily if it does not fit
     cfg = dataclasses.replace(cfg, hookpoint=src.hookpoint, store=src.store.path)
+    home = dictionary if isinstance(dictionary, (str, Path)) else getattr(dictionary, "path", None)
+    sae_dir = {"sae_dir": None if home is None else str(home)}
+    if not in_memory:
+        run = Naming(src.model, src.store, cfg, src.inputs)
+        summary = write_named(run.blocks(), cfg.out, run.directions_shape,
+                              lambda num_rows, images: {**run.meta(num_rows, images), **sae_dir})
+        write_resolved_config(cfg, cfg.out, "name_config.json")
+        return summary
     cd = name_dictionary(src.model, src.store, cfg, src.inputs)
-    home = dictionary if not isinstance(dictionary, SparseCoder) else dictionary.path
-    cd = dataclasses.replace(cd, meta={**cd.meta, "sae_dir": None if home is None else str(home)})
+    cd = dataclasses.replace(cd, meta={**cd.meta, **sae_dir})
     if cfg.out is not None:
         save_concepts(cd, cfg.out)
         write_resolved_config(cfg, cfg.out, "name_config.json")

@@ -23,10 +23,9 @@ def run(args) -> int:
     settings = settings_from(args, NameConfig)
     if settings.get("out") is None:
         raise ConfigError("conceptdict name needs --out DICT_DIR")
-    concepts = cd.name(args.sae_dir, **settings)
-    dead = sum(1 for c in concepts.concepts if c.frequency <= 0)
-    print(f"named {len(concepts)} latents with the {concepts.meta['namer']} namer ({dead} never fire)")
-    print(format_concepts(concepts))
+    named = cd.name(args.sae_dir, in_memory=False, **settings)  # written a block at a time
+    print(f"named {len(named)} latents with the {named.meta['namer']} namer ({named.dead} never fire)")
+    print(format_concepts(named.most_frequent))
     print(f"concept dictionary: {settings['out']}/concepts.json")
     print(f"report:             {Path(settings['out']) / 'report' / 'index.html'}")
     return 0

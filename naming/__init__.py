@@ -47,17 +47,18 @@ from conceptdict.naming.namers import (
     logit_lens_names,
     vocab_names,
 )
-from conceptdict.naming.pipeline import NameConfig, Sources, name_dictionary, open_sources
+from conceptdict.naming.pipeline import NameConfig, Naming, Sources, name_dictionary, open_sources
 from conceptdict.naming.reports.report import write_report
 from conceptdict.naming.vocab import embed_vocabulary, load_vocabulary
+from conceptdict.naming.written import NamedSummary, write_named
 
 __all__ = [
     "CbmConfig", "CbmFeatures", "CbmResult", "Concept", "ConceptDictionary", "ContextNamer", "Contribution",
     "DictionaryRef", "dictionary_of",
     "Example", "Intervention", "LatentEvidence", "LlmConfig", "LlmNamer", "LogitLensNamer", "NameConfig",
-    "NameResult", "Namer", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence",
+    "NameResult", "NamedSummary", "Namer", "Naming", "NamingInputs", "Sources", "VocabNamer", "class_concepts", "collect_evidence",
     "concept_activations", "concept_directions", "context_names", "embed_vocabulary", "explain_input", "intervene",
     "is_concept_dir", "load_cbm",
     "load_concepts", "load_vocabulary", "logit_lens", "logit_lens_names", "name_dictionary", "open_sources",
-    "pool_codes", "save_cbm", "save_concepts", "store_features", "train_cbm", "vocab_names", "write_report",
+    "pool_codes", "save_cbm", "save_concepts", "store_features", "train_cbm", "vocab_names", "write_named", "write_report",
 ]

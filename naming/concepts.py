@@ -11,13 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -283,33 +281,14 @@ def concept_from_json(d: dict[str, Any]) -> Concept:
     )
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def save_concepts(cd: ConceptDictionary, directory: str | Path) -> Path:
-    """Write ``concepts.json`` + ``concepts.safetensors`` into ``directory``; returns the directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    freq = torch.tensor([c.frequency for c in cd.concepts], dtype=torch.float32)
-    tensors = {"directions": cd.directions.detach().float().contiguous().cpu(), "frequency": freq}
-    tmp = directory / (TENSORS_NAME + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format_version": str(FORMAT_VERSION)})
-    os.replace(tmp, directory / TENSORS_NAME)
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "n_concepts": len(cd.concepts),
-        "directions_shape": list(cd.directions.shape),
-        "meta": cd.meta,
-        "concepts": [concept_to_json(c) for c in cd.concepts],
-    }
-    _atomic_write_text(directory / JSON_NAME, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    return directory
+    """Write ``concepts.json`` + ``concepts.safetensors`` into ``directory``; returns the directory (the writer of a
+    block at a time, ``naming.written.ConceptsWriter``, given every concept at once)."""
+    from .written import ConceptsWriter
+
+    with ConceptsWriter(directory, len(cd.concepts), tuple(cd.directions.shape)) as out:
+        out.add(cd.concepts, cd.directions.detach().cpu())
+        return out.finish(cd.meta)
 
 
 def load_concepts(directory: str | Path) -> ConceptDictionary:

@@ -4,7 +4,12 @@ Two passes over the store's rows, each chunk encoded through the dictionary:
 
 1. firing counts, activation sums, maxima and the top-k rows of every latent (a running ``topk`` merge);
 2. a histogram of each latent's nonzero activations over ``[0, max]`` and, per histogram bin, one row drawn
-   uniformly at random (reservoir sampling with random keys), from which the quantile examples are taken.
+   uniformly at random (the row with the largest random key, a hash of (seed, row, latent)), from which the quantile
+   examples are taken.
+
+Every record of a latent depends on that latent's codes alone (the random keys too), so evidence gathered over a
+range of latents (``first``; a lazily read dictionary's block, with the whole TopK's per-row ``cutoff``) equals the
+whole dictionary's for those latents.
 
 Shapes: N store rows, n rows in a chunk, D d_in, L latents, K top examples, Q quantiles, M negatives.
 """
@@ -65,9 +70,36 @@ def iter_inputs(store: Store, hookpoints: Sequence[str], chunk: int) -> Iterator
         yield parts[0][0], torch.stack([p[1].float() for p in parts], dim=1)
 
 
-def _encode(encoder: Encoder, x: Tensor, device: torch.device) -> Tensor:
-    with torch.no_grad():
-        return encoder.encode(x.to(device)).float()
+MASK = 0xFFFFFFFF
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A bijection of 32-bit integers (int64 [..] < 2^32) that scatters neighbours (products stay below 2^63)."""
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & MASK
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & MASK
+    return (x >> 16) ^ x
+
+
+def random_keys(rows: Tensor, latents: Tensor, seed: int) -> Tensor:
+    """A number in [0, 1) per (row, latent) (broadcast; float64), uniform-looking and the same whichever chunk of
+    rows or range of latents it is drawn in; distinct over the rows of one latent (rows below 2^32)."""
+    base = _mix(torch.tensor(seed & MASK, dtype=torch.int64))
+    return _mix(_mix(base ^ (rows & MASK)) ^ (latents & MASK)).double() / 2.0 ** 32
+
+
+class Codes:
+    """The codes evidence reads: ``encoder.encode(x)`` in float32, with entries below ``cutoff[row]`` zeroed
+    (:meth:`conceptdict.saes.lazy.LazyDictionary.cutoffs`: a block's latents under the whole dictionary's TopK)."""
+
+    def __init__(self, encoder: Encoder, device: torch.device, cutoff: Tensor | None = None) -> None:
+        self.encoder, self.device, self.cutoff = encoder, device, cutoff
+
+    def __call__(self, x: Tensor, rows: Tensor) -> Tensor:
+        with torch.no_grad():
+            f = self.encoder.encode(x.to(self.device)).float()
+        if self.cutoff is None:
+            return f
+        return torch.where(f >= self.cutoff[rows].to(self.device)[:, None], f, 0.0)
 
 
 def _merge_topk(vals: Tensor, rows: Tensor, f: Tensor, start: int, k: int) -> tuple[Tensor, Tensor]:
@@ -80,11 +112,11 @@ def _merge_topk(vals: Tensor, rows: Tensor, f: Tensor, start: int, k: int) -> tu
     return top.values, torch.gather(all_rows, 1, top.indices)
 
 
-def _first_pass(encoder, store, hookpoints, top_k, chunk, device):
+def _first_pass(codes: Codes, store, hookpoints, top_k, chunk, device):
     count = total = total_sq = maxv = vals = rows = None
     n_rows = 0
     for start, x in tqdm(iter_inputs(store, hookpoints, chunk), desc="evidence 1/2", leave=False):
-        f = _encode(encoder, x, device)
+        f = codes(x, torch.arange(start, start + x.shape[0]))
         if count is None:
             L = f.shape[1]
             count = torch.zeros(L, dtype=torch.int64, device=device)
@@ -110,15 +142,15 @@ def _first_pass(encoder, store, hookpoints, top_k, chunk, device):
     return n_rows, count, total, total_sq, maxv, vals, rows
 
 
-def _second_pass(encoder, store, hookpoints, maxv, n_bins, chunk, device, gen):
+def _second_pass(codes: Codes, store, hookpoints, maxv, n_bins, chunk, device, first, seed):
     L = maxv.shape[0]
     counts = torch.zeros(L * n_bins, dtype=torch.int64, device=device)
-    res_key = torch.full((L * n_bins,), -1.0, device=device)
+    res_key = torch.full((L * n_bins,), -1.0, dtype=torch.float64, device=device)
     res_row = torch.full((L * n_bins,), -1, dtype=torch.int64, device=device)
     res_val = torch.zeros(L * n_bins, device=device)
     safe_max = torch.where(maxv > 0, maxv, torch.ones_like(maxv))
     for start, x in tqdm(iter_inputs(store, hookpoints, chunk), desc="evidence 2/2", leave=False):
-        f = _encode(encoder, x, device)
+        f = codes(x, torch.arange(start, start + x.shape[0]))
         r, j = torch.nonzero(f > 0, as_tuple=True)
         if r.numel() == 0:
             continue
@@ -126,8 +158,8 @@ def _second_pass(encoder, store, hookpoints, maxv, n_bins, chunk, device, gen):
         b = (a / safe_max[j] * n_bins).long().clamp_(0, n_bins - 1)
         flat = j * n_bins + b
         counts.index_add_(0, flat, torch.ones_like(flat))
-        key = torch.rand(r.numel(), generator=gen).to(device)
-        best = torch.full((L * n_bins,), -1.0, device=device).scatter_reduce(0, flat, key, "amax")
+        key = random_keys((r + start).cpu(), (j + first).cpu(), seed).to(device)
+        best = res_key.new_full((L * n_bins,), -1.0).scatter_reduce(0, flat, key, "amax")
         win = key == best[flat]
         wflat, wrow, wval, wkey = flat[win], r[win] + start, a[win], key[win]
         better = wkey > res_key[wflat]
@@ -150,19 +182,21 @@ def _quantiles(hist: Tensor, edges: Tensor, levels: Tensor) -> tuple[Tensor, Ten
     return (lo + frac * (hi - lo)).float(), bins
 
 
-def _negatives(encoder, store, hookpoints, n_neg, L, device, gen) -> Tensor:
-    """[L, M] random rows where each latent is zero (drawn from a random sample of rows)."""
+def _negatives(codes: Codes, store, hookpoints, n_neg, L, first, seed) -> Tensor:
+    """[L, M] random rows where each latent is zero (drawn from a random sample of rows, the same for every
+    latent)."""
     out = torch.full((L, n_neg), -1, dtype=torch.int64)
     if n_neg == 0:
         return out
     n_cand = min(store.num_rows, 8 * n_neg + 64)
-    cand = torch.randperm(store.num_rows, generator=gen)[:n_cand].sort().values
+    cand = torch.randperm(store.num_rows, generator=torch.Generator().manual_seed(seed))[:n_cand].sort().values
     xs = [torch.stack([store.rows(h, int(r), int(r) + 1)[0].float() for h in hookpoints], 0) for r in cand]
     x = torch.stack(xs, 0)
     x = x[:, 0] if len(hookpoints) == 1 else x
-    f = _encode(encoder, x, device).cpu()  # [C, L]
+    f = codes(x, cand).cpu()  # [C, L]
     zero = (f <= 0).T  # [L, C]
-    order = torch.rand(L, n_cand, generator=gen) + zero.float() * 2  # zero rows first, random order
+    keys = random_keys(cand[None, :], torch.arange(first, first + L)[:, None], seed)
+    order = keys + zero.double() * 2  # zero rows first, random order
     pick = order.topk(min(n_neg, n_cand), dim=1).indices
     ok = torch.gather(zero, 1, pick)
     out[:, : pick.shape[1]] = torch.where(ok, cand[pick], torch.full_like(pick, -1))
@@ -181,13 +215,17 @@ def collect_evidence(
     chunk: int = 4096,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    first: int = 0,
+    cutoff: Tensor | None = None,
 ) -> LatentEvidence:
-    """Stream ``store`` through ``encoder`` twice and gather per-latent statistics and example rows."""
+    """Stream ``store`` through ``encoder`` twice and gather per-latent statistics and example rows. ``first``: the
+    id of the encoder's first latent in the whole dictionary (it seeds the latents' random draws); ``cutoff``: per
+    store row, the least code kept (others are zeroed: module docstring)."""
     hookpoints = [hookpoints] if isinstance(hookpoints, str) else list(hookpoints)
     device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
-    n, count, total, total_sq, maxv, top_vals, top_rows = _first_pass(encoder, store, hookpoints, top_k, chunk, device)
-    hist, q_rows_bin, q_vals_bin = _second_pass(encoder, store, hookpoints, maxv, n_bins, chunk, device, gen)
+    codes = Codes(encoder, device, cutoff)
+    n, count, total, total_sq, maxv, top_vals, top_rows = _first_pass(codes, store, hookpoints, top_k, chunk, device)
+    hist, q_rows_bin, q_vals_bin = _second_pass(codes, store, hookpoints, maxv, n_bins, chunk, device, first, seed)
     steps = torch.linspace(0, 1, n_bins + 1, device=device)
     edges = maxv[:, None] * steps[None, :]
     levels = torch.tensor(list(quantile_levels), dtype=torch.float32, device=device)
@@ -212,7 +250,7 @@ def collect_evidence(
         quantile_values=torch.where(count[:, None] > 0, q_vals, torch.zeros_like(q_vals)).cpu(),
         quantile_rows=torch.gather(q_rows_bin, 1, q_bins).cpu(),
         quantile_row_values=torch.gather(q_vals_bin, 1, q_bins).cpu(),
-        negative_rows=_negatives(encoder, store, hookpoints, n_negatives, L, device, gen),
+        negative_rows=_negatives(codes, store, hookpoints, n_negatives, L, first, seed),
     )
     log.info("evidence over %d rows: %d of %d latents fire at least once", n, int((count > 0).sum()), L)
     return ev

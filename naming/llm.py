@@ -217,7 +217,7 @@ class LlmNamer:
             name = clean_name(chat(self.cfg, explain_prompt(top[: self.cfg.n_explain])))
             held = _heldout(inputs, j, top, self.cfg)
             neg = tuple(inputs.negative_examples[j])[: self.cfg.n_heldout] if inputs.negative_examples else ()
-            score = detection_score(self.cfg, name, held, neg, seed=j)
+            score = detection_score(self.cfg, name, held, neg, seed=inputs.first + j)
             out.append(NameResult(name, score, extra={"detection_n_pos": len(held), "detection_n_neg": len(neg)}))
             done += 1
         log.info("llm named %d latents", done)

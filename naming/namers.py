@@ -45,6 +45,9 @@ class NamingInputs:
     """Per latent: contexts where it does not fire."""
     base_examples: tuple[Example, ...] = field(default_factory=tuple)
     """Random store rows, shaped like the top contexts, for base rates."""
+    first: int = 0
+    """The id of the first latent: these are latents ``[first, first + L)`` of the dictionary (named a block at a
+    time when it is read lazily); a namer that draws per latent seeds latent j's draws with ``first + j``."""
 
 
 class Namer(Protocol):

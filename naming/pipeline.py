@@ -7,22 +7,28 @@ import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, Iterator, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from .concepts import Concept, ConceptDictionary
-from .evidence import ContextCache, LatentEvidence, collect_evidence, logit_lens
+from .evidence import ContextCache, LatentEvidence, collect_evidence, iter_inputs, logit_lens
 from .images import add_image_evidence, image_vocab_namer, is_image_store
 from .llm import LlmConfig, LlmNamer
 from .namers import ContextNamer, LogitLensNamer, Namer, NameResult, NamingInputs, VocabNamer, check_results
 from .protocols import Dictionary, Store
 from .vocab import DEFAULT_VOCAB, default_cache_dir, embed_vocabulary, load_vocabulary
+from .written import joined_image_meta
 
 log = logging.getLogger(__name__)
 
 VOCAB_BATCH = 1024  # vocabulary words are short: large batches amortise the per-call cost of the model
+PIECE = 1024
+"""Latents whose examples, names and records are built at once (their evidence is gathered for the whole
+dictionary, or a lazily read dictionary's block): what ``conceptdict name`` holds of them before they are written
+(``naming.written``), whatever the dictionary's width. A multiple of the namers' own chunks (1024, 256), so that
+their numbers do not depend on it."""
 
 
 @dataclass
@@ -89,7 +95,9 @@ def resolve_hookpoint(store: Store, hookpoint: str | None) -> str:
         if len(store.hookpoints) != 1:
             raise ValueError(f"store {store.path} has hookpoints {store.hookpoints}; pick one with --hookpoint")
         return store.hookpoints[0]
-    from conceptdict.saes import match_hookpoint  # the same tensor under another spelling (saes.formats)
+    from conceptdict.saes import (
+        match_hookpoint,  # the same tensor under another spelling (saes.formats)
+    )
 
     found = match_hookpoint(hookpoint, store.hookpoints)
     if found is None:
@@ -139,17 +147,19 @@ def build_namer(cfg: NameConfig, model_name: str | None, hookpoint: str, get_mod
     raise ValueError(f"unknown namer {cfg.namer!r}; choose vocab, context, logit-lens or llm")
 
 
-def _latent_flags(model: Dictionary, directions: Tensor) -> list[dict[str, Any]]:
+def _latent_flags(model: Dictionary, directions: Tensor, first: int = 0, total: int | None = None
+                  ) -> list[dict[str, Any]]:
     """Per latent: of a 2-source crosscoder, its Delta (``relative_norm``), tag and decoder cosine (``cos_AB``) as
     ``conceptdict diff`` computes them (saes.diffing.decoder_table); of a cross-layer transcoder, the layer it reads
     and its decoder norm per target layer (``decoder_norms``, raw units; zero for the layers before its own);
-    empty records otherwise. directions: the decoder rows [L, D] or [L, S, D]."""
+    empty records otherwise. directions: the decoder rows [L, D] or [L, S, D] of ``model``'s latents, which are
+    latents ``[first, first + L)`` of a dictionary of ``total`` (default L)."""
     from conceptdict.saes.diffing import decoder_table
 
     L = directions.shape[0]
     if _layered(model):
         norms = directions.norm(dim=2)
-        layer = torch.arange(L) // (L // model.n_sources)
+        layer = torch.arange(first, first + L) // ((total or L) // model.n_sources)
         return [{"layer": int(l), "decoder_norms": [round(float(v), 4) for v in row]}
                 for l, row in zip(layer.tolist(), norms)]
     if getattr(model, "n_sources", 1) != 2:
@@ -177,75 +187,179 @@ def _stats(ev: LatentEvidence, j: int) -> dict[str, float]:
     return s
 
 
+class NamedBlock(NamedTuple):
+    """The concepts of latents ``[first, first + len(concepts))`` (:meth:`Naming.block`)."""
+
+    first: int
+    concepts: tuple[Concept, ...]
+    directions: Tensor
+    """[l, D] or [l, S, D]: the block's decoder rows in raw activation units."""
+    num_rows: int
+    image_meta: dict[str, Any]
+    """Of an image store: ``thumbnails`` (context -> data URI) of the examples this block shows, and ``patch_grid``."""
+
+
+class Naming:
+    """One naming run, prepared (store, hookpoints and namer checked, the namer built) and then run a range of
+    latents at a time (:meth:`block`): every record of a latent depends on its own codes and direction alone
+    (``naming.evidence``), so the blocks' concepts equal the whole dictionary's."""
+
+    def __init__(self, model: Dictionary, store: Store, cfg: NameConfig, inputs: tuple[str, ...] = ()) -> None:
+        self.hookpoint = resolve_hookpoint(store, cfg.hookpoint)
+        self.inputs = list(inputs) or [self.hookpoint]
+        missing = [h for h in self.inputs if h not in store.hookpoints]
+        if missing:
+            raise ValueError(f"the dictionary reads hookpoints {self.inputs}; store {store.path} lacks {missing} (it "
+                             f"holds {store.hookpoints}): pass --store with the store it was trained on")
+        self.model, self.store, self.cfg = model, store, cfg
+        self.model_name = cfg.model or model_id_of(store)
+        self.get_model = model_loader(self.model_name, cfg.device)
+        self.level = getattr(store, "level", "token")
+        self.namer = build_namer(cfg, self.model_name, self.hookpoint, self.get_model)  # a bad --vocab fails now
+        if hasattr(model, "to"):
+            model.to(cfg.device)
+        gen = torch.Generator().manual_seed(cfg.seed + 1)
+        base_rows = torch.randperm(store.num_rows, generator=gen)[: cfg.base_rows]
+        cache = TruncatingContextCache(store, cfg.context_before, cfg.context_after, cfg.max_chars)
+        self.base = tuple(cache.example(int(r), 0.0) for r in base_rows.tolist()) if cfg.namer == "context" else ()
+        self.llm_named = 0  # latents the llm namer has named, against its max_latents
+
+    def block(self, encoder: Dictionary, first: int = 0, cutoff: Tensor | None = None,
+              exact: Dictionary | None = None, piece: int | None = None) -> Iterator[NamedBlock]:
+        """Name the latents of ``encoder`` (latents ``[first, first + its latents)`` of the dictionary; ``cutoff``:
+        per store row, the least code of the whole dictionary's TopK, ``LazyDictionary.cutoffs``; ``exact``: an
+        encoder of those latents that gives the whole dictionary's codes for any rows, for image heat maps;
+        default ``encoder``): the evidence of all of them (tensors), then their examples, names and concepts
+        ``piece`` latents at a time (None: all at once), each piece yielded as it is named."""
+        cfg, store = self.cfg, self.store
+        directions = encoder.decoder_directions().detach().float().cpu()
+        ev = collect_evidence(
+            encoder, store, self.inputs, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
+            n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
+            device=cfg.device, first=first, cutoff=cutoff,
+        )  # fmt: skip
+        flags = _latent_flags(encoder, directions, first, getattr(self.model, "n_latents", None))
+        L = directions.shape[0]
+        for p in range(0, L, piece or L):
+            q = min(L, p + (piece or L))
+            yield self._piece(ev, directions[p:q], flags[p:q], first, p, exact or encoder)
+
+    def _piece(self, ev: LatentEvidence, directions: Tensor, flags: list[dict[str, Any]], first: int, p: int,
+               exact: Dictionary) -> NamedBlock:
+        """The concepts of latents ``first + p + [0, len(directions))``, the evidence's ``p, p + 1, ...``."""
+        cfg, store = self.cfg, self.store
+        named = directions if directions.ndim == 2 else directions[:, cfg.source]
+        cache = TruncatingContextCache(store, cfg.context_before, cfg.context_after, cfg.max_chars)
+        rows = range(p, p + named.shape[0])
+        top = [cache.examples(ev.top_rows[j], ev.top_values[j]) for j in rows]
+        quant = [cache.examples(ev.quantile_rows[j], ev.quantile_row_values[j]) for j in rows]
+        neg = [cache.examples(ev.negative_rows[j], torch.zeros(ev.negative_rows.shape[1])) for j in rows]
+        image_meta = {}
+        if is_image_store(store):  # thumbnails, and heat maps over the patches of each example image
+            groups, image_meta = add_image_evidence(_Columns(exact, p, p + len(rows)), store, self.hookpoint,
+                                                    list(zip(top, quant)), cfg.device)
+            top, quant = [g[0] for g in groups], [g[1] for g in groups]
+        results = check_results(self._namer(top)(NamingInputs(named, top, quant, neg, self.base, first + p)),
+                                len(rows), self.namer.kind)
+        logit_top, logit_bottom = _logit_tokens(named, self.level, cfg, self.get_model)
+        concepts = tuple(
+            _concept(first + j, results[i], self.namer.kind, ev, j, top[i], quant[i], logit_top[i], logit_bottom[i],
+                     flags[i])
+            for i, j in enumerate(rows)
+        )
+        return NamedBlock(first + p, concepts, directions, ev.num_rows, image_meta)
+
+    def _namer(self, top: list[tuple[Any, ...]]) -> Namer:
+        """The namer of the next piece: the llm namer's ``max_latents`` counts every piece named before."""
+        limit = self.cfg.llm.max_latents if isinstance(self.namer, LlmNamer) else 0
+        if not limit:
+            return self.namer
+        left = max(limit - self.llm_named, 0)
+        self.llm_named += min(left, sum(1 for t in top if t))
+        return LlmNamer(dataclasses.replace(self.cfg.llm, max_latents=left)) if left else _Unnamed(self.namer.kind)
+
+    @property
+    def directions_shape(self) -> tuple[int, ...]:
+        """Of the directions named: [L, D], or [L, S, D] with S > 1 sources."""
+        m = self.model
+        return (m.n_latents, m.d_in) if getattr(m, "n_sources", 1) == 1 else (m.n_latents, m.n_sources, m.d_in)
+
+    def meta(self, num_rows: int, image_meta: dict[str, Any]) -> dict[str, Any]:
+        """The concept dictionary's provenance (``ConceptDictionary.meta``)."""
+        model, cfg = self.model, self.cfg
+        return {
+            "model": self.model_name,
+            "hookpoint": self.hookpoint,
+            "store": str(self.store.path),
+            "level": self.level,
+            "namer": self.namer.kind,
+            "vocab": cfg.vocab if cfg.namer == "vocab" else None,
+            "num_rows": num_rows,
+            **image_meta,
+            "dictionary": {"kind": getattr(model, "kind", None), "d_in": getattr(model, "d_in", None),
+                           "k": getattr(model, "k", None)},
+        }
+
+    def blocks(self) -> Iterator[NamedBlock]:
+        """The named pieces in latent order, :data:`PIECE` latents each: of the whole dictionary (its evidence
+        gathered at once), or of a lazily read dictionary's blocks (``saes.lazy``), one block in memory at a time
+        (its TopK's per-row cutoffs read first, one pass over the store per block)."""
+        from conceptdict.saes.lazy import LazyDictionary
+
+        model, cfg = self.model, self.cfg
+        if not isinstance(model, LazyDictionary):
+            yield from self.block(model, piece=PIECE)
+            return
+        cutoff = model.cutoffs(lambda: iter_inputs(self.store, self.inputs, cfg.chunk), self.store.num_rows)
+        for a, b in model.blocks:
+            yield from self.block(model.latents(a, b), a, cutoff, _Columns(model, a, b), PIECE)
+
+
+class _Columns:
+    """Latents ``[start, stop)`` of ``model`` with their codes under the whole model's rule (a lazily read
+    dictionary's reads every block per call: for the few rows of image heat maps)."""
+
+    def __init__(self, model: Any, start: int, stop: int) -> None:
+        self.model, self.start, self.stop = model, start, stop
+
+    def encode(self, x: Tensor) -> Tensor:
+        return self.model.encode(x)[..., self.start: self.stop]
+
+
+@dataclass(frozen=True)
+class _Unnamed:
+    """The llm namer once ``max_latents`` latents are named: every latent stays unnamed."""
+
+    kind: str
+
+    def __call__(self, inputs: NamingInputs) -> list[NameResult]:
+        return [NameResult("", 0.0) for _ in inputs.directions]
+
+
 def name_dictionary(model: Dictionary, store: Store, cfg: NameConfig,
                     inputs: tuple[str, ...] = ()) -> ConceptDictionary:
     """Gather evidence for every latent of ``model`` over ``store``, name it with ``cfg.namer``. ``inputs``: the
     hookpoints the dictionary encodes (a cross-layer transcoder's MLP inputs, :class:`Sources`' ``inputs``);
     default ``cfg.hookpoint``. A cross-layer transcoder's directions named (and logit-lensed) are its decoders to
-    the layer ``cfg.source`` (default the last)."""
-    hookpoint = resolve_hookpoint(store, cfg.hookpoint)
-    inputs = list(inputs) or [hookpoint]
-    missing = [h for h in inputs if h not in store.hookpoints]
-    if missing:
-        raise ValueError(f"the dictionary reads hookpoints {inputs}; store {store.path} lacks {missing} (it holds "
-                         f"{store.hookpoints}): pass --store with the store it was trained on")
-    model_name = cfg.model or model_id_of(store)
-    get_model = model_loader(model_name, cfg.device)
-    directions = model.decoder_directions().detach().float().cpu()
-    named = directions if directions.ndim == 2 else directions[:, cfg.source]
-    level = getattr(store, "level", "token")
-    namer = build_namer(cfg, model_name, hookpoint, get_model)  # before the evidence pass: a bad --vocab fails now
-    if hasattr(model, "to"):
-        model.to(cfg.device)
-    ev = collect_evidence(
-        model, store, inputs, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
-        n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
-        device=cfg.device,
-    )  # fmt: skip
-    cache = TruncatingContextCache(store, cfg.context_before, cfg.context_after, cfg.max_chars)
-    L = named.shape[0]
-    top = [cache.examples(ev.top_rows[j], ev.top_values[j]) for j in range(L)]
-    quant = [cache.examples(ev.quantile_rows[j], ev.quantile_row_values[j]) for j in range(L)]
-    neg = [cache.examples(ev.negative_rows[j], torch.zeros(ev.negative_rows.shape[1])) for j in range(L)]
-    image_meta = {}
-    if is_image_store(store):  # thumbnails, and heat maps over the patches of each example image
-        groups, image_meta = add_image_evidence(model, store, hookpoint, list(zip(top, quant)), cfg.device)
-        top, quant = [g[0] for g in groups], [g[1] for g in groups]
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    base_rows = torch.randperm(store.num_rows, generator=gen)[: cfg.base_rows]
-    base = tuple(cache.example(int(r), 0.0) for r in base_rows.tolist()) if cfg.namer == "context" else ()
-    inputs = NamingInputs(named, top, quant, neg, base)
-    results = check_results(namer(inputs), L, namer.kind)
-    logit_top, logit_bottom = _logit_tokens(named, level, cfg, get_model)
-    flags = _latent_flags(model, directions)
-    concepts = tuple(
-        _concept(j, results[j], namer.kind, ev, top[j], quant[j], logit_top[j], logit_bottom[j], flags[j])
-        for j in range(L)
-    )
-    meta = {
-        "model": model_name,
-        "hookpoint": hookpoint,
-        "store": str(store.path),
-        "level": level,
-        "namer": namer.kind,
-        "vocab": cfg.vocab if cfg.namer == "vocab" else None,
-        "num_rows": ev.num_rows,
-        **image_meta,
-        "dictionary": dict(
-            kind=getattr(model, "kind", None), d_in=getattr(model, "d_in", None), k=getattr(model, "k", None)
-        ),
-    }
-    log.info("named %d latents with the %s namer", L, namer.kind)
-    return ConceptDictionary(concepts=concepts, directions=directions, meta=meta)
+    the layer ``cfg.source`` (default the last). Every concept in memory: :class:`Naming` names a block at a time
+    (``naming.written`` writes each to disk)."""
+    run = Naming(model, store, cfg, inputs)
+    blocks = list(run.blocks())
+    image_meta = joined_image_meta([b.image_meta for b in blocks])
+    concepts = tuple(c for b in blocks for c in b.concepts)
+    directions = torch.cat([b.directions for b in blocks]) if len(blocks) > 1 else blocks[0].directions
+    log.info("named %d latents with the %s namer", len(concepts), run.namer.kind)
+    return ConceptDictionary(concepts=concepts, directions=directions, meta=run.meta(blocks[0].num_rows, image_meta))
 
 
-def _concept(j, res: NameResult, kind, ev, top, quant, ltop, lbot, flags) -> Concept:
+def _concept(id_, res: NameResult, kind, ev, j, top, quant, ltop, lbot, flags) -> Concept:
+    """The concept of latent ``id_``, the ``j``-th of the evidence ``ev``."""
     extra = dict(flags)
     if int(ev.count[j]) == 0:
         extra["dead"] = True
     extra.update(getattr(res, "extra", None) or {})
     return Concept(
-        id=j,
+        id=id_,
         name=res.name,
         score=float(res.score),
         runner_ups=tuple(res.runner_ups),

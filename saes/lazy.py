@@ -6,9 +6,10 @@ open a dictionary this way when loading it whole would not fit in the process's 
 in-memory :class:`SparseCoder` of latents ``[start, stop)``, and ``encode`` / ``decode`` / ``sae(x)`` run over the
 blocks (:attr:`~LazyDictionary.blocks`), one block in memory at a time. An inference rule that selects across latents
 (per-row TopK: ``KindSpec.shard_encode``) keeps each row's k largest over every block's k largest, as latent shards
-do, so the codes equal the whole dictionary's.
+do, so the codes equal the whole dictionary's; :meth:`~LazyDictionary.cutoffs` gives each row's k-th largest code
+over every block, for a caller that holds one block over many rows (``naming``'s evidence).
 
-The weights files are read with ``pread`` at the offsets their safetensors header names, not mapped: a mapping
+The weights files are read with ``pread`` at the offsets their safetensors header names (``saes.lazy_io``), not mapped: a mapping
 counts its whole file against a process's address-space limit (``ulimit -v``), a read only the block it holds. So
 a dictionary larger than the memory of the process is read in ``block_latents`` pieces; peak: one block's weights
 (plus a copy of its encoder while it is built) and the caller's buffers. :func:`save_tensors_of` writes a layout's
@@ -21,12 +22,10 @@ and are loaded whole (``cd.load(DIR)``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -44,61 +43,12 @@ from .artifact import (
     read_index,
 )
 from .kinds import KindSpec, kind_spec
+from .lazy_io import DTYPES, TensorsWriter, WeightsFile
 from .model import SparseCoder
 
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
-"""safetensors dtype names -> torch dtypes."""
 BLOCK_MIB = 512
 """Default most MiB of weights in one block when none is given (a file of a block artifact larger than this is
 read in several blocks)."""
-
-
-def _io(call: Callable[[int, memoryview, int], int], fd: int, view: memoryview, offset: int, what: str) -> None:
-    """``os.preadv`` / ``os.pwritev`` of all of ``view`` at ``offset`` (one call moves at most ~2 GiB)."""
-    done = 0
-    while done < len(view):
-        n = call(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"{what}: {len(view) - done} bytes short at offset {offset + done}; the file is truncated")
-        done += n
-
-
-def _rows(t: Tensor, outer: int) -> np.ndarray:
-    """``t`` (contiguous) as bytes [outer, -1], sharing its memory."""
-    return t.view(-1).view(torch.uint8).numpy().reshape(outer, -1)
-
-
-class WeightsFile:
-    """One safetensors file's header, and reads of whole tensors or of a range along one axis (``pread``)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        with open(self.path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-        self.base = 8 + size
-        header.pop("__metadata__", None)
-        self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int]] = {
-            name: (DTYPES[h["dtype"]], tuple(h["shape"]), int(h["data_offsets"][0])) for name, h in header.items()}
-
-    def read(self, name: str, axis: int | None = None, start: int = 0, stop: int | None = None) -> Tensor:
-        """Tensor ``name``, or its entries ``[start, stop)`` along ``axis``."""
-        dtype, full, offset = self.tensors[name]
-        shape = full or (1,)
-        if axis is None:
-            axis, start, stop = 0, 0, shape[0]
-        stop = shape[axis] if stop is None else stop
-        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        out = torch.empty((*shape[:axis], stop - start, *shape[axis + 1:]), dtype=dtype)
-        width = out.element_size() * inner  # bytes of one entry along ``axis``
-        rows = _rows(out, outer)
-        with open(self.path, "rb") as f:
-            for o in range(outer):
-                _io(os.preadv, f.fileno(), memoryview(rows[o]), self.base + offset + (o * shape[axis] + start) * width,
-                    str(self.path))
-        return out if full else out.reshape(())
 
 
 class LazyDictionary:
@@ -277,6 +227,24 @@ class LazyDictionary:
             yield a, block, f.scatter_add_(1, torch.where(mine, keep_i - a, 0), torch.where(mine, keep_v, 0))
             del block, f
 
+    @torch.no_grad()
+    def cutoffs(self, batches: Callable[[], Iterable[tuple[int, Tensor]]], n_rows: int) -> Tensor | None:
+        """Of a rule that selects across latents (per-row TopK): per row of ``batches()`` ((first row, x) pieces
+        covering rows ``[0, n_rows)``), the k-th largest code over every block [n_rows], so that a block's own
+        codes at or above it are the whole dictionary's (:meth:`block_codes` per row); None for the other rules.
+        Read block by block, ``batches()`` once per block: holds one block and each row's k best [n_rows, k]."""
+        if self.spec.shard_encode is None:
+            return None
+        best = torch.full((n_rows, self.k), -math.inf)
+        for a, b in self.blocks:
+            block = self.latents(a, b)
+            for start, x in batches():
+                top = block.encode(x.to(self._device)).float().topk(self.k, dim=1).values.cpu()
+                stop = start + top.shape[0]
+                best[start:stop] = torch.cat([best[start:stop], top], 1).topk(self.k, dim=1).values
+            del block
+        return best[:, -1].clone()
+
     def finish(self, x: Tensor, decoded: Tensor) -> Tensor:
         """The reconstruction from the sum of the blocks' decodes [N, S*D] and the encoder input x: plus b_dec, and
         x W_skip for a kind with a skip path."""
@@ -402,38 +370,14 @@ def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Calla
     whole, other = make(model._meta(model.n_latents)), make(model._meta(model.n_latents + 1))
     axes = {n: next((i for i, (p, q) in enumerate(zip(t.shape, other[n].shape)) if p != q), None)
             for n, t in whole.items()}
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for name in sorted(whole):
-        t = whole[name]
-        size = t.numel() * t.element_size()
-        header[name] = {"dtype": next(k for k, v in DTYPES.items() if v == t.dtype), "shape": list(t.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    base = 8 + len(text)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(len(text).to_bytes(8, "little") + text)
-        f.truncate(base + offset)
+    with TensorsWriter(path, {n: (t.dtype, tuple(t.shape)) for n, t in whole.items()}, metadata) as out:
         for a, b in model.blocks:
             tensors = make(model.latents(a, b))
             for name, t in tensors.items():
-                axis, at = axes[name], base + header[name]["data_offsets"][0]
-                t = t.detach().cpu().contiguous()
-                if axis is None:  # shared by every latent: written once
-                    if a == 0:
-                        _io(os.pwritev, f.fileno(), memoryview(_rows(t, 1)[0]), at, str(path))
-                    continue
-                outer, L = math.prod(t.shape[:axis]), whole[name].shape[axis]
-                width = t.element_size() * math.prod(t.shape[axis + 1:])  # bytes of one latent's entry per row
-                rows = _rows(t, outer)
-                for o in range(outer):
-                    _io(os.pwritev, f.fileno(), memoryview(rows[o]), at + (o * L + a) * width, str(path))
+                if axes[name] is not None or a == 0:  # a tensor every latent shares is written once
+                    out.write(name, t, axes[name], a)
             del tensors
-    os.replace(tmp, path)
     return path
 
 
-__all__ = ["LazyDictionary", "WeightsFile", "available_memory", "open_lazy", "reads_lazily", "save_tensors_of"]
+__all__ = ["DTYPES", "LazyDictionary", "WeightsFile", "available_memory", "open_lazy", "reads_lazily", "save_tensors_of"]

@@ -1,15 +1,16 @@
-"""Entry script for tests/test_lazy_capped.py (not collected by pytest): evaluate and export a block artifact in ONE
-process whose address space is capped below the artifact's size.
+"""Entry script for tests/test_lazy_capped.py (not collected by pytest): evaluate, export and (with ``vocab``) name a
+block artifact in ONE process whose address space is capped below the artifact's size.
 
     python tests/lazy_capped.py SPEC.json
 
 SPEC: ``artifact`` (a block artifact), ``warmup`` (a small one over the same store), ``store``, ``hookpoint``,
-``out`` (a folder), ``budget_mib``. The process first evaluates and exports ``warmup``, whole and lazily (every
+``out`` (a folder), ``budget_mib``; optional ``vocab`` (a word list) and ``cache`` (its embeddings cached for the
+model id ``planted``): ``conceptdict name`` runs too, its resident peak measured from its start. The process first evaluates and exports ``warmup``, whole and lazily (every
 import, thread pool and kernel the measured run needs), reads its own VmSize, caps its address space at VmSize + budget
 (``RLIMIT_AS``: it counts every mapping, so torch's own is in the baseline and only what the run adds is capped),
 resets VmHWM (``/proc/self/clear_refs``), then evaluates and exports ``artifact``, and finally tries to load it
 whole under the same cap. Prints one JSON line: the VmSize / VmRSS baseline, the cap, VmPeak and VmHWM after the
-run, the eval's FVU and L0, and whether the whole load failed.
+run (and name's VmRSS at its start and VmHWM at its end), the eval's FVU and L0, and whether the whole load failed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,9 +44,12 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
     code = main(["export", artifact, "--format", "saelens", "--out", str(out / f"{tag}-saelens")])
     done = {"fvu": result.metrics.fvu, "l0": result.metrics.l0, "export_exit": code, "export_vmhwm": status("VmHWM")}
     if spec.get("vocab"):
+        Path("/proc/self/clear_refs").write_text("5")  # name's own resident peak from here
+        done["name_base_rss"], started = status("VmRSS"), time.perf_counter()
         done["name_exit"] = main(["name", artifact, "--vocab", spec["vocab"], "--model", "planted", "--cache-dir",
                                   spec["cache"], "--top-k", "3", "--n-bins", "4", "--chunk", "64", "--base-rows", "16",
-                                  "--out", str(out / f"{tag}-named")])
+                                  "--logit-tokens", "0", "--out", str(out / f"{tag}-named")])
+        done["name_vmhwm"], done["name_s"] = status("VmHWM"), time.perf_counter() - started
     return done
 
 

@@ -3,6 +3,8 @@ reconstructions, evaluation and exported files."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import conceptdict as cd
 import pytest
 import torch
@@ -168,3 +170,157 @@ def test_the_environment_pins_the_choice(tmp_path, monkeypatch):
     monkeypatch.setenv(LAZY_ENV, "yes")
     with pytest.raises(ValueError, match="set it to 1"):
         reads_lazily(where)
+
+
+# ------------------------------------------------------------------ naming a block at a time
+
+
+def _naming_setup(tmp_path, kind: str, namer: str):
+    """A block artifact of ``kind`` read lazily in blocks of 10 latents, the whole dictionary, a token store (D 12,
+    480 rows) and a NameConfig (vocab: a cached 10-word vocabulary, so that no model is loaded)."""
+    from conceptdict.naming import NameConfig, embed_vocabulary
+    from test_naming_fakes import random_token_store
+
+    whole = _whole(kind, 2 if kind == "crosscoder" else 1)
+    lazy = open_lazy(_saved_in_blocks(whole, tmp_path / "blocks"), block_latents=10)
+    store = random_token_store(n_ctx=40, ctx_len=12, d=D, seed=5)
+    words = [f"w{i}" for i in range(10)]
+    (tmp_path / "words.txt").write_text("\n".join(words) + "\n")
+    g = torch.Generator().manual_seed(9)
+    embed_vocabulary(words, "fake-model", "hp", lambda t: torch.randn(len(t), D, generator=g), tmp_path / "cache")
+    cfg = NameConfig(namer=namer, vocab=str(tmp_path / "words.txt"), cache_dir=tmp_path / "cache", top_k=3, n_bins=6,
+                     chunk=50, base_rows=32, logit_tokens=0, hookpoint="hp")
+    return whole, lazy, store, cfg
+
+
+def _same_concepts(got_dir, want_dir) -> None:
+    """Two concepts.json equal: every name, score, runner-up, example row and count exactly; activations, statistics
+    and histogram edges within 1e-5 (values up to about 15; a block's encoder matmul sums in another order)."""
+    import json
+
+    got, want = (json.loads((d / "concepts.json").read_text()) for d in (got_dir, want_dir))
+    assert got["meta"] == want["meta"] and got["directions_shape"] == want["directions_shape"]
+    assert len(got["concepts"]) == len(want["concepts"]) == want["n_concepts"]
+    for g, w in zip(got["concepts"], want["concepts"]):
+        for key in ("id", "name", "score", "runner_ups", "runner_up_scores", "extra", "logit_top"):
+            assert g[key] == w[key], (w["id"], key)
+        assert g["frequency"] == w["frequency"] and g["stats"]["count"] == w["stats"]["count"]
+        assert g["histogram"]["counts"] == w["histogram"]["counts"]
+        for group in ("top_examples", "quantile_examples"):
+            assert [e["row"] for e in g[group]] == [e["row"] for e in w[group]], (w["id"], group)
+            assert [e["activation"] for e in g[group]] == pytest.approx([e["activation"] for e in w[group]], rel=1e-6, abs=1e-5)
+        assert g["stats"] == pytest.approx(w["stats"], rel=1e-6, abs=1e-5)
+        assert g["histogram"]["edges"] == pytest.approx(w["histogram"]["edges"], rel=1e-6, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind, namer", [("topk", "context"), ("topk", "vocab"), ("relu", "context"),
+                                         ("batchtopk", "vocab")])
+def test_naming_a_block_at_a_time_writes_the_whole_dictionarys_concepts(tmp_path, monkeypatch, kind, namer):
+    """A lazily read dictionary named one block of 10 latents at a time, 4 at a time within it (the whole TopK's
+    per-row cutoffs first)
+    writes the files naming the whole dictionary in memory writes: the same names, scores and example rows
+    (``_same_concepts``), directions and report pages; the summary counts the dead and keeps the most frequent."""
+    from conceptdict.naming import (
+        Naming,
+        load_concepts,
+        name_dictionary,
+        pipeline,
+        save_concepts,
+        write_named,
+        write_report,
+    )
+
+    whole, lazy, store, cfg = _naming_setup(tmp_path, kind, namer)
+    one = name_dictionary(whole, store, cfg)
+    monkeypatch.setattr(pipeline, "PIECE", 4)  # each block's concepts built 4 at a time
+    save_concepts(one, tmp_path / "whole")
+    write_report(one, tmp_path / "whole" / "report")
+    run = Naming(lazy, store, cfg)
+    summary = write_named(run.blocks(), tmp_path / "lazy", run.directions_shape, run.meta)
+    assert sum(c.frequency > 0 for c in one.concepts) > L / 2 and any(c.top_examples for c in one.concepts)
+    _same_concepts(tmp_path / "lazy", tmp_path / "whole")
+    back = load_concepts(tmp_path / "lazy")
+    assert torch.equal(back.directions, one.directions) and back.names == one.names
+    report = sorted(p.name for p in (tmp_path / "whole" / "report").iterdir())
+    assert sorted(p.name for p in (tmp_path / "lazy" / "report").iterdir()) == report
+    firing = sorted((c for c in one.concepts if c.frequency > 0), key=lambda c: -c.frequency)[:12]
+    assert len(summary) == L and summary.dead == sum(c.frequency <= 0 for c in one.concepts)
+    assert [c.id for c in summary.most_frequent] == [c.id for c in firing]
+
+
+def test_the_concepts_file_is_written_a_block_at_a_time_as_one_json_document(tmp_path):
+    """ConceptsWriter's concepts.json is ``json.dumps(doc, indent=1)`` of the whole document however the concepts
+    come; blocks out of order are refused, and a failed write leaves no file behind."""
+    import json
+
+    from conceptdict.naming import name_dictionary
+    from conceptdict.naming.concepts import concept_to_json
+    from conceptdict.naming.written import ConceptsWriter
+
+    whole, _, store, cfg = _naming_setup(tmp_path, "topk", "context")
+    one = name_dictionary(whole, store, cfg)
+    with ConceptsWriter(tmp_path / "c", L, one.directions.shape) as out:
+        for a in range(0, L, 40):
+            out.add(one.concepts[a: a + 40], one.directions[a: a + 40])
+        out.finish(one.meta)
+    doc = {"format_version": 1, "n_concepts": L, "directions_shape": [L, D], "meta": one.meta,
+           "concepts": [concept_to_json(c) for c in one.concepts]}
+    assert (tmp_path / "c" / "concepts.json").read_text() == json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+    with pytest.raises(ValueError, match="concepts must come in latent order: expected ids from 0"), \
+            ConceptsWriter(tmp_path / "bad", L, one.directions.shape) as out:
+        out.add(one.concepts[40:50], one.directions[40:50])
+    assert not list((tmp_path / "bad").iterdir())
+
+
+def test_name_in_memory_false_writes_the_same_folder_and_returns_a_summary(tmp_path, monkeypatch, capsys):
+    """``conceptdict name`` (``cd.name(in_memory=False)``) over a block artifact read lazily (CONCEPTDICT_LAZY=1)
+    writes what ``cd.name`` of the whole dictionary writes, and prints the same lines."""
+    from conceptdict.activations import import_array
+    from conceptdict.activations.importer import ImportConfig
+    from conceptdict.cli.main import main
+    from conceptdict.naming import embed_vocabulary
+    from conceptdict.saes.lazy import LAZY_ENV
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.randn(300, D, generator=torch.Generator().manual_seed(0))}, str(tmp_path / "acts.safetensors"))
+    store = import_array(ImportConfig(array=tmp_path / "acts.safetensors", out=tmp_path / "store"))
+    where = _saved_in_blocks(_whole("topk"), tmp_path / "blocks")
+    words = [f"w{i}" for i in range(10)]
+    (tmp_path / "words.txt").write_text("\n".join(words) + "\n")
+    embed_vocabulary(words, "planted", "a", lambda t: torch.randn(len(t), D), tmp_path / "cache")
+    settings = {"store": store, "hookpoint": "a", "vocab": str(tmp_path / "words.txt"), "model": "planted",
+                "cache_dir": tmp_path / "cache", "top_k": 3, "chunk": 64, "logit_tokens": 0}
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    monkeypatch.setenv(LAZY_ENV, "0")
+    want = cd.name(where, out=tmp_path / "whole", **settings)
+    monkeypatch.setenv(LAZY_ENV, "1")
+    assert main(["name", str(where), *args, "--out", str(tmp_path / "lazy")]) == 0
+    printed = capsys.readouterr().out
+    assert f"named {L} latents with the vocab namer" in printed
+    _same_concepts(tmp_path / "lazy", tmp_path / "whole")
+    assert want.path == tmp_path / "whole" and len(want) == L
+    with pytest.raises(Exception, match="pass out=DIR"):
+        cd.name(where, in_memory=False, store=store, hookpoint="a")
+
+
+def test_the_llm_namers_max_latents_counts_every_piece(tmp_path, monkeypatch):
+    """Named a few latents at a time, the llm namer still names ``max_latents`` firing latents in all (the lowest
+    ids), not that many per piece; its detection draws are seeded by the latent's id."""
+    from conceptdict.naming import Naming, llm, pipeline
+    from conceptdict.naming.llm import LlmConfig
+
+    _, lazy, store, cfg = _naming_setup(tmp_path, "topk", "context")
+    calls: list[str] = []
+
+    def chat(config, messages):
+        calls.append(messages[-1]["content"])
+        return "cat" if len(calls) % 2 else " ".join(["1"] * 40)
+
+    monkeypatch.setattr(llm, "chat", chat)
+    monkeypatch.setattr(pipeline, "PIECE", 4)
+    cfg = dataclasses.replace(cfg, namer="llm", llm=LlmConfig(url="http://unused", max_latents=7, n_heldout=2))
+    run = Naming(lazy, store, cfg)
+    concepts = [c for block in run.blocks() for c in block.concepts]
+    named = [c.id for c in concepts if c.name]
+    firing = [c.id for c in concepts if c.top_examples]
+    assert named == firing[:7] and len(calls) == 14

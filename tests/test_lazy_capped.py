@@ -1,5 +1,6 @@
-"""Issue 55's check: a block artifact larger than a process's memory cap is evaluated and exported in one process
-under the cap (tests/lazy_capped.py runs it: eval and export choose to read it lazily because it does not fit).
+"""Issue 55's check: a block artifact larger than a process's memory cap is evaluated, exported and named in one
+process under the cap (tests/lazy_capped.py runs it: eval, export and name choose to read it lazily because it does
+not fit; name writes its concepts a block at a time).
 
 The cap is ``RLIMIT_AS`` set to the process's VmSize after a warm-up (torch alone maps over a GiB of address space
 it never touches, so an absolute cap would measure torch) plus a budget of half the artifact's weights; loading the
@@ -39,18 +40,23 @@ def _blocks(where: Path, latents: int, parts: int, store: Path) -> Path:
     return where
 
 
-def test_a_block_artifact_larger_than_the_cap_is_evaluated_and_exported_under_it(tmp_path):
+def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_under_it(tmp_path):
     import conceptdict as cd
     from conceptdict.activations import import_array
     from conceptdict.activations.importer import ImportConfig
+    from conceptdict.naming import embed_vocabulary, load_concepts, vocab_names
 
     g = torch.Generator().manual_seed(0)
     save_file({"hp": torch.randn(2048, D, generator=g)}, str(tmp_path / "acts.safetensors"))
     store = import_array(ImportConfig(array=tmp_path / "acts.safetensors", out=tmp_path / "store"))
     big = _blocks(tmp_path / "big", L, PARTS, store)
     weights = sum(p.stat().st_size for p in big.glob("weights-*.safetensors"))
+    words = [f"word{i}" for i in range(64)]
+    (tmp_path / "words.txt").write_text("\n".join(words) + "\n")
+    vocab = embed_vocabulary(words, "planted", "hp", lambda t: torch.randn(len(t), D, generator=g), tmp_path / "cache")
     spec = {"artifact": str(big), "warmup": str(_blocks(tmp_path / "warm", 256, 2, store)), "store": str(store),
-            "hookpoint": "hp", "out": str(tmp_path / "out"), "budget_mib": weights / 2 / MIB}
+            "hookpoint": "hp", "out": str(tmp_path / "out"), "budget_mib": weights / 2 / MIB,
+            "vocab": str(tmp_path / "words.txt"), "cache": str(tmp_path / "cache")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("lazy_capped.py")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "spec.json")], capture_output=True, text=True,
@@ -60,10 +66,17 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_and_exported_under_it
     added, peak = got["vmpeak"] - got["base_vmsize"], got["vmhwm"] - got["base_rss"]
     print(f"weights {weights / MIB:.0f} MiB, cap +{(got['cap'] - got['base_vmsize']) / MIB:.0f} MiB: address space "
           f"+{added / MIB:.1f} MiB, resident peak (VmHWM) +{peak / MIB:.1f} MiB")
+    named = got["name_vmhwm"] - got["name_base_rss"]
+    print(f"name: resident peak (VmHWM) +{named / MIB:.1f} MiB over its start, {got['name_s']:.0f} s")
     assert got["whole_load"].startswith("failed"), "the cap must be too small for the whole dictionary"
-    assert got["export_exit"] == 0 and peak < weights / 2
+    assert got["export_exit"] == 0 and got["name_exit"] == 0 and peak < weights / 2
     whole = cd.load(big)  # here, without a cap: the reference
     ref = cd.evaluate(whole, store=store, hookpoint="hp", contexts=0, batch_size=512, out=tmp_path / "whole.json")
     assert got["fvu"] == pytest.approx(ref.metrics.fvu, rel=1e-6) and got["l0"] == ref.metrics.l0 == K
     exported = load_file(tmp_path / "out" / "big-saelens" / "sae_weights.safetensors")
     assert torch.equal(exported["W_dec"], whole.W_dec) and torch.equal(exported["W_enc"], whole.W_enc)
+    concepts = load_concepts(tmp_path / "out" / "big-named")  # every latent named, as the whole decoder names it
+    assert len(concepts) == L and torch.equal(concepts.directions, whole.decoder_directions())
+    want = vocab_names(whole.decoder_directions(), vocab.embeddings, words, n_runner_ups=4)
+    assert concepts.names == [r.name for r in want] and [c.score for c in concepts.concepts] == [r.score for r in want]
+    assert (tmp_path / "out" / "big-named" / "report" / "index.html").exists()

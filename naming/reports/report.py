@@ -12,7 +12,7 @@ import html
 import logging
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts, gap_notes
 from conceptdict.naming.bottleneck.path import chosen_refit, describe_fit, is_chosen
@@ -189,20 +189,30 @@ def page(title: str, header: str, body: str, css: str = "") -> str:
 
 
 def _header(cd: ConceptDictionary, cbm: CbmResult | None) -> str:
-    m = cd.meta
-    parts = [f"{len(cd.concepts)} concepts"] + [
+    return header_html(len(cd.concepts), cd.meta, cbm is not None, any(c.scores for c in cd.concepts))
+
+
+def header_html(n_concepts: int, meta: dict, cbm: bool = False, scored: bool = False) -> str:
+    """The header bar of a report's pages: how many concepts, the meta's model, hookpoint, namer and rows, links."""
+    m = meta
+    parts = [f"{n_concepts} concepts"] + [
         f"{label} {esc(m[key])}" for key, label in (("model", "model"), ("hookpoint", "hookpoint"), ("namer", "namer"),
                                                     ("num_rows", "rows:")) if m.get(key) is not None
     ]  # fmt: skip
     links = '<a href="index.html">concepts</a>' + (' · <a href="cbm.html">concept bottleneck model</a>' if cbm else "")
-    if any(c.scores for c in cd.concepts):
+    if scored:
         links += ' · <a href="scores.html">scores</a>'
     return f'<h1>Concept dictionary</h1><div class="meta">{" · ".join(parts)} · {links}</div>'
 
 
 def _order(cd: ConceptDictionary) -> list[Concept]:
     """Concepts that fire, most frequent first, then dead ones."""
-    return sorted(cd.concepts, key=lambda c: (c.frequency <= 0, -c.frequency, c.id))
+    return [cd.concepts[i] for i in concept_order([c.frequency for c in cd.concepts])]
+
+
+def concept_order(frequencies: Sequence[float]) -> list[int]:
+    """Latent ids in the report's order: those that fire, most frequent first, then dead ones (ties by id)."""
+    return sorted(range(len(frequencies)), key=lambda i: (frequencies[i] <= 0, -frequencies[i], i))
 
 
 def page_name(i: int) -> str:
@@ -214,27 +224,35 @@ def write_report(
 ) -> Path:
     """Write the HTML report into ``directory``; returns the path of ``index.html``."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    order = _order(cd)
-    pages = [order[i : i + per_page] for i in range(0, len(order), per_page)] or [[]]
-    where = {c.id: page_name(p) for p, chunk in enumerate(pages) for c in chunk}
     header = _header(cd, cbm)
-    write_thumbnails(cd.meta.get("thumbnails") or {}, directory / "thumbs")
-    for p, chunk in enumerate(pages):
-        nav = " ".join(
-            f'<a href="{page_name(i)}">{i + 1}</a>' if i != p else f"<strong>{i + 1}</strong>" for i in range(len(pages))
-        )
-        body = f"<nav>pages: {nav}</nav>" if len(pages) > 1 else ""
-        body += '<div class="grid">' + "".join(concept_card(c) for c in chunk) + "</div>"
-        (directory / page_name(p)).write_text(page("Concept dictionary", header, body), encoding="utf-8")
+    order = [c.id for c in _order(cd)]
+    where = write_pages(directory, header, order, lambda i: concept_card(cd.concepts[i]),
+                        cd.meta.get("thumbnails") or {}, per_page)
     if cbm is not None:
         _write_cbm_pages(cbm, directory, header, where)
     if any(c.scores for c in cd.concepts):
         from conceptdict.naming.reports.report_scores import write_score_pages  # it imports this module's page skeleton
 
         write_score_pages(cd, directory, header, where)
-    log.info("report: %s (%d pages)", directory / "index.html", len(pages))
     return directory / "index.html"
+
+
+def write_pages(directory: Path, header: str, order: Sequence[int], card: Callable[[int], str],
+                thumbnails: dict[str, str], per_page: int = 200) -> dict[int, str]:
+    """The concept pages of a report: the cards (``card(id)``, :func:`concept_card`) of ``order``'s latents,
+    ``per_page`` a page, and the thumbnails; returns each latent's page."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pages = [order[i : i + per_page] for i in range(0, len(order), per_page)] or [[]]
+    write_thumbnails(thumbnails, directory / "thumbs")
+    for p, chunk in enumerate(pages):
+        nav = " ".join(
+            f'<a href="{page_name(i)}">{i + 1}</a>' if i != p else f"<strong>{i + 1}</strong>" for i in range(len(pages))
+        )
+        body = f"<nav>pages: {nav}</nav>" if len(pages) > 1 else ""
+        body += '<div class="grid">' + "".join(card(i) for i in chunk) + "</div>"
+        (directory / page_name(p)).write_text(page("Concept dictionary", header, body), encoding="utf-8")
+    log.info("report: %s (%d pages)", directory / "index.html", len(pages))
+    return {i: page_name(p) for p, chunk in enumerate(pages) for i in chunk}
 
 
 def write_thumbnails(thumbnails: dict[str, str], directory: Path) -> None:

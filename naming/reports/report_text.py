@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from conceptdict.naming.bottleneck.cbm import gap_notes
 from conceptdict.naming.bottleneck.path import chosen_refit, describe_fit, is_chosen
 from conceptdict.naming.concepts import Concept, ConceptDictionary
@@ -11,9 +13,10 @@ from conceptdict.naming.reports.report_scores import key_of, scorer_names
 BARS = " ▁▂▃▄▅▆▇█"
 
 
-def format_concepts(cd: ConceptDictionary, n: int = 12) -> str:
-    """A few named concepts, most frequent first, one per line."""
-    firing = sorted((c for c in cd.concepts if c.frequency > 0), key=lambda c: -c.frequency)
+def format_concepts(cd: ConceptDictionary | Sequence[Concept], n: int = 12) -> str:
+    """A few named concepts (of a concept dictionary, or given), most frequent first, one per line."""
+    concepts = cd.concepts if isinstance(cd, ConceptDictionary) else cd
+    firing = sorted((c for c in concepts if c.frequency > 0), key=lambda c: -c.frequency)
     return "\n".join(f"  #{c.id:<6} {c.name[:40]:<40} score {c.score:6.3f}  freq {100 * c.frequency:6.2f}%"
                      for c in firing[:n])
 
