@@ -20,7 +20,6 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-_LANES = 8
 _TINY = np.float32(1e-12)
 
 
@@ -52,44 +51,63 @@ def _bf16_bits(x):
     return np.uint16((bits + bias) >> np.uint32(16))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _adam_row(w, g, m, v, lerp_w, beta2, grad_w2, bc2_sqrt, eps, neg_step, fma):
+    """Adam over one row, element by element (no reduction: the loop vectorises)."""
+    if fma:  # torch's vectorised kernel: two of its multiply-adds are fused
+        for j in range(w.shape[0]):
+            gj = g[j]
+            # exp_avg.lerp_(grad, 1 - beta1), torch's form for a weight below 0.5: exp_avg + w (grad - exp_avg)
+            mj = _fma(lerp_w, gj - m[j], m[j])
+            vj = _fma(grad_w2 * gj, gj, v[j] * beta2)
+            m[j] = mj
+            v[j] = vj
+            w[j] = w[j] + neg_step * mj / (np.sqrt(vj) / bc2_sqrt + eps)
+    else:
+        for j in range(w.shape[0]):
+            gj = g[j]
+            mj = lerp_w * (gj - m[j]) + m[j]
+            vj = v[j] * beta2 + grad_w2 * gj * gj
+            m[j] = mj
+            v[j] = vj
+            w[j] = w[j] + neg_step * mj / (np.sqrt(vj) / bc2_sqrt + eps)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_norm(w, fma):
+    """torch's ``w.norm()`` of one float32 row, to the bit: the squares summed in 8 lanes (element j into lane
+    j mod 8, up to the last whole group of 8), the lanes added in order, then the remaining elements one by one
+    (fused multiply-adds where ATen's kernel is AVX2 / AVX-512)."""
+    F = w.shape[0]
+    whole = F - F % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    for j in range(0, whole, 8):
+        a0 += w[j] * w[j]
+        a1 += w[j + 1] * w[j + 1]
+        a2 += w[j + 2] * w[j + 2]
+        a3 += w[j + 3] * w[j + 3]
+        a4 += w[j + 4] * w[j + 4]
+        a5 += w[j + 5] * w[j + 5]
+        a6 += w[j + 6] * w[j + 6]
+        a7 += w[j + 7] * w[j + 7]
+    ss = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+    for j in range(whole, F):
+        ss = _fma(w[j], w[j], ss) if fma else ss + w[j] * w[j]
+    return np.sqrt(ss)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def adam_rows(W, G, M, V, lerp_w, beta2, grad_w2, bc2_sqrt, eps, neg_step, fma, unit, out_bits, write):
     """In place over rows of W, G, M, V [L, F] (float32): Adam, then (``unit``) each row divided by its norm
-    (clamped at 1e-12), then (``write``) the row's bf16 bits into out_bits [L, F] (uint16). The scalars are float32,
-    as torch's kernel rounds its double coefficients to float32 before use.
-
-    The norm is torch's ``W.norm(dim=1)`` to the bit: its CPU kernel sums the squares of a row in 8 float32 lanes
-    (element j into lane j mod 8, up to the last whole group of 8), adds the lanes in order, then the remaining
-    elements one by one (fused multiply-adds where ATen's kernel is AVX2 / AVX-512)."""
+    (:func:`_row_norm`, clamped at 1e-12), then (``write``) the row's bf16 bits into out_bits [L, F] (uint16). The
+    scalars are float32, as torch's kernel rounds its double coefficients to float32 before use. Each row is
+    read from memory once: the norm, the division and the copy read it back from cache."""
     L, F = W.shape
-    whole = F - F % _LANES
     for r in prange(L):
-        w, g, m, v = W[r], G[r], M[r], V[r]
-        acc = np.zeros(_LANES, np.float32)
-        for j in range(F):
-            gj = g[j]
-            # exp_avg.lerp_(grad, 1 - beta1), torch's form for a weight below 0.5: exp_avg + w (grad - exp_avg)
-            d = gj - m[j]
-            if fma:  # torch's vectorised kernel: two of its multiply-adds are fused
-                mj = _fma(lerp_w, d, m[j])
-                vj = _fma(grad_w2 * gj, gj, v[j] * beta2)
-            else:
-                mj = lerp_w * d + m[j]
-                vj = v[j] * beta2 + grad_w2 * gj * gj
-            denom = np.sqrt(vj) / bc2_sqrt + eps
-            wj = w[j] + neg_step * mj / denom
-            m[j] = mj
-            v[j] = vj
-            w[j] = wj
-            if j < whole:
-                acc[j % _LANES] += wj * wj
+        w = W[r]
+        _adam_row(w, G[r], M[r], V[r], lerp_w, beta2, grad_w2, bc2_sqrt, eps, neg_step, fma)
         if unit:
-            ss = np.float32(0.0)
-            for lane in range(_LANES):
-                ss += acc[lane]
-            for j in range(whole, F):
-                ss = _fma(w[j], w[j], ss) if fma else ss + w[j] * w[j]
-            n = np.sqrt(ss)
+            n = _row_norm(w, fma)
             if not n >= _TINY:  # clamp_min(1e-12) (a NaN norm stays NaN)
                 n = n if np.isnan(n) else _TINY
             for j in range(F):
