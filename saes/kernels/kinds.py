@@ -38,41 +38,27 @@ def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str) -> Tensor:
     return gather_pre(x, W_enc, indices, impl=impl)
 
 
-def _support(z, m: int, top: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+def _support(z: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """Sparsemax support of the rows of z [n, L] from their top m scores: (indices [n, m'], size [n]); the first
     ``size`` indices of a row are its support. A row whose support may exceed m is solved from every score above
     a lower bound of its threshold where few are (``_above_bound``), else from its top 4m scores, and so on; no
-    row's L scores are sorted unless its support may exceed L / 4. ``z`` is the scores, or a function rows ->
-    those rows' scores when ``top`` (the top m scores, largest first, and their indices) is given: then the
-    scores are made only for the rows whose support may exceed m."""
-    vals, idx = top if top is not None else z.topk(min(m, z.shape[1]), dim=1, sorted=True)
-    L = z.shape[1] if top is None else None
-    j = torch.arange(1, vals.shape[1] + 1, device=vals.device, dtype=vals.dtype)
+    row's L scores are sorted unless its support may exceed L / 4."""
+    L = z.shape[1]
+    vals, idx = z.topk(min(m, L), dim=1, sorted=True)
+    j = torch.arange(1, vals.shape[1] + 1, device=z.device, dtype=z.dtype)
     cums = vals.cumsum(dim=1)
     size = (1 + j * vals > cums).sum(dim=1)
-    full = size == vals.shape[1]
+    full = (size == vals.shape[1]) & (vals.shape[1] < L)
     if full.any():
         rows = full.nonzero().flatten()
-        zr = z[rows] if top is None else z(rows)
-        L = zr.shape[1]
-        if vals.shape[1] < L:
-            # tau = max_j (S_j - 1) / j over the sorted prefixes of the support, which holds the top m: a lower bound
-            lower = ((cums[rows] - 1) / j).max(dim=1).values
-            sub_idx, sub_size = _above_bound(zr, lower, 4 * vals.shape[1])
-            width = max(sub_idx.shape[1], vals.shape[1])
-            idx = torch.cat([idx, idx.new_zeros(vals.shape[0], width - idx.shape[1])], dim=1)
-            idx[rows] = torch.cat([sub_idx, sub_idx.new_zeros(rows.shape[0], width - sub_idx.shape[1])], dim=1)
-            size[rows] = sub_size
+        # tau = max_j (S_j - 1) / j over the sorted prefixes of the support, which holds the top m: a lower bound
+        lower = ((cums[rows] - 1) / j).max(dim=1).values
+        sub_idx, sub_size = _above_bound(z[rows], lower, 4 * vals.shape[1])
+        width = max(sub_idx.shape[1], vals.shape[1])
+        idx = torch.cat([idx, idx.new_zeros(z.shape[0], width - idx.shape[1])], dim=1)
+        idx[rows] = torch.cat([sub_idx, sub_idx.new_zeros(rows.shape[0], width - sub_idx.shape[1])], dim=1)
+        size[rows] = sub_size
     return idx, size
-
-
-def _backend(impl: str, t: Tensor):
-    """The selection backend (``sparse.Backend``) of the fast implementation ``impl`` resolves to for ``t``."""
-    import importlib
-
-    from . import resolve_impl
-
-    return importlib.import_module(f"{__package__}.{resolve_impl('encode', impl, t.device, t.dtype)}_impl").BACKEND
 
 
 def _above_bound(z: Tensor, lower: Tensor, m: int) -> tuple[Tensor, Tensor]:
@@ -104,16 +90,9 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
         return reference.encode_sparsemax(x, W_enc, b_enc, scale)
     B = x.shape[0]
     parts, sizes = [], []
-    row_topk = _backend(impl, x).row_topk
     with torch.no_grad():
-        b, m = b_enc.detach(), min(n_candidates, W_enc.shape[1])
         for s in range(0, B, ROW_CHUNK):
-            pre = x[s : s + ROW_CHUNK].detach() @ W_enc.detach()
-            # the top m of pre + b in one pass over the chunk (the backend's selection, bias fused in; a positive
-            # scale ranks alike), sorted here; the whole rows' scores only for rows whose support may be wider
-            top, at = row_topk(pre, m, None, b, None)
-            top, order = top.sort(dim=1, descending=True)
-            idx, size = _support(lambda rows, pre=pre: (pre[rows] + b) * scale, m, (top * scale, at.gather(1, order)))
+            idx, size = _support(torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc) * scale, n_candidates)
             parts.append(idx)
             sizes.append(size)
         size = torch.cat(sizes)
