@@ -9,12 +9,16 @@ Phases (seconds):
   interpreter      Popen -> the child's first line of Python (interpreter start, site, the editable finder)
   import_torch     ``import torch``
   cli              the CLI: parsing, the train API, opening the store, sizing the run (until setup starts)
+  open_data        of which: the held-out and first batches read (``saes.batches.open_training_data``)
   setup            the model, its initialisation from the first rows (geometric median), the optimizer
   optimizer        of which: building torch.optim.Adam (its first call imports torch._dynamo)
   first_step       the first step (the sparse kernels' first call: numba loads its cached machine code)
   => to_first_step   process start -> the first step ends
   steps            the other steps (reported per step too)
   finish           last step -> the artifact is saved (threshold, held-out evaluation, save)
+  checkpoint       of which: the last checkpoint (weights, Adam state; written with --checkpoint-every 0 too)
+  heldout_eval     of which: the held-out evaluation
+  save             of which: the artifact (weights.safetensors, config.json)
   exit             saved -> the process has exited (printing the summary, interpreter teardown)
   teardown         of which: the CLI has returned -> the process has exited
   => after_last_step
@@ -59,11 +63,14 @@ def timed(owner, name, before=None, after=None, every=False):
         return out
     setattr(owner, name, wrapper)
 
+timed(tr, "open_training_data", before="data_start", after="data_end")
 timed(tr, "setup", before="setup_start", after="setup_end")
 timed(tr, "make_optimizer", before="opt_start", after="opt_end")
 timed(tr, "step", after="first_step_end")
 timed(tr, "step", after="last_step_end", every=True)
-timed(art, "save_dictionary", after="saved")
+timed(tr, "_save", before="ckpt_start", after="ckpt_end")
+timed(tr, "evaluate", before="eval_start", after="eval_end")
+timed(art, "save_dictionary", before="save_start", after="saved")
 import atexit
 atexit.register(lambda path=sys.argv[1]: json.dump(T, open(path, "w")))
 sys.argv = ["conceptdict"] + sys.argv[2:]
@@ -105,11 +112,13 @@ def random_store(root: Path, rows: int, d: int = 384) -> Path:
     return out
 
 
-def run_once(store: Path, out: Path, extra: list[str]) -> dict[str, float]:
-    """One fresh ``conceptdict train`` process; its phases in seconds."""
+def run_once(store: Path, out: Path, extra: list[str], python: str = sys.executable,
+             shape: tuple[str, ...] = ("--latents", "1024", "--k", "16")) -> dict[str, float]:
+    """One fresh ``conceptdict train`` process (``python``: its interpreter; ``shape``: the dictionary's flags);
+    its phases in seconds."""
     stamps = out.with_suffix(".json")
-    args = [sys.executable, "-c", CHILD, str(stamps), "train", "--store", str(store), "--latents", "1024", "--k", "16",
-            "--out", str(out), "--overwrite", *extra]
+    args = [python, "-c", CHILD, str(stamps), "train", "--store", str(store), *shape, "--out", str(out), "--overwrite",
+            *extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     t0 = time.time()
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
@@ -122,6 +131,7 @@ def run_once(store: Path, out: Path, extra: list[str]) -> dict[str, float]:
         "interpreter": T["python"] - t0,
         "import_torch": T["torch"] - T["python"],
         "cli": T["setup_start"] - T["torch"],
+        "open_data": T["data_end"] - T["data_start"],
         "setup": T["setup_end"] - T["setup_start"],
         "optimizer": T["opt_end"] - T["opt_start"],
         "first_step": T["first_step_end"] - T["setup_end"],
@@ -129,6 +139,9 @@ def run_once(store: Path, out: Path, extra: list[str]) -> dict[str, float]:
         "steps": T["last_step_end"] - T["first_step_end"],
         "per_step_ms": 1000 * (T["last_step_end"] - T["first_step_end"]) / max(steps - 1, 1),
         "finish": T["saved"] - T["last_step_end"],
+        "checkpoint": T["ckpt_end"] - T["ckpt_start"],
+        "heldout_eval": T["eval_end"] - T["eval_start"],
+        "save": T["saved"] - T["save_start"],
         "exit": t_exit - T["saved"],
         "teardown": t_exit - T["main_end"],
         "after_last_step": t_exit - T["last_step_end"],

@@ -20,6 +20,7 @@ hardware it came from. The machine is shared: each row runs ``--repeat`` times, 
 
     .venv/bin/python bench/whole_train.py                                  # D 768, L 8192, k 32, B 4096, 24 steps
     .venv/bin/python bench/whole_train.py --latents 65536 --steps 12
+    .venv/bin/python bench/whole_train.py --steps 96 --precisions bf16 --phases   # where our process's time goes
     .venv/bin/python bench/whole_train.py --store runs/demo/store --d 384 --batch 256 --steps 200 --latents 1024 --k 16
 """
 
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup import run_once  # noqa: E402
 from train_step import cpu_info, synthetic_batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
                    help="interpreter with eai-sparsify (the sparsify row is skipped when missing)")
     p.add_argument("--work", type=Path, default=Path("runs/whole-train"), help="synthetic store and outputs")
+    p.add_argument("--phases", action="store_true",
+                   help="time our processes' phases too (start-up, data, setup, steps, checkpoint, held-out "
+                        "evaluation, save: bench/startup.py's timestamps) and print them")
     p.add_argument("--json", type=Path, help="also write the figures here")
     return p.parse_args(argv)
 
@@ -114,19 +119,26 @@ def store_shards(store: Path) -> tuple[list[str], str]:
 
 
 def run_train(a: argparse.Namespace, store: Path, precision: str, out: Path) -> dict:
-    cmd = [str(ROOT / ".venv/bin/conceptdict"), "train", "--store", str(store), "--latents", str(a.latents),
-           "--k", str(a.k), "--batch-size", str(a.batch), "--tokens", str(a.batch * a.steps), "--precision",
-           precision, "--eval-batches", "1", "--calibration-batches", "0", "--stop-patience", "0",
-           "--checkpoint-every", "0", "--seed", str(a.seed), "--no-verify", "--overwrite", "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "CONCEPTDICT_PRECISION"}  # auto means this machine's choice
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    wall = time.perf_counter() - t
-    if proc.returncode:
-        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    shape = ("--latents", str(a.latents), "--k", str(a.k))
+    flags = ["--batch-size", str(a.batch), "--tokens", str(a.batch * a.steps), "--precision", precision,
+             "--eval-batches", "1", "--calibration-batches", "0", "--stop-patience", "0", "--checkpoint-every", "0",
+             "--seed", str(a.seed), "--no-verify"]
+    phases = None
+    if a.phases:  # the same process with timestamps around its phases (bench/startup.py's child)
+        phases = run_once(store, out, flags, python=str(ROOT / ".venv/bin/python"), shape=shape)
+        wall = phases["total"]
+    else:
+        cmd = [str(ROOT / ".venv/bin/conceptdict"), "train", "--store", str(store), *shape, *flags, "--overwrite",
+               "--out", str(out)]
+        env = {k: v for k, v in os.environ.items() if k != "CONCEPTDICT_PRECISION"}  # auto: this machine's choice
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        wall = time.perf_counter() - t
+        if proc.returncode:
+            return {"error": proc.stderr.strip().splitlines()[-1:]}
     summary = json.loads((out / "config.json").read_text())["training"]
     return {"wall_s": wall, "fvu": summary["heldout_eval"]["fvu"], "precision": summary["config"]["precision"],
-            "steps": summary["steps"]}
+            "steps": summary["steps"], **({"phases": phases} if phases else {})}
 
 
 def run_sparsify(a: argparse.Namespace, store: Path) -> dict:
@@ -163,7 +175,9 @@ def main(argv=None) -> int:
     for name, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
         rows[name] = ({"wall_s": statistics.median(r["wall_s"] for r in ok), "fvu": ok[0]["fvu"],
-                       "precision": ok[0].get("precision")} if ok else rs[0])
+                       "precision": ok[0].get("precision"),
+                       **({"phases": {k: statistics.median(r["phases"][k] for r in ok) for k in ok[0]["phases"]}}
+                          if "phases" in ok[0] else {})} if ok else rs[0])
     base = rows.get("sparsify", {}).get("wall_s")
     f32 = rows.get("train-float32", {}).get("fvu")
     print(f"{'process':16s} {'wall s':>8s} {'sparsify / it':>14s} {'FVU':>8s} {'FVU / float32':>14s}")
@@ -174,6 +188,11 @@ def main(argv=None) -> int:
         speed = f"{base / r['wall_s']:14.2f}" if base else f"{'n/a':>14s}"
         rel = f"{r['fvu'] / f32:14.4f}" if f32 and name != "sparsify" else f"{'-':>14s}"
         print(f"{name:16s} {r['wall_s']:8.1f} {speed} {r['fvu']:8.4f} {rel}")
+    if a.phases:
+        timed = {name: r["phases"] for name, r in rows.items() if "phases" in r}
+        print(f"{'phase (s)':16s}" + "".join(f"{name:>16s}" for name in timed))
+        for key in next(iter(timed.values()), {}):
+            print(f"{key:16s}" + "".join(f"{p[key]:16.3f}" for p in timed.values()))
     if a.json:
         a.json.write_text(json.dumps({"cpu": cpu, "args": {k: str(v) for k, v in vars(a).items()}, "rows": rows,
                                       "runs": runs}, indent=2))

@@ -14,10 +14,20 @@ loop uses none of them.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 from torch import Tensor
+
+from . import kernels
+
+
+class RowsStep(NamedTuple):
+    """How a 2-D parameter steps through ``kernels.adam_rows`` instead of the group's fused call: Adam, then with
+    ``unit`` its rows renormalised, then with ``copy`` its bf16 copy written, in one pass with ``impl``."""
+    unit: bool
+    copy: Tensor | None
+    impl: str
 
 
 class Adam:
@@ -52,14 +62,26 @@ class Adam:
         return self.state[p]
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One update of every parameter that has a gradient (the others keep their state, as torch.optim's do)."""
+    def step(self, rows: dict[int, RowsStep] | None = None) -> None:
+        """One update of every parameter that has a gradient (the others keep their state, as torch.optim's do).
+        ``rows``: parameter index -> :class:`RowsStep` for the parameters that step through ``kernels.adam_rows``
+        (the same Adam arithmetic, bit for bit, with the renormalisation and the copy in the same pass)."""
         group = self.param_groups[0]
+        rows = rows or {}
         by_device: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-        for p in self.params:
-            if p.grad is not None:
-                by_device.setdefault((p.device, p.dtype), []).append(p)
         beta1, beta2 = group["betas"]
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            if i not in rows:
+                by_device.setdefault((p.device, p.dtype), []).append(p)
+                continue
+            s = self._state(p)
+            s["step"] += 1
+            how = rows[i]
+            kernels.adam_rows(p, p.grad, s["exp_avg"], s["exp_avg_sq"], s["step"], group["lr"], (beta1, beta2),
+                              group["eps"], unit=how.unit, copy=how.copy, impl=how.impl)
+            torch.autograd.graph.increment_version([p])  # as below: the kernel writes the weights behind autograd
         for ps in by_device.values():
             states = [self._state(p) for p in ps]
             steps = [s["step"] for s in states]

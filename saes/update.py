@@ -8,9 +8,10 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .adam import Adam
+from .adam import Adam, RowsStep
 from .checkpoint import TrainState
 from .comm import LOCAL, Comm, centred_sum_sq, shard_sum
+from .kernels import copies
 from .model import SparseCoder
 
 
@@ -92,9 +93,37 @@ def apply_update(model: SparseCoder, opt: Adam, loss: Tensor, lr: float, grad_cl
     if grad_clip > 0:
         clip_grads(model, grad_clip, comm, shared)
     _link_grads(model, opt)
-    opt.step()
-    if unit:
+    rows = fused_rows(model, opt)
+    opt.step(rows)
+    for i, how in rows.items():
+        if how.copy is not None:  # written by the step from the new weights: current at their new version
+            copies.refreshed(list(model.parameters())[i], torch.bfloat16)
+    if unit and not rows:
         model.normalize_decoder()
+
+
+def fused_rows(model: SparseCoder, opt: Adam) -> dict[int, RowsStep]:
+    """The parameters the Adam step updates with ``kernels.adam_rows`` in one pass (by index): with the ``numba``
+    kernels, the decoder's matrices (renormalised in the pass when the kind keeps unit rows) and the encoder's,
+    each writing its bf16 copy when the step keeps one (``copies.kept``: the bf16 step read it). Empty otherwise:
+    then Adam is torch's fused kernel over every parameter and the renormalisation a pass of its own."""
+    impl = kernels.resolve_impl("adam_rows", model.kernel_impl, model.device, model.dtype)
+    if impl != "numba":
+        return {}
+    params = list(model.parameters())
+    index = {id(p): i for i, p in enumerate(params)}
+    decoder = [index.get(id(W)) for W, _, _ in model.decoder_parts()]
+    if None in decoder:
+        return {}
+    rows = {}
+    for i in [*decoder, index.get(id(model.W_enc))]:
+        if i is None or i in rows or params[i].dim() != 2:
+            continue
+        kept = copies.kept(params[i], torch.bfloat16)
+        # Adam steps the parameter in storage order (make_optimizer): the copy in that order too
+        copy = None if kept is None else (kept if opt.params[i] is params[i] else kept.t())
+        rows[i] = RowsStep(unit=i in decoder and model.spec.unit_decoder, copy=copy, impl=impl)
+    return rows
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@ Operations: ``encode`` (the fused training encoder: one matmul, TopK or BatchTop
 code, sparse backward), ``encode_topk``, ``batch_topk``, ``encode_aux``, ``sparse_decode`` and ``gather_pre``
 (pre-activations at given entries, sparse backward) and ``encode_above`` (the entries above a per-latent
 floor, JumpReLU's); ``kinds.py`` builds the JumpReLU, Matryoshka and
-SpaDE operations on them (``prefix_decodes``, ``prefix_errors``, ``encode_sparsemax``).
+SpaDE operations on them (``prefix_decodes``, ``prefix_errors``, ``encode_sparsemax``); ``adam_rows`` is the update of a weight matrix
+(Adam, the decoder renormalisation and its bf16 copy in one pass).
 Implementations (``sparse.py`` holds the shared sparse autograd, ``select.py`` the selection):
 
 - ``torch``     embedding_bag / index_add / bmm in chunks; any device and dtype (``torch_impl.py``).
@@ -41,7 +42,7 @@ from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
 OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above",
-       "project_rows")
+       "project_rows", "adam_rows")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -200,6 +201,20 @@ def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:
     _fn("project_rows", impl, W)(W, G)
 
 
+
+def adam_rows(W: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
+              betas: tuple[float, float], eps: float, *, unit: bool = False, copy: Tensor | None = None,
+              impl: str = "auto") -> None:
+    """The update of one weight matrix W [L, F], in place: Adam (torch's fused kernel's step, with the moments
+    ``exp_avg`` / ``exp_avg_sq`` and ``step``, the step count after this step's increment), then with ``unit`` every
+    row divided by its norm (clamped at 1e-12: the decoder renormalisation), then with ``copy`` W rounded into it
+    (the bf16 copy the next step's kernels read, ``copies.rounded``).
+
+    ``reference`` / ``torch``: those three passes (``reference.adam_rows``). ``numba``: one pass over the rows with
+    the same float32 operations in the same order, so W, the moments and the copy are bit for bit the reference's
+    (``numba_update``); it takes the reference for shapes, dtypes or layouts it does not cover."""
+    _fn("adam_rows", impl, W)(W, grad, exp_avg, exp_avg_sq, step, lr, betas[0], betas[1], eps, unit, copy)
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
@@ -209,6 +224,6 @@ def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int
 from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402  (they use the ops above)
 
 __all__ = [
-    "IMPLS", "Encoded", "SparseCode", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
+    "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
     "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
 ]

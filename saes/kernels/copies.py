@@ -8,7 +8,8 @@ write through torch's in-place operations on the parameter or a view of it (the 
 ``load_state_dict``, an optimizer's ``foreach`` update) bumps it, so a copy is made once per update, not once per
 read. A kernel that writes weights without telling autograd must bump the counter itself
 (``torch.autograd.graph.increment_version``): torch's fused Adam kernel does not, and ``saes.adam.Adam`` bumps it
-after each step.
+after each step. An update that writes the copy itself (``kernels.adam_rows``) takes the buffer with :func:`kept`
+and marks it current with :func:`refreshed`.
 
 The copies live as long as their parameter (a weak reference drops them with it) and at most :data:`MAX_COPIES`
 of them are kept; :func:`release_copies` drops them all.
@@ -62,6 +63,26 @@ def rounded(W: Tensor, dtype: torch.dtype) -> Tensor:
         while len(_COPIES) > MAX_COPIES:
             _COPIES.popitem(last=False)
     return copy.as_strided(W.shape, W.stride(), W.storage_offset() - base.storage_offset())
+
+
+def kept(W: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """The buffer of W's cached copy in ``dtype`` (current or not), shaped and strided as W, or None when there is
+    none: a kernel that updates W may write the new copy into it and then call :func:`refreshed`."""
+    base = W if W._base is None else W._base
+    hit = _COPIES.get((id(base), dtype))
+    if hit is None or hit[0]() is not base or hit[2].shape != base.shape:
+        return None
+    return hit[2].as_strided(W.shape, W.stride(), W.storage_offset() - base.storage_offset())
+
+
+def refreshed(W: Tensor, dtype: torch.dtype) -> None:
+    """Mark W's cached copy in ``dtype`` (:func:`kept`) as made from W's current values: the caller wrote it after
+    its last write to W (and after bumping W's version counter)."""
+    base = W if W._base is None else W._base
+    key = (id(base), dtype)
+    hit = _COPIES.get(key)
+    if hit is not None and hit[0]() is base:
+        _COPIES[key] = (hit[0], base._version, hit[2])
 
 
 def release_copies() -> None:

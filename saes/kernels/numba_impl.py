@@ -7,6 +7,7 @@ each element the float32 it is exactly: ``numba_kernels._at``), other dtypes are
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -149,6 +150,30 @@ def project_rows(W: Tensor, G: Tensor) -> None:
         reference.project_rows(W, G)
         return
     nk.project_rows(W.detach().numpy(), G.detach().numpy())
+
+
+
+def adam_rows(W: Tensor, G: Tensor, M: Tensor, V: Tensor, step: Tensor, lr: float, beta1: float, beta2: float,
+              eps: float, unit: bool, copy: Tensor | None) -> None:
+    """``reference.adam_rows`` in one numba pass over the rows (``numba_update.adam_rows``), bit for bit: on
+    contiguous float32 CPU tensors whose rows are whole groups of 8 and whose size is whole groups of 16 (there
+    torch's kernels run their vectorised code on every element; their scalar tails round otherwise), with a bf16
+    ``copy`` or none; the reference otherwise."""
+    from . import numba_update as nu
+
+    tensors = (W, G, M, V) + ((copy,) if copy is not None else ())
+    if W.dim() != 2 or W.shape[1] % 8 or W.numel() % 16 or any(
+            t.device.type != "cpu" or not t.is_contiguous() or t.shape != W.shape for t in tensors) or \
+            any(t.dtype != torch.float32 for t in (W, G, M, V)) or (copy is not None and copy.dtype != torch.bfloat16):
+        reference.adam_rows(W, G, M, V, step, lr, beta1, beta2, eps, unit, copy)
+        return
+    t = float(step)  # torch's kernel: its coefficients in double, each rounded to float32 where it is used
+    f = np.float32
+    bc2_sqrt = math.sqrt(1 - beta2 ** t)
+    bits = copy.view(torch.int16).numpy().view(np.uint16) if copy is not None else np.empty((0, 0), np.uint16)
+    nu.adam_rows(W.detach().numpy(), G.detach().numpy(), M.numpy(), V.numpy(), f(1 - beta1), f(beta2), f(1 - beta2),
+                 f(bc2_sqrt), f(eps), f(-(lr / (1 - beta1 ** t))), torch.backends.cpu.get_cpu_capability() != "DEFAULT",
+                 unit, bits, copy is not None)
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,

@@ -74,6 +74,19 @@ def project_rows(W: Tensor, G: Tensor) -> None:
     G.addcmul_(W, coef[:, None], value=-1)
 
 
+def adam_rows(W: Tensor, G: Tensor, M: Tensor, V: Tensor, step: Tensor, lr: float, beta1: float, beta2: float,
+              eps: float, unit: bool, copy: Tensor | None) -> None:
+    """The unfused update of one weight matrix W [L, F], in place: torch's fused Adam step (moments M, V; ``step``
+    the step count after this step's increment), then with ``unit`` every row divided by its norm (clamped at
+    1e-12), then with ``copy`` W rounded into it (a tensor of W's shape in another dtype, e.g. the bf16 copy)."""
+    torch._fused_adam_([W], [G], [M], [V], [], [step], amsgrad=False, lr=lr, beta1=beta1, beta2=beta2,
+                       weight_decay=0.0, eps=eps, maximize=False, grad_scale=None, found_inf=None)
+    if unit:
+        W /= W.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    if copy is not None:
+        copy.copy_(W)
+
+
 def rounded_rows(W: Tensor, dtype: torch.dtype) -> Tensor:
     """W rounded to ``dtype`` (and back to W's) in value, W itself in gradient: a product with it reads the rounded
     weights and hands their gradient to W unchanged (what the fast kernels do with a bf16 copy of the weights)."""

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .reference import project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
+from .reference import adam_rows, project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
 from .sparse import Backend, make_ops
 
 # rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)

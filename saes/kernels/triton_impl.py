@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .reference import project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
+from .reference import adam_rows, project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
 from .sparse import Backend, make_ops
 from .torch_impl import torch_row_topk
 
