@@ -82,15 +82,16 @@ def rows_trained(sae_dir: Path) -> int:
     return int(json.loads(lines[-1])["rows"])
 
 
-def train_kind(w: dict, kind: str, out: Path) -> dict:
-    """Import the world's rows as a store (once) and train ``kind`` at the CLI's defaults: latents and k only."""
+def train_kind(w: dict, kind: str, out: Path, **settings) -> dict:
+    """Import the world's rows as a store (once) and train ``kind`` at the CLI's defaults: latents and k only
+    (plus ``settings``, e.g. ``matryoshka_inner_weight``, where a sweep gives one)."""
     import conceptdict as cd
 
     store = Path(w["dir"]) / "store"
     if not (store / "manifest.json").exists():
         cd.import_array(Path(w["dir"]) / "train.npy", out=store, overwrite=True)
     t0 = time.perf_counter()
-    cd.train(store=store, latents=w["width"], k=w["k"], kind=kind, out=out, overwrite=True)
+    cd.train(store=store, latents=w["width"], k=w["k"], kind=kind, out=out, overwrite=True, **settings)
     return {"seconds": time.perf_counter() - t0, "samples": rows_trained(out)}
 
 
@@ -121,6 +122,18 @@ def score(python: str, w: dict, which: list[str], out: Path, threads: int) -> di
     return json.loads(out.read_text())
 
 
+def runs(kinds: list[str], inner_weights: list[float] | None) -> list[tuple[str, str, dict]]:
+    """(kind, row name, settings) of each conceptdict run: every kind at its defaults, except that with
+    ``inner_weights`` each matryoshka kind runs once per weight, named ``KIND@inner=W``."""
+    out = []
+    for kind in kinds:
+        if inner_weights and kind.startswith("matryoshka"):
+            out += [(kind, f"{kind}@inner={w:g}", {"matryoshka_inner_weight": w}) for w in inner_weights]
+        else:
+            out.append((kind, kind, {}))
+    return out
+
+
 def run_world(args, w: dict) -> list[dict]:
     import torch
 
@@ -128,11 +141,11 @@ def run_world(args, w: dict) -> list[dict]:
     here = Path(w["dir"]) / "dicts"
     here.mkdir(exist_ok=True)
     rows, samples_for = [], {}
-    for kind in args.kinds:
-        sae_dir = here / kind
-        trained = train_kind(w, kind, sae_dir)
-        result = score(args.side_python, w, scored_input(w, kind, sae_dir), here / f"{kind}.score.json", args.threads)
-        rows.append(dict(lib="conceptdict", name=kind, pair=PAIR[kind], **trained, **result))
+    for kind, name, settings in runs(args.kinds, args.matryoshka_inner_weights):
+        sae_dir = here / name
+        trained = train_kind(w, kind, sae_dir, **settings)
+        result = score(args.side_python, w, scored_input(w, kind, sae_dir), here / f"{name}.score.json", args.threads)
+        rows.append(dict(lib="conceptdict", name=name, pair=PAIR[kind], **trained, **result))
         if PAIR[kind]:
             samples_for[PAIR[kind]] = max(samples_for.get(PAIR[kind], 0), trained["samples"])
         print(line(w, rows[-1]), flush=True)
@@ -205,7 +218,13 @@ def main(argv=None) -> None:
                     help="divide the published recipe's features, hidden width, SAE width and roots by these")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="world seeds (the generator's seed)")
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS, help="conceptdict kinds")
-    ap.add_argument("--saelens", nargs="+", default=SAELENS, choices=SAELENS, help="SAELens architectures")
+    ap.add_argument("--saelens", nargs="*", default=SAELENS, choices=SAELENS,
+                    help="SAELens architectures (none: conceptdict only)")
+    ap.add_argument("--matryoshka-inner-weights", type=float, nargs="+", default=None,
+                    help="train each matryoshka kind once per inner-prefix weight (the CLI's "
+                         "--matryoshka-inner-weight), rows named KIND@inner=W; default: the kind's default only")
+    ap.add_argument("--tag", default="", help="appended to the results file's name (runs of other kinds or "
+                                               "settings on the same scale and seed then sit side by side)")
     ap.add_argument("--train-rows", type=int, default=65536, help="rows of each world's store")
     ap.add_argument("--eval-rows", type=int, default=16384, help="held-out rows scored (multiple of 4096)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every training (both libraries)")
@@ -227,7 +246,8 @@ def main(argv=None) -> None:
     # 5,000 with one thread, measured at width 256), while SAELens ran on one thread
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / f"results-s{'-'.join(map(str, args.scales))}-seed{'-'.join(map(str, args.seeds))}.json"
+    results = args.out / f"results-s{'-'.join(map(str, args.scales))}-seed{'-'.join(map(str, args.seeds))}"
+    results = results.with_name(f"{results.name}{'-' + args.tag if args.tag else ''}.json")
     rows = []
     for scale in args.scales:
         for seed in args.seeds:
