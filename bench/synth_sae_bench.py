@@ -161,7 +161,7 @@ def run_world(args, w: dict) -> list[dict]:
         print(line(w, rows[-1]), flush=True)
     for r in rows:
         r.update(scale=w["scale"], seed=w["seed"], k=w["k"], width=w["width"], hidden_dim=w["hidden_dim"],
-                 num_features=w["num_features"])
+                 num_features=w["num_features"], tag=args.tag)
     return rows
 
 
@@ -172,9 +172,18 @@ def line(w: dict, r: dict) -> str:
 
 
 def ratio(r: dict, rows: list[dict], field) -> str:
+    """``field`` of conceptdict's row over SAELens' same architecture, scale and seed: the SAELens run of the same
+    invocation (same tag: it got these kinds' sample count) where several are merged."""
     ref = [x for x in rows if x["lib"] == "saelens" and x["name"] == r["pair"] and x["scale"] == r["scale"]
            and x["seed"] == r["seed"]]
+    ref.sort(key=lambda x: x.get("tag", "") != r.get("tag", ""))
     return f"x{field(r) / field(ref[0]):.2f}" if ref and field(ref[0]) else "-"
+
+
+def shown(r: dict) -> str:
+    """A row's name in the tables: SAELens runs of a tagged invocation carry the tag (their sample count follows
+    that invocation's kinds, so they are not averaged with another invocation's)."""
+    return f"{r['name']} [{r['tag']}]" if r["lib"] == "saelens" and r.get("tag") else r["name"]
 
 
 def tables(rows: list[dict]) -> str:
@@ -183,7 +192,7 @@ def tables(rows: list[dict]) -> str:
     out = [("| scale | seed | library | kind | MCC | F1 | explained var. | L0 | dead | samples | wall s | MCC / SAELens "
             "| F1 / SAELens |"), "|" + "---|" * 13]
     for r in rows:
-        out.append(f"| {r['scale']} | {r['seed']} | {r['lib']} | {r['name']} | {mcc(r):.3f} | {f1(r):.3f} | "
+        out.append(f"| {r['scale']} | {r['seed']} | {r['lib']} | {shown(r)} | {mcc(r):.3f} | {f1(r):.3f} | "
                    f"{r['explained_variance']:.3f} | {r['sae_l0']:.1f} | {r['dead_latents']} | {r['samples']:,} | "
                    f"{r['seconds']:.0f} | {ratio(r, rows, mcc) if r['lib'] == 'conceptdict' else ''} | "
                    f"{ratio(r, rows, f1) if r['lib'] == 'conceptdict' else ''} |")
@@ -192,10 +201,10 @@ def tables(rows: list[dict]) -> str:
             "|" + "---|" * 9]
     for scale in sorted({r["scale"] for r in rows}, reverse=True):
         here = [r for r in rows if r["scale"] == scale]
-        names = list(dict.fromkeys((r["lib"], r["name"]) for r in here))
+        names = list(dict.fromkeys((r["lib"], shown(r)) for r in here))
         means = []
         for lib, name in names:
-            mine = [r for r in here if (r["lib"], r["name"]) == (lib, name)]
+            mine = [r for r in here if (r["lib"], shown(r)) == (lib, name)]
             m = {key: statistics.mean(fn(r) for r in mine) for key, fn in
                  (("mcc", mcc), ("f1", f1), ("ev", lambda r: r["explained_variance"]), ("l0", lambda r: r["sae_l0"]))}
             rat = {}
@@ -234,7 +243,9 @@ def main(argv=None) -> None:
     ap.add_argument("--table", type=Path, nargs="+", help="print the tables of results-*.json files and exit")
     args = ap.parse_args(argv)
     if args.table:
-        print(tables([r for f in args.table for r in json.loads(f.read_text())]))
+        # rows written before results carried their --tag: the tag is the results file's name after the seeds
+        tag = lambda f: f.stem.split("-seed", 1)[-1].partition("-")[2]
+        print(tables([{"tag": tag(f)} | r for f in args.table for r in json.loads(f.read_text())]))
         return
     if not Path(args.side_python).exists():
         raise SystemExit(f"--side-python {args.side_python} does not exist: build the side venv first "
