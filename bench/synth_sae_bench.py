@@ -26,6 +26,11 @@ parallel, and ``--table`` prints them together); worlds and dictionaries stay un
     .venv/bin/python bench/synth_sae_bench.py                                  # scales 16 and 32, seeds 0 1 2
     .venv/bin/python bench/synth_sae_bench.py --scales 16 --seeds 0 --kinds topk matryoshka --saelens topk matryoshka
     .venv/bin/python bench/synth_sae_bench.py --table runs/synth/results-*.json  # print finished runs' tables
+    .venv/bin/python bench/synth_sae_bench.py --scales 16 --seeds 0 --kinds matryoshka \
+        --matryoshka-inner-weights 0.03 0.3 1.0 --saelens --tag inner          # an inner-weight sweep, no SAELens
+
+With --tag, the results file is results-s<scales>-seed<seeds>-<tag>.json and its SAELens rows show the tag in the
+tables: each kind is compared with the SAELens run of its own invocation (trained for its sample count).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -186,6 +192,12 @@ def shown(r: dict) -> str:
     return f"{r['name']} [{r['tag']}]" if r["lib"] == "saelens" and r.get("tag") else r["name"]
 
 
+def file_tag(results: Path) -> str:
+    """The --tag in a results file's name (``results-s16-seed0-1-more.json`` -> ``more``; none -> "")."""
+    found = re.search(r"-seed\d+(?:-\d+)*(?:-(.+))?$", results.stem)
+    return (found.group(1) or "") if found else ""
+
+
 def tables(rows: list[dict]) -> str:
     f1 = lambda r: r["classification"]["f1_score"]
     mcc = lambda r: r["mcc"]
@@ -244,8 +256,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.table:
         # rows written before results carried their --tag: the tag is the results file's name after the seeds
-        tag = lambda f: f.stem.split("-seed", 1)[-1].partition("-")[2]
-        print(tables([{"tag": tag(f)} | r for f in args.table for r in json.loads(f.read_text())]))
+        print(tables([{"tag": file_tag(f)} | r for f in args.table for r in json.loads(f.read_text())]))
         return
     if not Path(args.side_python).exists():
         raise SystemExit(f"--side-python {args.side_python} does not exist: build the side venv first "

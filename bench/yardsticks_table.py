@@ -25,6 +25,8 @@ contexts (sparse probing) and runs absorption on the model's vocabulary; there a
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --real runs/demo/store --no-planted
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --absorption --no-planted
     .venv/bin/python bench/yardsticks_table.py --out runs/yardsticks --lm --no-planted --seeds 0 1 2
+    .venv/bin/python bench/yardsticks_table.py --out runs/inner0.3 --real runs/demo/store --no-planted \
+        --kinds matryoshka --set matryoshka_inner_weight=0.3        # a kind setting for every training
 """
 
 from __future__ import annotations

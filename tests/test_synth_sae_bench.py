@@ -72,3 +72,10 @@ def test_merged_runs_compare_with_the_saelens_run_of_their_own_invocation():
     assert bench.ratio(rows[4], rows, mcc) == "x1.00"  # no SAELens run of its own: the first one there is
     table = bench.tables(rows)
     assert "| 16 | saelens | topk [cli] | 0.500 |" in table and "| 16 | saelens | topk [more] | 0.250 |" in table
+
+
+def test_results_files_name_their_tag_after_the_seeds():
+    bench = _bench()
+    assert bench.file_tag(Path("results-s16-seed0-more.json")) == "more"
+    assert bench.file_tag(Path("results-s16-32-seed0-1-2.json")) == ""
+    assert bench.file_tag(Path("results-s16-32-seed0-1-2-inner.json")) == "inner"
