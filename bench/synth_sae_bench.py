@@ -26,6 +26,11 @@ parallel, and ``--table`` prints them together); worlds and dictionaries stay un
     .venv/bin/python bench/synth_sae_bench.py                                  # scales 16 and 32, seeds 0 1 2
     .venv/bin/python bench/synth_sae_bench.py --scales 16 --seeds 0 --kinds topk matryoshka --saelens topk matryoshka
     .venv/bin/python bench/synth_sae_bench.py --table runs/synth/results-*.json  # print finished runs' tables
+    .venv/bin/python bench/synth_sae_bench.py --scales 16 --seeds 0 --kinds matryoshka \
+        --matryoshka-inner-weights 0.03 0.3 1.0 --saelens --tag inner          # an inner-weight sweep, no SAELens
+
+With --tag, the results file is results-s<scales>-seed<seeds>-<tag>.json and its SAELens rows show the tag in the
+tables: each kind is compared with the SAELens run of its own invocation (trained for its sample count).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -82,15 +88,16 @@ def rows_trained(sae_dir: Path) -> int:
     return int(json.loads(lines[-1])["rows"])
 
 
-def train_kind(w: dict, kind: str, out: Path) -> dict:
-    """Import the world's rows as a store (once) and train ``kind`` at the CLI's defaults: latents and k only."""
+def train_kind(w: dict, kind: str, out: Path, **settings) -> dict:
+    """Import the world's rows as a store (once) and train ``kind`` at the CLI's defaults: latents and k only
+    (plus ``settings``, e.g. ``matryoshka_inner_weight``, where a sweep gives one)."""
     import conceptdict as cd
 
     store = Path(w["dir"]) / "store"
     if not (store / "manifest.json").exists():
         cd.import_array(Path(w["dir"]) / "train.npy", out=store, overwrite=True)
     t0 = time.perf_counter()
-    cd.train(store=store, latents=w["width"], k=w["k"], kind=kind, out=out, overwrite=True)
+    cd.train(store=store, latents=w["width"], k=w["k"], kind=kind, out=out, overwrite=True, **settings)
     return {"seconds": time.perf_counter() - t0, "samples": rows_trained(out)}
 
 
@@ -121,6 +128,18 @@ def score(python: str, w: dict, which: list[str], out: Path, threads: int) -> di
     return json.loads(out.read_text())
 
 
+def runs(kinds: list[str], inner_weights: list[float] | None) -> list[tuple[str, str, dict]]:
+    """(kind, row name, settings) of each conceptdict run: every kind at its defaults, except that with
+    ``inner_weights`` each matryoshka kind runs once per weight, named ``KIND@inner=W``."""
+    out = []
+    for kind in kinds:
+        if inner_weights and kind.startswith("matryoshka"):
+            out += [(kind, f"{kind}@inner={w:g}", {"matryoshka_inner_weight": w}) for w in inner_weights]
+        else:
+            out.append((kind, kind, {}))
+    return out
+
+
 def run_world(args, w: dict) -> list[dict]:
     import torch
 
@@ -128,11 +147,11 @@ def run_world(args, w: dict) -> list[dict]:
     here = Path(w["dir"]) / "dicts"
     here.mkdir(exist_ok=True)
     rows, samples_for = [], {}
-    for kind in args.kinds:
-        sae_dir = here / kind
-        trained = train_kind(w, kind, sae_dir)
-        result = score(args.side_python, w, scored_input(w, kind, sae_dir), here / f"{kind}.score.json", args.threads)
-        rows.append(dict(lib="conceptdict", name=kind, pair=PAIR[kind], **trained, **result))
+    for kind, name, settings in runs(args.kinds, args.matryoshka_inner_weights):
+        sae_dir = here / name
+        trained = train_kind(w, kind, sae_dir, **settings)
+        result = score(args.side_python, w, scored_input(w, kind, sae_dir), here / f"{name}.score.json", args.threads)
+        rows.append(dict(lib="conceptdict", name=name, pair=PAIR[kind], **trained, **result))
         if PAIR[kind]:
             samples_for[PAIR[kind]] = max(samples_for.get(PAIR[kind], 0), trained["samples"])
         print(line(w, rows[-1]), flush=True)
@@ -148,7 +167,7 @@ def run_world(args, w: dict) -> list[dict]:
         print(line(w, rows[-1]), flush=True)
     for r in rows:
         r.update(scale=w["scale"], seed=w["seed"], k=w["k"], width=w["width"], hidden_dim=w["hidden_dim"],
-                 num_features=w["num_features"])
+                 num_features=w["num_features"], tag=args.tag)
     return rows
 
 
@@ -159,9 +178,24 @@ def line(w: dict, r: dict) -> str:
 
 
 def ratio(r: dict, rows: list[dict], field) -> str:
+    """``field`` of conceptdict's row over SAELens' same architecture, scale and seed: the SAELens run of the same
+    invocation (same tag: it got these kinds' sample count) where several are merged."""
     ref = [x for x in rows if x["lib"] == "saelens" and x["name"] == r["pair"] and x["scale"] == r["scale"]
            and x["seed"] == r["seed"]]
+    ref.sort(key=lambda x: x.get("tag", "") != r.get("tag", ""))
     return f"x{field(r) / field(ref[0]):.2f}" if ref and field(ref[0]) else "-"
+
+
+def shown(r: dict) -> str:
+    """A row's name in the tables: SAELens runs of a tagged invocation carry the tag (their sample count follows
+    that invocation's kinds, so they are not averaged with another invocation's)."""
+    return f"{r['name']} [{r['tag']}]" if r["lib"] == "saelens" and r.get("tag") else r["name"]
+
+
+def file_tag(results: Path) -> str:
+    """The --tag in a results file's name (``results-s16-seed0-1-more.json`` -> ``more``; none -> "")."""
+    found = re.search(r"-seed\d+(?:-\d+)*(?:-(.+))?$", results.stem)
+    return (found.group(1) or "") if found else ""
 
 
 def tables(rows: list[dict]) -> str:
@@ -170,7 +204,7 @@ def tables(rows: list[dict]) -> str:
     out = [("| scale | seed | library | kind | MCC | F1 | explained var. | L0 | dead | samples | wall s | MCC / SAELens "
             "| F1 / SAELens |"), "|" + "---|" * 13]
     for r in rows:
-        out.append(f"| {r['scale']} | {r['seed']} | {r['lib']} | {r['name']} | {mcc(r):.3f} | {f1(r):.3f} | "
+        out.append(f"| {r['scale']} | {r['seed']} | {r['lib']} | {shown(r)} | {mcc(r):.3f} | {f1(r):.3f} | "
                    f"{r['explained_variance']:.3f} | {r['sae_l0']:.1f} | {r['dead_latents']} | {r['samples']:,} | "
                    f"{r['seconds']:.0f} | {ratio(r, rows, mcc) if r['lib'] == 'conceptdict' else ''} | "
                    f"{ratio(r, rows, f1) if r['lib'] == 'conceptdict' else ''} |")
@@ -179,10 +213,10 @@ def tables(rows: list[dict]) -> str:
             "|" + "---|" * 9]
     for scale in sorted({r["scale"] for r in rows}, reverse=True):
         here = [r for r in rows if r["scale"] == scale]
-        names = list(dict.fromkeys((r["lib"], r["name"]) for r in here))
+        names = list(dict.fromkeys((r["lib"], shown(r)) for r in here))
         means = []
         for lib, name in names:
-            mine = [r for r in here if (r["lib"], r["name"]) == (lib, name)]
+            mine = [r for r in here if (r["lib"], shown(r)) == (lib, name)]
             m = {key: statistics.mean(fn(r) for r in mine) for key, fn in
                  (("mcc", mcc), ("f1", f1), ("ev", lambda r: r["explained_variance"]), ("l0", lambda r: r["sae_l0"]))}
             rat = {}
@@ -205,7 +239,13 @@ def main(argv=None) -> None:
                     help="divide the published recipe's features, hidden width, SAE width and roots by these")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="world seeds (the generator's seed)")
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS, help="conceptdict kinds")
-    ap.add_argument("--saelens", nargs="+", default=SAELENS, choices=SAELENS, help="SAELens architectures")
+    ap.add_argument("--saelens", nargs="*", default=SAELENS, choices=SAELENS,
+                    help="SAELens architectures (none: conceptdict only)")
+    ap.add_argument("--matryoshka-inner-weights", type=float, nargs="+", default=None,
+                    help="train each matryoshka kind once per inner-prefix weight (the CLI's "
+                         "--matryoshka-inner-weight), rows named KIND@inner=W; default: the kind's default only")
+    ap.add_argument("--tag", default="", help="appended to the results file's name (runs of other kinds or "
+                                               "settings on the same scale and seed then sit side by side)")
     ap.add_argument("--train-rows", type=int, default=65536, help="rows of each world's store")
     ap.add_argument("--eval-rows", type=int, default=16384, help="held-out rows scored (multiple of 4096)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every training (both libraries)")
@@ -215,7 +255,8 @@ def main(argv=None) -> None:
     ap.add_argument("--table", type=Path, nargs="+", help="print the tables of results-*.json files and exit")
     args = ap.parse_args(argv)
     if args.table:
-        print(tables([r for f in args.table for r in json.loads(f.read_text())]))
+        # rows written before results carried their --tag: the tag is the results file's name after the seeds
+        print(tables([{"tag": file_tag(f)} | r for f in args.table for r in json.loads(f.read_text())]))
         return
     if not Path(args.side_python).exists():
         raise SystemExit(f"--side-python {args.side_python} does not exist: build the side venv first "
@@ -227,7 +268,8 @@ def main(argv=None) -> None:
     # 5,000 with one thread, measured at width 256), while SAELens ran on one thread
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / f"results-s{'-'.join(map(str, args.scales))}-seed{'-'.join(map(str, args.seeds))}.json"
+    results = args.out / f"results-s{'-'.join(map(str, args.scales))}-seed{'-'.join(map(str, args.seeds))}"
+    results = results.with_name(f"{results.name}{'-' + args.tag if args.tag else ''}.json")
     rows = []
     for scale in args.scales:
         for seed in args.seeds:

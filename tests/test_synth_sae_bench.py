@@ -1,6 +1,7 @@
 """bench/synth_sae_bench.py, the parts that run without sae-lens: every trainable single-source kind is benchmarked
 (a kind added to the registry must be paired with a SAELens architecture or None), and the tables' ratios are taken
-against SAELens' same architecture of the same scale and seed."""
+against SAELens' same architecture of the same scale and seed (of the same invocation where several are merged),
+and an inner-weight sweep trains each matryoshka kind once per weight."""
 
 import importlib.util
 from pathlib import Path
@@ -46,3 +47,35 @@ def test_ratios_are_against_the_same_architecture_scale_and_seed():
     table = bench.tables(rows)
     assert "| 16 | conceptdict | topk | 0.550 | 0.500 | 0.500 | 6.0 | x1.60 (x1.20) | x0.75 (x0.50) |" in table
     assert "order by F1 | sa:matryoshka > sa:topk > co:topk > co:spade" in table
+
+
+def test_inner_weight_sweep_runs_each_matryoshka_kind_once_per_weight():
+    bench = _bench()
+    assert bench.runs(["topk", "matryoshka"], None) == [("topk", "topk", {}), ("matryoshka", "matryoshka", {})]
+    assert bench.runs(["topk", "matryoshka-absolute"], [0.03, 1.0]) == [
+        ("topk", "topk", {}),
+        ("matryoshka-absolute", "matryoshka-absolute@inner=0.03", {"matryoshka_inner_weight": 0.03}),
+        ("matryoshka-absolute", "matryoshka-absolute@inner=1", {"matryoshka_inner_weight": 1.0})]
+
+
+def test_merged_runs_compare_with_the_saelens_run_of_their_own_invocation():
+    bench = _bench()
+    # two invocations on the same world: SAELens topk trained for each one's sample count
+    rows = [_row("saelens", "topk", "topk", 0, 0.5, 0.4) | {"tag": "cli"},
+            _row("conceptdict", "topk", "topk", 0, 0.6, 0.2) | {"tag": "cli"},
+            _row("saelens", "topk", "topk", 0, 0.25, 0.1) | {"tag": "more"},
+            _row("conceptdict", "batchtopk", "topk", 0, 0.5, 0.3) | {"tag": "more"},
+            _row("conceptdict", "topk@x", "topk", 0, 0.5, 0.8) | {"tag": "other"}]
+    mcc = lambda r: r["mcc"]
+    assert bench.ratio(rows[1], rows, mcc) == "x1.20"
+    assert bench.ratio(rows[3], rows, mcc) == "x2.00"  # not against the "cli" run's 0.5
+    assert bench.ratio(rows[4], rows, mcc) == "x1.00"  # no SAELens run of its own: the first one there is
+    table = bench.tables(rows)
+    assert "| 16 | saelens | topk [cli] | 0.500 |" in table and "| 16 | saelens | topk [more] | 0.250 |" in table
+
+
+def test_results_files_name_their_tag_after_the_seeds():
+    bench = _bench()
+    assert bench.file_tag(Path("results-s16-seed0-more.json")) == "more"
+    assert bench.file_tag(Path("results-s16-32-seed0-1-2.json")) == ""
+    assert bench.file_tag(Path("results-s16-32-seed0-1-2-inner.json")) == "inner"
