@@ -19,7 +19,7 @@ from test_yardstick_reference import FIXTURES, SIDE_PYTHON
 
 from conceptdict.naming.llm import LlmConfig
 from conceptdict.naming.scoring import TextEmbedder
-from conceptdict.naming.yardsticks import Inputs, autointerp
+from conceptdict.naming.yardsticks import Inputs, TooThin, autointerp
 from conceptdict.naming.yardsticks.autointerp import (N_IW, N_RANDOM, N_TOP, Window, centres, score_predictions,
                                                       select, top_centres)
 from conceptdict.naming.yardsticks.autointerp_judges import parse_explanation, parse_predictions
@@ -108,6 +108,17 @@ def test_without_a_server_the_embedding_scorer_runs_and_says_so(tmp_path):
         autointerp.compute(planted_inputs({**options, "scorer": "llm"}))
     asked = autointerp.compute(planted_inputs({**options, "scorer": "embedding"}))
     assert asked["summary"] == got["summary"] and "asked for" in asked["note"]
+
+
+def test_too_few_rows_for_any_latents_windows_is_too_thin_not_nan():
+    """Rows too few for any drawn latent to fire in N_TOP separate windows: a TooThin refusal (``--metrics all``
+    lists it as skipped), not a NaN score over 0 latents."""
+    store, coder = planted(n_ctx=120, ctx_len=32)
+    inputs = Inputs(coder, None, store, "hp", rows=64, seed=0,  # type: ignore[arg-type]  # fakes
+                    options={"autointerp": {"scorer": "embedding", "latents": 6, "embed": TextEmbedder(bag_of_words)}})
+    with pytest.raises(TooThin, match=r"autointerp: none of the \d+ live latents drawn fires in 12 windows of 21 "
+                                      r"tokens .* within the first 64 rows: give it more rows \(--rows\)"):
+        autointerp.compute(inputs)
 
 
 def test_a_sequence_store_shows_whole_inputs(tmp_path):

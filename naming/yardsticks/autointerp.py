@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from conceptdict.naming.yardsticks import TooThin
+
 from .autointerp_judges import judge
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,10 @@ def compute(inputs) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(inputs.seed)
     chosen = {j: select(codes[:, i], valid, gen, buffer) for i, j in enumerate(latents)}
     selections = {j: s for j, s in chosen.items() if s is not None}
+    if not selections:
+        raise TooThin(f"autointerp: none of the {len(chosen)} live latents drawn fires in {N_TOP} windows of "
+                      f"{2 * buffer + 1} tokens that do not overlap (and below them in {N_IW} more) within the first "
+                      f"{codes.shape[0]} rows: give it more rows (--rows) or a store of longer contexts")
     judged = judge(selections, store, inputs.hookpoint, buffer, options, inputs.seed, N_TOP_SCORING + N_IW_SCORING)
     scores = {j: score_predictions(r["predictions"], selections[j].scoring) for j, r in judged.latents.items()}
     values = torch.tensor(list(scores.values()), dtype=torch.float64)
