@@ -3,9 +3,12 @@ direction itself, its two non-negative named halves, and the CBM that reads them
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conceptdict.naming.bottleneck.added import (
+    AddedConcepts,
     Residual,
     add_needed_concepts,
     confused_pairs,
@@ -105,7 +108,13 @@ def test_the_cbm_reads_the_added_concepts_and_reports_them_separately():
     assert 0 < a["contribution_share"] < 1 and a["predictions_share"] > 0.5
     assert more.concept_names[-2:] == ("beta rather than gamma", "gamma rather than beta")
     assert more.concept_ids[-2:] == (len(names), len(names) + 1) and more.weight.shape == (3, len(names) + 2)
+    back = AddedConcepts.from_dict(json.loads(json.dumps(a)))  # as cbm.json keeps it
+    full = torch.cat([concepts, back.activations(residual)], 1)
+    with pytest.raises(ValueError, match="the last 2 added by --add-pairs"):
+        more.logits(concepts)
     split, _, fit = fitting_rows(y, 0.15, 0.2, 0, 0, 4000)
+    hits = more.logits(full[split.test]).argmax(1) == y[split.test]  # the saved form reproduces the test accuracy
+    assert float(hits.float().mean()) == pytest.approx(more.metrics["accuracy"])
     assert set(fit.tolist()) == set(split.train.tolist())  # cv_folds 0: fitted on the training rows alone
 
 

@@ -71,8 +71,16 @@ class AddedConcepts:
         return torch.stack([w, -w], 1).flatten(0, 1)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types, everything :meth:`from_dict` needs to compute the activations again."""
         return {"residual": self.residual, "names": list(self.names), "pairs": [list(p) for p in self.pairs],
-                "evidence": list(self.evidence)}
+                "weight": self.weight.tolist(), "offset": self.offset.tolist(), "evidence": list(self.evidence)}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> AddedConcepts:
+        """The added concepts of a saved CBM (``cbm.json``'s ``metrics["added_concepts"]``)."""
+        return cls(torch.tensor(doc["weight"], dtype=torch.float32).reshape(len(doc["pairs"]), -1),
+                   torch.tensor(doc["offset"], dtype=torch.float32), tuple(tuple(p) for p in doc["pairs"]),
+                   tuple(doc["names"]), doc["residual"], tuple(doc.get("evidence", ())))
 
 
 class Residual(NamedTuple):

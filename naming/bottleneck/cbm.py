@@ -208,6 +208,11 @@ class CbmResult:
 
     def logits(self, concepts: Tensor) -> Tensor:
         """concepts [N, L] -> logits [N, C]."""
+        if concepts.shape[-1] != self.weight.shape[1]:
+            added = len((self.metrics.get("added_concepts") or {}).get("names", ()))
+            raise ValueError(f"{concepts.shape[-1]} concept columns, but this CBM reads {self.weight.shape[1]}" + (
+                f", the last {added} added by --add-pairs: append AddedConcepts.from_dict(metrics['added_concepts'])"
+                ".activations(residual) to the dictionary's" if added else ""))
         return (concepts.float() * self.scale) @ self.weight.T
 
     def contributions(self, concepts: Tensor, cls: Tensor | None = None) -> Tensor:
