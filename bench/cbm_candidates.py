@@ -28,7 +28,8 @@ Candidates (``--candidate``, repeat):
   what a bottleneck latent aligned to that text could add);
 - ``addedN`` (e.g. ``added4``): the own concepts plus those ``conceptdict cbm --add-pairs N`` adds where the classes
   need them (``naming.bottleneck.added``: per class pair the own concepts confuse most, out of fold on the split's
-  fitting rows, the shrinkage-LDA direction of the dictionary's reconstruction error, as two non-negative halves),
+  fitting rows, the shrinkage-LDA direction of the raw activations (``--add-reads error``: of the dictionary's
+  reconstruction error), as two non-negative halves),
   fitted per split on that split's fitting rows only; the CBM is ``train_cbm(own, ..., add_pairs=N)``, so its row
   also says how many it added and how many it uses.
 
@@ -54,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conceptdict as cd
 from cbm_accuracy import mean_se, task_store
 from cbm_corpora import CORPORA, HOOKPOINT
-from conceptdict.naming.bottleneck.added import add_needed_concepts, dictionary_residual
+from conceptdict.naming.bottleneck.added import add_needed_concepts, cbm_residual
 from conceptdict.naming.bottleneck.baseline import fit_raw_probe, fitting_rows
 from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
 from conceptdict.naming.bottleneck.features import concept_directions
@@ -78,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
     p.add_argument("--cv-folds", type=int, default=CbmConfig.cv_folds,
                    help="the CBM's cv_folds (0: one validation split, about a sixth of the fits)")
+    p.add_argument("--add-reads", default=CbmConfig.add_reads, choices=["raw", "error"],
+                   help="addedN: what the added directions read (CbmConfig.add_reads)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     for name in args.candidate or ["own"]:
         x, dirs = candidate(name, args.corpus, store_dir, raw, labels, args.work)
         pairs = int(m[1]) if (m := ADDED.match(name)) else 0
-        residual = dictionary_residual(open_dictionary(args.work / "runs" / args.corpus / "sae")[0], raw) \
+        residual = cbm_residual(open_dictionary(args.work / "runs" / args.corpus / "sae")[0], raw, args.add_reads) \
             if pairs else None
         active = float((x[keep] != 0).sum(1).float().median())
         for seed in range(args.seeds):
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
             row = {"candidate": name, "concepts": xs.shape[1], "active_per_row": active, "seed": seed,
                    "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
             if args.cbm:
-                fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs)
+                fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
+                                    add_reads=args.add_reads)  # fmt: skip
                 r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
                               residual=residual)  # fmt: skip
                 m = r.metrics

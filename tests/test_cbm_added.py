@@ -11,6 +11,7 @@ from conceptdict.naming.bottleneck.added import (
     AddedConcepts,
     Residual,
     add_needed_concepts,
+    cbm_residual,
     confused_pairs,
     dictionary_residual,
     ridge_predictions,
@@ -137,3 +138,7 @@ def test_dictionary_residual_is_what_the_dictionary_does_not_reconstruct():
     Coder.spec = type("Spec", (), {"transcodes": False})()
     r = dictionary_residual(Coder(), x)
     assert r.kind == "error" and r.values.tolist() == [[0.0, -2.0, 3.0]]
+    assert cbm_residual(Coder(), x, "error").values.tolist() == [[0.0, -2.0, 3.0]]
+    assert cbm_residual(Coder(), x, "raw") == (x, "raw")  # the default: the raw activations themselves
+    with pytest.raises(ValueError, match="add_reads='pre'"):
+        cbm_residual(Coder(), x, "pre")

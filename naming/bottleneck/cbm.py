@@ -129,6 +129,9 @@ class CbmConfig:
         "fold, on the fitting rows), the direction separating the pair in what the dictionary does not reconstruct, "
         "added as two non-negative concepts named \"A rather than B\" and \"B rather than A\" (0: none; "
         "naming/bottleneck/added.py).")})
+    add_reads: Literal["raw", "error"] = field(default="raw", metadata={"help": (
+        "What the added concepts' directions read: ``raw``, the raw activations; ``error``, what the dictionary "
+        "does not reconstruct (on msglang its error term does not separate the confused pairs: docs/results/cbm.md).")})
     val_fraction: float = field(default=0.15, metadata={"help": "Share of each class held out to choose lambda."})
     test_fraction: float = field(default=0.2, metadata={
         "help": "Share of each class held out for the reported accuracies."})
@@ -270,7 +273,7 @@ def train_cbm(
 ) -> CbmResult:  # fmt: skip
     """Fit the CBM on concepts [N, L] with ``labels [N]``; the baseline probe on ``raw [N, D]`` when given, and
     ``directions [L, D]`` (the concepts' decoder directions in raw units) for ``cfg.scale == "probe"``. With
-    ``cfg.add_pairs`` and ``residual`` (``added.dictionary_residual``), concepts for the class pairs the given ones
+    ``cfg.add_pairs`` and ``residual`` (``added.cbm_residual``), concepts for the class pairs the given ones
     confuse are fitted on the fitting rows and appended (ids from L on; ``metrics["added_concepts"]``)."""
     if concepts.shape[0] != len(labels):
         raise ValueError(f"{concepts.shape[0]} concept rows but {len(labels)} labels; pass one label per input")
