@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                 added = add_needed_concepts(x[keep], residual.values[keep], y, classes, fit_rows, pairs=pairs,
                                             seed=seed, residual_kind=residual.kind)  # fmt: skip
                 xs = x.new_zeros(x.shape[0], x.shape[1] + len(added))
-                xs[keep] = torch.cat([x[keep], added.activations(residual.values[keep])], 1)
+                xs[keep] = torch.cat([x[keep], added.activations_for_fit(residual.values[keep], fit_rows)], 1)
             if seed not in probes:  # the same for every candidate
                 probes[seed] = fit_raw_probe(raw[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
                                              folds=folds, seed=seed)  # fmt: skip

@@ -70,6 +70,18 @@ def test_the_pair_the_concepts_confuse_gets_a_direction_of_the_residual_named_fr
     assert added.directions().shape == (2, 8)
 
 
+def test_the_fitting_rows_get_cross_fitted_activations():
+    _, concepts, _, residual, y = world()
+    fit = torch.arange(480)
+    added = add_needed_concepts(concepts, residual, y, CLASSES, fit, pairs=1)
+    full, cross = added.activations(residual), added.activations_for_fit(residual, fit)
+    assert added.fitted.shape == (480, 2) and (cross >= 0).all()
+    assert torch.equal(cross[480:], full[480:])  # rows the directions never saw: the direction fitted on all
+    pair = fit[y[fit] != 0]
+    assert not torch.allclose(cross[pair], full[pair])  # the pair's own rows: by the direction fitted without them
+    assert torch.equal(cross[fit[y[fit] == 0]], full[fit[y[fit] == 0]])  # fitting rows outside the pair: unchanged
+
+
 def test_added_concepts_are_fitted_on_the_fitting_rows_alone():
     _, concepts, _, residual, y = world()
     fit = torch.arange(480)

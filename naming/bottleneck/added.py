@@ -22,6 +22,10 @@ non-negative concepts, each named after the class its evidence points to ("Danis
   evidence points the other way, so a prediction counts at most one of the two. The name comes from the labels of
   the half's top-activating fitting rows (the majority label over the top ``top_k``), and the score is the pair's
   out-of-fold AUROC; the CBM then reads them like any dictionary latent, and its L1 path may leave them out.
+- **Cross-fitting.** The CBM's weights are fitted on the same rows as the directions; there a direction separates
+  its pair better than on new rows, and the L1 path would lean on it. So a pair's own fitting rows get the
+  activation of the direction fitted without their fold (:attr:`AddedConcepts.fitted`); every other row, that of
+  the direction fitted on all of them.
 
 Shapes: N inputs, L concepts, D raw width, A added concepts (two per pair).
 """
@@ -57,6 +61,9 @@ class AddedConcepts:
     """What the directions read: ``error`` (x less the dictionary's reconstruction) or ``raw``."""
     evidence: tuple[dict[str, Any], ...] = field(default=())
     """[2P] per concept: pair, out-of-fold AUROC, shrinkage, confusions, top rows and their labels."""
+    fitted: Tensor | None = field(default=None, compare=False)
+    """[len(fit_rows), 2P] the fitting rows' activations, cross-fitted: a pair's own rows by the direction fitted
+    without their fold, so the CBM's weights are fitted on activations as noisy as on new rows (None: loaded)."""
 
     def __len__(self) -> int:
         return 2 * len(self.pairs)
@@ -67,6 +74,13 @@ class AddedConcepts:
             return residual.new_zeros(residual.shape[0], 0)
         s = residual.float() @ self.weight.T - self.offset
         return torch.stack([s.clamp_min(0), (-s).clamp_min(0)], 2).flatten(1)
+
+    def activations_for_fit(self, residual: Tensor, fit_rows: Tensor) -> Tensor:
+        """residual [N, D] -> [N, 2P]: :meth:`activations`, with the fitting rows' cross-fitted ones."""
+        out = self.activations(residual)
+        if self.fitted is not None and len(self.pairs):
+            out[fit_rows] = self.fitted.to(out)
+        return out
 
     def directions(self) -> Tensor:
         """[2P, D] each concept's direction in raw units (the residual's direction: ``w`` and ``-w``), for the
@@ -158,21 +172,28 @@ def lda_direction(r: Tensor, is_a: Tensor, shrinkage: float) -> Tensor:
     return torch.linalg.solve((1 - shrinkage) * cov + shrinkage * target, a.mean(0) - b.mean(0)).float()
 
 
-def pair_direction(r: Tensor, is_a: Tensor, folds: int, seed: int) -> tuple[Tensor, float, float, float]:
-    """(w [D], offset, out-of-fold AUROC, shrinkage) for the pair's rows r [n, D] (module docstring)."""
+def pair_direction(r: Tensor, is_a: Tensor, folds: int, seed: int) -> tuple[Tensor, float, float, float, Tensor]:
+    """(w [D], offset, out-of-fold AUROC, shrinkage, the rows' out-of-fold projections [n]) for the pair's rows
+    r [n, D] (module docstring): each row's projection by the direction fitted without its fold, centred and scaled
+    on the other folds' rows."""
     fold = stratified_folds(is_a.long(), folds, seed)
-    best = (-1.0, SHRINKAGE[0])
+    best = (-1.0, SHRINKAGE[0], None)
     for g in SHRINKAGE:
         s = torch.empty(len(r))
         for f in range(folds):
             tr, te = fold != f, fold == f
-            s[te] = r[te] @ lda_direction(r[tr], is_a[tr], g)
-        best = max(best, (auroc(s[is_a], s[~is_a]), g))
+            w = lda_direction(r[tr], is_a[tr], g)
+            p = r[tr] @ w
+            m = (p[is_a[tr]].mean() + p[~is_a[tr]].mean()) / 2
+            s[te] = (r[te] @ w - m) / (p - m).std().clamp_min(1e-12)
+        auc = auroc(s[is_a], s[~is_a])
+        if auc > best[0]:
+            best = (auc, g, s)
     w = lda_direction(r, is_a, best[1])
     s = r @ w
     m = (s[is_a].mean() + s[~is_a].mean()) / 2
     sd = (s - m).std().clamp_min(1e-12)
-    return w / sd, float(m / sd), best[0], best[1]
+    return w / sd, float(m / sd), best[0], best[1], best[2]
 
 
 def half_name(acts: Tensor, y: Tensor, classes: Sequence[str], pair: tuple[int, int], top_k: int) -> tuple[str, list]:
@@ -205,13 +226,16 @@ def add_needed_concepts(
     chosen = [p for p in confused_pairs(pred, yf, C) if p[2] >= min_confusions][:pairs]
     weights, offsets, names, evidence, kept = [], [], [], [], []
     r = residual.float()
+    fitted = []
     for a, b, n_conf in chosen:
         rows = fit_rows[(yf == a) | (yf == b)]
-        w, m, auc, g = pair_direction(r[rows], y[rows] == a, folds, seed)
+        w, m, auc, g, s = pair_direction(r[rows], y[rows] == a, folds, seed)
         weights.append(w)
         offsets.append(m)
         kept.append((classes[a], classes[b]))
-        s = r[rows] @ w - m
+        full = r[fit_rows] @ w - m  # the fitting rows outside the pair did not fit the direction
+        full[((yf == a) | (yf == b)).nonzero().flatten()] = s  # the pair's rows: out of fold (cross-fitting)
+        fitted.append(full)
         for acts in (s.clamp_min(0), (-s).clamp_min(0)):
             name, top = half_name(acts, y[rows], classes, (a, b), top_k)
             names.append(name)
@@ -219,8 +243,9 @@ def add_needed_concepts(
                              "top_rows": rows[top].tolist(), "top_labels": [classes[i] for i in y[rows][top].tolist()]})
     if not weights:
         return empty
+    f = torch.stack(fitted, 1)
     return AddedConcepts(torch.stack(weights), torch.tensor(offsets), tuple(kept), tuple(names), residual_kind,
-                         tuple(evidence))
+                         tuple(evidence), torch.stack([f.clamp_min(0), (-f).clamp_min(0)], 2).flatten(1))
 
 
 def added_summary(added: AddedConcepts, weight: Tensor, contrib: Tensor) -> dict[str, Any]:

@@ -288,7 +288,7 @@ def train_cbm(
         r = residual.values[keep].float().to(cfg.device)
         added = add_needed_concepts(x, r, y, classes, fit_rows.to(cfg.device), pairs=cfg.add_pairs, seed=cfg.seed,
                                     residual_kind=residual.kind)  # fmt: skip
-        x = torch.cat([x, added.activations(r)], 1)
+        x = torch.cat([x, added.activations_for_fit(r, fit_rows.to(cfg.device))], 1)
         if directions is not None:
             directions = torch.cat([directions.float(), added.directions().to(directions.device)])
     probe = None
