@@ -31,6 +31,7 @@ from conceptdict.naming import (
     write_named,
     write_report,
 )
+from conceptdict.naming.bottleneck.added import cbm_residual
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.llm import LlmConfig
 from conceptdict.naming.negatives import NegativeConfig
@@ -157,7 +158,7 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
         lam: float | Sequence[float] | None = None, probe_l2: float | Sequence[float] | None = None,
         max_iter: int = 5000, tol: float = 0.0001, refit_l2: float | Sequence[float] | None = None,
         val_tolerance: float = 0.005, grow_lambda: int = 3, cv_folds: int = 5, cv_max_rows: int = 4000,
-        val_fraction: float = 0.15,
+        add_pairs: int = 0, add_reads: str = "raw", val_fraction: float = 0.15,
         test_fraction: float = 0.2, zero_tol: float = 0.01, min_class_size: int = 5, seed: int = 0,
         device: str = "cpu", overwrite: bool = False) -> CbmResult:
     """A sparse concept bottleneck model on a concept dictionary (a folder or the object ``cd.name`` returned),
@@ -185,7 +186,8 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
     feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling,
                            cfg.super_quantile, device=cfg.device, codes=cfg.codes)
     result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
-                       directions=concept_directions(model, feats.raw.shape[1]))
+                       directions=concept_directions(model, feats.raw.shape[1]),
+                       residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None)
     result.metrics["dictionary"] = dictionary_fit(Run(model, config, store, [hookpoint], sae))
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,

@@ -25,7 +25,13 @@ Candidates (``--candidate``, repeat):
   broad dictionaries' concepts side by side;
 - ``names``: the own concepts plus, per class, the cosine between a row's embedding and the embedding of the
   class's name (:data:`CLASS_NAMES`; the concept supervision of CB-SAE, ``conceptdict cbsae``, in its plainest form:
-  what a bottleneck latent aligned to that text could add).
+  what a bottleneck latent aligned to that text could add);
+- ``addedN`` (e.g. ``added4``): the own concepts plus those ``conceptdict cbm --add-pairs N`` adds where the classes
+  need them (``naming.bottleneck.added``: per class pair the own concepts confuse most, out of fold on the split's
+  fitting rows, the shrinkage-LDA direction of the raw activations (``--add-reads error``: of the dictionary's
+  reconstruction error), as two non-negative halves),
+  fitted per split on that split's fitting rows only; the CBM is ``train_cbm(own, ..., add_pairs=N)``, so its row
+  also says how many it added and how many it uses.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_accuracy.py --corpus msglang      # store, own dictionary
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_candidates.py --corpus msglang --candidate own \\
@@ -49,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conceptdict as cd
 from cbm_accuracy import mean_se, task_store
 from cbm_corpora import CORPORA, HOOKPOINT
-from conceptdict.naming.bottleneck.baseline import fit_raw_probe, stratified_split
+from conceptdict.naming.bottleneck.added import add_needed_concepts, cbm_residual
+from conceptdict.naming.bottleneck.baseline import fit_raw_probe, fitting_rows
 from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
 from conceptdict.naming.bottleneck.features import concept_directions
 from conceptdict.saes import open_dictionary
@@ -59,17 +66,21 @@ CLASS_NAMES = {"ca": "Catalan", "da": "Danish", "de": "German", "es": "Spanish",
                "nb": "Norwegian", "nl": "Dutch", "pt_BR": "Portuguese", "sv": "Swedish"}
 """The ``names`` candidate's text per class (msglang's languages); classes without one are left out."""
 SIZED = re.compile(r"L(\d+)K(\d+)$")
+ADDED = re.compile(r"added(\d+)$")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", default="msglang", choices=sorted(CORPORA))
-    p.add_argument("--candidate", action="append", help="own, sparse, signed, LxxxKyy, broad, union, names (repeat)")
+    p.add_argument("--candidate", action="append",
+                   help="own, sparse, signed, LxxxKyy, broad, union, names, addedN (repeat)")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3, help="splits 0..N-1")
     p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
     p.add_argument("--cv-folds", type=int, default=CbmConfig.cv_folds,
                    help="the CBM's cv_folds (0: one validation split, about a sixth of the fits)")
+    p.add_argument("--add-reads", default=CbmConfig.add_reads, choices=["raw", "error"],
+                   help="addedN: what the added directions read (CbmConfig.add_reads)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -84,13 +95,13 @@ def relu_of(sae, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
 def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: list, work: Path):
     """(concept activations [N, L'], decoder directions [L', D] or None) of candidate ``name``."""
     own = work / "runs" / corpus / "sae"
-    if name in ("own", "sparse", "signed"):
+    if name in ("own", "sparse", "signed") or ADDED.match(name):
         model, _ = open_dictionary(own)
         dirs = concept_directions(model, raw.shape[1])
         with torch.no_grad():
             if name == "sparse":
                 return model.encode(raw).float(), dirs
-            if name == "own":
+            if name == "own" or ADDED.match(name):
                 return model.dense_activations(raw).float(), dirs
             pre = pre_activations(model, raw).float()  # relu(pre) - relu(-pre) = pre: every direction it spans
             return torch.cat([pre.clamp_min(0), (-pre).clamp_min(0)], 1), torch.cat([dirs, -dirs])
@@ -134,31 +145,48 @@ def main(argv=None) -> int:
           "per prediction |\n|" + "---|" * 10)
     for name in args.candidate or ["own"]:
         x, dirs = candidate(name, args.corpus, store_dir, raw, labels, args.work)
+        pairs = int(m[1]) if (m := ADDED.match(name)) else 0
+        residual = cbm_residual(open_dictionary(args.work / "runs" / args.corpus / "sae")[0], raw, args.add_reads) \
+            if pairs else None
         active = float((x[keep] != 0).sum(1).float().median())
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            split = stratified_split(y, cfg.val_fraction, cfg.test_fraction, seed)
-            folds = cfg.cv_folds if len(split.train) + len(split.val) <= cfg.cv_max_rows else 0
+            split, folds, fit_rows = fitting_rows(y, cfg.val_fraction, cfg.test_fraction, seed, cfg.cv_folds,
+                                                  cfg.cv_max_rows)  # fmt: skip
+            xs = x
+            if pairs:  # the split's own added concepts, fitted on its fitting rows (as train_cbm fits them)
+                added = add_needed_concepts(x[keep], residual.values[keep], y, classes, fit_rows, pairs=pairs,
+                                            seed=seed, residual_kind=residual.kind)  # fmt: skip
+                xs = x.new_zeros(x.shape[0], x.shape[1] + len(added))
+                xs[keep] = torch.cat([x[keep], added.activations_for_fit(residual.values[keep], fit_rows)], 1)
             if seed not in probes:  # the same for every candidate
                 probes[seed] = fit_raw_probe(raw[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
                                              folds=folds, seed=seed)  # fmt: skip
             probe = probes[seed]
-            ceiling = fit_raw_probe(x[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
+            ceiling = fit_raw_probe(xs[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
                                     folds=folds, seed=seed)  # fmt: skip
-            row = {"candidate": name, "concepts": x.shape[1], "active_per_row": active, "seed": seed,
+            row = {"candidate": name, "concepts": xs.shape[1], "active_per_row": active, "seed": seed,
                    "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
             if args.cbm:
-                fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds)
-                r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs)
+                fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
+                                    add_reads=args.add_reads)  # fmt: skip
+                r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
+                              residual=residual)  # fmt: skip
                 m = r.metrics
                 row.update(cbm=m["accuracy"], gap=100 * m["probe_gap"], used=m["concepts_used"],
                            per_prediction=m["concepts_per_prediction"], lam=r.lam, refit_l2=m["refit_l2"])
+                if "added_concepts" in m:
+                    a = m["added_concepts"]
+                    row.update(added=a["n_added"], added_used=a["used"], added_share=a["contribution_share"])
+                    print(f"  added {a['n_added']}: {', '.join(a['names'])}; used {len(a['used'])}: "
+                          f"{', '.join(a['used'])}; share of the contribution {100 * a['contribution_share']:.1f}%",
+                          flush=True)
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
             cbm = (f"{100 * row['cbm']:.1f}% | {row['gap']:+.1f} | {row['used']} | "
                    f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f}") if args.cbm else \
                 "- | - | - | -"
-            print(f"| {name} | {x.shape[1]} | {active:.0f} | {seed} | {100 * probe.test_accuracy:.1f}% | "
+            print(f"| {name} | {xs.shape[1]} | {active:.0f} | {seed} | {100 * probe.test_accuracy:.1f}% | "
                   f"{100 * ceiling.test_accuracy:.1f}% | {cbm} |", flush=True)
         mine = [r for r in rows if r["candidate"] == name]
         short, se = mean_se([100 * (r["probe"] - r["ceiling"]) for r in mine])

@@ -63,6 +63,16 @@ def stratified_split(y: Tensor, val_fraction: float, test_fraction: float, seed:
     return Split(*(torch.cat(p).sort().values for p in parts))
 
 
+def fitting_rows(y: Tensor, val_fraction: float, test_fraction: float, seed: int, cv_folds: int,
+                 cv_max_rows: int) -> tuple[Split, int, Tensor]:
+    """(the split, the folds that choose the fit (0: the one validation split), the rows the chosen fit is fitted
+    on): with ``cv_folds >= 2`` and at most ``cv_max_rows`` training and validation rows, those rows together,
+    else the training rows alone (``CbmConfig.cv_folds``)."""
+    split = stratified_split(y.cpu(), val_fraction, test_fraction, seed)
+    folds = cv_folds if cv_folds >= 2 and len(split.train) + len(split.val) <= cv_max_rows else 0
+    return split, folds, torch.cat([split.train, split.val]) if folds else split.train
+
+
 def stratified_folds(y: Tensor, folds: int, seed: int = 0) -> Tensor:
     """[n] int64: the fold (0..folds-1) of each row of y [n]. Each class's rows are shuffled (seeded) and dealt to
     the folds in turn, so every fold holds every class that has at least ``folds`` rows."""

@@ -34,8 +34,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe, stratified_split
+from conceptdict.naming.bottleneck.added import Residual, add_needed_concepts, added_summary
+from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe, fitting_rows
+from conceptdict.naming.bottleneck.baseline import stratified_split  # noqa: F401 (re-exported)
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
+from conceptdict.naming.bottleneck.notes import FVU_MARGIN, GAP_POINTS, gap_notes  # noqa: F401 (re-exported)
 from conceptdict.naming.bottleneck.path import Part, cv_parts, fit_lambda_path
 
 if TYPE_CHECKING:
@@ -121,6 +124,14 @@ class CbmConfig:
     cv_max_rows: int = field(default=4000, metadata={"min": 0, "help": (
         "Cross-validate only when the training and validation rows are at most this many; above, the one "
         "validation split (its own noise is smaller there, and the folds cost cv_folds times the fits).")})
+    add_pairs: int = field(default=0, metadata={"min": 0, "help": (
+        "Concepts added where the classes need them: for this many class pairs the concepts confuse most (out of "
+        "fold, on the fitting rows), the direction separating the pair in what the dictionary does not reconstruct, "
+        "added as two non-negative concepts named \"A rather than B\" and \"B rather than A\" (0: none; "
+        "naming/bottleneck/added.py).")})
+    add_reads: Literal["raw", "error"] = field(default="raw", metadata={"help": (
+        "What the added concepts' directions read: ``raw``, the raw activations; ``error``, what the dictionary "
+        "does not reconstruct (on msglang its error term does not separate the confused pairs: docs/results/cbm.md).")})
     val_fraction: float = field(default=0.15, metadata={"help": "Share of each class held out to choose lambda."})
     test_fraction: float = field(default=0.2, metadata={
         "help": "Share of each class held out for the reported accuracies."})
@@ -200,6 +211,11 @@ class CbmResult:
 
     def logits(self, concepts: Tensor) -> Tensor:
         """concepts [N, L] -> logits [N, C]."""
+        if concepts.shape[-1] != self.weight.shape[1]:
+            added = len((self.metrics.get("added_concepts") or {}).get("names", ()))
+            raise ValueError(f"{concepts.shape[-1]} concept columns, but this CBM reads {self.weight.shape[1]}" + (
+                f", the last {added} added by --add-pairs: append AddedConcepts.from_dict(metrics['added_concepts'])"
+                ".activations(residual) to the dictionary's" if added else ""))
         return (concepts.float() * self.scale) @ self.weight.T
 
     def contributions(self, concepts: Tensor, cls: Tensor | None = None) -> Tensor:
@@ -253,19 +269,28 @@ def encode_labels(labels: Sequence[Any], min_class_size: int = 1) -> tuple[Tenso
 
 def train_cbm(
     concepts: Tensor, labels: Sequence[Any], names: Sequence[str], cfg: CbmConfig, raw: Tensor | None = None,
-    concept_ids: Sequence[int] | None = None, directions: Tensor | None = None,
+    concept_ids: Sequence[int] | None = None, directions: Tensor | None = None, residual: Residual | None = None,
 ) -> CbmResult:  # fmt: skip
     """Fit the CBM on concepts [N, L] with ``labels [N]``; the baseline probe on ``raw [N, D]`` when given, and
-    ``directions [L, D]`` (the concepts' decoder directions in raw units) for ``cfg.scale == "probe"``."""
+    ``directions [L, D]`` (the concepts' decoder directions in raw units) for ``cfg.scale == "probe"``. With
+    ``cfg.add_pairs`` and ``residual`` (``added.cbm_residual``), concepts for the class pairs the given ones
+    confuse are fitted on the fitting rows and appended (ids from L on; ``metrics["added_concepts"]``)."""
     if concepts.shape[0] != len(labels):
         raise ValueError(f"{concepts.shape[0]} concept rows but {len(labels)} labels; pass one label per input")
     y, classes, keep = encode_labels(labels, cfg.min_class_size)
     x = concepts[keep].float().to(cfg.device)
     y = y.to(cfg.device)
-    split = stratified_split(y.cpu(), cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    split, folds, fit_rows = fitting_rows(y, cfg.val_fraction, cfg.test_fraction, cfg.seed, cfg.cv_folds,
+                                          cfg.cv_max_rows)  # fmt: skip
     C = len(classes)
-    folds = cfg.cv_folds if cfg.cv_folds >= 2 and len(split.train) + len(split.val) <= cfg.cv_max_rows else 0
-    fit_rows = torch.cat([split.train, split.val]) if folds else split.train  # the rows the CBM is fitted on
+    added = None
+    if cfg.add_pairs and residual is not None:
+        r = residual.values[keep].float().to(cfg.device)
+        added = add_needed_concepts(x, r, y, classes, fit_rows.to(cfg.device), pairs=cfg.add_pairs, seed=cfg.seed,
+                                    residual_kind=residual.kind)  # fmt: skip
+        x = torch.cat([x, added.activations_for_fit(r, fit_rows.to(cfg.device))], 1)
+        if directions is not None:
+            directions = torch.cat([directions.float(), added.directions().to(directions.device)])
     probe = None
     if raw is not None:
         probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol,
@@ -309,52 +334,11 @@ def train_cbm(
     log.info("CBM accuracy %.3f (lambda %g, refit L2 %s) vs raw probe %s", metrics["accuracy"], lam, chosen["l2"],
              f"{metrics['probe_accuracy']:.3f}" if raw is not None else "n/a")  # fmt: skip
     ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
+    if added is not None:
+        metrics["added_concepts"] = added_summary(added, W, xs[split.test] * W[test_logits.argmax(1)])
+        first = max(ids, default=-1) + 1
+        ids, names = ids + tuple(range(first, first + len(added))), tuple(names) + added.names
     return CbmResult(W.cpu(), scale.cpu(), classes, ids, tuple(names), lam, metrics)
-
-
-GAP_POINTS = 2.0
-"""A CBM more than this many accuracy points below its raw probe is explained in its output (:func:`gap_notes`)."""
-FVU_MARGIN = 0.1
-"""Rows whose FVU exceeds the dictionary's own held-out FVU by more than this share lie partly outside its data."""
-
-
-def gap_notes(metrics: dict[str, Any]) -> list[str]:
-    """Why a CBM trails its raw probe by more than :data:`GAP_POINTS` (from ``metrics["dictionary"]``: the
-    dictionary's FVU and L0 on the labelled rows, set by ``conceptdict.cbm``); [] when it does not."""
-    gap = metrics.get("probe_gap")
-    if gap is None or 100 * gap <= GAP_POINTS:
-        return []
-    notes = [f"the CBM is {100 * gap:.1f} points below the raw probe (more than {GAP_POINTS:g}); why:"]
-    if (dense := metrics.get("concept_probe_accuracy")) is not None:
-        lost = 100 * (metrics["probe_accuracy"] - dense)
-        where = (f"{lost:.1f} points are lost in what the concepts carry (more active latents per row, a larger k, "
-                 "or other concepts carry more), " if lost > 0 else "they carry what the raw probe reads, ")
-        notes.append(f"- the same probe on the concept activations (dense: all of them, no L1) is at {100 * dense:.1f}"
-                     f"%: {where}{100 * (dense - metrics['accuracy']):.1f} in the bottleneck's sparsity")
-    d = metrics.get("dictionary")
-    if not d:
-        return notes + ["- no dictionary measurement on these rows was recorded (fit through `conceptdict cbm`)"]
-    own = d.get("training_fvu")
-    notes += [f"- the dictionary's FVU on these rows is {d['fvu']:.3f} ({d['rows']} rows: {d['rows_from']})"
-              + ("" if own is None else f"; on its own training data's held-out rows {own:.3f}"),
-              f"- {d['l0']:.1f} concepts fire per row in its code (k={d['k']}); the CBM uses "
-              f"{metrics.get('concepts_used')} of {d['n_latents']}"]  # fmt: skip
-    fit = d.get("fit_gap") or {}
-    if fit.get("memorised"):
-        notes.append(f"- it memorised its training rows (FVU {fit['train_fvu']:.3f} on them, {fit['heldout_fvu']:.3f} "
-                     "held out): fewer latents, or the broad dictionary (`conceptdict broad`), should help")
-    if own is None:
-        notes.append(f"- it records no held-out FVU of its own to compare with; {100 * d['fvu']:.0f}% of these rows' "
-                     "variance lies outside its concepts, and a broader dictionary helps when that is well above "
-                     "what it reaches on its own data")
-    elif d["fvu"] > own * (1 + FVU_MARGIN):
-        notes.append("- these rows are reconstructed worse than its own data: they lie partly outside what it learned, "
-                     "so a broader dictionary (or one trained on these rows) should help")
-    else:
-        notes.append("- these rows are reconstructed as well as its own data, so a broader dictionary is unlikely to "
-                     "help by coverage: what the bottleneck misses is how the classes are split over narrow latents "
-                     "(a shorter run or fewer latents gives broader ones)")
-    return notes
 
 
 # ---------------------------------------------------------------- explanations and interventions
