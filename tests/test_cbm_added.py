@@ -154,3 +154,28 @@ def test_dictionary_residual_is_what_the_dictionary_does_not_reconstruct():
     assert cbm_residual(Coder(), x, "raw") == (x, "raw")  # the default: the raw activations themselves
     with pytest.raises(ValueError, match="add_reads='pre'"):
         cbm_residual(Coder(), x, "pre")
+
+
+def test_a_cbm_with_added_concepts_reads_new_inputs_through_concepts_of():
+    """What ``steer --cbm`` and a notebook do with new inputs: the dictionary's activations and the added concepts',
+    one call, equal to what the CBM was fitted and tested on."""
+    raw, concepts, dirs, _, y = world()
+
+    class Coder:  # the world's concepts as a dictionary's ReLU activations
+        def dense_activations(self, x):
+            return (x @ dirs.T).clamp_min(0)
+
+    labels = [CLASSES[i] for i in y.tolist()]
+    cheap = {"lambdas": [0.01, 0.1], "refit_l2": [1.0], "cv_folds": 0, "grow_lambda": 0, "max_iter": 500,
+             "probe_l2": [1.0]}
+    names = [f"c{i}" for i in range(concepts.shape[1])]
+    plain = train_cbm(concepts, labels, names, CbmConfig(**cheap), raw=raw, directions=dirs)
+    assert torch.equal(plain.concepts_of(Coder(), raw), concepts)  # nothing added: the dictionary's alone
+    more = train_cbm(concepts, labels, names, CbmConfig(add_pairs=1, **cheap), raw=raw, directions=dirs,
+                     residual=cbm_residual(Coder(), raw, "raw"))  # fmt: skip
+    got = more.concepts_of(Coder(), raw)
+    assert got.shape == (len(raw), len(names) + 2)
+    assert torch.equal(got[:, :len(names)], concepts)
+    split, _, _ = fitting_rows(y, 0.15, 0.2, 0, 0, 4000)
+    hits = more.logits(got[split.test]).argmax(1) == y[split.test]
+    assert float(hits.float().mean()) == pytest.approx(more.metrics["accuracy"])

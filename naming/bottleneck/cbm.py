@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.added import Residual, add_needed_concepts, added_summary
+from conceptdict.naming.bottleneck.added import (AddedConcepts, Residual, add_needed_concepts, added_summary,
+                                                 cbm_residual)
 from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe, fitting_rows
 from conceptdict.naming.bottleneck.baseline import stratified_split  # noqa: F401 (re-exported)
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
@@ -214,9 +215,21 @@ class CbmResult:
         if concepts.shape[-1] != self.weight.shape[1]:
             added = len((self.metrics.get("added_concepts") or {}).get("names", ()))
             raise ValueError(f"{concepts.shape[-1]} concept columns, but this CBM reads {self.weight.shape[1]}" + (
-                f", the last {added} added by --add-pairs: append AddedConcepts.from_dict(metrics['added_concepts'])"
-                ".activations(residual) to the dictionary's" if added else ""))
+                f", the last {added} added by --add-pairs: read new inputs with cbm.concepts_of(dictionary, raw)" if added
+                else ""))
         return (concepts.float() * self.scale) @ self.weight.T
+
+    def concepts_of(self, dictionary, raw: Tensor, codes: str = "relu") -> Tensor:
+        """raw activations [N, D] -> [N, L (+ added)]: what :meth:`logits` reads, the dictionary's concept
+        activations (:func:`concept_activations` with ``codes``, the CBM's ``CbmConfig.codes``) followed by those of
+        the concepts ``--add-pairs`` added, when it has any."""
+        concepts = concept_activations(dictionary, raw, codes)
+        doc = self.metrics.get("added_concepts")
+        if not doc:
+            return concepts
+        added = AddedConcepts.from_dict(doc)
+        residual = cbm_residual(dictionary, raw, added.residual).values
+        return torch.cat([concepts.float(), added.activations(residual.to(concepts.device))], 1)
 
     def contributions(self, concepts: Tensor, cls: Tensor | None = None) -> Tensor:
         """[N, L]: each concept's contribution to class ``cls [N]`` (default: the predicted class)."""

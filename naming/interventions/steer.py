@@ -35,7 +35,6 @@ from conceptdict.activations.intervene import (
     generate,
     steered_embeddings,
 )
-from conceptdict.naming.bottleneck.cbm import concept_activations
 from conceptdict.naming.reports.report import esc, page
 
 Edit = Callable[[Tensor], Tensor]
@@ -203,7 +202,7 @@ def steer_sentences(model, hookpoint: str, edit: Edit, vector: Tensor | None, te
 
         raw = embed_texts(model, list(cfg.prompts), hookpoint)
         with torch.no_grad():
-            pred = [cbm.logits(concept_activations(dictionary, e)).softmax(-1) for e in (raw, edit(raw))]
+            pred = [cbm.logits(cbm.concepts_of(dictionary, e)).softmax(-1) for e in (raw, edit(raw))]
         doc["cbm"] = [{"prompt": p, "before": cbm.classes[int(a.argmax())], "after": cbm.classes[int(b.argmax())],
                        "p_before": float(a.max()), "p_after": float(b[a.argmax()])}
                       for p, a, b in zip(cfg.prompts, *pred)]
