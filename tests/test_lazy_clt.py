@@ -123,3 +123,33 @@ def test_the_commands_read_a_clt_lazily_when_it_does_not_fit(tmp_path, monkeypat
     assert isinstance(lazy, LazyCLT) and lazy.n_latents == L and lazy.blocks == [(0, 16), (16, 32)]
     with pytest.raises(ValueError, match="naming does not read yet; load it whole: set CONCEPTDICT_LAZY=0"):
         lazy.cutoffs(lambda: iter(()), 0)
+
+
+def test_cd_evaluate_reads_a_clt_block_artifact_lazily_with_the_whole_ones_numbers(tmp_path, monkeypatch):
+    """``cd.evaluate`` of a 2-shard CLT artifact (its layers' inputs and outputs in a store): read lazily
+    (CONCEPTDICT_LAZY=1) it writes the FVU per layer and L0 per layer that loading it whole does, within 1e-6
+    relative."""
+    from conceptdict.activations import import_array
+    from conceptdict.activations.importer import ImportConfig
+    from safetensors.torch import save_file
+
+    hookpoints = [f"in{l}" for l in range(S)] + [f"out{l}" for l in range(S)]
+    rows = _pairs(300, 7)
+    save_file({h: rows[:, i].contiguous() for i, h in enumerate(hookpoints)}, str(tmp_path / "acts.safetensors"))
+    store = import_array(ImportConfig(array=tmp_path / "acts.safetensors", out=tmp_path / "store"))
+    whole = _whole("clt", seed=4)
+    blocks = blocks_of(whole, 2)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp_path / "clt", i, 2)
+    where = finish_parts(blocks[0], tmp_path / "clt", 2, extra={"hookpoints": hookpoints, "stores": [str(store)]})
+    got = {}
+    for pinned in ("0", "1"):
+        monkeypatch.setenv(LAZY_ENV, pinned)
+        ev = cd.evaluate(where, contexts=0, out=tmp_path / f"eval{pinned}.json")
+        assert isinstance(ev.dictionary, LazyCLT) == (pinned == "1")
+        got[pinned] = ev.metrics
+    one, lazy = got["0"], got["1"]
+    assert lazy.n_tokens == one.n_tokens == 300
+    assert lazy.fvu == pytest.approx(one.fvu, rel=1e-6)
+    assert lazy.per_source_fvu == pytest.approx(one.per_source_fvu, rel=1e-6)
+    assert lazy.l0 == one.l0 and lazy.per_layer_l0 == one.per_layer_l0 and lazy.density == one.density
