@@ -134,10 +134,12 @@ class LazyCLT(LazyDictionary):
         state = native_state(model, t, self.path)
         del t, parts
         state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
+        # checked as read: the model's state_dict would join its decoder blocks into one more copy of W_dec
+        check_finite(torch.nn.ParameterDict({n: torch.nn.Parameter(v, requires_grad=False) for n, v in state.items()}),
+                     f"latents [{start}, {stop}) of every layer of {self.path}")
         model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
         del state
         model.to(self._device)
-        check_finite(model, f"latents [{start}, {stop}) of every layer of {self.path}")
         model.training_summary = self.training_summary
         model.requires_grad_(False).eval()
         self._held = (start, stop, model)
