@@ -153,3 +153,33 @@ def test_cd_evaluate_reads_a_clt_block_artifact_lazily_with_the_whole_ones_numbe
     assert lazy.fvu == pytest.approx(one.fvu, rel=1e-6)
     assert lazy.per_source_fvu == pytest.approx(one.per_source_fvu, rel=1e-6)
     assert lazy.l0 == one.l0 and lazy.per_layer_l0 == one.per_layer_l0 and lazy.density == one.density
+
+
+def test_export_circuit_tracer_writes_a_lazy_clt_a_block_at_a_time(tmp_path, monkeypatch):
+    """``conceptdict export --format circuit-tracer`` of a 2-shard clt-batchtopk read lazily (CONCEPTDICT_LAZY=1,
+    files written a block at a time) writes the tensors and config.yaml that the whole CLT's export writes, bit for
+    bit."""
+    from conceptdict.cli.main import main
+    from conceptdict.saes.formats import circuit_tracer
+    from safetensors.torch import load_file
+
+    hookpoints = [f"blocks.{l}.mlp.hook_in" for l in range(S)] + [f"blocks.{l}.mlp.hook_out" for l in range(S)]
+    whole = _whole("clt-batchtopk", seed=5)
+    blocks = blocks_of(whole, 2)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp_path / "clt", i, 2)
+    where = finish_parts(blocks[0], tmp_path / "clt", 2, extra={"hookpoints": hookpoints})
+    for pinned in ("0", "1"):
+        monkeypatch.setenv(LAZY_ENV, pinned)
+        assert main(["export", str(where), "--format", "circuit-tracer", "--out", str(tmp_path / pinned)]) == 0
+    files = sorted(p.name for p in (tmp_path / "0").iterdir())
+    assert sorted(p.name for p in (tmp_path / "1").iterdir()) == files and f"W_dec_{S - 1}.safetensors" in files
+    for name in (f for f in files if f.endswith(".safetensors")):
+        want, got = load_file(tmp_path / "0" / name), load_file(tmp_path / "1" / name)
+        assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want), name
+    assert (tmp_path / "1" / "config.yaml").read_text() == (tmp_path / "0" / "config.yaml").read_text()
+    lazy = open_lazy(where, block_latents=6)  # several blocks per file
+    circuit_tracer.export(lazy, tmp_path / "blocks", config=lazy.config, model_name=None, hookpoint=None)
+    for name in (f for f in files if f.endswith(".safetensors")):
+        want, got = load_file(tmp_path / "0" / name), load_file(tmp_path / "blocks" / name)
+        assert all(torch.equal(got[n], want[n]) for n in want), name
