@@ -15,9 +15,10 @@ a dictionary larger than the memory of the process is read in ``block_latents`` 
 (plus a copy of its encoder while it is built) and the caller's buffers. :func:`save_tensors_of` writes a layout's
 weights file the same way, one block at a time.
 
-Kinds: those whose latents can be split (``KindSpec.shardable``: topk, batchtopk, jumprelu, relu, crosscoders);
-the others read their neighbours (Matryoshka's prefixes, SpaDE's simplex) or split by layer (cross-layer transcoders)
-and are loaded whole (``cd.load(DIR)``).
+Kinds: those whose latents can be split (``KindSpec.shardable``: topk, batchtopk, jumprelu, relu, crosscoders, and
+cross-layer transcoders, whose latents split within each layer: ``saes.lazy_clt.LazyCLT``, which :func:`open_lazy`
+gives for them); the others read their neighbours (Matryoshka's prefixes, SpaDE's simplex) and are loaded whole
+(``cd.load(DIR)``).
 """
 
 from __future__ import annotations
@@ -75,10 +76,12 @@ class LazyDictionary:
         self.training_summary = cfg.get("training")
         self._device = torch.device(device)
         spec = self.spec
-        if spec.layered or not spec.shardable:
-            why = "its latents are split by layer" if spec.layered else "its rule reads other latents"
-            raise ValueError(f"a {self.kind} dictionary is not read in blocks of latents ({why}); load it whole: "
-                             f"cd.load({str(self.path)!r})")
+        if spec.layered:
+            raise ValueError(f"a {self.kind} dictionary is read a range of every layer's latents at a time: open it with "
+                             f"open_lazy({str(self.path)!r}) (saes.lazy_clt.LazyCLT)")
+        if not spec.shardable:
+            raise ValueError(f"a {self.kind} dictionary is not read in blocks of latents (its rule reads other "
+                             f"latents); load it whole: cd.load({str(self.path)!r})")
         self.files = self._files()
         self.axes = disk_latent_axes(self._meta(self.n_latents))
         first = self.files[0][0]
@@ -293,7 +296,12 @@ class LazyDictionary:
 
 def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_latents: int | None = None
               ) -> LazyDictionary:
-    """:class:`LazyDictionary` of a dictionary saved by ``saes.artifact`` (one file, or one per latent shard)."""
+    """:class:`LazyDictionary` of a dictionary saved by ``saes.artifact`` (one file, or one per latent shard); of a
+    cross-layer transcoder, a ``saes.lazy_clt.LazyCLT`` (``block_latents``: latents of each layer in a block)."""
+    if kind_spec(native_kind(load_native_config(directory))).layered:
+        from .lazy_clt import LazyCLT
+
+        return LazyCLT(directory, device, block_latents)
     return LazyDictionary(directory, device, block_latents)
 
 
@@ -344,7 +352,7 @@ def reads_lazily(directory: str | Path, available: int | None = None) -> bool:
     and one pass over its weights. :data:`LAZY_ENV` set to 1 or 0 decides instead."""
     directory = Path(directory)
     spec = kind_spec(native_kind(load_native_config(directory)))
-    if spec.layered or not spec.shardable:
+    if not spec.shardable:
         return False
     pinned = os.environ.get(LAZY_ENV, "").strip()
     if pinned in ("0", "1"):

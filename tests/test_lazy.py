@@ -132,10 +132,7 @@ def test_weights_file_reads_a_range_along_any_axis(tmp_path):
 def test_what_is_not_read_lazily_says_how_to_load_it(tmp_path):
     with pytest.raises(ValueError, match=r"not read in blocks of latents .*load it whole: cd.load"):
         open_lazy(save_dictionary(SparseCoder(D, L, K, "matryoshka"), tmp_path / "m"))
-    with pytest.raises(ValueError, match=r"clt dictionary is not read in blocks of latents \(its latents are split by "
-                                         r"layer\)"):
-        open_lazy(save_dictionary(SparseCoder(D, L, K, "clt", n_sources=2), tmp_path / "c"))
-    assert not reads_lazily(tmp_path / "c", available=1)  # the commands load it whole
+    assert not reads_lazily(tmp_path / "m", available=1)  # the commands load it whole
     with pytest.raises(ValueError, match="block_latents=4 must exceed k=4"):
         open_lazy(save_dictionary(SparseCoder(D, L, K, "topk"), tmp_path / "t"), block_latents=4)
     saelens.write(SparseCoder(D, L, K, "topk"), tmp_path / "sl")

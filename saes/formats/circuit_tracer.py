@@ -170,6 +170,9 @@ def write_clt(model: SparseCoder, out: Path, hookpoints: Sequence[str], model_na
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    if not isinstance(model, SparseCoder):  # a CLT read lazily (saes.lazy_clt): written a range of latents at a time
+        _write_clt_blocks(model, out)
+        return _write_clt_yaml(model, out, in_hook, out_hook, model_name)
     W_enc, blocks = model.W_enc.detach().float(), decoder_blocks(model)
     for l in range(S):
         lat = slice(l * P, (l + 1) * P)
@@ -178,9 +181,41 @@ def write_clt(model: SparseCoder, out: Path, hookpoints: Sequence[str], model_na
                    f"threshold_{l}": model.threshold.detach()[lat].float().clone()}, str(out / f"W_enc_{l}.safetensors"))
         save_file({f"W_dec_{l}": blocks[l].detach().float().reshape(P, S - l, D).contiguous()},
                   str(out / f"W_dec_{l}.safetensors"))
+    return _write_clt_yaml(model, out, in_hook, out_hook, model_name)
+
+
+def _write_clt_yaml(model: Any, out: Path, in_hook: str, out_hook: str, model_name: str | None) -> Path:
     _write_yaml(out, {"model_kind": "cross_layer_transcoder", "feature_input_hook": in_hook,
                       "feature_output_hook": out_hook, "k": model.k, **({"model_name": model_name} if model_name else {})})
     return out
+
+
+def _write_clt_blocks(model: Any, out: Path) -> None:
+    """:func:`write_clt`'s files of a ``saes.lazy_clt.LazyCLT``, each written at the offsets its header names
+    (``saes.lazy_io.TensorsWriter``) a block at a time: the same tensors, one block of every layer in memory."""
+    from contextlib import ExitStack
+
+    from ..lazy_io import TensorsWriter
+
+    S, D, P, f32 = model.n_sources, model.d_in, model.n_latents // model.n_sources, torch.float32
+    with ExitStack() as stack:
+        enc = [stack.enter_context(TensorsWriter(out / f"W_enc_{l}.safetensors", {
+            f"W_enc_{l}": (f32, (P, D)), f"b_enc_{l}": (f32, (P,)), f"b_dec_{l}": (f32, (D,)),
+            f"threshold_{l}": (f32, (P,))})) for l in range(S)]
+        dec = [stack.enter_context(TensorsWriter(out / f"W_dec_{l}.safetensors", {f"W_dec_{l}": (f32, (P, S - l, D))}))
+               for l in range(S)]
+        b_dec = model.shared_tensor("b_dec")
+        for l in range(S):
+            enc[l].write(f"b_dec_{l}", b_dec[l * D:(l + 1) * D])
+        for a, b in model.blocks:
+            block, n = model.latents(a, b), b - a
+            for l, w in enumerate(decoder_blocks(block)):
+                lat = slice(l * n, (l + 1) * n)
+                enc[l].write(f"W_enc_{l}", block.W_enc[:, lat].T, 0, a)
+                enc[l].write(f"b_enc_{l}", block.b_enc[lat], 0, a)
+                enc[l].write(f"threshold_{l}", block.threshold[lat], 0, a)
+                dec[l].write(f"W_dec_{l}", w.reshape(n, S - l, D), 0, a)
+            del block
 
 
 def write_set(models: Sequence[SparseCoder], hookpoints: Sequence[Sequence[str]], out: Path,
@@ -215,6 +250,8 @@ def export(model: SparseCoder, out: Path, *, config: dict[str, Any], model_name:
     """``conceptdict export --format circuit-tracer`` (``saes.formats.export.WRITERS``): a cross-layer transcoder
     (:func:`write_clt`) or one transcoder as a set of one layer (:func:`write_set`), over ``config``'s hookpoints."""
     hookpoints = config.get("hookpoints") or []
+    if not isinstance(model, SparseCoder) and not model.spec.layered:  # read lazily: only a CLT is written in blocks
+        model = model.whole()
     if model.spec.layered:
         return write_clt(model, out, hookpoints, model_name)
     if model.spec.transcodes:

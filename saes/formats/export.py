@@ -37,7 +37,8 @@ class Writer:
     folder of per-layer transcoders as one set; None: the layout holds one dictionary."""
     streams: bool = False
     """Whether ``export`` also takes a ``saes.lazy.LazyDictionary`` and writes it a block of latents at a time
-    (``saes.lazy.save_tensors_of``), so that a dictionary larger than memory is exported without being whole."""
+    (``saes.lazy.save_tensors_of``; circuit-tracer: a CLT's, ``saes.lazy_clt``), so that a dictionary larger than
+    memory is exported without being whole."""
 
 
 WRITERS: dict[str, Writer] = {
@@ -49,7 +50,7 @@ WRITERS: dict[str, Writer] = {
                                   "exact dictionary_learning class", "dictionary_learning"),
     "circuit-tracer": Writer(circuit_tracer.export, "circuit-tracer config.yaml + weights: a cross-layer "
                              "transcoder, or train --layers' set of transcoders", "circuit-tracer", transcoders=True,
-                             write_set=circuit_tracer.write_set),
+                             write_set=circuit_tracer.write_set, streams=True),
 }
 """layout name -> :class:`Writer`: the layouts ``conceptdict export`` writes a dictionary in."""
 

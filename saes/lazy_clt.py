@@ -1,0 +1,230 @@
+"""A cross-layer transcoder (kinds ``clt``, ``clt-batchtopk``) read lazily: a range of every layer's latents at a time.
+
+A CLT's latents come in S layer groups of P (layer l's latents are ``[l P, (l + 1) P)``; saes.latents), and its
+block artifact's file i holds the i-th slice of every layer's latents (``W_enc [S, D, P/N]``, ``W_dec [S, L/N, D]``
+and ``b_enc`` / ``threshold`` [L/N] layer-major). :class:`LazyCLT` reads the same way: a block is a range
+``[a, b)`` of latents *within a layer*, taken from every layer, so that each block is itself a CLT of S (b - a)
+latents (a :class:`SparseCoder`, as a latent shard is) and its encoder, its triangle of decoder blocks and its
+inference rule are the kind's own. Over the blocks:
+
+- encode: per layer and row, the k largest of every block's k largest of that layer (``clt``: TopK per layer over
+  the whole layer, as the whole CLT's; ``clt-batchtopk``'s JumpReLU reads one latent at a time and needs no merge);
+- decode: the sum of the blocks' partial decodes per target layer (block l's latents write to layers l..S-1), plus
+  ``b_dec``.
+
+Peak: one block's weights (its W_dec read as ``[S, S (b - a), D]``, the triangle's zeros included, and a copy of its
+encoder while it is built) and the caller's buffers. ``latents(a, b)`` / :attr:`~LazyCLT.blocks` name ranges within a
+layer (not global latent ids as :class:`~saes.lazy.LazyDictionary`'s do); :meth:`LazyCLT.pieces` maps a block's
+columns to the whole CLT's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .artifact import (
+    disk_latent_axes,
+    disk_latent_groups,
+    load_native_config,
+    native_kind,
+    native_state,
+)
+from .lazy import BLOCK_MIB, LazyDictionary
+from .lazy_io import WeightsFile
+from .model import SparseCoder
+
+
+class LazyCLT(LazyDictionary):
+    """A saved cross-layer transcoder (one file or one per latent shard) read a range of every layer's latents at a
+    time (module docstring); ``encode`` / ``decode`` / ``sae(x)`` / ``saes.evaluate`` give the whole CLT's results."""
+
+    def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
+                 block_latents: int | None = None) -> None:
+        self.path = Path(directory)
+        self.config = cfg = load_native_config(self.path)
+        self.kind, self.d_in, self.n_latents = native_kind(cfg), int(cfg["d_in"]), int(cfg["n_latents"])
+        self.k, self.n_sources = int(cfg["k"]), int(cfg["n_sources"])
+        self.training_summary = cfg.get("training")
+        self._device = torch.device(device)
+        if not self.spec.layered:
+            raise ValueError(f"{self.path} holds a {self.kind} dictionary, not a cross-layer transcoder; open it with "
+                             f"saes.lazy.open_lazy")
+        S = self.n_sources
+        self.per_layer = self.n_latents // S
+        # (file, first latent of each layer it holds, end): file i holds slice i of every layer's latents
+        self.files = [(f, a // S, b // S) for f, a, b in self._files()]
+        meta = self._meta(S * (self.k + 1))  # a small CLT of this kind: which tensors run over the latents, in how many groups
+        self.axes, self.groups = disk_latent_axes(meta), disk_latent_groups(meta)
+        first = self.files[0][0]
+        self.shared = {name: first.read(name) for name, axis in self.axes.items()
+                       if axis is None and name in first.tensors}
+        self.blocks = self._blocks(block_latents)
+        self._held: tuple[int, int, SparseCoder] | None = None
+
+    def __repr__(self) -> str:
+        return (f"LazyCLT({self.kind}, d_in={self.d_in}, layers={self.n_sources}, latents={self.n_latents}, "
+                f"k={self.k}, {len(self.blocks)} blocks, {self.path})")
+
+    def _blocks(self, block_latents: int | None) -> list[tuple[int, int]]:
+        """The ranges of each layer's latents read one at a time: each file's, in pieces of at most ``block_latents``
+        per layer (None: :data:`saes.lazy.BLOCK_MIB` of weights over every layer); a piece never holds k latents of a
+        layer or fewer (it joins the one before)."""
+        if block_latents is None:
+            f, a, b = self.files[0]
+            per_latent = sum(math.prod(s) * torch.empty((), dtype=d).element_size() // ((b - a) * self.n_sources)
+                             for n, (d, s, _) in f.tensors.items() if self.axes.get(n) is not None)
+            block_latents = max(1, BLOCK_MIB * 2 ** 20 // max(per_latent * self.n_sources, 1))
+        if block_latents <= self.k:
+            raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of each "
+                             f"layer's latents; raise block_latents")
+        out: list[tuple[int, int]] = []
+        for _, a, b in self.files:
+            for s in range(a, b, block_latents):
+                e = min(b, s + block_latents)
+                if out and e - s <= self.k:
+                    out[-1] = (out[-1][0], e)
+                else:
+                    out.append((s, e))
+        return out
+
+    def pieces(self, start: int, stop: int) -> list[tuple[int, slice]]:
+        """(the whole CLT's first latent, the block's columns) of each layer's part of block ``[start, stop)``."""
+        n = stop - start
+        return [(l * self.per_layer + start, slice(l * n, (l + 1) * n)) for l in range(self.n_sources)]
+
+    def _read(self, f: WeightsFile, name: str, n_file: int, lo: int, hi: int) -> list[Tensor]:
+        """Latents ``[lo, hi)`` of every layer's slice in file ``f`` (``n_file`` of each layer's latents) of tensor
+        ``name``: one tensor (an encoder [S, D, hi - lo]) or one per layer (the tensors over every layer's latents)."""
+        axis = self.axes[name]
+        if self.groups[name] == 1:
+            return [f.read(name, axis, lo, hi)]
+        return [f.read(name, axis, l * n_file + lo, l * n_file + hi) for l in range(self.n_sources)]
+
+    def latents(self, start: int, stop: int) -> SparseCoder:
+        """Latents ``[start, stop)`` of every layer as an in-memory CLT of S (stop - start) latents (layer-major, read
+        from the files that hold them; its ``encode`` is the kind's rule on those latents alone). A NaN or Inf in
+        them is refused as a whole dictionary's is (``saes.formats.check_finite``)."""
+        from .formats import check_finite
+
+        if not 0 <= start < stop <= self.per_layer or stop - start <= self.k:
+            raise ValueError(f"latents({start}, {stop}): the range of each layer's latents must lie in [0, "
+                             f"{self.per_layer}) and hold more than k={self.k} latents")
+        if self._held is not None and self._held[:2] == (start, stop):
+            return self._held[2]
+        self._held = None  # let the block held before go first
+        parts: dict[str, list[list[Tensor]]] = {}  # name -> per file -> its pieces
+        for f, a, b in self.files:
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                for name in f.tensors:
+                    if self.axes.get(name) is not None:
+                        parts.setdefault(name, []).append(self._read(f, name, b - a, lo - a, hi - a))
+        t = {}
+        for name, per_file in parts.items():  # each layer's pieces over the files, then the layers in order
+            t[name] = torch.cat([torch.cat([p[g] for p in per_file], dim=self.axes[name])
+                                 for g in range(len(per_file[0]))], dim=self.axes[name])
+        t.update(self.shared)
+        model = self._meta(self.n_sources * (stop - start))
+        state = native_state(model, t, self.path)
+        del t, parts
+        state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
+        # checked as read: the model's state_dict would join its decoder blocks into one more copy of W_dec
+        check_finite(torch.nn.ParameterDict({n: torch.nn.Parameter(v, requires_grad=False) for n, v in state.items()}),
+                     f"latents [{start}, {stop}) of every layer of {self.path}")
+        model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
+        del state
+        model.to(self._device)
+        model.training_summary = self.training_summary
+        model.requires_grad_(False).eval()
+        self._held = (start, stop, model)
+        return model
+
+    def decoder_directions(self) -> Tensor:
+        """Decoder rows in raw activation units [L, S, D] (zero to the layers before a latent's own), as
+        ``SparseCoder``'s; only ``W_dec`` is read, one file at a time."""
+        S, P = self.n_sources, self.per_layer
+        out = torch.empty(self.n_latents, S, self.d_in)
+        for f, a, b in self.files:
+            part = f.read("W_dec")  # [S, S (b - a), D]: layer l's slice at [l (b - a), (l + 1) (b - a))
+            for l in range(S):
+                out[l * P + a: l * P + b] = part[:, l * (b - a): (l + 1) * (b - a)].permute(1, 0, 2)
+            del part
+        return out
+
+    # -- inference over blocks --------------------------------------------------------------------
+    @torch.no_grad()
+    def block_codes(self, rows: Tensor) -> Iterator[tuple[int, SparseCoder, Tensor]]:
+        """(first latent of each layer, block, the block's codes [N, S (stop - start)], layer-major) for each block,
+        of rows [N, S*D]: together the whole CLT's codes. ``clt`` keeps, per layer and row, the k largest of every
+        block's k largest of that layer (read in a first pass)."""
+        if self.spec.shard_encode is None:
+            for a, b in self.blocks:
+                block = self.latents(a, b)
+                yield a, block, block.rule(rows)
+                del block
+            return
+        N, S = rows.shape[0], self.n_sources
+        values, indices = [], []
+        for a, b in self.blocks:
+            top = self.latents(a, b).rule(rows).view(N, S, b - a).topk(self.k, dim=2)
+            values.append(top.values)
+            indices.append(top.indices + a)
+        best = torch.cat(values, 2).topk(self.k, dim=2)
+        keep_v, keep_i = best.values, torch.cat(indices, 2).gather(2, best.indices)  # [N, S, k], within a layer
+        for a, b in reversed(self.blocks):  # the last block read first: it is still held
+            block = self.latents(a, b)
+            mine = (keep_i >= a) & (keep_i < b)
+            f = rows.new_zeros(N, S, b - a)
+            f.scatter_add_(2, torch.where(mine, keep_i - a, 0), torch.where(mine, keep_v, 0))
+            yield a, block, f.view(N, S * (b - a))
+            del block, f
+
+    def cutoffs(self, batches: Callable[[], Iterable[tuple[int, Tensor]]], n_rows: int) -> Tensor | None:
+        """Refused: naming reads a lazy dictionary's blocks as ranges of global latent ids, which a CLT's blocks are
+        not."""
+        raise ValueError(f"{self.path} is a {self.kind} read lazily (a range of every layer's latents at a time), which "
+                         f"naming does not read yet; load it whole: set CONCEPTDICT_LAZY=0 or use cd.load(DIR)")
+
+    @torch.no_grad()
+    def codes_and_reconstruction(self, rows: Tensor,
+                                 each: Callable[[Tensor, int], None] | None = None) -> Tensor:
+        """The prediction [N, S*D] of the layers' outputs from their inputs, rows [N, S*D]: the blocks' partial
+        decodes summed per target layer, plus ``b_dec``; ``each(codes, first latent)`` on each layer's part of each
+        block's codes as they come."""
+        total = None
+        for a, block, f in self.block_codes(rows):
+            part = block.dense_decode(f)
+            total = part if total is None else total + part
+            if each is not None:
+                for first, cols in self.pieces(a, a + block.n_latents // self.n_sources):
+                    each(f[:, cols], first)
+            del block, f, part
+        return self.finish(rows, total)
+
+    def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """x [..., S, D] (the layers' inputs) -> dense codes [..., L], equal to the whole CLT's."""
+        rows, back = self.source_rows(x, "encode")
+        N, S = rows.shape[0], self.n_sources
+        f = rows.new_zeros(N, S, self.per_layer)
+        for a, block, part in self.block_codes(rows):
+            f[:, :, a: a + part.shape[1] // S] = part.view(N, S, -1)
+            del block, part
+        return back(f.view(N, self.n_latents), (self.n_latents,))
+
+    @torch.no_grad()
+    def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """Codes f [..., L] -> the layers' outputs [..., S, D]."""
+        rows, back = self.input_rows(f, "decode", (self.n_latents,), "the latents of this dictionary")
+        by_layer = rows.view(rows.shape[0], self.n_sources, self.per_layer)
+        total = sum(self.latents(a, b).dense_decode(by_layer[:, :, a:b].reshape(rows.shape[0], -1))
+                    for a, b in self.blocks)
+        return back(total + self.shared_tensor("b_dec"), self.output_shape())
+
+
+__all__ = ["LazyCLT"]
