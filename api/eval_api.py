@@ -21,7 +21,6 @@ from conceptdict.naming.llm import LlmConfig
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import format_table, threshold_line, with_splice_scores
-from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.saes.evaluation import combine_layers
 from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.lazy import LazyDictionary
@@ -216,10 +215,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
 def tag_counts(sae: SparseCoder | LazyDictionary, density: torch.Tensor) -> dict[str, int]:
     """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
     dictionary."""
-    if not isinstance(sae, LazyDictionary):
-        return live_tag_counts(sae, density)
-    parts = [live_tag_counts(sae.latents(a, b), density[a:b]) for a, b in sae.blocks]
-    return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
+    from conceptdict.saes.lazy_compare import tag_counts as counts
+
+    return counts(sae, density)
 
 
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bool | None = False) -> Run:
@@ -397,8 +395,8 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
         several = reads_several(load_dictionary_config(ref.path))
         ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if several else None, model=cfg.model, rows=cfg.rows,
                           batch_size=cfg.batch_size, contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
-        runs = [run_of(d, ecfg) for d in layers or [ref.path]]
-        run = runs[0]
+        runs = [run_of(d, ecfg, lazy=False if layers or cfg.metrics else None) for d in layers or [ref.path]]
+        run = runs[0]  # one dictionary is read a block of latents at a time if it does not fit (not for --metrics)
         key = tuple(map(str, run.store_paths()))
         if key not in recipes:  # every dictionary on these stores reads the rows the first one's training held out
             recipe = training_heldout(run)

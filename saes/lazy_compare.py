@@ -1,0 +1,152 @@
+"""``conceptdict compare`` of dictionaries read lazily (:class:`~saes.lazy.LazyDictionary`): the weight metrics and
+the latent matching of :mod:`saes.compare` computed block against block, so that neither an [L_a, L_b] cosine matrix
+nor a whole decoder is ever in memory.
+
+A dictionary's latents come as **parts**: ``(first latent, read)`` pairs, ``read()`` giving the part's decoder rows
+[n, S*D] (an in-memory dictionary is one part; a lazy one, one part per block, :attr:`LazyDictionary.blocks`). Every
+quantity is a max / any over pairs of parts, each part cut into chunks of ``chunk`` rows, so its value equals the whole
+computation's up to the order of a dot product's sums (1e-6 relative): each latent's best decoder cosine with another
+latent of its dictionary, its split flag (a partner at decoder cosine >= ``SPLIT_COSINE`` it almost never fires with),
+and each live latent's best cosine with the live latents of another dictionary. Which latents fire on the compared
+rows is kept sparse (the (row, latent) pairs that fire), so co-firing counts cost the firings, not N x L.
+
+Peak: two parts' decoders (the one read and the one held, as unit rows) plus [chunk, part] cosines, plus the firing
+pairs (rows x L0 of them) and per-latent vectors [L].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from .compare import NEAR_DUPLICATE, SPLIT_COSINE, SPLIT_JACCARD, encoder_decoder_cosine
+from .lazy import LazyDictionary
+from .model import SparseCoder
+
+Parts = list[tuple[int, Callable[[], Tensor]]]
+
+
+def parts_of(model: LazyDictionary) -> Parts:
+    """(first latent, read its decoder rows [n, S*D] as float) of each block of a lazy dictionary."""
+    return [(a, (lambda a=a, b=b: model.latents(a, b).W_dec.detach().float().cpu())) for a, b in model.blocks]
+
+
+def _unit(w: Tensor) -> Tensor:
+    return torch.nn.functional.normalize(w, dim=1)
+
+
+class Firing:
+    """Which latents fire on the compared rows, as the sorted (latent, row) pairs that do: ``columns(a, b)`` is the
+    dense float [N, b - a] of latents [a, b) (what ``saes.compare.firing`` holds for all L at once)."""
+
+    def __init__(self, latent: Tensor, row: Tensor, n_rows: int, n_latents: int):
+        order = torch.argsort(latent * n_rows + row)
+        self.latent, self.row, self.n_rows = latent[order], row[order], n_rows
+        self.count = torch.bincount(latent, minlength=n_latents).float()
+        self.live = self.count > 0
+
+    def columns(self, a: int, b: int) -> Tensor:
+        lo, hi = (int(torch.searchsorted(self.latent, v)) for v in (a, b))
+        out = torch.zeros(self.n_rows, b - a)
+        out[self.row[lo:hi], self.latent[lo:hi] - a] = 1.0
+        return out
+
+
+@torch.no_grad()
+def lazy_firing(model: LazyDictionary, batches: Iterable[Tensor], max_rows: int) -> Firing:
+    """:class:`Firing` of a lazy dictionary on the first ``max_rows`` rows (the inference rule over every block, as
+    ``saes.compare.firing``'s)."""
+    latents, rows, n = [], [], 0
+    for x in batches:
+        inp, _ = model.split(model.flatten_batch(x.to(model.device, model.dtype)))
+        inp = inp[: max_rows - n]
+        for a, block, f in model.block_codes(inp):
+            r, c = (f != 0).nonzero(as_tuple=True)
+            rows.append(r.cpu() + n)
+            latents.append(c.cpu() + a)
+            del block, f
+        n += inp.shape[0]
+        if n >= max_rows:
+            break
+    return Firing(torch.cat(latents), torch.cat(rows), n, model.n_latents)
+
+
+def _chunks(parts: Parts, chunk: int) -> Iterable[tuple[int, Tensor]]:
+    """(first latent, unit decoder rows) of each chunk of each part, one part read at a time."""
+    for a, read in parts:
+        u = _unit(read())
+        for s in range(0, u.shape[0], chunk):
+            yield a + s, u[s:s + chunk]
+        del u
+
+
+def self_cosines(parts: Parts, n_latents: int, fires: Firing, chunk: int = 1024) -> tuple[Tensor, Tensor]:
+    """Per latent: its largest decoder cosine with another latent of the dictionary [L], and whether it has a split
+    partner (``saes.compare.split_fraction``'s rule) [L] bool. Each chunk against every part in turn."""
+    best = torch.full((n_latents,), -math.inf)
+    split = torch.zeros(n_latents, dtype=torch.bool)
+    for start, ui in _chunks(parts, chunk):
+        stop = start + ui.shape[0]
+        fi = None
+        for a, read in parts:
+            uj = _unit(read())
+            b = a + uj.shape[0]
+            cos = ui @ uj.T
+            if a < stop and start < b:  # the chunk's own latents: not their own partners
+                r = torch.arange(max(start, a), min(stop, b))
+                cos[r - start, r - a] = -math.inf
+            best[start:stop] = torch.maximum(best[start:stop], cos.max(dim=1).values)
+            near = (cos >= SPLIT_COSINE) & fires.live[start:stop, None] & fires.live[None, a:b]
+            if near.any():
+                fi = fires.columns(start, stop) if fi is None else fi
+                both = fi.T @ fires.columns(a, b)
+                jaccard = both / (fires.count[start:stop, None] + fires.count[None, a:b] - both).clamp_min(1)
+                split[start:stop] |= (near & (jaccard <= SPLIT_JACCARD)).any(dim=1)
+            del uj, cos
+    return best, split
+
+
+def lazy_weights(model: LazyDictionary, fires: Firing) -> dict[str, float]:
+    """``saes.compare``'s weight metrics of a lazy dictionary, block against block (module docstring)."""
+    parts = parts_of(model)
+    best, split = self_cosines(parts, model.n_latents, fires)
+    enc_dec = torch.cat([encoder_decoder_cosine(model.latents(a, b)) for a, b in model.blocks])
+    live = fires.live
+    return {"decoder_max_cosine_mean": float(best.mean()), "decoder_max_cosine_max": float(best.max()),
+            "near_duplicate_fraction": float((best > NEAR_DUPLICATE).float().mean()),
+            "encoder_decoder_cosine_mean": float(enc_dec.mean()),
+            "split_fraction": float(split[live].float().mean()) if int(live.sum()) >= 2 else 0.0}
+
+
+def best_live_match(parts_a: Parts, live_a: Tensor, parts_b: Parts, live_b: Tensor, chunk: int = 1024) -> Tensor:
+    """Each live latent of a (in latent order): its best decoder cosine with a live latent of b (-inf where b has
+    none), as ``saes.compare.max_other_cosine`` of the live decoders, chunk against part."""
+    out = []
+    for start, ui in _chunks(parts_a, chunk):
+        ui = ui[live_a[start:start + ui.shape[0]]]
+        best = torch.full((ui.shape[0],), -math.inf)
+        for a, read in parts_b:
+            uj = _unit(read())
+            uj = uj[live_b[a:a + uj.shape[0]]]
+            if ui.shape[0] and uj.shape[0]:
+                best = torch.maximum(best, (ui @ uj.T).max(dim=1).values)
+            del uj
+        out.append(best)
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def tag_counts(model: SparseCoder | LazyDictionary, density: Tensor) -> dict[str, int]:
+    """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
+    dictionary."""
+    from .diffing import live_tag_counts
+
+    if not isinstance(model, LazyDictionary):
+        return live_tag_counts(model, density)
+    parts = [live_tag_counts(model.latents(a, b), density[a:b]) for a, b in model.blocks]
+    return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
+
+
+__all__ = ["Firing", "best_live_match", "lazy_firing", "lazy_weights", "parts_of", "self_cosines", "tag_counts"]
