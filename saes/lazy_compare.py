@@ -74,13 +74,17 @@ def lazy_firing(model: LazyDictionary, batches: Iterable[Tensor], max_rows: int)
     return Firing(torch.cat(latents), torch.cat(rows), n, model.n_latents)
 
 
-def _chunks(parts: Parts, chunk: int) -> Iterable[tuple[int, Tensor]]:
-    """(first latent, unit decoder rows) of each chunk of each part, one part read at a time."""
-    for a, read in parts:
-        u = _unit(read())
-        for s in range(0, u.shape[0], chunk):
-            yield a + s, u[s:s + chunk]
-        del u
+def _pairs(parts_a: Parts, parts_b: Parts | None, chunk: int) -> Iterable[tuple[int, Tensor, int, Tensor]]:
+    """(first latent, unit rows) of each chunk of a's parts against (first latent, unit rows) of each of b's parts
+    (b None: a's own): one part of each read at a time, each part of a read once."""
+    for a, read in parts_a:
+        ua = _unit(read())
+        for b, read_b in parts_a if parts_b is None else parts_b:
+            ub = ua if parts_b is None and b == a else _unit(read_b())
+            for s in range(0, ua.shape[0], chunk):
+                yield a + s, ua[s:s + chunk], b, ub
+            del ub
+        del ua
 
 
 def self_cosines(parts: Parts, n_latents: int, fires: Firing, chunk: int = 1024) -> tuple[Tensor, Tensor]:
@@ -88,24 +92,19 @@ def self_cosines(parts: Parts, n_latents: int, fires: Firing, chunk: int = 1024)
     partner (``saes.compare.split_fraction``'s rule) [L] bool. Each chunk against every part in turn."""
     best = torch.full((n_latents,), -math.inf)
     split = torch.zeros(n_latents, dtype=torch.bool)
-    for start, ui in _chunks(parts, chunk):
-        stop = start + ui.shape[0]
-        fi = None
-        for a, read in parts:
-            uj = _unit(read())
-            b = a + uj.shape[0]
-            cos = ui @ uj.T
-            if a < stop and start < b:  # the chunk's own latents: not their own partners
-                r = torch.arange(max(start, a), min(stop, b))
-                cos[r - start, r - a] = -math.inf
-            best[start:stop] = torch.maximum(best[start:stop], cos.max(dim=1).values)
-            near = (cos >= SPLIT_COSINE) & fires.live[start:stop, None] & fires.live[None, a:b]
-            if near.any():
-                fi = fires.columns(start, stop) if fi is None else fi
-                both = fi.T @ fires.columns(a, b)
-                jaccard = both / (fires.count[start:stop, None] + fires.count[None, a:b] - both).clamp_min(1)
-                split[start:stop] |= (near & (jaccard <= SPLIT_JACCARD)).any(dim=1)
-            del uj, cos
+    for start, ui, a, uj in _pairs(parts, None, chunk):
+        stop, b = start + ui.shape[0], a + uj.shape[0]
+        cos = ui @ uj.T
+        if a < stop and start < b:  # the chunk's own latents: not their own partners
+            r = torch.arange(max(start, a), min(stop, b))
+            cos[r - start, r - a] = -math.inf
+        best[start:stop] = torch.maximum(best[start:stop], cos.max(dim=1).values)
+        near = (cos >= SPLIT_COSINE) & fires.live[start:stop, None] & fires.live[None, a:b]
+        if near.any():
+            both = fires.columns(start, stop).T @ fires.columns(a, b)
+            jaccard = both / (fires.count[start:stop, None] + fires.count[None, a:b] - both).clamp_min(1)
+            split[start:stop] |= (near & (jaccard <= SPLIT_JACCARD)).any(dim=1)
+        del cos, near
     return best, split
 
 
@@ -124,18 +123,13 @@ def lazy_weights(model: LazyDictionary, fires: Firing) -> dict[str, float]:
 def best_live_match(parts_a: Parts, live_a: Tensor, parts_b: Parts, live_b: Tensor, chunk: int = 1024) -> Tensor:
     """Each live latent of a (in latent order): its best decoder cosine with a live latent of b (-inf where b has
     none), as ``saes.compare.max_other_cosine`` of the live decoders, chunk against part."""
-    out = []
-    for start, ui in _chunks(parts_a, chunk):
-        ui = ui[live_a[start:start + ui.shape[0]]]
-        best = torch.full((ui.shape[0],), -math.inf)
-        for a, read in parts_b:
-            uj = _unit(read())
-            uj = uj[live_b[a:a + uj.shape[0]]]
-            if ui.shape[0] and uj.shape[0]:
-                best = torch.maximum(best, (ui @ uj.T).max(dim=1).values)
-            del uj
-        out.append(best)
-    return torch.cat(out) if out else torch.empty(0)
+    best = torch.full((live_a.shape[0],), -math.inf)
+    for start, ui, a, uj in _pairs(parts_a, parts_b, chunk):
+        stop, b = start + ui.shape[0], a + uj.shape[0]
+        rows, cols = live_a[start:stop], live_b[a:b]
+        if rows.any() and cols.any():
+            best[start:stop][rows] = torch.maximum(best[start:stop][rows], (ui[rows] @ uj[cols].T).max(dim=1).values)
+    return best[live_a]
 
 
 def tag_counts(model: SparseCoder | LazyDictionary, density: Tensor) -> dict[str, int]:
