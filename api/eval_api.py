@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
@@ -36,8 +35,6 @@ from conceptdict.eval_tables import (comparison_to_dict, comparison_to_pandas, e
 
 if TYPE_CHECKING:
     import pandas
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -170,9 +167,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         home = Path(dictionary)
     else:
         run = run_of(dictionary, cfg, lazy=None)  # read a block of latents at a time if it does not fit
-        if cfg.metrics and isinstance(run.dictionary, LazyDictionary):
-            log.info("--metrics: the yardsticks read the whole dictionary; loading %s whole", run.where)
-            run = run._replace(dictionary=run.dictionary.whole())
+        if cfg.metrics and isinstance(run.dictionary, LazyDictionary) and set(cfg.metrics) - {"core"}:
+            raise ConfigError(f"--metrics {','.join(cfg.metrics)}: {run.where} is read a block of latents at a time "
+                              f"(it does not fit in memory, or CONCEPTDICT_LAZY=1) and only core is measured so; the "
+                              f"others need the whole dictionary: pass --metrics core, or CONCEPTDICT_LAZY=0 where it fits")
         if cfg.metrics and "all" not in cfg.metrics:  # a metric asked for by name and missing an input: say so first
             check_named(parse_metrics(cfg.metrics), run.dictionary,
                         run.source if isinstance(run.source, ActivationStore) else None)

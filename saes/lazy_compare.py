@@ -29,9 +29,20 @@ from .model import SparseCoder
 Parts = list[tuple[int, Callable[[], Tensor]]]
 
 
-def parts_of(model: LazyDictionary) -> Parts:
-    """(first latent, read its decoder rows [n, S*D] as float) of each block of a lazy dictionary."""
-    return [(a, (lambda a=a, b=b: model.latents(a, b).W_dec.detach().float().cpu())) for a, b in model.blocks]
+def parts_of(model: LazyDictionary, tensor: str = "W_dec") -> Parts:
+    """(first latent, read its rows [n, S*D] as float) of each block of a lazy dictionary: decoder rows, or with
+    ``tensor="W_enc"`` encoder vectors (the columns of W_enc)."""
+    def read(a: int, b: int) -> Tensor:
+        w = getattr(model.latents(a, b), tensor).detach().float().cpu()
+        return w.T if tensor == "W_enc" else w
+
+    return [(a, (lambda a=a, b=b: read(a, b))) for a, b in model.blocks]
+
+
+def max_other_cosines(model: LazyDictionary, tensor: str = "W_dec") -> Tensor:
+    """``saes.compare.max_other_cosine`` of a lazy dictionary's decoder rows (or encoder vectors), block against
+    block: each latent's largest cosine with another latent [L]."""
+    return self_cosines(parts_of(model, tensor), model.n_latents)[0]
 
 
 def _unit(w: Tensor) -> Tensor:
@@ -87,9 +98,11 @@ def _pairs(parts_a: Parts, parts_b: Parts | None, chunk: int) -> Iterable[tuple[
         del ua
 
 
-def self_cosines(parts: Parts, n_latents: int, fires: Firing, chunk: int = 1024) -> tuple[Tensor, Tensor]:
+def self_cosines(parts: Parts, n_latents: int, fires: Firing | None = None, chunk: int = 1024
+                 ) -> tuple[Tensor, Tensor]:
     """Per latent: its largest decoder cosine with another latent of the dictionary [L], and whether it has a split
-    partner (``saes.compare.split_fraction``'s rule) [L] bool. Each chunk against every part in turn."""
+    partner (``saes.compare.split_fraction``'s rule; all False without ``fires``) [L] bool. Each chunk against every
+    part in turn."""
     best = torch.full((n_latents,), -math.inf)
     split = torch.zeros(n_latents, dtype=torch.bool)
     for start, ui, a, uj in _pairs(parts, None, chunk):
@@ -99,8 +112,8 @@ def self_cosines(parts: Parts, n_latents: int, fires: Firing, chunk: int = 1024)
             r = torch.arange(max(start, a), min(stop, b))
             cos[r - start, r - a] = -math.inf
         best[start:stop] = torch.maximum(best[start:stop], cos.max(dim=1).values)
-        near = (cos >= SPLIT_COSINE) & fires.live[start:stop, None] & fires.live[None, a:b]
-        if near.any():
+        near = None if fires is None else (cos >= SPLIT_COSINE) & fires.live[start:stop, None] & fires.live[None, a:b]
+        if near is not None and near.any():
             both = fires.columns(start, stop).T @ fires.columns(a, b)
             jaccard = both / (fires.count[start:stop, None] + fires.count[None, a:b] - both).clamp_min(1)
             split[start:stop] |= (near & (jaccard <= SPLIT_JACCARD)).any(dim=1)
@@ -143,4 +156,4 @@ def tag_counts(model: SparseCoder | LazyDictionary, density: Tensor) -> dict[str
     return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
 
 
-__all__ = ["Firing", "best_live_match", "lazy_firing", "lazy_weights", "parts_of", "self_cosines", "tag_counts"]
+__all__ = ["Firing", "best_live_match", "lazy_firing", "lazy_weights", "max_other_cosines", "parts_of", "self_cosines", "tag_counts"]

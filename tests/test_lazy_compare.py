@@ -84,3 +84,29 @@ def test_self_cosines_block_against_block_equal_the_whole_decoders(tmp_path):
     live = fires.any(0)
     want = split_fraction(m.W_dec, fires)
     assert want > 0 and float(split[live].float().mean()) == pytest.approx(want, rel=1e-6)
+
+
+def test_eval_metrics_core_is_measured_lazily_and_the_others_refused(tmp_path, planted_store, monkeypatch):
+    """``eval --metrics core`` of a block artifact read lazily: the whole dictionary's numbers (the max encoder and
+    decoder cosines block against block); a metric that needs the whole dictionary is refused, saying what to do."""
+    import conceptdict as cd
+    from conceptdict.settings import ConfigError
+
+    where, _ = _pair(tmp_path, planted_store)[0]
+    got = {}
+    for pin in ("0", "1"):
+        monkeypatch.setenv(LAZY_ENV, pin)
+        e = cd.evaluate(str(where), store=planted_store, metrics="core", contexts=0, rows=512, batch_size=128,
+                        out=tmp_path / f"eval{pin}.json")
+        assert isinstance(e.dictionary, LazyDictionary) == (pin == "1")
+        got[pin] = e.yardsticks.results["core"]
+    whole, lazy = got["0"], got["1"]
+    assert whole["summary"]["average_max_decoder_cosine_sim"] > 0.5  # the near-duplicates
+    assert lazy["summary"].keys() == whole["summary"].keys()
+    for key, value in whole["summary"].items():
+        assert lazy["summary"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    for key in ("max_decoder_cosine_sim", "max_encoder_cosine_sim"):
+        assert lazy["details"][key] == pytest.approx(whole["details"][key], rel=1e-6, abs=1e-7), key
+    with pytest.raises(ConfigError, match="only core is measured so.*pass --metrics core, or CONCEPTDICT_LAZY=0"):
+        cd.evaluate(str(where), store=planted_store, metrics="core,absorption", contexts=0, rows=512,
+                    out=tmp_path / "eval2.json")
