@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
@@ -21,7 +20,6 @@ from conceptdict.naming.llm import LlmConfig
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
 from conceptdict.saes import format_table, threshold_line, with_splice_scores
-from conceptdict.saes.diffing import live_tag_counts
 from conceptdict.saes.evaluation import combine_layers
 from conceptdict.saes.formats import transcoder_set
 from conceptdict.saes.lazy import LazyDictionary
@@ -37,8 +35,6 @@ from conceptdict.eval_tables import (comparison_to_dict, comparison_to_pandas, e
 
 if TYPE_CHECKING:
     import pandas
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -171,9 +167,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
         home = Path(dictionary)
     else:
         run = run_of(dictionary, cfg, lazy=None)  # read a block of latents at a time if it does not fit
-        if cfg.metrics and isinstance(run.dictionary, LazyDictionary):
-            log.info("--metrics: the yardsticks read the whole dictionary; loading %s whole", run.where)
-            run = run._replace(dictionary=run.dictionary.whole())
+        if cfg.metrics and isinstance(run.dictionary, LazyDictionary) and set(cfg.metrics) - {"core"}:
+            raise ConfigError(f"--metrics {','.join(cfg.metrics)}: {run.where} is read a block of latents at a time "
+                              f"(it does not fit in memory, or CONCEPTDICT_LAZY=1) and only core is measured so; the "
+                              f"others need the whole dictionary: pass --metrics core, or CONCEPTDICT_LAZY=0 where it fits")
         if cfg.metrics and "all" not in cfg.metrics:  # a metric asked for by name and missing an input: say so first
             check_named(parse_metrics(cfg.metrics), run.dictionary,
                         run.source if isinstance(run.source, ActivationStore) else None)
@@ -216,10 +213,9 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
 def tag_counts(sae: SparseCoder | LazyDictionary, density: torch.Tensor) -> dict[str, int]:
     """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
     dictionary."""
-    if not isinstance(sae, LazyDictionary):
-        return live_tag_counts(sae, density)
-    parts = [live_tag_counts(sae.latents(a, b), density[a:b]) for a, b in sae.blocks]
-    return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
+    from conceptdict.saes.lazy_compare import tag_counts as counts
+
+    return counts(sae, density)
 
 
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bool | None = False) -> Run:
@@ -397,8 +393,8 @@ def compare(dictionaries: Sequence[DictionaryLike], *, store: StoreLike | None =
         several = reads_several(load_dictionary_config(ref.path))
         ecfg = EvalConfig(store=cfg.store, store_b=cfg.store_b if several else None, model=cfg.model, rows=cfg.rows,
                           batch_size=cfg.batch_size, contexts=cfg.contexts if cfg.model else 0, device=cfg.device)
-        runs = [run_of(d, ecfg) for d in layers or [ref.path]]
-        run = runs[0]
+        runs = [run_of(d, ecfg, lazy=False if layers or cfg.metrics else None) for d in layers or [ref.path]]
+        run = runs[0]  # one dictionary is read a block of latents at a time if it does not fit (not for --metrics)
         key = tuple(map(str, run.store_paths()))
         if key not in recipes:  # every dictionary on these stores reads the rows the first one's training held out
             recipe = training_heldout(run)

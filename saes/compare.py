@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .evaluation import EvalResult, combine_layers, evaluate
+from .lazy import LazyDictionary
 from .model import SparseCoder
 
 SPLIT_COSINE = 0.5
@@ -142,7 +143,12 @@ def _weights(e: Entry, fires: Tensor) -> dict[str, float]:
 
 def _measure(e: Entry, cofire_rows: int) -> tuple[EvalResult, dict[str, float]]:
     """(evaluation, weight metrics) of an entry; a set's pooled over its layers (module
-    docstring: live counts weight the split fraction, latent counts the other means)."""
+    docstring: live counts weight the split fraction, latent counts the other means). A dictionary read lazily is
+    measured block by block (``saes.lazy_compare``)."""
+    if isinstance(e.model, LazyDictionary):
+        from .lazy_compare import lazy_firing, lazy_weights
+
+        return evaluate(e.model, e.batches), lazy_weights(e.model, lazy_firing(e.model, e.batches, cofire_rows))
     if not e.layers:
         result = evaluate(e.model, e.batches)
         return result, _weights(e, firing(e.model, e.batches, cofire_rows))
@@ -161,29 +167,35 @@ def _measure(e: Entry, cofire_rows: int) -> tuple[EvalResult, dict[str, float]]:
     return result, weights
 
 
-def _blocks(e: Entry, live: Tensor) -> list[tuple[str, int, Tensor]]:
-    """(space, width, live decoder rows) of an entry, in its latent order: one block, or one per layer of a set."""
+def _blocks(e: Entry, live: Tensor) -> list[tuple[str, int, list, Tensor]]:
+    """(space, width, parts, live) of an entry, in its latent order: one block, or one per layer of a set; parts
+    (``saes.lazy_compare``): the whole decoder as one part, or a lazy dictionary's blocks, read when matched."""
+    from .lazy_compare import parts_of
+
     subs = e.layers or [e]
     out, start = [], 0
     for sub in subs:
-        n = sub.model.n_latents
-        out.append((sub.space, sub.model.n_sources * sub.model.d_in,
-                    sub.model.W_dec.detach().float().cpu()[live[start:start + n]]))
+        m, n = sub.model, sub.model.n_latents
+        parts = parts_of(m) if isinstance(m, LazyDictionary) else [(0, lambda m=m: m.W_dec.detach().float().cpu())]
+        out.append((sub.space, m.n_sources * m.d_in, parts, live[start:start + n]))
         start += n
     return out
 
 
-def _best_match(a: list[tuple[str, int, Tensor]], b: list[tuple[str, int, Tensor]]) -> Tensor | None:
+def _best_match(a: list[tuple[str, int, list, Tensor]], b: list[tuple[str, int, list, Tensor]]) -> Tensor | None:
     """Each live latent of a's blocks: its best decoder cosine with a live latent of b's blocks in the same space and
-    width (-inf where b has none there); None when no block of a shares a space with one of b."""
+    width (-inf where b has none there); None when no block of a shares a space with one of b. Part against part
+    (``saes.lazy_compare.best_live_match``): never an [L_a, L_b] matrix."""
+    from .lazy_compare import best_live_match
+
     parts, shared = [], False
-    for space, width, dirs in a:
-        best = torch.full((dirs.shape[0],), -math.inf)
-        for space_b, width_b, dirs_b in b:
+    for space, width, dirs, live in a:
+        best = torch.full((int(live.sum()),), -math.inf)
+        for space_b, width_b, dirs_b, live_b in b:
             if space == space_b and width == width_b:
                 shared = True
-                if dirs.shape[0] and dirs_b.shape[0]:
-                    best = torch.maximum(best, max_other_cosine(dirs, dirs_b)[0])
+                if best.numel() and live_b.any():
+                    best = torch.maximum(best, best_live_match(dirs, live, dirs_b, live_b))
         parts.append(best)
     return torch.cat(parts) if shared else None
 
@@ -213,9 +225,9 @@ def compare(entries: list[Entry], match_threshold: float = 0.7, cofire_rows: int
                         "n_latents": result.n_latents, "k": e.model.k, "space": e.space, **e.info,
                         "metrics": result.to_dict(), "weights": weights, "live_latents": int(live.sum())}
         if e.model.n_sources == 2 and e.model.spec.sources == "several":  # a crosscoder's live latents per diff tag
-            from .diffing import live_tag_counts
+            from .lazy_compare import tag_counts
 
-            rows[e.name]["latent_tags"] = live_tag_counts(e.model, torch.tensor(result.density))
+            rows[e.name]["latent_tags"] = tag_counts(e.model, torch.tensor(result.density))
     matches: dict[str, dict[str, float]] = {}
     best_elsewhere = {e.name: torch.full((rows[e.name]["live_latents"],), -math.inf) for e in entries}
     for a in entries:

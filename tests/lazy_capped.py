@@ -4,7 +4,9 @@ block artifact in ONE process whose address space is capped below the artifact's
     python tests/lazy_capped.py SPEC.json
 
 SPEC: ``artifact`` (a block artifact), ``warmup`` (a small one over the same store), ``store``, ``hookpoint``,
-``out`` (a folder), ``budget_mib``; optional ``vocab`` (a word list) and ``cache`` (its embeddings cached for the
+``out`` (a folder), ``budget_mib``; optional ``compare_with`` ({"warmup": A, "big": B}: ``conceptdict compare``
+runs too, of each artifact and its partner, on ``compare_rows`` rows, its resident peak measured from its start) and
+``vocab`` (a word list) and ``cache`` (its embeddings cached for the
 model id ``planted``): ``conceptdict name`` runs too, its resident peak measured from its start. The process first evaluates and exports ``warmup``, whole and lazily (every
 import, thread pool and kernel the measured run needs), reads its own VmSize, caps its address space at VmSize + budget
 (``RLIMIT_AS``: it counts every mapping, so torch's own is in the baseline and only what the run adds is capped),
@@ -43,6 +45,7 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
                          batch_size=spec.get("batch_size", 512), out=out / f"{tag}-eval.json")
     code = main(["export", artifact, "--format", "saelens", "--out", str(out / f"{tag}-saelens")])
     done = {"fvu": result.metrics.fvu, "l0": result.metrics.l0, "export_exit": code, "export_vmhwm": status("VmHWM")}
+    del result  # its dictionary holds the block it read last
     if spec.get("vocab"):
         Path("/proc/self/clear_refs").write_text("5")  # name's own resident peak from here
         done["name_base_rss"], started = status("VmRSS"), time.perf_counter()
@@ -50,6 +53,14 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
                                   spec["cache"], "--top-k", "3", "--n-bins", "4", "--chunk", "64", "--base-rows", "16",
                                   "--logit-tokens", "0", "--out", str(out / f"{tag}-named")])
         done["name_vmhwm"], done["name_s"] = status("VmHWM"), time.perf_counter() - started
+    other = spec.get("compare_with", {}).get(tag)
+    if other:
+        Path("/proc/self/clear_refs").write_text("5")  # compare's own resident peak from here
+        done["compare_base_rss"], started = status("VmRSS"), time.perf_counter()
+        compared = cd.compare([artifact, other], store=spec["store"], contexts=0, rows=spec.get("compare_rows", 2048),
+                              batch_size=spec.get("batch_size", 512), out=out / f"{tag}-compare")
+        done["compare_vmhwm"], done["compare_s"] = status("VmHWM"), time.perf_counter() - started
+        done["compare_json"] = str(compared.paths["json"])
     return done
 
 
@@ -64,6 +75,8 @@ def warm_up(spec: dict) -> None:
     lazy = open_lazy(spec["warmup"])
     evaluate(lazy, [torch.randn(spec.get("batch_size", 512), lazy.d_in)])
     saelens.write(lazy, Path(spec["out"]) / "warmup-lazy")
+    if spec.get("compare_with"):
+        from conceptdict.saes import lazy_compare  # noqa: F401  (compare's block-against-block path)
 
 
 def main() -> None:

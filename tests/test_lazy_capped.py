@@ -1,6 +1,7 @@
-"""Issue 55's check: a block artifact larger than a process's memory cap is evaluated, exported and named in one
-process under the cap (tests/lazy_capped.py runs it: eval, export and name choose to read it lazily because it does
-not fit; name writes its concepts a block at a time).
+"""Issue 55's check: a block artifact larger than a process's memory cap is evaluated, exported, named and compared
+with another one in one process under the cap (tests/lazy_capped.py runs it: eval, export, name and compare choose to
+read it lazily because it does not fit; name writes its concepts a block at a time, compare matches decoders block
+against block).
 
 The cap is ``RLIMIT_AS`` set to the process's VmSize after a warm-up (torch alone maps over a GiB of address space
 it never touches, so an absolute cap would measure torch) plus a budget of half the artifact's weights; loading the
@@ -40,7 +41,7 @@ def _blocks(where: Path, latents: int, parts: int, store: Path) -> Path:
     return where
 
 
-def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_under_it(tmp_path):
+def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_named_and_compared_under_it(tmp_path):
     import conceptdict as cd
     from conceptdict.activations import import_array
     from conceptdict.activations.importer import ImportConfig
@@ -56,7 +57,9 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_un
     vocab = embed_vocabulary(words, "planted", "hp", lambda t: torch.randn(len(t), D, generator=g), tmp_path / "cache")
     spec = {"artifact": str(big), "warmup": str(_blocks(tmp_path / "warm", 256, 2, store)), "store": str(store),
             "hookpoint": "hp", "out": str(tmp_path / "out"), "budget_mib": weights / 2 / MIB,
-            "vocab": str(tmp_path / "words.txt"), "cache": str(tmp_path / "cache")}
+            "vocab": str(tmp_path / "words.txt"), "cache": str(tmp_path / "cache"),
+            "compare_with": {"warmup": str(_blocks(tmp_path / "warm2", 256, 2, store)),
+                             "big": str(_blocks(tmp_path / "small", 256, 2, store))}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("lazy_capped.py")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "spec.json")], capture_output=True, text=True,
@@ -66,6 +69,8 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_un
     added, peak = got["vmpeak"] - got["base_vmsize"], got["vmhwm"] - got["base_rss"]
     print(f"weights {weights / MIB:.0f} MiB, cap +{(got['cap'] - got['base_vmsize']) / MIB:.0f} MiB: address space "
           f"+{added / MIB:.1f} MiB, resident peak (VmHWM) +{peak / MIB:.1f} MiB")
+    compared = got["compare_vmhwm"] - got["compare_base_rss"]
+    print(f"compare of two: resident peak (VmHWM) +{compared / MIB:.1f} MiB over its start, {got['compare_s']:.0f} s")
     named = got["name_vmhwm"] - got["name_base_rss"]
     print(f"name: resident peak (VmHWM) +{named / MIB:.1f} MiB over its start, {got['name_s']:.0f} s")
     assert got["whole_load"].startswith("failed"), "the cap must be too small for the whole dictionary"
@@ -80,3 +85,10 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_and_named_un
     want = vocab_names(whole.decoder_directions(), vocab.embeddings, words, n_runner_ups=4)
     assert concepts.names == [r.name for r in want] and [c.score for c in concepts.concepts] == [r.score for r in want]
     assert (tmp_path / "out" / "big-named" / "report" / "index.html").exists()
+    cmp = json.loads(Path(got["compare_json"]).read_text())  # big (read lazily) beside a small one (whole)
+    assert set(cmp["matches"]) == {"big", "small"} and 0 <= cmp["matches"]["big"]["small"] <= 1
+    assert compared < weights / 2
+    row = cmp["dictionaries"][0]
+    assert (row["name"], row["n_latents"], row["metrics"]["l0"], row["metrics"]["n_tokens"]) == ("big", L, K, 2048)
+    assert row["metrics"]["fvu"] == pytest.approx(got["fvu"], rel=1e-6), "compare's evaluation is eval's"
+    assert 0 <= row["weights"]["decoder_max_cosine_mean"] < 1 and row["unique_latents"] is not None

@@ -22,12 +22,15 @@ from typing import Any
 
 import torch
 from conceptdict.saes.compare import max_other_cosine
+from conceptdict.saes.lazy import LazyDictionary
+from conceptdict.saes.lazy_compare import max_other_cosines
 
 SAEBENCH_TYPE = "core"
 
 
 def compute(inputs) -> dict[str, Any]:
-    """SAEBench core's numbers of ``inputs.evaluation`` (plus the weight-based ones from ``inputs.dictionary``)."""
+    """SAEBench core's numbers of ``inputs.evaluation`` (plus the weight-based ones from ``inputs.dictionary``;
+a dictionary read lazily, block against block)."""
     r, sae = inputs.evaluation, inputs.dictionary
     density = torch.tensor(r.density, dtype=torch.float64)
     total = float(density.sum())
@@ -47,8 +50,11 @@ def compute(inputs) -> dict[str, Any]:
              dead_fraction=r.dead_fraction, dense_fraction=r.dense_fraction, total_tokens=r.n_tokens)
     details: dict[str, Any] = {"density_histogram": list(r.density_histogram), "feature_density": list(r.density)}
     if sae.n_sources == 1 and not sae.spec.transcodes:
-        dec = max_other_cosine(sae.W_dec.detach().float().cpu())[0] if sae.n_latents > 1 else torch.zeros(1)
-        enc = max_other_cosine(sae.W_enc.detach().float().cpu().T)[0] if sae.n_latents > 1 else torch.zeros(1)
+        if isinstance(sae, LazyDictionary):  # read a block of latents at a time: block against block
+            dec, enc = max_other_cosines(sae), max_other_cosines(sae, "W_enc")
+        else:
+            dec = max_other_cosine(sae.W_dec.detach().float().cpu())[0] if sae.n_latents > 1 else torch.zeros(1)
+            enc = max_other_cosine(sae.W_enc.detach().float().cpu().T)[0] if sae.n_latents > 1 else torch.zeros(1)
         s.update(average_max_encoder_cosine_sim=float(enc.mean()), average_max_decoder_cosine_sim=float(dec.mean()))
         details.update(max_decoder_cosine_sim=dec.tolist(), max_encoder_cosine_sim=enc.tolist())
     return {"summary": s, "details": details}
