@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +51,20 @@ from .model import SparseCoder
 BLOCK_MIB = 512
 """Default most MiB of weights in one block when none is given (a file of a block artifact larger than this is
 read in several blocks)."""
+
+
+def file_pieces(files: Sequence[tuple[Any, int, int]], block_latents: int, k: int) -> list[tuple[int, int]]:
+    """Each file's latent range ``[a, b)`` (``files``: (file, a, b)) in pieces of at most ``block_latents``; a piece
+    of k latents or fewer joins the one before (a block's TopK keeps k of its latents)."""
+    out: list[tuple[int, int]] = []
+    for _, a, b in files:
+        for s in range(a, b, block_latents):
+            e = min(b, s + block_latents)
+            if out and e - s <= k:
+                out[-1] = (out[-1][0], e)
+            else:
+                out.append((s, e))
+    return out
 
 
 class LazyDictionary:
@@ -142,15 +157,7 @@ class LazyDictionary:
         if block_latents <= self.k:
             raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of its "
                              f"latents; raise block_latents")
-        out: list[tuple[int, int]] = []
-        for _, a, b in self.files:
-            for s in range(a, b, block_latents):
-                e = min(b, s + block_latents)
-                if out and e - s <= self.k:
-                    out[-1] = (out[-1][0], e)
-                else:
-                    out.append((s, e))
-        return out
+        return file_pieces(self.files, block_latents, self.k)
 
     # -- reading ----------------------------------------------------------------------------------
     def latents(self, start: int, stop: int) -> SparseCoder:

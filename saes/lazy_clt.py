@@ -35,7 +35,7 @@ from .artifact import (
     native_kind,
     native_state,
 )
-from .lazy import BLOCK_MIB, LazyDictionary
+from .lazy import BLOCK_MIB, LazyDictionary, file_pieces
 from .lazy_io import WeightsFile
 from .model import SparseCoder
 
@@ -83,15 +83,7 @@ class LazyCLT(LazyDictionary):
         if block_latents <= self.k:
             raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of each "
                              f"layer's latents; raise block_latents")
-        out: list[tuple[int, int]] = []
-        for _, a, b in self.files:
-            for s in range(a, b, block_latents):
-                e = min(b, s + block_latents)
-                if out and e - s <= self.k:
-                    out[-1] = (out[-1][0], e)
-                else:
-                    out.append((s, e))
-        return out
+        return file_pieces(self.files, block_latents, self.k)
 
     def pieces(self, start: int, stop: int) -> list[tuple[int, slice]]:
         """(the whole CLT's first latent, the block's columns) of each layer's part of block ``[start, stop)``."""
