@@ -38,11 +38,11 @@ import pytest  # noqa: E402
 
 
 def pytest_runtest_setup(item):
-    """Under pytest-xdist, each test starts with torch's share of the threads: numba's OpenMP pool, when it starts
-    (a worker's first parallel kernel), sets the process's OpenMP thread count to numba's, torch's with it, and in
-    a full run a worker was at 2 threads again even after an explicit torch.set_num_threads at session start (cause
-    not traced); without this a worker ran torch on every CPU from then on. Numba keeps its own thread count (the
-    kernels' per-thread partials are tested as in one process)."""
+    """Under pytest-xdist, each test starts with torch's share of the threads. numba's OpenMP pool, when it starts,
+    sets the process's OpenMP thread count to numba's, torch's with it: conceptdict's numba kernels start it at import
+    and keep torch's count (saes/kernels/numba_impl.py, tests/test_numba_threads.py), but a test that runs a numba
+    kernel of its own first, or sets torch's count, would leave the worker on another count for the tests after it.
+    Numba keeps its own thread count (the kernels' per-thread partials are tested as in one process)."""
     torch = sys.modules.get("torch")
     if XDIST_WORKERS > 1 and torch is not None and os.environ.get("OMP_NUM_THREADS") == str(THREADS_PER_WORKER):
         if torch.get_num_threads() != THREADS_PER_WORKER:

@@ -54,7 +54,10 @@ def test_two_trains_on_one_out_the_second_stops_naming_the_first(store, tmp_path
     assert f"--out {out} is being written by pid {first.pid} on host" in err and "Traceback" not in err
     _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
-    assert main([*argv, "--out", str(alone)]) == 0
+    # the same command alone, in a fresh process like the first (not in this worker, whose state earlier tests set)
+    run_alone = _conceptdict(*argv, "--out", str(alone))
+    _, err = run_alone.communicate(timeout=600)
+    assert run_alone.returncode == 0, err
     got, want = load_file(str(out / "weights.safetensors")), load_file(str(alone / "weights.safetensors"))
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in got)
     assert not (out / LOCK_NAME).exists()

@@ -20,6 +20,23 @@ from .sparse import Backend, make_ops
 
 _NO_COLS = np.empty(0, np.int64)
 
+
+def _start_pool_keeping_torch_threads() -> None:
+    """Start numba's thread pool now, with torch's intra-op thread count kept as it was.
+
+    Under numba's OpenMP layer the pool's start sets the calling thread's OpenMP thread count, which torch reads as
+    its own, to numba's. Left to the first parallel kernel, a training run's first step ran torch on the count the
+    user (or ``OMP_NUM_THREADS``) gave and every later step on numba's, while a second run in the same process stayed
+    on the user's: where the rounding of a torch operation depends on its thread count, two runs of one seed
+    differed, and a notebook's ``torch.set_num_threads`` was silently undone."""
+    threads = torch.get_num_threads()
+    nk.numba.get_num_threads()  # starts the pool
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+_start_pool_keeping_torch_threads()
+
 # Recycled [L, D] outputs (the W_dec and W_enc gradients): a fresh 50 MB array per step is a fresh mmap,
 # faulted in page by page by the parallel kernel and unmapped when the gradient is dropped; that cost
 # 60-190 ms per step at D=768, L=16384 (bench/train_step.py). An array is handed out again only when no
