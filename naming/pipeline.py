@@ -236,9 +236,9 @@ class Naming:
         cfg, store = self.cfg, self.store
         directions = encoder.decoder_directions().detach().float().cpu()
         ev = collect_evidence(
-            encoder, store, list(inputs) or self.inputs, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
-            n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
-            device=cfg.device, first=first, cutoff=cutoff,
+            encoder, store, list(inputs) or self.inputs, top_k=cfg.top_k, n_bins=cfg.n_bins,
+            quantile_levels=cfg.quantiles, n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0,
+            chunk=cfg.chunk, seed=cfg.seed, device=cfg.device, first=first, cutoff=cutoff,
         )  # fmt: skip
         flags = _latent_flags(encoder, directions, first, getattr(self.model, "n_latents", None))
         L = directions.shape[0]

@@ -139,7 +139,8 @@ class LazyCLT(LazyDictionary):
         read from the files that hold them: that layer's encoder columns, biases and thresholds, and the latents'
         decoder rows to every layer. A NaN or Inf in them is refused as a whole dictionary's is."""
         if not 0 <= layer < self.n_sources:
-            raise ValueError(f"layer_latents({layer}, {start}, {stop}): this {self.kind} has layers 0..{self.n_sources - 1}")
+            raise ValueError(f"layer_latents({layer}, {start}, {stop}): this {self.kind} has layers "
+                             f"0..{self.n_sources - 1}")
         return self.held(f"layer_latents({layer}, {start}, {stop})", start, stop,
                          lambda: self._read_layer(layer, start, stop), key=layer)
 

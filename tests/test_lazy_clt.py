@@ -187,9 +187,9 @@ def test_export_circuit_tracer_writes_a_lazy_clt_a_block_at_a_time(tmp_path, mon
 def test_layer_latents_are_one_layers_latents_read_alone(tmp_path):
     """``layer_latents(l, a, b)`` reads latents [a, b) of layer l alone, also across the two files: its ``encode``
     takes layer l's input [N, D] and, of a block, gives the whole CLT's codes of those latents (``clt``: those at or
-    above each row's k-th largest of the layer over every block, ``layer_cutoffs``); its directions are the whole CLT's decoder rows of them
-    [m, S, D]. The block read last is held (asked again, not read again; one held block for ``latents`` and
-    ``layer_latents`` alike) and ranges and layers out of bounds are refused."""
+    above each row's k-th largest of the layer over every block, ``layer_cutoffs``); its directions are the whole
+    CLT's decoder rows of them [m, S, D]. The block read last is held (asked again, not read again; one held block
+    for ``latents`` and ``layer_latents`` alike) and ranges and layers out of bounds are refused."""
     for kind in ("clt", "clt-batchtopk"):
         whole = _whole(kind, seed=3)
         lazy = open_lazy(_saved(whole, tmp_path / kind), block_latents=6)
