@@ -225,18 +225,20 @@ class Naming:
         self.llm_named = 0  # latents the llm namer has named, against its max_latents
 
     def block(self, encoder: Dictionary, first: int = 0, cutoff: Tensor | None = None,
-              exact: Dictionary | None = None, piece: int | None = None) -> Iterator[NamedBlock]:
+              exact: Dictionary | None = None, piece: int | None = None,
+              inputs: tuple[str, ...] = ()) -> Iterator[NamedBlock]:
         """Name the latents of ``encoder`` (latents ``[first, first + its latents)`` of the dictionary; ``cutoff``:
         per store row, the least code of the whole dictionary's TopK, ``LazyDictionary.cutoffs``; ``exact``: an
         encoder of those latents that gives the whole dictionary's codes for any rows, for image heat maps;
-        default ``encoder``): the evidence of all of them (tensors), then their examples, names and concepts
-        ``piece`` latents at a time (None: all at once), each piece yielded as it is named."""
+        default ``encoder``; ``inputs``: the hookpoints it encodes, default the dictionary's): the evidence of all of
+        them (tensors), then their examples, names and concepts ``piece`` latents at a time (None: all at once),
+        each piece yielded as it is named."""
         cfg, store = self.cfg, self.store
         directions = encoder.decoder_directions().detach().float().cpu()
         ev = collect_evidence(
-            encoder, store, self.inputs, top_k=cfg.top_k, n_bins=cfg.n_bins, quantile_levels=cfg.quantiles,
-            n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0, chunk=cfg.chunk, seed=cfg.seed,
-            device=cfg.device, first=first, cutoff=cutoff,
+            encoder, store, list(inputs) or self.inputs, top_k=cfg.top_k, n_bins=cfg.n_bins,
+            quantile_levels=cfg.quantiles, n_negatives=cfg.llm.n_heldout if cfg.namer == "llm" else 0,
+            chunk=cfg.chunk, seed=cfg.seed, device=cfg.device, first=first, cutoff=cutoff,
         )  # fmt: skip
         flags = _latent_flags(encoder, directions, first, getattr(self.model, "n_latents", None))
         L = directions.shape[0]
@@ -303,16 +305,27 @@ class Naming:
     def blocks(self) -> Iterator[NamedBlock]:
         """The named pieces in latent order, :data:`PIECE` latents each: of the whole dictionary (its evidence
         gathered at once), or of a lazily read dictionary's blocks (``saes.lazy``), one block in memory at a time
-        (its TopK's per-row cutoffs read first, one pass over the store per block)."""
+        (its TopK's per-row cutoffs read first, one pass over the store per block); a lazily read cross-layer
+        transcoder's layer by layer, each block's latents of that layer reading that layer's input alone
+        (``LazyCLT.layer_latents``; ``clt``'s cutoffs per layer)."""
         from conceptdict.saes.lazy import LazyDictionary
+        from conceptdict.saes.lazy_clt import LazyCLT
 
-        model, cfg = self.model, self.cfg
+        model, cfg, n = self.model, self.cfg, self.store.num_rows
         if not isinstance(model, LazyDictionary):
             yield from self.block(model, piece=PIECE)
             return
-        cutoff = model.cutoffs(lambda: iter_inputs(self.store, self.inputs, cfg.chunk), self.store.num_rows)
-        for a, b in model.blocks:
-            yield from self.block(model.latents(a, b), a, cutoff, _Columns(model, a, b), PIECE)
+        if not isinstance(model, LazyCLT):
+            cutoff = model.cutoffs(lambda: iter_inputs(self.store, self.inputs, cfg.chunk), n)
+            for a, b in model.blocks:
+                yield from self.block(model.latents(a, b), a, cutoff, _Columns(model, a, b), PIECE)
+            return
+        for l, hp in enumerate(self.inputs):  # the layers' inputs
+            cutoff = model.layer_cutoffs(l, lambda h=hp: iter_inputs(self.store, [h], cfg.chunk), n)
+            for a, b in model.blocks:
+                first = l * model.per_layer + a
+                yield from self.block(model.layer_latents(l, a, b), first, cutoff,
+                                      _Columns(model, first, first + b - a), PIECE, (hp,))
 
 
 class _Columns:

@@ -67,6 +67,22 @@ def file_pieces(files: Sequence[tuple[Any, int, int]], block_latents: int, k: in
     return out
 
 
+@torch.no_grad()
+def kth_largest(blocks: Iterable[Any], batches: Callable[[], Iterable[tuple[int, Tensor]]], n_rows: int, k: int,
+                device: torch.device) -> Tensor:
+    """Per row of ``batches()`` ((first row, x) pieces covering rows ``[0, n_rows)``), the k-th largest code over
+    the ``blocks`` (each with ``encode``, whose codes hold each row's k largest of its latents) [n_rows]: one block
+    in memory at a time, ``batches()`` read once per block; holds each row's k best [n_rows, k]."""
+    best = torch.full((n_rows, k), -math.inf)
+    for block in blocks:
+        for start, x in batches():
+            top = block.encode(x.to(device)).float().topk(k, dim=1).values.cpu()
+            stop = start + top.shape[0]
+            best[start:stop] = torch.cat([best[start:stop], top], 1).topk(k, dim=1).values
+        del block  # before the next one is read
+    return best[:, -1].clone()
+
+
 class LazyDictionary:
     """A saved dictionary (this project's layout, one file or one per latent shard) read a block of latents at a
     time (module docstring). ``encode`` / ``decode`` / ``sae(x)`` take what :class:`SparseCoder`'s do and give the
@@ -103,7 +119,7 @@ class LazyDictionary:
         self.shared = {name: first.read(name) for name, axis in self.axes.items()
                        if axis is None and name in first.tensors}
         self.blocks = self._blocks(block_latents)
-        self._held: tuple[int, int, SparseCoder] | None = None
+        self._held: tuple[tuple[Any, int, int], Any] | None = None
 
     # -- what it is -----------------------------------------------------------------------------
     @property
@@ -160,18 +176,36 @@ class LazyDictionary:
         return file_pieces(self.files, block_latents, self.k)
 
     # -- reading ----------------------------------------------------------------------------------
+    span_words = "the range"
+    """What a block's range is, in :meth:`held`'s error (a CLT's: a range of each layer's latents)."""
+
+    @property
+    def span(self) -> int:
+        """Where a block's range ends at most: the latents (a CLT's: each layer's)."""
+        return self.n_latents
+
+    def held(self, call: str, start: int, stop: int, read: Callable[[], Any], key: Any = None) -> Any:
+        """The block ``read()`` gives of latents ``[start, stop)`` (of :attr:`span`), checked to hold more than k
+        latents (``call`` names the call in the error). The block read last is kept: asked for again (the same
+        ``key`` and range) it is given without reading; another one is read after the one held is let go."""
+        if not 0 <= start < stop <= self.span or stop - start <= self.k:
+            raise ValueError(f"{call}: {self.span_words} must lie in [0, {self.span}) and hold more than k={self.k} "
+                             f"latents")
+        if self._held is not None and self._held[0] == (key, start, stop):
+            return self._held[1]
+        self._held = None  # let the block held before go first
+        block = read()
+        self._held = ((key, start, stop), block)
+        return block
+
     def latents(self, start: int, stop: int) -> SparseCoder:
         """Latents ``[start, stop)`` as an in-memory dictionary of ``stop - start`` latents (read from the files that
         hold them; its ``encode`` is the kind's rule on those latents alone). A NaN or Inf in them is refused as a
         whole dictionary's is (``saes.formats.check_finite``)."""
-        from .formats import check_finite
+        return self.held(f"latents({start}, {stop})", start, stop, lambda: self._read_block(start, stop))
 
-        if not 0 <= start < stop <= self.n_latents or stop - start <= self.k:
-            raise ValueError(f"latents({start}, {stop}): the range must lie in [0, {self.n_latents}) and hold more "
-                             f"than k={self.k} latents")
-        if self._held is not None and self._held[:2] == (start, stop):
-            return self._held[2]
-        self._held = None  # let the block held before go first
+    def _read_block(self, start: int, stop: int) -> SparseCoder:
+        """Latents ``[start, stop)`` read from the files that hold them (:meth:`latents`)."""
         parts: dict[str, list[Tensor]] = {}
         for f, a, b in self.files:
             lo, hi = max(a, start), min(b, stop)
@@ -180,19 +214,28 @@ class LazyDictionary:
                     if self.axes.get(name) is not None:
                         parts.setdefault(name, []).append(f.read(name, self.axes[name], lo - a, hi - a))
         t = {n: p[0] if len(p) == 1 else torch.cat(p, dim=self.axes[n]) for n, p in parts.items()}
+        parts.clear()
         t.update(self.shared)
-        model = self._meta(stop - start)
+        return self.coder(self._meta(stop - start), t, f"latents [{start}, {stop}) of {self.path}")
+
+    def coder(self, model: SparseCoder, t: dict[str, Tensor], what: str) -> SparseCoder:
+        """``model`` (its shapes, on the meta device) with the on-disk tensors ``t`` (``saes.artifact``'s layout) as
+        its weights: float32 on this device, without gradients. ``t`` is emptied: the read tensors become the
+        parameters, no second copy. A NaN or Inf is refused as a whole dictionary's is (``saes.formats.check_finite``,
+        naming ``what``)."""
+        from .formats import check_finite
+
         state = native_state(model, t, self.path)
-        del t, parts  # the read tensors become the block's parameters: no second copy
+        t.clear()
         state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
+        # checked as read: a CLT's state_dict would join its decoder blocks into one more copy of W_dec
+        check_finite(torch.nn.ParameterDict({n: torch.nn.Parameter(v, requires_grad=False) for n, v in state.items()}),
+                     what)
         model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
-        del state
+        state.clear()
         model.to(self._device)
-        check_finite(model, f"latents [{start}, {stop}) of {self.path}")
         model.training_summary = self.training_summary
-        model.requires_grad_(False).eval()
-        self._held = (start, stop, model)
-        return model
+        return model.requires_grad_(False).eval()
 
     def decoder_directions(self) -> Tensor:
         """Decoder rows in raw activation units: [L, D] (S = 1) or [L, S, D], as ``SparseCoder``'s; only ``W_dec`` is
@@ -237,23 +280,14 @@ class LazyDictionary:
             yield a, block, f.scatter_add_(1, torch.where(mine, keep_i - a, 0), torch.where(mine, keep_v, 0))
             del block, f
 
-    @torch.no_grad()
     def cutoffs(self, batches: Callable[[], Iterable[tuple[int, Tensor]]], n_rows: int) -> Tensor | None:
         """Of a rule that selects across latents (per-row TopK): per row of ``batches()`` ((first row, x) pieces
         covering rows ``[0, n_rows)``), the k-th largest code over every block [n_rows], so that a block's own
         codes at or above it are the whole dictionary's (:meth:`block_codes` per row); None for the other rules.
-        Read block by block, ``batches()`` once per block: holds one block and each row's k best [n_rows, k]."""
+        Read block by block, ``batches()`` once per block (:func:`kth_largest`)."""
         if self.spec.shard_encode is None:
             return None
-        best = torch.full((n_rows, self.k), -math.inf)
-        for a, b in self.blocks:
-            block = self.latents(a, b)
-            for start, x in batches():
-                top = block.encode(x.to(self._device)).float().topk(self.k, dim=1).values.cpu()
-                stop = start + top.shape[0]
-                best[start:stop] = torch.cat([best[start:stop], top], 1).topk(self.k, dim=1).values
-            del block
-        return best[:, -1].clone()
+        return kth_largest((self.latents(a, b) for a, b in self.blocks), batches, n_rows, self.k, self._device)
 
     def finish(self, x: Tensor, decoded: Tensor) -> Tensor:
         """The reconstruction from the sum of the blocks' decodes [N, S*D] and the encoder input x: plus b_dec, and
@@ -395,4 +429,5 @@ def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Calla
     return path
 
 
-__all__ = ["DTYPES", "LazyDictionary", "WeightsFile", "available_memory", "open_lazy", "reads_lazily", "save_tensors_of"]
+__all__ = ["DTYPES", "LazyDictionary", "WeightsFile", "available_memory", "kth_largest", "open_lazy", "reads_lazily",
+           "save_tensors_of"]

@@ -16,6 +16,11 @@ Peak: one block's weights (its W_dec read as ``[S, S (b - a), D]``, the triangle
 encoder while it is built) and the caller's buffers. ``latents(a, b)`` / :attr:`~LazyCLT.blocks` name ranges within a
 layer (not global latent ids as :class:`~saes.lazy.LazyDictionary`'s do); :meth:`LazyCLT.pieces` maps a block's
 columns to the whole CLT's.
+
+Naming (``naming.pipeline.Naming.blocks``) goes layer by layer, in latent order: :meth:`~LazyCLT.layer_latents`
+``(l, a, b)`` reads latents ``[a, b)`` of layer l alone (:class:`LayerLatents`: that layer's encoder columns, whose
+``encode`` reads layer l's input alone, and the latents' decoder rows to every layer), a ``1/S`` of a block; ``clt``'s
+per-row cutoffs are found per layer (:meth:`~LazyCLT.layer_cutoffs`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,9 +39,9 @@ from .artifact import (
     disk_latent_groups,
     load_native_config,
     native_kind,
-    native_state,
 )
-from .lazy import BLOCK_MIB, LazyDictionary, file_pieces
+from .kinds import KindSpec
+from .lazy import BLOCK_MIB, LazyDictionary, file_pieces, kth_largest
 from .lazy_io import WeightsFile
 from .model import SparseCoder
 
@@ -65,7 +71,7 @@ class LazyCLT(LazyDictionary):
         self.shared = {name: first.read(name) for name, axis in self.axes.items()
                        if axis is None and name in first.tensors}
         self.blocks = self._blocks(block_latents)
-        self._held: tuple[int, int, SparseCoder] | None = None
+        self._held: tuple[tuple[Any, int, int], Any] | None = None
 
     def __repr__(self) -> str:
         return (f"LazyCLT({self.kind}, d_in={self.d_in}, layers={self.n_sources}, latents={self.n_latents}, "
@@ -79,7 +85,7 @@ class LazyCLT(LazyDictionary):
             f, a, b = self.files[0]
             per_latent = sum(math.prod(s) * torch.empty((), dtype=d).element_size() // ((b - a) * self.n_sources)
                              for n, (d, s, _) in f.tensors.items() if self.axes.get(n) is not None)
-            block_latents = max(1, BLOCK_MIB * 2 ** 20 // max(per_latent * self.n_sources, 1))
+            block_latents = max(1, int(BLOCK_MIB * 2 ** 20 // max(per_latent * self.n_sources, 1)))
         if block_latents <= self.k:
             raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of each "
                              f"layer's latents; raise block_latents")
@@ -89,6 +95,13 @@ class LazyCLT(LazyDictionary):
         """(the whole CLT's first latent, the block's columns) of each layer's part of block ``[start, stop)``."""
         n = stop - start
         return [(l * self.per_layer + start, slice(l * n, (l + 1) * n)) for l in range(self.n_sources)]
+
+    span_words = "the range of each layer's latents"
+
+    @property
+    def span(self) -> int:
+        """Where a block's range ends at most: each layer's latents."""
+        return self.per_layer
 
     def _read(self, f: WeightsFile, name: str, n_file: int, lo: int, hi: int) -> list[Tensor]:
         """Latents ``[lo, hi)`` of every layer's slice in file ``f`` (``n_file`` of each layer's latents) of tensor
@@ -102,14 +115,9 @@ class LazyCLT(LazyDictionary):
         """Latents ``[start, stop)`` of every layer as an in-memory CLT of S (stop - start) latents (layer-major, read
         from the files that hold them; its ``encode`` is the kind's rule on those latents alone). A NaN or Inf in
         them is refused as a whole dictionary's is (``saes.formats.check_finite``)."""
-        from .formats import check_finite
+        return super().latents(start, stop)
 
-        if not 0 <= start < stop <= self.per_layer or stop - start <= self.k:
-            raise ValueError(f"latents({start}, {stop}): the range of each layer's latents must lie in [0, "
-                             f"{self.per_layer}) and hold more than k={self.k} latents")
-        if self._held is not None and self._held[:2] == (start, stop):
-            return self._held[2]
-        self._held = None  # let the block held before go first
+    def _read_block(self, start: int, stop: int) -> SparseCoder:
         parts: dict[str, list[list[Tensor]]] = {}  # name -> per file -> its pieces
         for f, a, b in self.files:
             lo, hi = max(a, start), min(b, stop)
@@ -121,21 +129,56 @@ class LazyCLT(LazyDictionary):
         for name, per_file in parts.items():  # each layer's pieces over the files, then the layers in order
             t[name] = torch.cat([torch.cat([p[g] for p in per_file], dim=self.axes[name])
                                  for g in range(len(per_file[0]))], dim=self.axes[name])
+        parts.clear()
         t.update(self.shared)
-        model = self._meta(self.n_sources * (stop - start))
-        state = native_state(model, t, self.path)
-        del t, parts
-        state["W_enc"] = state["W_enc"].t().contiguous().t()  # latent-major, as every SparseCoder's encoder
-        # checked as read: the model's state_dict would join its decoder blocks into one more copy of W_dec
-        check_finite(torch.nn.ParameterDict({n: torch.nn.Parameter(v, requires_grad=False) for n, v in state.items()}),
-                     f"latents [{start}, {stop}) of every layer of {self.path}")
-        model.load_state_dict({n: v.to(torch.float32) for n, v in state.items()}, assign=True)
-        del state
-        model.to(self._device)
-        model.training_summary = self.training_summary
-        model.requires_grad_(False).eval()
-        self._held = (start, stop, model)
-        return model
+        return self.coder(self._meta(self.n_sources * (stop - start)), t,
+                          f"latents [{start}, {stop}) of every layer of {self.path}")
+
+    def layer_latents(self, layer: int, start: int, stop: int) -> LayerLatents:
+        """Latents ``[start, stop)`` of layer ``layer`` alone (:class:`LayerLatents`: what naming reads of them),
+        read from the files that hold them: that layer's encoder columns, biases and thresholds, and the latents'
+        decoder rows to every layer. A NaN or Inf in them is refused as a whole dictionary's is."""
+        if not 0 <= layer < self.n_sources:
+            raise ValueError(f"layer_latents({layer}, {start}, {stop}): this {self.kind} has layers "
+                             f"0..{self.n_sources - 1}")
+        return self.held(f"layer_latents({layer}, {start}, {stop})", start, stop,
+                         lambda: self._read_layer(layer, start, stop), key=layer)
+
+    def _read_layer(self, layer: int, start: int, stop: int) -> LayerLatents:
+        from .formats import check_finite
+
+        parts: dict[str, list[Tensor]] = {}  # name -> per file, layer ``layer``'s piece
+        for f, a, b in self.files:
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                for name in f.tensors:
+                    axis = self.axes.get(name)
+                    if axis is not None and self.groups[name] == 1:  # the encoder [S, D, n]: this layer's [1, D, m]
+                        parts.setdefault(name, []).append(f.read(name, axis, lo - a, hi - a, index=layer)[None])
+                    elif axis is not None:  # layer-major over every layer's latents: this layer's slice
+                        n = b - a
+                        parts.setdefault(name, []).append(f.read(name, axis, layer * n + lo - a, layer * n + hi - a))
+        t = {n: p[0] if len(p) == 1 else torch.cat(p, dim=self.axes[n]) for n, p in parts.items()}
+        parts.clear()
+        what = f"latents [{start}, {stop}) of layer {layer} of {self.path}"
+        directions = t.pop("W_dec").permute(1, 0, 2).float()  # [S, m, D] -> [m, S, D]
+        check_finite(torch.nn.ParameterDict({"W_dec": torch.nn.Parameter(directions, requires_grad=False)}), what)
+        t.update(W_dec=directions[:, layer], b_dec=self.shared["b_dec"][layer])  # a one-layer CLT of its own layer
+        if "norm_scale" in self.shared:
+            t["norm_scale"] = self.shared["norm_scale"][layer: layer + 1]
+        coder = self.coder(SparseCoder(self.d_in, stop - start, self.k, self.kind, device="meta"), t, what)
+        return LayerLatents(layer, coder, directions)
+
+    def layer_cutoffs(self, layer: int, batches: Callable[[], Iterable[tuple[int, Tensor]]],
+                      n_rows: int) -> Tensor | None:
+        """Of ``clt`` (TopK per layer): per row of ``batches()`` ((first row, layer ``layer``'s inputs [n, D]) pieces
+        covering rows ``[0, n_rows)``), the k-th largest code of that layer over every block [n_rows]
+        (``saes.lazy.kth_largest``), so that a block's codes of that layer at or above it are the whole CLT's; None
+        for ``clt-batchtopk`` (JumpReLU reads one latent at a time)."""
+        if self.spec.shard_encode is None:
+            return None
+        return kth_largest((self.layer_latents(layer, a, b) for a, b in self.blocks), batches, n_rows, self.k,
+                           self._device)
 
     def decoder_directions(self) -> Tensor:
         """Decoder rows in raw activation units [L, S, D] (zero to the layers before a latent's own), as
@@ -178,10 +221,9 @@ class LazyCLT(LazyDictionary):
             del block, f
 
     def cutoffs(self, batches: Callable[[], Iterable[tuple[int, Tensor]]], n_rows: int) -> Tensor | None:
-        """Refused: naming reads a lazy dictionary's blocks as ranges of global latent ids, which a CLT's blocks are
-        not."""
-        raise ValueError(f"{self.path} is a {self.kind} read lazily (a range of every layer's latents at a time), which "
-                         f"naming does not read yet; load it whole: set CONCEPTDICT_LAZY=0 or use cd.load(DIR)")
+        """Refused: a CLT's TopK is per layer, and so are its cutoffs (:meth:`layer_cutoffs`)."""
+        raise ValueError(f"{self.path} is a {self.kind}, whose TopK is per layer: its cutoffs are per layer too, "
+                         f"layer_cutoffs(layer, batches, n_rows) over that layer's input rows")
 
     @torch.no_grad()
     def codes_and_reconstruction(self, rows: Tensor,
@@ -219,4 +261,28 @@ class LazyCLT(LazyDictionary):
         return back(total + self.shared_tensor("b_dec"), self.output_shape())
 
 
-__all__ = ["LazyCLT"]
+class LayerLatents:
+    """Latents ``[start, stop)`` of one layer of a lazily read CLT (:meth:`LazyCLT.layer_latents`), as naming reads
+    them: ``encode`` takes that layer's input rows [N, D] alone, through ``coder`` (these latents as a one-layer CLT
+    of the kind: their encoder, and their decoder to their own layer's output; its ``encode`` is the kind's rule on
+    them alone); ``decoder_directions`` gives their decoder rows to every layer [m, S, D] in raw activation units
+    (zero to the layers before their own), as the whole CLT's rows of these latents."""
+
+    def __init__(self, layer: int, coder: SparseCoder, directions: Tensor) -> None:
+        self.layer, self.coder, self.directions = layer, coder, directions
+        self.kind, self.d_in, self.k, self.n_latents = coder.kind, coder.d_in, coder.k, coder.n_latents
+        self.n_sources = directions.shape[1]
+
+    @property
+    def spec(self) -> KindSpec:
+        return self.coder.spec
+
+    def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """The layer's inputs x [..., D] -> codes [..., m] (``SparseCoder.encode`` of ``coder``)."""
+        return self.coder.encode(x)
+
+    def decoder_directions(self) -> Tensor:
+        return self.directions
+
+
+__all__ = ["LayerLatents", "LazyCLT"]

@@ -54,21 +54,28 @@ class WeightsFile:
         self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int]] = {
             name: (DTYPES[h["dtype"]], tuple(h["shape"]), int(h["data_offsets"][0])) for name, h in header.items()}
 
-    def read(self, name: str, axis: int | None = None, start: int = 0, stop: int | None = None) -> Tensor:
-        """Tensor ``name``, or its entries ``[start, stop)`` along ``axis``."""
+    def read(self, name: str, axis: int | None = None, start: int = 0, stop: int | None = None,
+             index: int | None = None) -> Tensor:
+        """Tensor ``name``, or its entries ``[start, stop)`` along ``axis``; ``index``: of entry ``index`` of the first
+        axis alone (axis > 0), which the result drops (a CLT's encoder [S, D, n]: one layer's [D, stop - start])."""
         dtype, full, offset = self.tensors[name]
         shape = full or (1,)
         if axis is None:
             axis, start, stop = 0, 0, shape[0]
         stop = shape[axis] if stop is None else stop
-        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        out = torch.empty((*shape[:axis], stop - start, *shape[axis + 1:]), dtype=dtype)
+        if index is not None and not (axis > 0 and 0 <= index < shape[0]):
+            raise ValueError(f"{self.path}: {name} {list(shape)} has no entry {index} of its first axis to read along "
+                             f"axis {axis}")
+        kept = shape[1:axis] if index is not None else shape[:axis]
+        outer, inner = math.prod(kept), math.prod(shape[axis + 1:])
+        first = 0 if index is None else index * outer  # the first row of ``outer`` rows read
+        out = torch.empty((*kept, stop - start, *shape[axis + 1:]), dtype=dtype)
         width = out.element_size() * inner  # bytes of one entry along ``axis``
         rows = byte_rows(out, outer)
         with open(self.path, "rb") as f:
             for o in range(outer):
-                io_all(os.preadv, f.fileno(), memoryview(rows[o]), self.base + offset + (o * shape[axis] + start) * width,
-                       str(self.path))
+                io_all(os.preadv, f.fileno(), memoryview(rows[o]),
+                       self.base + offset + ((first + o) * shape[axis] + start) * width, str(self.path))
         return out if full else out.reshape(())
 
 

@@ -3,16 +3,19 @@ block artifact in ONE process whose address space is capped below the artifact's
 
     python tests/lazy_capped.py SPEC.json
 
-SPEC: ``artifact`` (a block artifact), ``warmup`` (a small one over the same store), ``store``, ``hookpoint``,
-``out`` (a folder), ``budget_mib``; optional ``compare_with`` ({"warmup": A, "big": B}: ``conceptdict compare``
-runs too, of each artifact and its partner, on ``compare_rows`` rows, its resident peak measured from its start) and
+SPEC: ``artifact`` (a block artifact), ``warmup`` (a small one over the same store), ``store``, ``hookpoint``
+(none for a CLT: its config names its layers' hookpoints), ``out`` (a folder), ``budget_mib``; optional ``export``
+(the format, default saelens; circuit-tracer for a CLT), optional ``compare_with`` ({"warmup": A, "big": B}:
+``conceptdict compare`` runs too, of each artifact and its partner, on ``compare_rows`` rows, its resident peak measured from its start) and
 ``vocab`` (a word list) and ``cache`` (its embeddings cached for the
 model id ``planted``): ``conceptdict name`` runs too, its resident peak measured from its start. The process first evaluates and exports ``warmup``, whole and lazily (every
 import, thread pool and kernel the measured run needs), reads its own VmSize, caps its address space at VmSize + budget
 (``RLIMIT_AS``: it counts every mapping, so torch's own is in the baseline and only what the run adds is capped),
 resets VmHWM (``/proc/self/clear_refs``), then evaluates and exports ``artifact``, and finally tries to load it
 whole under the same cap. Prints one JSON line: the VmSize / VmRSS baseline, the cap, VmPeak and VmHWM after the
-run (and name's VmRSS at its start and VmHWM at its end), the eval's FVU and L0, and whether the whole load failed.
+run, VmHWM after the eval (from the baseline) and export's and name's own (VmRSS at their start, VmHWM at their end:
+VmHWM is reset as each starts), the times of eval, export and name, the eval's FVU and L0, and whether the whole
+load failed.
 """
 
 from __future__ import annotations
@@ -40,11 +43,17 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
     import conceptdict as cd
     from conceptdict.cli.main import main
 
-    out = Path(spec["out"])
-    result = cd.evaluate(artifact, store=spec["store"], hookpoint=spec["hookpoint"], contexts=0,
-                         batch_size=spec.get("batch_size", 512), out=out / f"{tag}-eval.json")
-    code = main(["export", artifact, "--format", "saelens", "--out", str(out / f"{tag}-saelens")])
-    done = {"fvu": result.metrics.fvu, "l0": result.metrics.l0, "export_exit": code, "export_vmhwm": status("VmHWM")}
+    out, fmt = Path(spec["out"]), spec.get("export", "saelens")
+    where = {"hookpoint": spec["hookpoint"]} if spec.get("hookpoint") else {}  # a CLT's: from its config
+    started = time.perf_counter()
+    result = cd.evaluate(artifact, store=spec["store"], contexts=0, batch_size=spec.get("batch_size", 512),
+                         out=out / f"{tag}-eval.json", **where)
+    done = {"eval_vmhwm": status("VmHWM"), "eval_s": time.perf_counter() - started}
+    Path("/proc/self/clear_refs").write_text("5")  # export's own resident peak from here
+    done["export_base_rss"], started = status("VmRSS"), time.perf_counter()
+    code = main(["export", artifact, "--format", fmt, "--out", str(out / f"{tag}-{fmt}")])
+    done.update(fvu=result.metrics.fvu, l0=result.metrics.l0, export_exit=code, export_vmhwm=status("VmHWM"),
+                export_s=time.perf_counter() - started)
     del result  # its dictionary holds the block it read last
     if spec.get("vocab"):
         Path("/proc/self/clear_refs").write_text("5")  # name's own resident peak from here
@@ -65,13 +74,19 @@ def run(spec: dict, artifact: str, tag: str) -> dict:
 
 
 def warm_up(spec: dict) -> None:
-    """The commands on the small artifact (which fits, so they load it whole), then the lazy route on it too."""
+    """The commands on the small artifact (which fits, so they load it whole), then the lazy route on it too (of a
+    CLT, with ``export`` circuit-tracer: the commands again, read lazily)."""
     import torch
     from conceptdict.saes import evaluate
     from conceptdict.saes.formats import saelens
-    from conceptdict.saes.lazy import open_lazy
+    from conceptdict.saes.lazy import LAZY_ENV, open_lazy
 
     run(spec, spec["warmup"], "warmup")
+    if spec.get("export", "saelens") != "saelens":
+        os.environ[LAZY_ENV] = "1"
+        run(spec, spec["warmup"], "warmup-lazy")
+        del os.environ[LAZY_ENV]  # the measured run decides for itself
+        return
     lazy = open_lazy(spec["warmup"])
     evaluate(lazy, [torch.randn(spec.get("batch_size", 512), lazy.d_in)])
     saelens.write(lazy, Path(spec["out"]) / "warmup-lazy")

@@ -113,15 +113,14 @@ def test_latents_is_the_clt_of_a_range_of_every_layer_across_files(tmp_path):
 
 def test_the_commands_read_a_clt_lazily_when_it_does_not_fit(tmp_path, monkeypatch):
     """``reads_lazily`` now says yes for a CLT that does not fit (it was always no); ``cd.load(lazy=True)`` gives a
-    LazyCLT; ``cd.evaluate`` (CONCEPTDICT_LAZY=1) of it needs its rows, and naming one lazily is refused with the way
-    out."""
+    LazyCLT; its TopK's cutoffs over global latent ids are refused with the per-layer way (``layer_cutoffs``)."""
     where = _saved(_whole("clt"), tmp_path)
     assert reads_lazily(where, available=1) and not reads_lazily(where, available=10 ** 12)
     monkeypatch.setenv(LAZY_ENV, "1")
     assert reads_lazily(where, available=10 ** 12)
     lazy = cd.load(where, lazy=True)
     assert isinstance(lazy, LazyCLT) and lazy.n_latents == L and lazy.blocks == [(0, 16), (16, 32)]
-    with pytest.raises(ValueError, match="naming does not read yet; load it whole: set CONCEPTDICT_LAZY=0"):
+    with pytest.raises(ValueError, match=r"whose TopK is per layer: its cutoffs are per layer too, layer_cutoffs\("):
         lazy.cutoffs(lambda: iter(()), 0)
 
 
@@ -183,3 +182,101 @@ def test_export_circuit_tracer_writes_a_lazy_clt_a_block_at_a_time(tmp_path, mon
     for name in (f for f in files if f.endswith(".safetensors")):
         want, got = load_file(tmp_path / "0" / name), load_file(tmp_path / "blocks" / name)
         assert all(torch.equal(got[n], want[n]) for n in want), name
+
+
+def test_layer_latents_are_one_layers_latents_read_alone(tmp_path):
+    """``layer_latents(l, a, b)`` reads latents [a, b) of layer l alone, also across the two files: its ``encode``
+    takes layer l's input [N, D] and, of a block, gives the whole CLT's codes of those latents (``clt``: those at or
+    above each row's k-th largest of the layer over every block, ``layer_cutoffs``); its directions are the whole
+    CLT's decoder rows of them [m, S, D]. The block read last is held (asked again, not read again; one held block
+    for ``latents`` and ``layer_latents`` alike) and ranges and layers out of bounds are refused."""
+    for kind in ("clt", "clt-batchtopk"):
+        whole = _whole(kind, seed=3)
+        lazy = open_lazy(_saved(whole, tmp_path / kind), block_latents=6)
+        x = _pairs(40, 8)[:, :S]
+        f = whole.encode(x).view(40, S, P)
+        for l in range(S):
+            rows = [(0, x[:25, l]), (25, x[25:, l])]
+            cut = lazy.layer_cutoffs(l, lambda rows=rows: iter(rows), 40)
+            if kind == "clt":
+                torch.testing.assert_close(cut, f[:, l].topk(K, dim=1).values[:, -1], rtol=0, atol=1e-5)
+            else:
+                assert cut is None
+            for a, b in [(10, 22), *lazy.blocks]:
+                part = lazy.layer_latents(l, a, b)
+                cols = slice(l * P + a, l * P + b)
+                assert (part.n_latents, part.n_sources, part.kind, part.layer) == (b - a, S, kind, l)
+                assert torch.equal(part.coder.W_enc, whole.W_enc[:, cols]) and part.coder.W_enc.t().is_contiguous()
+                assert torch.equal(part.coder.b_enc, whole.b_enc[cols])
+                assert torch.equal(part.decoder_directions(), whole.decoder_directions()[cols])
+                if kind == "clt-batchtopk":
+                    assert torch.equal(part.coder.threshold, whole.threshold[cols])
+                if (a, b) in lazy.blocks:  # (the cutoffs are its blocks' values: another range may round otherwise)
+                    codes = part.encode(x[:, l])
+                    _close(codes if cut is None else torch.where(codes >= cut[:, None], codes, 0.0), f[:, l, a:b])
+    assert lazy.layer_latents(1, 6, 16) is lazy.layer_latents(1, 6, 16)
+    assert lazy.layer_latents(2, 6, 16) is not lazy.layer_latents(1, 6, 16)
+    block = lazy.latents(6, 16)
+    assert lazy.latents(6, 16) is block and lazy.layer_latents(0, 6, 16) is not block
+    assert lazy.latents(6, 16) is not block, "one block held: the layer's read let the other go"
+    with pytest.raises(ValueError, match=r"layer_latents\(0, 0, 4\): the range of each layer's latents must lie in "
+                                         r"\[0, 32\) and hold more than k=4"):
+        lazy.layer_latents(0, 0, 4)
+    with pytest.raises(ValueError, match=r"layer_latents\(3, 0, 8\): this clt-batchtopk has layers 0..2"):
+        lazy.layer_latents(3, 0, 8)
+
+
+def _clt_store(tmp_path, rows: int = 240):
+    """A store of the S layers' inputs and outputs (in0.., out0..; ``rows`` rows)."""
+    from conceptdict.activations import import_array
+    from conceptdict.activations.importer import ImportConfig
+    from safetensors.torch import save_file
+
+    x = _pairs(rows, 11)
+    save_file({h: x[:, i].contiguous() for i, h in enumerate(HOOKPOINTS)}, str(tmp_path / "acts.safetensors"))
+    return import_array(ImportConfig(array=tmp_path / "acts.safetensors", out=tmp_path / "store"))
+
+
+HOOKPOINTS = [f"in{l}" for l in range(S)] + [f"out{l}" for l in range(S)]
+
+
+@pytest.mark.parametrize("kind", ["clt", "clt-batchtopk"])
+def test_naming_a_lazy_clt_writes_the_whole_clts_concepts(tmp_path, monkeypatch, capsys, kind):
+    """``conceptdict name`` of a 2-shard CLT read lazily (CONCEPTDICT_LAZY=1) in blocks of 6 latents per layer, 4
+    latents named at a time: layer by layer, each block's latents of one layer reading that layer's input alone,
+    with ``clt``'s TopK cutoffs per layer. It writes the concepts.json that ``cd.name`` of the whole CLT writes (the
+    same names, scores, layers, decoder norms and example rows; activations and statistics to float32 rounding),
+    the same directions [L, S, D] and report pages."""
+    from conceptdict.cli.main import main
+    from conceptdict.naming import embed_vocabulary, load_concepts, pipeline
+    from conceptdict.saes.lazy import LAZY_ENV
+    from test_lazy import _same_concepts
+
+    store = _clt_store(tmp_path)
+    whole = _whole(kind, seed=6)
+    blocks = blocks_of(whole, 2)
+    for i, part in enumerate(blocks):
+        save_dictionary_part(part, tmp_path / "clt", i, 2)
+    where = finish_parts(blocks[0], tmp_path / "clt", 2, extra={"hookpoints": HOOKPOINTS, "stores": [str(store)]})
+    words = [f"w{i}" for i in range(10)]
+    (tmp_path / "words.txt").write_text("\n".join(words) + "\n")
+    g = torch.Generator().manual_seed(2)
+    embed_vocabulary(words, "planted", "in0", lambda t: torch.randn(len(t), D, generator=g), tmp_path / "cache")
+    settings = {"vocab": str(tmp_path / "words.txt"), "model": "planted", "cache_dir": tmp_path / "cache",
+                "top_k": 3, "n_bins": 6, "chunk": 50, "logit_tokens": 0}
+    monkeypatch.setenv(LAZY_ENV, "0")
+    want = cd.name(where, out=tmp_path / "whole", **settings)
+    monkeypatch.setenv(LAZY_ENV, "1")
+    monkeypatch.setattr("conceptdict.saes.lazy_clt.BLOCK_MIB", 3900 / 2 ** 20)  # 6 latents of each layer a block
+    monkeypatch.setattr(pipeline, "PIECE", 4)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    assert main(["name", str(where), *args, "--out", str(tmp_path / "lazy")]) == 0
+    assert f"named {L} latents with the vocab namer" in capsys.readouterr().out
+    assert open_lazy(where).blocks == [(0, 6), (6, 16), (16, 22), (22, 32)]
+    _same_concepts(tmp_path / "lazy", tmp_path / "whole")
+    got = load_concepts(tmp_path / "lazy")
+    assert torch.equal(got.directions, want.directions) and got.directions.shape == (L, S, D)
+    assert got.names == want.names and [c.extra["layer"] for c in got.concepts] == [i // P for i in range(L)]
+    assert sum(c.frequency > 0 for c in want.concepts) > L / 2
+    report = sorted(p.name for p in (tmp_path / "whole" / "report").iterdir())
+    assert sorted(p.name for p in (tmp_path / "lazy" / "report").iterdir()) == report
