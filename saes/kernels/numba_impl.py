@@ -193,6 +193,26 @@ def adam_rows(W: Tensor, G: Tensor, M: Tensor, V: Tensor, step: Tensor, lr: floa
                  unit, bits, copy is not None)
 
 
+def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """``kernels.sparsemax_support`` in one numba pass per row (``numba_sparsemax``) on float32 CPU scores, the
+    scale fused in; torch's search (``torch_impl.sparsemax_support``) for other dtypes. The support rows are written
+    into an uninitialised [n, L] array, of which only each row's first pages are touched."""
+    from . import numba_sparsemax as ns
+    from . import torch_impl
+
+    _check_cpu(pre)
+    if pre.dtype != torch.float32 or scale.dtype != torch.float32 or pre.shape[1] == 0:
+        return torch_impl.sparsemax_support(pre, scale, m)
+    n, L = pre.shape
+    out = np.empty((n, L), np.int64)
+    size = np.empty(n, np.int64)
+    ns.sparsemax_rows(pre.detach().contiguous().numpy(), np.float32(float(scale)), out, size)
+    size = torch.from_numpy(size)
+    K = max(int(size.max()) if n else 0, 1)
+    idx = torch.from_numpy(out[:, :K])
+    return torch.where(torch.arange(K) < size[:, None], idx, 0), size
+
+
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,
                   reads_bf16=True)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

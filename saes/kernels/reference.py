@@ -181,6 +181,18 @@ def sparsemax(z: Tensor) -> Tensor:
     return (z - tau).clamp_min(0)
 
 
+@torch.no_grad()
+def sparsemax_support(pre: Tensor, scale: Tensor, m: int = 0) -> tuple[Tensor, Tensor]:
+    """The support of sparsemax(pre * scale) per row of pre [n, L], from the whole sorted row (as ``sparsemax``):
+    (indices [n, K] by decreasing score, zero-padded after each row's support; size [n]), K the largest size.
+    ``m`` (the fast searches' candidates per row) is not used."""
+    zs, order = (pre * scale).sort(dim=1, descending=True)
+    j = torch.arange(1, pre.shape[1] + 1, device=pre.device, dtype=zs.dtype)
+    size = (1 + j * zs > zs.cumsum(dim=1)).sum(dim=1)
+    K = max(int(size.max()) if size.numel() else 0, 1)
+    return order[:, :K] * (torch.arange(K, device=pre.device) < size[:, None]), size
+
+
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor,
                      n_candidates: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """f = sparsemax((x W_enc + b_enc) * scale) per row, packed: (f [B, K], indices, z there [B, K], kept)."""
