@@ -152,10 +152,13 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int 
     return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
 
 
-def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto") -> Tensor:
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto", *,
+               values: Tensor | None = None) -> Tensor:
     """(x W_enc) at indices [B, K] -> [B, K] without the [B, L] product; differentiable in x and W_enc through
-    those entries only (no ReLU mask: every entry carries its gradient)."""
-    return _fn("gather_pre", impl, x)(x, W_enc, indices)
+    those entries only (no ReLU mask: every entry carries its gradient). ``values``: those products where the
+    caller has them already (from the matmul its selection read): returned as they are, with the same gradient,
+    and no gather-dot computed."""
+    return _fn("gather_pre", impl, x)(x, W_enc, indices, values)
 
 
 def encode(

@@ -31,10 +31,10 @@ def _is_reference(impl: str, device: torch.device) -> bool:
     return resolve_impl("gather_pre", impl, device) == "reference"
 
 
-def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str) -> Tensor:
+def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str, values: Tensor | None = None) -> Tensor:
     from . import gather_pre
 
-    return gather_pre(x, W_enc, indices, impl=impl)
+    return gather_pre(x, W_enc, indices, impl=impl, values=values)
 
 
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
@@ -47,20 +47,28 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
     from . import sparsemax_support
 
     B = x.shape[0]
-    parts, sizes = [], []
+    parts, sizes, scores = [], [], []
     with torch.no_grad():
         for s in range(0, B, ROW_CHUNK):
-            idx, size = sparsemax_support(torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc), scale, n_candidates,
-                                          impl=impl)
+            pre = torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc)
+            idx, size = sparsemax_support(pre, scale, n_candidates, impl=impl)
             parts.append(idx)
             sizes.append(size)
+            scores.append(pre.gather(1, idx))
         size = torch.cat(sizes)
         K = max(int(size.max()), 1)
-        indices = torch.cat([p[:, :K] if p.shape[1] >= K else
-                             torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in parts])
+
+        def joined(chunks: list[Tensor]) -> Tensor:
+            return torch.cat([p[:, :K] if p.shape[1] >= K else
+                              torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in chunks])
+
         kept = torch.arange(K, device=x.device) < size[:, None]
-        indices = indices * kept
-    z = (_gather_pre(x, W_enc, indices, impl) + b_enc[indices]) * scale
+        indices = joined(parts) * kept
+        pre = joined(scores) * kept
+    # z is the search's scores (x W_enc + b_enc) * scale themselves, not a second product: the gather-dot's
+    # backward gives x and W_enc their gradients, b_enc's comes through b - b.detach() (0 in value)
+    b = b_enc[indices]
+    z = (_gather_pre(x, W_enc, indices, impl, pre) + (b - b.detach())) * scale
     tau = ((z * kept).sum(dim=1, keepdim=True) - 1) / size[:, None].clamp_min(1).to(z.dtype)
     return torch.where(kept, z - tau, 0.0).clamp_min(0), indices, z, kept
 

@@ -147,9 +147,11 @@ def encode(
 # ---------------------------------------------------------------- the JumpReLU, Matryoshka and SpaDE kinds
 
 
-def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor) -> Tensor:
-    """(x W_enc) at indices [B, K] -> [B, K], by the dense matmul."""
-    return (x @ W_enc).gather(1, indices)
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, values: Tensor | None = None) -> Tensor:
+    """(x W_enc) at indices [B, K] -> [B, K], by the dense matmul; ``values`` (given): those values, with the
+    gradient of the gathered product."""
+    pre = (x @ W_enc).gather(1, indices)
+    return pre if values is None else values + (pre - pre.detach())
 
 
 def pack(mask: Tensor) -> tuple[Tensor, Tensor]:
