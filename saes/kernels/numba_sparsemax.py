@@ -58,6 +58,8 @@ def _narrow(bv, bi, n, rho, top, rounds):
     removes none. Returns (n, rho, the buffer's sum)."""
     n, total = _keep_above(bv, bi, n, _skip_below(rho, top))
     for _ in range(rounds):
+        if n == 0:  # scores that are not numbers (NaN) leave no candidate; the row's support is then empty
+            break
         own = (total - 1.0) / n
         if not own > rho:
             break
