@@ -28,8 +28,9 @@ difference between the trainers). Variants:
   kind-KIND          one step of the kind's training forward from the kind table (saes.KINDS: topk, batchtopk,
                      jumprelu, matryoshka, spade), its loss terms, and saes.training.apply_update (projection,
                      clipping, Adam, renorm): the kinds side by side, same shapes, same step; kind_*_over_topk
-                     are the ratios to kind-topk; ``--precision bf16`` (fp16 on CUDA) runs them with the
-                     encoder matmul in that dtype, as ``train --precision`` does
+                     are the ratios to kind-topk (SpaDE's row also prints its code's mean entries a row, its
+                     support, which sets its sparse work: k for the others); ``--precision bf16`` (fp16 on
+                     CUDA) runs them with the encoder matmul in that dtype, as ``train --precision`` does
   kind-crosscoder    the same for the crosscoder (2 sources: batches [B, 2*D], W_enc [2*D, L]); its floor is
                      2 encoder matmuls [B, D] @ [D, L], one per source, timed back to back
   kind-transcoder    the same for the transcoder and the skip transcoder: batches of (input, output) pairs
@@ -280,9 +281,13 @@ def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
         if out.sparsity_loss is not None:
             loss = loss + out.sparsity_loss
         apply_update(model, opt, loss, 1e-4, 1.0)
+        if kind == "spade":  # (SpaDE's step synchronises already: its code's width is read on the host)
+            l0.append(float(out.l0))
 
+    l0: list[float] = []
     meter.run(step, batches, p["warmup"])
-    return {"impl": kernels_impl(p["device"]), "latents": model.n_latents, "n_sources": model.n_sources}
+    extra = {"entries_per_row": statistics.mean(l0)} if kind == "spade" else {}  # its code's size is its own
+    return {"impl": kernels_impl(p["device"]), "latents": model.n_latents, "n_sources": model.n_sources, **extra}
 
 
 def kernels_impl(device: str) -> str:
@@ -587,7 +592,8 @@ def print_table(res: dict, rat: dict, p: dict) -> None:
         own = f"{r['step_over_own_floor']:6.2f}" if "step_over_own_floor" in r else f"{'-':>6s}"
         print(f"{name:18s} {1e3 * r['step_s']:9.1f} {1e3 * r['floor_s']:9.1f} {r['step_over_floor']:9.2f} {own} "
               f"{r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.1f}  {r.get('impl', '')}"
-              + (f" (floor: {r['floor_matmuls']} matmuls)" if r.get("floor_matmuls", 1) > 1 else ""))
+              + (f" (floor: {r['floor_matmuls']} matmuls)" if r.get("floor_matmuls", 1) > 1 else "")
+              + (f" (code: {r['entries_per_row']:.0f} entries a row)" if "entries_per_row" in r else ""))
     b = budget_bytes(p)
     print("memory budget (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items())
           + f"; x1.3 = {1.3 * sum(b.values()) / 2**20:.1f}")

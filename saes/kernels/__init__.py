@@ -42,7 +42,7 @@ from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
 OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above",
-       "project_rows", "adam_rows")
+       "project_rows", "adam_rows", "sparsemax_support")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -152,10 +152,13 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int 
     return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
 
 
-def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto") -> Tensor:
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto", *,
+               values: Tensor | None = None) -> Tensor:
     """(x W_enc) at indices [B, K] -> [B, K] without the [B, L] product; differentiable in x and W_enc through
-    those entries only (no ReLU mask: every entry carries its gradient)."""
-    return _fn("gather_pre", impl, x)(x, W_enc, indices)
+    those entries only (no ReLU mask: every entry carries its gradient). ``values``: those products where the
+    caller has them already (from the matmul its selection read): returned as they are, with the same gradient,
+    and no gather-dot computed."""
+    return _fn("gather_pre", impl, x)(x, W_enc, indices, values)
 
 
 def encode(
@@ -215,6 +218,18 @@ def adam_rows(W: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step
     (``numba_update``); it takes the reference for shapes, dtypes or layouts it does not cover."""
     _fn("adam_rows", impl, W)(W, grad, exp_avg, exp_avg_sq, step, lr, betas[0], betas[1], eps, unit, copy)
 
+def sparsemax_support(pre: Tensor, scale: Tensor, n_candidates: int, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """The support of sparsemax(pre * scale) per row of pre [n, L] (``scale`` a 0-dim tensor), without autograd:
+    (indices [n, K] by decreasing score, ties by increasing column in ``numba``, zero-padded after each row's
+    support; size [n]), K the largest size. SpaDE's support search (``encode_sparsemax``).
+
+    ``reference``: the whole row sorted. ``torch``: from each row's top ``n_candidates`` scores, more where the
+    support may be larger (several passes over the scores). ``numba``: one pass per row that finds a lower bound of
+    the threshold as it reads the scores and keeps only those above it (``numba_sparsemax``). All three give the
+    same support and size (the rule's float32 roundings are the same); only the order of equal scores may differ."""
+    return _fn("sparsemax_support", impl, pre)(pre, scale, n_candidates)
+
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
@@ -226,4 +241,5 @@ from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402
 __all__ = [
     "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
     "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
+    "sparsemax_support",
 ]

@@ -2,10 +2,9 @@
 on the ``gather_pre`` and ``sparse_decode`` kernels so that nothing after the one encoder matmul is dense [B, L]
 with autograd.
 
-- ``encode_sparsemax``: sparsemax over a row's affine scores (SpaDE); the support is found from the top
-  ``n_candidates`` scores of each row, where it may be larger from the scores above a lower bound of the row's
-  threshold or 4x the candidates (the whole row is sorted only where the support may exceed a quarter of it),
-  and the output is packed, so its decode is a sparse decode.
+- ``encode_sparsemax``: sparsemax over a row's affine scores (SpaDE); the support of each chunk of rows comes from
+  ``kernels.sparsemax_support`` (numba: one pass per row with a running bound of the threshold; torch: the top
+  ``n_candidates`` scores, more where needed), and the output is packed, so its decode is a sparse decode.
 - ``prefix_decodes``: the reconstructions of nested prefixes of the latents from ONE code (Matryoshka): a
   prefix's reconstruction is a masked sparse decode; the code is split by group (each group's entries
   regrouped into G * B rows of one code), decoded by ONE sparse decode, and the groups summed cumulatively.
@@ -32,76 +31,44 @@ def _is_reference(impl: str, device: torch.device) -> bool:
     return resolve_impl("gather_pre", impl, device) == "reference"
 
 
-def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str) -> Tensor:
+def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str, values: Tensor | None = None) -> Tensor:
     from . import gather_pre
 
-    return gather_pre(x, W_enc, indices, impl=impl)
-
-
-def _support(z: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """Sparsemax support of the rows of z [n, L] from their top m scores: (indices [n, m'], size [n]); the first
-    ``size`` indices of a row are its support. A row whose support may exceed m is solved from every score above
-    a lower bound of its threshold where few are (``_above_bound``), else from its top 4m scores, and so on; no
-    row's L scores are sorted unless its support may exceed L / 4."""
-    L = z.shape[1]
-    vals, idx = z.topk(min(m, L), dim=1, sorted=True)
-    j = torch.arange(1, vals.shape[1] + 1, device=z.device, dtype=z.dtype)
-    cums = vals.cumsum(dim=1)
-    size = (1 + j * vals > cums).sum(dim=1)
-    full = (size == vals.shape[1]) & (vals.shape[1] < L)
-    if full.any():
-        rows = full.nonzero().flatten()
-        # tau = max_j (S_j - 1) / j over the sorted prefixes of the support, which holds the top m: a lower bound
-        lower = ((cums[rows] - 1) / j).max(dim=1).values
-        sub_idx, sub_size = _above_bound(z[rows], lower, 4 * vals.shape[1])
-        width = max(sub_idx.shape[1], vals.shape[1])
-        idx = torch.cat([idx, idx.new_zeros(z.shape[0], width - idx.shape[1])], dim=1)
-        idx[rows] = torch.cat([sub_idx, sub_idx.new_zeros(rows.shape[0], width - sub_idx.shape[1])], dim=1)
-        size[rows] = sub_size
-    return idx, size
-
-
-def _above_bound(z: Tensor, lower: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """The support of rows z [n, L] whose threshold is above ``lower`` [n]: when at most ``m`` scores of each row
-    lie above it, those are gathered and sorted alone (the support is among them, and they are the top of the
-    sorted row, so the rule on them is the rule on the whole row); otherwise ``_support`` from the top m."""
-    above = z > lower[:, None]
-    count = above.sum(dim=1)
-    C = int(count.max())
-    if C > m:
-        return _support(z, m if m < z.shape[1] // 4 else z.shape[1])
-    rows, cols = above.nonzero(as_tuple=True)  # row by row, columns increasing
-    pos = torch.arange(rows.shape[0], device=z.device) - (count.cumsum(dim=0) - count)[rows]
-    cand = torch.zeros(z.shape[0], C, dtype=torch.long, device=z.device)
-    cand[rows, pos] = cols
-    vals = z.gather(1, cand).masked_fill(torch.arange(C, device=z.device) >= count[:, None], float("-inf"))
-    vals, order = vals.sort(dim=1, descending=True)
-    j = torch.arange(1, C + 1, device=z.device, dtype=z.dtype)
-    size = (1 + j * vals > vals.cumsum(dim=1)).sum(dim=1)
-    return cand.gather(1, order), size
+    return gather_pre(x, W_enc, indices, impl=impl, values=values)
 
 
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
                      impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """f = sparsemax((x W_enc + b_enc) * scale) per row (``scale`` a 0-dim tensor), packed by decreasing f:
     (f [B, K], indices [B, K], the scores z there [B, K], kept [B, K]), differentiable in x, W_enc, b_enc
-    and scale. The support comes from each row's top ``n_candidates`` scores (more where needed)."""
+    and scale. The support comes from ``kernels.sparsemax_support`` (``n_candidates``: torch's first top-k)."""
     if _is_reference(impl, x.device):
         return reference.encode_sparsemax(x, W_enc, b_enc, scale)
+    from . import sparsemax_support
+
     B = x.shape[0]
-    parts, sizes = [], []
+    parts, sizes, scores = [], [], []
     with torch.no_grad():
         for s in range(0, B, ROW_CHUNK):
-            idx, size = _support(torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc) * scale, n_candidates)
+            pre = torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc)
+            idx, size = sparsemax_support(pre, scale, n_candidates, impl=impl)
             parts.append(idx)
             sizes.append(size)
+            scores.append(pre.gather(1, idx))
         size = torch.cat(sizes)
         K = max(int(size.max()), 1)
-        indices = torch.cat([p[:, :K] if p.shape[1] >= K else
-                             torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in parts])
+
+        def joined(chunks: list[Tensor]) -> Tensor:
+            return torch.cat([p[:, :K] if p.shape[1] >= K else
+                              torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in chunks])
+
         kept = torch.arange(K, device=x.device) < size[:, None]
-        indices = indices * kept
-    z = (_gather_pre(x, W_enc, indices, impl) + b_enc[indices]) * scale
+        indices = joined(parts) * kept
+        pre = joined(scores) * kept
+    # z is the search's scores (x W_enc + b_enc) * scale themselves, not a second product: the gather-dot's
+    # backward gives x and W_enc their gradients, b_enc's comes through b - b.detach() (0 in value)
+    b = b_enc[indices]
+    z = (_gather_pre(x, W_enc, indices, impl, pre) + (b - b.detach())) * scale
     tau = ((z * kept).sum(dim=1, keepdim=True) - 1) / size[:, None].clamp_min(1).to(z.dtype)
     return torch.where(kept, z - tau, 0.0).clamp_min(0), indices, z, kept
 

@@ -42,17 +42,17 @@ _start_pool_keeping_torch_threads()
 # 60-190 ms per step at D=768, L=16384 (bench/train_step.py). An array is handed out again only when no
 # tensor uses it any more: torch.from_numpy's storage holds a reference to the array, so any live tensor
 # or view over it (a parameter's .grad included) shows in the array's reference count.
-_RECYCLED: dict[tuple[int, ...], list[np.ndarray]] = {}
+_RECYCLED: dict[tuple, list[np.ndarray]] = {}
 _RECYCLE_PER_SHAPE = 4
 
 
-def _recycled(shape: tuple[int, ...]) -> np.ndarray:
-    """An uninitialised float32 array of ``shape``, reused from an earlier call when nothing holds it."""
-    arrays = _RECYCLED.setdefault(shape, [])
+def _recycled(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """An uninitialised array of ``shape`` and ``dtype``, reused from an earlier call when nothing holds it."""
+    arrays = _RECYCLED.setdefault((shape, np.dtype(dtype).str), [])
     for a in arrays:
         if sys.getrefcount(a) == 3:  # the list, this loop's name and getrefcount's argument
             return a
-    a = np.empty(shape, np.float32)
+    a = np.empty(shape, dtype)
     if len(arrays) < _RECYCLE_PER_SHAPE:
         arrays.append(a)
     return a
@@ -191,6 +191,27 @@ def adam_rows(W: Tensor, G: Tensor, M: Tensor, V: Tensor, step: Tensor, lr: floa
     nu.adam_rows(W.detach().numpy(), G.detach().numpy(), M.numpy(), V.numpy(), f(1 - beta1), f(beta2), f(1 - beta2),
                  f(bc2_sqrt), f(eps), f(-(lr / (1 - beta1 ** t))), torch.backends.cpu.get_cpu_capability() != "DEFAULT",
                  unit, bits, copy is not None)
+
+
+def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """``kernels.sparsemax_support`` in one numba pass per row (``numba_sparsemax``) on float32 CPU scores, the
+    scale fused in; torch's search (``torch_impl.sparsemax_support``) for other dtypes. The support rows are written
+    into a recycled uninitialised [n, L] array (``_recycled``: a fresh one costs a page fault for each row's first
+    pages at every call, 200 ms of CPU a step at the benchmark's shapes), of which only each row's first pages are
+    ever touched."""
+    from . import numba_sparsemax as ns
+    from . import torch_impl
+
+    _check_cpu(pre)
+    if pre.dtype != torch.float32 or scale.dtype != torch.float32 or pre.shape[1] == 0:
+        return torch_impl.sparsemax_support(pre, scale, m)
+    n, L = pre.shape
+    out = _recycled((n, L), np.int64)
+    size = np.empty(n, np.int64)
+    ns.sparsemax_rows(pre.detach().contiguous().numpy(), np.float32(float(scale)), out, size)
+    size = torch.from_numpy(size)
+    K = max(int(size.max()) if n else 0, 1)
+    return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]), 0), size
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,

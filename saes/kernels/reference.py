@@ -147,9 +147,11 @@ def encode(
 # ---------------------------------------------------------------- the JumpReLU, Matryoshka and SpaDE kinds
 
 
-def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor) -> Tensor:
-    """(x W_enc) at indices [B, K] -> [B, K], by the dense matmul."""
-    return (x @ W_enc).gather(1, indices)
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, values: Tensor | None = None) -> Tensor:
+    """(x W_enc) at indices [B, K] -> [B, K], by the dense matmul; ``values`` (given): those values, with the
+    gradient of the gathered product."""
+    pre = (x @ W_enc).gather(1, indices)
+    return pre if values is None else values + (pre - pre.detach())
 
 
 def pack(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -179,6 +181,18 @@ def sparsemax(z: Tensor) -> Tensor:
     size = (1 + j * zs > cs).sum(dim=-1, keepdim=True)
     tau = (cs.gather(-1, size - 1) - 1) / size.to(z.dtype)
     return (z - tau).clamp_min(0)
+
+
+@torch.no_grad()
+def sparsemax_support(pre: Tensor, scale: Tensor, m: int = 0) -> tuple[Tensor, Tensor]:
+    """The support of sparsemax(pre * scale) per row of pre [n, L], from the whole sorted row (as ``sparsemax``):
+    (indices [n, K] by decreasing score, zero-padded after each row's support; size [n]), K the largest size.
+    ``m`` (the fast searches' candidates per row) is not used."""
+    zs, order = (pre * scale).sort(dim=1, descending=True)
+    j = torch.arange(1, pre.shape[1] + 1, device=pre.device, dtype=zs.dtype)
+    size = (1 + j * zs > zs.cumsum(dim=1)).sum(dim=1)
+    K = max(int(size.max()) if size.numel() else 0, 1)
+    return order[:, :K] * (torch.arange(K, device=pre.device) < size[:, None]), size
 
 
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor,

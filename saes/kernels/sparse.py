@@ -131,7 +131,7 @@ class _SparseGather(torch.autograd.Function):
     def forward(ctx, x, W_enc, indices, backend, given=None):
         ctx.backend = backend
         ctx.save_for_backward(x, W_enc, indices)
-        if given is not None:  # the values, already computed by the selection (``encode_above``)
+        if given is not None:  # the values, already computed by the selection (``encode_above``, SpaDE's search)
             return given.clone()
         return backend.gather_dot(indices, x, W_enc.t(), None).to(x.dtype)
 
@@ -143,9 +143,10 @@ class _SparseGather(torch.autograd.Function):
                 grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
 
 
-def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend) -> Tensor:
-    """(x W_enc) at ``indices`` [B, K] -> [B, K], differentiable in x and W_enc through those entries only."""
-    return _SparseGather.apply(x, W_enc, indices.contiguous(), backend)
+def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend, values: Tensor | None = None) -> Tensor:
+    """(x W_enc) at ``indices`` [B, K] -> [B, K], differentiable in x and W_enc through those entries only;
+    ``values``: those products, already computed (returned as they are, no gather-dot)."""
+    return _SparseGather.apply(x, W_enc, indices.contiguous(), backend, values)
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend,
@@ -399,8 +400,8 @@ def make_ops(backend: Backend):
         enc = encode(x, W_enc, b_enc, 0, backend, dead=dead, k_aux=k_aux, dense_aux_ok=False)
         return enc.aux_values, enc.aux_indices
 
-    def _gather_pre(x, W_enc, indices):
-        return gather_pre(x, W_enc, indices, backend)
+    def _gather_pre(x, W_enc, indices, values=None):
+        return gather_pre(x, W_enc, indices, backend, values)
 
     def _encode_above(x, W_enc, b_enc, floor, k=1):
         return encode_above(x, W_enc, b_enc, floor, k, backend)

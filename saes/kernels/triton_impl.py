@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .reference import adam_rows, project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
 from .sparse import Backend, make_ops
-from .torch_impl import torch_row_topk
+from .torch_impl import sparsemax_support, torch_row_topk  # noqa: F401  (the search: torch's)
 
 BLOCK_D = 128
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"

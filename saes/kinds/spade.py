@@ -11,7 +11,7 @@ distance to its mean.
 
 Sparsemax is shift-invariant per row, so -lambda |x - p_j|^2 ranks like the affine scores
 ``2 lambda (x - b_dec).p_j - lambda |p_j|^2``: training computes them with ONE matmul (W_enc holds the
-prototypes as columns), finds each row's support from its top candidates and packs the code
+prototypes as columns), finds each row's support (``kernels.sparsemax_support``) and packs the code
 (``kernels.encode_sparsemax``), so the decode is a sparse decode. At the end of training the affine form is
 written into the weights, ``W_enc = 2 lambda P^T``, ``b_enc = -lambda |p_j|^2``: the saved dictionary is an
 ordinary [D, L] encoder whose inference rule is sparsemax((x - b_dec) W_enc + b_enc), with the usual folding
@@ -40,8 +40,9 @@ Departures from the paper and its code (github: the authors' ``sparsemax_dist`` 
   ``encoder_reg`` option the prototypes; measured: 42% against 40% in the short run above, within noise, and
   the prototypes' distances come free from the scores); the loss is FVU-scaled like every kind here;
 - lambda starts at 1 / (2 S*D), the paper's toy code's 1 / (2 D);
-- ``k`` is not a sparsity target: training looks for the support among each row's top max(4k, 16) scores and
-  falls back to the whole row where that may not suffice.
+- ``k`` is not a sparsity target: it only sizes the torch search's first candidates (each row's top max(4k, 16)
+  scores, more where the support may be larger); the numba search (the CPU default) reads each row once with a
+  running lower bound of its threshold (``kernels.sparsemax_support``), whatever k.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def weight_unit(model: SparseCoder) -> float:
 
 
 def n_candidates(model: SparseCoder) -> int:
-    """Scores per row among which the support is sought first (more are taken where it may be larger)."""
+    """Scores per row among which the torch search looks for the support first (more where it may be larger; the
+    numba search does not use it)."""
     return min(model.n_latents, max(4 * model.k, 16))
 
 

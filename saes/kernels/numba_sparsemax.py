@@ -1,0 +1,159 @@
+"""SpaDE's support search in numba (``kernels.sparsemax_support``' ``numba`` implementation): per row, the support of
+sparsemax(pre * scale) from one pass over the row, with a lower bound of the threshold found during that pass.
+
+Any set v of a row's scores bounds its threshold tau from below: rho = (sum(v) - 1) / |v| <= tau, since
+sum_j max(z_j - tau, 0) = 1 >= sum_{j in v} (z_j - tau). So a score at or below such a bound is outside the support
+and is skipped. The pass keeps one such set (Condat's running set, L. Condat, "Fast projection onto the simplex and
+the l1 ball", Math. Program. 2016): every score above its bound joins it, which raises the bound. The row is read
+BLOCK columns at a time, a branch-free count of the scores above the bound first and scalar work only on the blocks
+holding one; the scores above the bound go into a buffer. When the buffer fills it is narrowed by Michelot's
+iteration (the buffer's own bound, which may be higher, becomes the set and the bound; the buffer is filtered by
+it), and again at the end of the row.
+
+Only the remaining candidates are sorted (by decreasing score, ties by increasing column), and the support is the
+torch rule's on them, in the same float32 roundings: ``size = #{j : 1 + j * z_(j) > cumsum_j}`` with the cumulative
+sums accumulated in float64 and each rounded to float32 (as torch's CPU ``cumsum`` of float32 does), so the support
+is the one torch's search and the dense reference find. The bound used for skipping sits 1e-6 * (|rho| + max|z| + 1)
+below rho, wider than that rule's rounding, so a score the rule would keep is never skipped.
+
+No ``fastmath``: ``1 + j * z`` must round twice, as torch's does.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+_MARGIN = 1e-6
+BLOCK = 32  # scores tested at once (a branch-free count) before any scalar work on them
+NARROW_ROUNDS = 64  # Michelot's rounds before the sort (more converge slowly: each removes few)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _skip_below(rho, top):
+    """The float32 bound under which a score is skipped: rho less a margin wider than the support rule's rounding."""
+    return np.float32(rho - _MARGIN * (abs(rho) + top + 1.0))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _keep_above(bv, bi, n, thr):
+    """Move the buffer's entries above thr to its front (in order); return how many there are and their sum."""
+    m = 0
+    total = 0.0
+    for t in range(n):
+        y = bv[t]
+        bv[m] = y
+        bi[m] = bi[t]
+        keep = y > thr
+        m += keep
+        total += np.float64(y) if keep else 0.0
+    return m, total
+
+
+@njit(cache=True, nogil=True)
+def _narrow(bv, bi, n, rho, top, rounds):
+    """Michelot's iteration on the buffer (every entry above the current skip bound): the buffer's own bound
+    (sum - 1) / n, where higher, becomes rho and the buffer is filtered by it, up to ``rounds`` times or until it
+    removes none. Returns (n, rho, the buffer's sum)."""
+    n, total = _keep_above(bv, bi, n, _skip_below(rho, top))
+    for _ in range(rounds):
+        if n == 0:  # scores that are not numbers (NaN) leave no candidate; the row's support is then empty
+            break
+        own = (total - 1.0) / n
+        if not own > rho:
+            break
+        rho = own
+        m, total = _keep_above(bv, bi, n, _skip_below(rho, top))
+        if m == n:
+            break
+        n = m
+    return n, rho, total
+
+
+@njit(cache=True, nogil=True)
+def _candidates(row, s, bv, bi):
+    """One pass over the row: the scores row[c] * s above the running bound into bv / bi (buffers of the row's
+    width); returns how many, the bound rho and the largest |score| seen. The set v is kept as its sum less one
+    (``rest``) and its size; the scores of a block above rho join it (branch-free) and rho = rest / nv is taken
+    once per block. A full buffer is narrowed (``_narrow``) and v becomes the buffer where that bound is higher."""
+    L = row.shape[0]
+    y = row[0] * s
+    rest = np.float64(y) - 1.0
+    nv = 1
+    rho = rest
+    top = abs(np.float64(y))
+    thr = _skip_below(rho, top)
+    bv[0] = y
+    bi[0] = 0
+    n = 1
+    soft = min(L, 1024)  # narrowed when this full (doubled when that frees too few)
+    c0 = 1
+    while c0 < L:
+        width = min(BLOCK, L - c0)
+        hits = 0
+        for u in range(width):
+            hits += row[c0 + u] * s > thr
+        if hits > 0:
+            if n + width > soft:
+                n, got, total = _narrow(bv, bi, n, rho, top, 4)
+                if got > rho:
+                    rho, rest, nv = got, total - 1.0, n
+                if 2 * n > soft:
+                    soft = min(L, 2 * soft)
+            for u in range(width):  # branch-free: every score written, the count advanced by those above thr
+                y = row[c0 + u] * s
+                bv[n] = y
+                bi[n] = c0 + u
+                n += y > thr
+                y64 = np.float64(y)
+                join = y64 > rho  # v grows by the scores above its bound (each raises it)
+                rest += y64 if join else 0.0
+                nv += join
+                top = max(top, abs(y64))
+            rho = max(rho, rest / nv)
+            thr = _skip_below(rho, top)
+        c0 += width
+    return n, rho, top
+
+
+@njit(cache=True, nogil=True)
+def _row_support(row, s, bv, bi, keys, out):
+    """The sorted support of sparsemax(row * s) into out[:size]; returns size (see the module's docstring)."""
+    n, rho, top = _candidates(row, s, bv, bi)
+    n, _, _ = _narrow(bv, bi, n, rho, top, NARROW_ROUNDS)
+    bits = bv[:n].view(np.uint32)
+    for t in range(n):  # a uint64 key per candidate: decreasing score in the high half, the column in the low half
+        u = np.uint64(bits[t])
+        asc = (u ^ np.uint64(0xFFFFFFFF)) if u >= np.uint64(0x80000000) else (u | np.uint64(0x80000000))
+        keys[t] = ((np.uint64(0xFFFFFFFF) - asc) << np.uint64(32)) | np.uint64(bi[t])
+    keys[:n].sort()
+    acc = 0.0
+    size = 0
+    one = np.float32(1.0)
+    for j in range(n):
+        c = np.int64(keys[j] & np.uint64(0xFFFFFFFF))
+        y = row[c] * s
+        acc += np.float64(y)
+        if one + np.float32(j + 1) * y > np.float32(acc):
+            size += 1
+        out[j] = c
+    return size
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _rows(pre, s, parts, out, size):
+    n_rows, L = pre.shape
+    for part in prange(parts):
+        bv = np.empty(L, np.float32)
+        bi = np.empty(L, np.int64)
+        keys = np.empty(L, np.uint64)
+        for b in range(part * n_rows // parts, (part + 1) * n_rows // parts):
+            size[b] = _row_support(pre[b], s, bv, bi, keys, out[b])
+
+
+def sparsemax_rows(pre, s, out, size):
+    """Per row b of pre [n, L] (float32): the support of sparsemax(pre[b] * s), by decreasing score, into
+    out[b, :size[b]] (out [n, L]; the slots after a row's support hold other candidates or nothing). Each thread
+    takes a range of rows and its own buffers of the row's width."""
+    _rows(pre, s, max(1, min(numba.get_num_threads(), pre.shape[0])), out, size)

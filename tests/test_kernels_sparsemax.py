@@ -1,0 +1,87 @@
+"""SpaDE's support search (``kernels.sparsemax_support``): every implementation against the dense reference (the
+whole row sorted), support and size exactly, and ``encode_sparsemax`` with each search, values and gradients."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from conceptdict.saes import kernels
+from conceptdict.saes.kernels import kinds as kind_ops
+
+pytestmark = [pytest.mark.unit, pytest.mark.equivalence]
+
+IMPLS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                                                   reason="no numba"))]
+# (rows, latents, scale, torch's candidates): supports from 1 to the whole row, widths that are and are not whole
+# blocks of the numba scan (32), and rows whose support fills torch's candidates (its wider paths)
+CASES = [(37, 50, 0.4, 6), (24, 400, 0.002, 4), (24, 400, 0.1, 16), (64, 1000, 0.01, 16), (5, 33, 0.001, 4),
+         (8, 1, 1.0, 1), (40, 4096, 0.05, 64), (16, 2051, 0.0005, 8), (3, 64, 1e-6, 4)]
+
+
+def _scores(n, L, seed=0):
+    """Rows of L distinct scores: a random permutation of evenly spaced values over about [-6, 6], each row its own
+    spread (the support's order is then unique)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.stack([torch.randperm(L, generator=g) for _ in range(n)]).float()
+    return (perm - L / 2 + 0.37) * (12 / max(L, 1)) * (0.5 + torch.rand(n, 1, generator=g))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n,L,scale,m", CASES)
+def test_support_is_the_references(impl, n, L, scale, m):
+    pre, s = _scores(n, L), torch.tensor(scale)
+    assert all(row.unique().numel() == L for row in pre * s)
+    want_idx, want_size = kernels.sparsemax_support(pre, s, m, impl="reference")
+    idx, size = kernels.sparsemax_support(pre, s, m, impl=impl)
+    assert torch.equal(size, want_size)
+    assert torch.equal(idx, want_idx)  # by decreasing score, zero-padded after each row's support
+    f = kernels.reference.sparsemax(pre * s)
+    assert torch.equal(size, (f > 0).sum(dim=1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_support_with_equal_scores(impl):
+    """Rows of few distinct values (many equal scores): the same supports; the numba search orders equal scores by
+    increasing column."""
+    pre = torch.randint(0, 12, (30, 300), generator=torch.Generator().manual_seed(1)).float()
+    s = torch.tensor(0.05)
+    want_idx, want_size = kernels.sparsemax_support(pre, s, 8, impl="reference")
+    idx, size = kernels.sparsemax_support(pre, s, 8, impl=impl)
+    assert torch.equal(size, want_size)
+    kept = torch.arange(idx.shape[1]) < size[:, None]
+    assert torch.equal(idx.masked_fill(~kept, -1).sort(dim=1).values, want_idx.masked_fill(~kept, -1).sort(dim=1).values)
+    if impl == "numba":
+        z = (pre * s).gather(1, idx)
+        later = (z[:, 1:] < z[:, :-1]) | ((z[:, 1:] == z[:, :-1]) & (idx[:, 1:] > idx[:, :-1]))
+        assert bool((later | ~kept[:, 1:]).all())
+
+
+def _grads(impl, x, W, b, lam, w, m):
+    leaves = [t.clone().requires_grad_() for t in (x, W, b, lam)]
+    f, idx, z, kept = kernels.encode_sparsemax(leaves[0], leaves[1].t(), leaves[2], leaves[3], m, impl=impl)
+    dense = torch.zeros(x.shape[0], W.shape[0]).scatter_add(1, idx, f)
+    penalty = (f * z * kept).sum()  # z carries gradient too (SpaDE's distance-weighted L1 reads it)
+    ((dense * w).sum() + 0.1 * penalty).backward()
+    return [dense.detach(), idx, kept] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("lam,m", [(0.002, 4), (0.02, 16), (0.4, 6)])
+def test_encode_sparsemax_values_and_grads(impl, lam, m, monkeypatch):
+    """encode_sparsemax with each search against the dense reference (values and the gradients of x, W_enc, b_enc
+    and the scale), and against the same implementation with torch's search: bit for bit."""
+    monkeypatch.setattr(kind_ops, "ROW_CHUNK", 16)  # several chunks and their join
+    g = torch.Generator().manual_seed(3)
+    x, W, b = torch.randn(40, 16, generator=g), torch.randn(400, 16, generator=g), 0.3 * torch.randn(400, generator=g)
+    w, lam = torch.randn(40, 400, generator=g), torch.tensor(lam)
+    want = _grads("reference", x, W, b, lam, w, m)
+    got = _grads(impl, x, W, b, lam, w, m)
+    for name, a, r in zip(["value", "x", "W_enc", "b_enc", "scale"], got[:1] + got[3:], want[:1] + want[3:]):
+        scale = max(1.0, float(r.abs().max()))
+        torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-5, msg=lambda s, name=name: f"{name}: {s}")
+    monkeypatch.setitem(kernels.IMPLS["sparsemax_support"], impl, "torch_impl:sparsemax_support")
+    before = _grads(impl, x, W, b, lam, w, m)
+    for a, r in zip(got, before):
+        assert torch.equal(a, r)
