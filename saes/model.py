@@ -101,8 +101,8 @@ class SparseCoder(nn.Module):
     """Its config.json as read or written (None for one made in memory)."""
 
     def __init__(self, d_in: int, n_latents: int, k: int, kind: str = "topk", n_sources: int = 1,
-                 kernel_impl: str = "auto", dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 kernel_impl: str = "auto", dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 init: bool = True) -> None:
         super().__init__()
         kind_spec(kind)
         if d_in < 1 or n_latents < 1 or n_sources < 1:
@@ -136,8 +136,8 @@ class SparseCoder(nn.Module):
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
             self.register_buffer(name, torch.zeros(n_latents, **kw))
-        if torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them), nothing to draw
-            self.reset_parameters()
+        if init and torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them)
+            self.reset_parameters()  # init=False: the caller draws them (training, once, from its seeded generator)
 
     @property
     def spec(self) -> KindSpec:

@@ -150,7 +150,7 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device, source: s
         S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
     model = SparseCoder(D, cfg.latents // shards.size, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl,
-                        dtype=weight_dtype(cfg.precision))
+                        dtype=weight_dtype(cfg.precision), init=False)  # drawn once, here:
     model.reset_parameters(generator=gen, shard=(shards.rank, shards.size))
     model.add_train_params()
     return model.to(device), gen
