@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 from conceptdict.activations import ActivationStore
 from conceptdict.activations.live import FORWARD_LOCK, LiveConfig, LiveSource, level_of
-from conceptdict.naming.yardsticks import Inputs, check_named, measure, parse_metrics
 from conceptdict.saes import EvalResult, SparseCoder, TrainConfig, kind_spec
 from conceptdict.saes.during import Evaluator
 
@@ -38,6 +37,9 @@ def evaluator(cfg: TrainConfig, meta: dict[str, Any], live: LiveConfig | None = 
     --model`` run reads. Refuses, before training, a metric whose inputs the run lacks."""
     if not cfg.eval_every:
         return None
+    # imported here: only a run that evaluates needs the naming stage (the train command starts without it)
+    from conceptdict.naming.yardsticks import check_named, parse_metrics
+
     names = parse_metrics(cfg.metrics or list(DEFAULT_METRICS))
     hookpoints = list(meta["hookpoints"])
     stores = [ActivationStore(p) for p in meta.get("stores") or []]
@@ -65,6 +67,7 @@ class _Measure:
 
     def __call__(self, sae: SparseCoder, result: EvalResult, step: int) -> dict[str, float]:
         from conceptdict.eval_api import lm_contexts, splice_scores
+        from conceptdict.naming.yardsticks import Inputs, measure
 
         if self.splices:
             live = isinstance(self.source, LiveSource)

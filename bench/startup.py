@@ -16,7 +16,7 @@ Phases (seconds):
   => to_first_step   process start -> the first step ends
   steps            the other steps (reported per step too)
   finish           last step -> the artifact is saved (threshold, held-out evaluation, save)
-  checkpoint       of which: the last checkpoint (weights, Adam state; written with --checkpoint-every 0 too)
+  checkpoint       of which: the last checkpoint (weights, Adam state; 0 with --checkpoint-every 0: none written)
   heldout_eval     of which: the held-out evaluation
   save             of which: the artifact (weights.safetensors, config.json)
   exit             saved -> the process has exited (printing the summary, interpreter teardown)
@@ -139,7 +139,7 @@ def run_once(store: Path, out: Path, extra: list[str], python: str = sys.executa
         "steps": T["last_step_end"] - T["first_step_end"],
         "per_step_ms": 1000 * (T["last_step_end"] - T["first_step_end"]) / max(steps - 1, 1),
         "finish": T["saved"] - T["last_step_end"],
-        "checkpoint": T["ckpt_end"] - T["ckpt_start"],
+        "checkpoint": T["ckpt_end"] - T["ckpt_start"] if "ckpt_start" in T else 0.0,
         "heldout_eval": T["eval_end"] - T["eval_start"],
         "save": T["saved"] - T["save_start"],
         "exit": t_exit - T["saved"],

@@ -168,9 +168,11 @@ def main(argv=None) -> int:
         for name in names:
             res = (run_sparsify(a, store) if name == "sparsify" else
                    run_train(a, store, name.split("-", 1)[1], a.work / f"out-{name}-{r}"))
+            res["load"] = os.getloadavg()[0]  # the machine may be shared: the load as each process ended
             runs[name].append(res)
             print(f"  {name} (run {r + 1}): " + (str(res["error"]) if "error" in res else
-                                                   f"{res['wall_s']:.1f} s, held-out FVU {res['fvu']:.4f}"), flush=True)
+                                                   f"{res['wall_s']:.1f} s, held-out FVU {res['fvu']:.4f}") +
+                  f" | load {res['load']:.1f}", flush=True)
     rows = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "error" not in r]

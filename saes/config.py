@@ -98,7 +98,7 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"min": 0, **_help(
         "Seed of the initialisation (the data order is the stream's own seed).")})
     checkpoint_every: int = field(default=500, metadata=_help(
-        "Write a resumable checkpoint every this many steps (0: only at the end); needs an output directory."))
+        "Write a resumable checkpoint every this many steps and at the end (0: none); needs an output directory."))
     log_every: int = field(default=100, metadata=_help(
         "Log a metrics line every this many steps (and the last step: metrics.jsonl is never empty)."))
     log: str | None = field(default=None, metadata=_help(

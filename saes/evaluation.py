@@ -120,16 +120,18 @@ class _Sums:
         self.l1 = torch.zeros((), **f64)
         self.fires = torch.zeros(n_latents, **f64)
 
-    def add(self, x: Tensor, x_hat: Tensor, f: Tensor) -> None:
-        """x, x_hat [B, S*D], f [B, L]."""
-        self.add_rows(x, x_hat)
-        self.add_codes(f)
-
     def add_codes(self, f: Tensor, first: int = 0) -> None:
         """Codes f [B, L_b] of latents [first, first + L_b) (a block of them, or all)."""
         self.l0 += torch.count_nonzero(f)  # counted without [B, L_b] bool and int64 temporaries
         self.l1 += f.double().sum()
         self.fires[first: first + f.shape[1]] += torch.count_nonzero(f, dim=0)
+
+    def add_packed(self, values: Tensor, indices: Tensor) -> None:
+        """A packed code (:func:`packed_code`): values [B, K] of latents indices [B, K], zero where padded."""
+        kept = values != 0
+        self.l0 += kept.sum()
+        self.l1 += values.double().sum()
+        self.fires += torch.bincount(indices[kept], minlength=self.fires.shape[0])
 
     def add_rows(self, x: Tensor, x_hat: Tensor) -> None:
         """x, x_hat [B, S*D]."""
@@ -144,6 +146,19 @@ class _Sums:
         nx, nh = x.norm(dim=1), x_hat.norm(dim=1)
         self.cos += ((x * x_hat).sum(dim=1) / (nx * nh).clamp_min(1e-30)).sum()
         self.ratio += (nh / nx.clamp_min(1e-30)).sum()
+
+
+def packed_code(f: Tensor) -> tuple[Tensor, Tensor]:
+    """Dense codes f [B, L] -> (values, indices) [B, K]: each row's non-zero entries in latent order, padded with
+    (0, latent 0) to the longest row's count K (the form ``SparseCoder.reconstruct`` decodes sparsely)."""
+    rows, cols = f.nonzero(as_tuple=True)  # row by row, columns increasing
+    count = torch.bincount(rows, minlength=f.shape[0])  # (not a sum over [B, L]: 5x the nonzero's time)
+    pos = torch.arange(rows.shape[0], device=f.device) - (count.cumsum(dim=0) - count)[rows]
+    width = int(count.max()) if f.shape[0] else 0
+    values = f.new_zeros(f.shape[0], width)
+    indices = torch.zeros(f.shape[0], width, dtype=torch.long, device=f.device)
+    values[rows, pos], indices[rows, pos] = f[rows, cols], cols
+    return values, indices
 
 
 def _variance_per_source(s: _Sums) -> Tensor:
@@ -222,9 +237,10 @@ def evaluate(model: SparseCoder | LazyDictionary, batches: Iterable[Tensor], max
             break
         if isinstance(model, LazyDictionary):
             s.add_rows(target, model.codes_and_reconstruction(xf, s.add_codes))
-        else:
-            f = model.codes(xf, comm)
-            s.add(target, model.reconstruct(xf, f, comm), f)
+        else:  # decoded sparsely: the kernels' sparse decode, not one more [B, L] @ [L, S*D] matmul
+            code = packed_code(model.codes(xf, comm))
+            s.add_rows(target, model.reconstruct(xf, code, comm))
+            s.add_packed(*code)
         if max_rows is not None and s.n >= max_rows:
             break
     if s.n == 0:

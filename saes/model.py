@@ -101,8 +101,8 @@ class SparseCoder(nn.Module):
     """Its config.json as read or written (None for one made in memory)."""
 
     def __init__(self, d_in: int, n_latents: int, k: int, kind: str = "topk", n_sources: int = 1,
-                 kernel_impl: str = "auto", dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 kernel_impl: str = "auto", dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 init: bool = True) -> None:
         super().__init__()
         kind_spec(kind)
         if d_in < 1 or n_latents < 1 or n_sources < 1:
@@ -136,8 +136,8 @@ class SparseCoder(nn.Module):
         self.register_buffer("norm_scale", torch.ones(n_sources, **kw))
         for name in self.spec.buffers:
             self.register_buffer(name, torch.zeros(n_latents, **kw))
-        if torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them), nothing to draw
-            self.reset_parameters()
+        if init and torch.device(device).type != "meta":  # meta: shapes only (saes.sizing counts them)
+            self.reset_parameters()  # init=False: the caller draws them (training, once, from its seeded generator)
 
     @property
     def spec(self) -> KindSpec:
@@ -272,12 +272,12 @@ class SparseCoder(nn.Module):
         columns = torch.arange(self.n_sources * self.d_in, device=self.device) // self.d_in
         return columns[None, :] >= self.layer_of_latent()[:, None] if self.spec.layered else None
 
-    def reconstruct(self, x: Tensor, f: Tensor, comm: Comm = LOCAL) -> Tensor:
-        """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L]:
-        f W_dec + b_dec, plus x W_skip for kinds with a skip path. With latent shards (``comm.shards``, saes.comm)
-        f is this shard's latents' code [B, L_s]: each shard decodes its part and the parts are summed, the biases
-        and the skip path counted once."""
-        out = self.dense_decode(f) + shard_bias(self.b_dec, comm)
+    def reconstruct(self, x: Tensor, f: Tensor | tuple[Tensor, Tensor], comm: Comm = LOCAL) -> Tensor:
+        """The flattened reconstruction [B, S*D] of the target from the encoder input x and the code f [B, L] (or
+        packed, (values, indices) [B, K]: decoded sparsely, :meth:`sparse_decode`): f W_dec + b_dec, plus x W_skip
+        for kinds with a skip path. With latent shards (``comm.shards``, saes.comm) f is this shard's latents' code
+        [B, L_s]: each shard decodes its part and the parts are summed, the biases and the skip path counted once."""
+        out = (self.sparse_decode(*f) if isinstance(f, tuple) else self.dense_decode(f)) + shard_bias(self.b_dec, comm)
         if self.spec.skip and comm.shards.rank == 0:
             out = out + x @ self.W_skip
         return shard_sum(out, comm)

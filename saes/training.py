@@ -150,7 +150,7 @@ def build_model(cfg: TrainConfig, first: Tensor, device: torch.device, source: s
         S = 1  # the weights are single-source: input D -> output D
     gen = torch.Generator().manual_seed(cfg.seed)
     model = SparseCoder(D, cfg.latents // shards.size, cfg.k, cfg.kind, n_sources=S, kernel_impl=cfg.kernel_impl,
-                        dtype=weight_dtype(cfg.precision))
+                        dtype=weight_dtype(cfg.precision), init=False)  # drawn once, here:
     model.reset_parameters(generator=gen, shard=(shards.rank, shards.size))
     model.add_train_params()
     return model.to(device), gen
@@ -196,11 +196,6 @@ def setup(cfg: TrainConfig, data: TrainingData, batches: Batches, ck: dict[str, 
         st = TrainState(position=n_held, scale=_init_from_sample(model, flat.to(device), cfg, comm).cpu(),
                         since_fired=torch.zeros(model.n_latents, dtype=torch.int64))
     return make_run(cfg, model, gen, opt, st, r)
-
-
-def _log_line(st: TrainState, m: dict[str, float], tok_s: float) -> str:
-    return (f"step {st.step} | fvu {m['fvu']:.4f} | l0 {m['l0']:.1f} | dead {100 * m['dead']:.2f}% | "
-            f"tok/s {tok_s:,.0f}")
 
 
 @dataclass
@@ -327,7 +322,8 @@ def train_sweep(cfgs: list[TrainConfig], batches: Batches, *, outs: list[str | P
         run, cfg = job.run, job.cfg
         if run.state.step == 0:
             raise ValueError(f"{source} yielded no training batches (after {len(job.data.held_out)} held-out ones)")
-        _save(job, comm)
+        if cfg.checkpoint_every and run.state.step % cfg.checkpoint_every:  # 0: none; a multiple: written already
+            _save(job, comm)
         _settle_threshold(cfg, run, job.last_x, comm)
         run.model.zero_grad(set_to_none=True)  # the weights from here on: the gradients and Adam state freed
         run = job.run = run._replace(opt=None)
@@ -399,7 +395,9 @@ def _log_metrics(job: Job, clock: dict[int, tuple[float, int]]) -> None:
     then, rows = clock[id(job)]
     tok_s = (st.rows - rows) / max(now - then, 1e-9)
     clock[id(job)] = (now, st.rows)
-    log.info("%s%s", job.name and f"[{job.name}] ", _log_line(st, job.metrics, tok_s))
+    m = job.metrics
+    log.info("%sstep %d | fvu %.4f | l0 %.1f | dead %.2f%% | tok/s %s", job.name and f"[{job.name}] ", st.step,
+             m["fvu"], m["l0"], 100 * m["dead"], f"{tok_s:,.0f}")
     job.sink.write({"step": st.step, "rows": st.rows, **job.metrics, "tok_s": tok_s})
 
 
