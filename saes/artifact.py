@@ -247,9 +247,9 @@ def load_native(directory: str | Path, device: str | torch.device = "cpu") -> Sp
     directory = Path(directory)
     cfg = load_native_config(directory)
     S, D, L, k = int(cfg["n_sources"]), int(cfg["d_in"]), int(cfg["n_latents"]), int(cfg["k"])
-    model = SparseCoder(D, L, k, native_kind(cfg), n_sources=S)
+    model = SparseCoder(D, L, k, native_kind(cfg), n_sources=S, init=False)  # every tensor is read: no draw
     path, t = read_weights(directory)
-    model.load_state_dict(native_state(model, t, path))
+    model.load_state_dict(native_state(model, t, path))  # strict: a tensor the file lacks is refused
     model.training_summary = cfg.get("training")
     return model.to(device).eval()
 
