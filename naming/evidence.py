@@ -263,10 +263,6 @@ class ContextCache:
         self.store, self.before, self.after = store, before, after
         self._cache: dict[int, object] = {}
 
-    def forget(self) -> None:
-        """Drop the memoised contexts (a caller that moves on to other rows keeps memory flat)."""
-        self._cache.clear()
-
     def context(self, row: int):
         if row not in self._cache:
             self._cache[row] = self.store.row_context(row, before=self.before, after=self.after)

@@ -95,13 +95,23 @@ def positives(concept: Concept) -> tuple[Example, ...]:
     return tuple(out)
 
 
+LAZY_ROWS = 512
+"""Pool rows encoded at a time by a dictionary read lazily (``saes.lazy``): its codes are [rows, block latents]
+(measured on the capped 65,536-latent artifact of tests/test_lazy_capped.py: +58 MiB resident at 512 rows, +111 MiB
+at 4,096)."""
+
+
+def _lazy(model: Dictionary) -> bool:
+    from conceptdict.saes.lazy import LazyDictionary
+
+    return isinstance(model, LazyDictionary)
+
+
 def _firing(model: Dictionary, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
     """(row in ``x``, latent) of every code > 0 of rows ``x``: a dictionary read lazily (``saes.lazy``) a block of
     latents at a time, so that no [rows, L] codes are held."""
-    from conceptdict.saes.lazy import LazyDictionary
-
     with torch.no_grad():
-        if isinstance(model, LazyDictionary):
+        if _lazy(model):
             rows, _ = model.source_rows(x, "encode")
             for a, _, f in model.block_codes(rows):
                 r, c = torch.nonzero(f.float().cpu() > 0, as_tuple=True)
@@ -123,6 +133,7 @@ def build_pool(top_rows: Iterable[int], model: Dictionary, store: Store, hookpoi
     for row in top_rows:
         keep[row] = True
     rows, pos, lat, at = [], [], [], 0
+    chunk = min(chunk, LAZY_ROWS) if _lazy(model) else chunk
     for start, x in iter_inputs(store, [hookpoint] if isinstance(hookpoint, str) else list(hookpoint), chunk):
         mask = keep[start : start + x.shape[0]]
         if not mask.any():
@@ -238,7 +249,7 @@ class Negatives:
             picked: list[tuple[int, str]] = []
             taken: set[int] = set()
 
-            def add(positions, kind, limit):
+            def add(positions, kind, limit, picked=picked, taken=taken, quiet=quiet):
                 for p in positions:
                     if len([k for _, k in picked if k == kind]) >= limit:
                         break

@@ -192,7 +192,7 @@ def _rescored(c: Concept, entries, cfg: ScoreConfig, ctx: ScoringContext, severa
     return dataclasses.replace(c, **update)
 
 
-BLOCK = 1024
+BLOCK = 512
 """Concepts scored at a time by :func:`score_in_place`."""
 
 
@@ -226,8 +226,7 @@ def score_in_place(directory: Path, cfg: ScoreConfig, *, embed: TextEmbedder | N
             summary_table(scored, table)
             out.add(scored, directions)
             del scored, samples, concepts, directions
-            embed.forget()
-            negatives.cache.forget()
+            embed.forget()  # the contexts' own cache is kept: it holds the pool's rows at most
         summary = out.finish(scoring_meta(file.meta, cfg, by_namer, len(ids), ctx, table))
     if "llm_calls" in ctx.options:  # what the command prints (not written)
         summary.meta["scoring"]["llm_usage_line"] = ctx.options["llm_calls"].usage.line(cfg.llm)

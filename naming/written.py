@@ -165,7 +165,11 @@ class NamedWriter:
             header_html,
             write_pages,
         )
-        from conceptdict.naming.reports.report_scores import ScoreRow, scorers_of, write_score_rows
+        from conceptdict.naming.reports.report_scores import (
+            ScoreRow,
+            scorers_of,
+            write_score_rows,
+        )
 
         self.concepts.finish(meta)
         self.spool.close()

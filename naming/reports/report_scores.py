@@ -12,7 +12,7 @@ with its confidence, every scorer's score and every namer's name, sortable and f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,17 +83,17 @@ def _row(c: Concept, scorers: list[str], sort: str, where: dict[int, str]) -> st
             f'<td class="num">{_fmt(c.confidence)}</td>{cells}<td class="names">{others}</td></tr>')  # fmt: skip
 
 
-def scores_table(rows: Callable[[int], Concept | ScoreRow], keys: Sequence[float | None], scorers: list[str],
-                 sort: str, where: dict[int, str]) -> str:
-    """The filter links and the table of every concept (``rows(id)``, ids ``0 .. len(keys) - 1``), sorted by
-    ``sort`` (its value per concept: ``keys``; highest first)."""
-    order = sorted(range(len(keys)), key=lambda i: (keys[i] is None, -(keys[i] or 0.0), i))
+ROWS = "\x00rows\x00"
+"""Where :func:`scores_table` leaves the table's rows, written one at a time by :func:`write_score_rows`."""
+
+
+def scores_table(scorers: list[str], sort: str) -> str:
+    """The filter links and the table, sorted by ``sort``, with :data:`ROWS` for its rows."""
     heads = "".join(f'<th><a href="{esc(page_for(s))}">{esc(s)}</a></th>' for s in ["confidence", *scorers])
     links = " · ".join(f'<a href="#{b}">{esc(label)}</a>' for b, label, _ in BANDS)
     filters = f'<nav>sorted by <strong>{esc(sort)}</strong> · show {links} · <a href="#none">unscored</a> · ' \
               f'<a href="#">all</a></nav>'  # fmt: skip
-    table = (f"<table><tr><th>id</th><th>name</th><th>namer</th>{heads}<th>other namers</th></tr>"
-             + "".join(_row(rows(i), scorers, sort, where) for i in order) + "</table>")  # fmt: skip
+    table = f"<table><tr><th>id</th><th>name</th><th>namer</th>{heads}<th>other namers</th></tr>{ROWS}</table>"
     for b in ("none", *(b for b, _, _ in reversed(BANDS))):
         table = f'<div id="{b}">{table}</div>'
     return filters + table
@@ -118,8 +118,12 @@ def write_score_rows(meta: dict[str, Any], n: int, rows: Callable[[int], Concept
     paths = []
     for sort in ["confidence", *scorers]:
         keys = [key_of(rows(i), sort) for i in range(n)]
+        order = sorted(range(n), key=lambda i: (keys[i] is None, -(keys[i] or 0.0), i))  # highest first
+        head, tail = page("Concept scores", header, intro + scores_table(scorers, sort), CSS).split(ROWS)
         path = directory / page_for(sort)
-        path.write_text(page("Concept scores", header, intro + scores_table(rows, keys, scorers, sort, where), CSS),
-                        encoding="utf-8")
+        with open(path, "w", encoding="utf-8") as out:  # a row at a time: one page holds every concept
+            out.write(head)
+            out.writelines(_row(rows(i), scorers, sort, where) for i in order)
+            out.write(tail)
         paths.append(path)
     return paths
