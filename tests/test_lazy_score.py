@@ -9,10 +9,6 @@ import shutil
 
 import pytest
 import torch
-from test_naming_cli import setup  # noqa: F401  (the module-scoped fixture)
-from test_score_cli import planted_scorer  # noqa: F401  (the fixture)
-from test_scoring import bag_of_words, planted
-
 from conceptdict.cli.main import main
 from conceptdict.naming import concepts_file
 from conceptdict.naming.concepts import load_concepts, save_concepts
@@ -22,6 +18,9 @@ from conceptdict.naming.pipeline import NameConfig, Sources, name_dictionary
 from conceptdict.naming.reports.report import write_report
 from conceptdict.naming.score_run import prepare_context, score_concepts, score_in_place
 from conceptdict.naming.scoring import ScoreConfig, TextEmbedder
+from test_naming_cli import setup  # noqa: F401  (the module-scoped fixture)
+from test_score_cli import planted_scorer  # noqa: F401  (the fixture)
+from test_scoring import bag_of_words, planted
 
 pytestmark = pytest.mark.unit
 
