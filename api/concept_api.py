@@ -125,28 +125,31 @@ def name(dictionary: DictionaryLike, *, in_memory: bool = True,
     return cd
 
 
-@takes_settings(ScoreConfig)
+@takes_settings(ScoreConfig, extra=("in_memory",))
 def score(concepts: ConceptsLike, *, scorer: str | Sequence[str] | None = None,
           namer: str | Sequence[str] | None = None, negatives: NegativeConfig | dict[str, Any] | None = None,
           control: bool = True, encoder: str = "default", encoder_hookpoint: str = "sentence.mean_normalized",
           store: StoreLike | None = None, sae_dir: DictionaryLike | None = None, vocab: str = "wordfreq:en:20000",
           max_latents: int = 0, batch_size: int = 256, device: str = "cpu", seed: int = 0,
-          llm: LlmConfig | dict[str, Any] | None = None) -> ConceptDictionary:
+          llm: LlmConfig | dict[str, Any] | None = None, in_memory: bool = True) -> ConceptDictionary | NamedSummary:
     """Score every concept's name (``conceptdict score``): embedding AUROC, LLM detection / fuzzing, against random
-    and hard negatives; the scores are written into the concept dictionary's folder in place."""
-    settings = given(locals(), "concepts")  # first: before any local name
-    from conceptdict.naming.score_run import prepare_context, score_concepts
+    and hard negatives; the scores are written into the concept dictionary's folder in place, a block of concepts
+    at a time (``naming.score_run.score_in_place``: one block of its records in memory). Returns the scored
+    concept dictionary, read back whole; ``in_memory=False`` (the command line's way) a
+    :class:`~conceptdict.naming.written.NamedSummary` instead (counts, most frequent concepts, the meta with the
+    scoring summary)."""
+    settings = given(locals(), "concepts", "in_memory")  # first: before any local name
+    from conceptdict.naming.score_run import score_in_place
 
     cfg = config_from_dict(ScoreConfig, settings, "score")
     concepts = home_of(concepts, "concepts")
-    cd = load_concepts(concepts)
-    ctx = prepare_context(cd, cfg, workdir=concepts)
-    scored = score_concepts(cd, cfg, ctx)
-    save_concepts(scored, concepts)
+    summary = score_in_place(Path(concepts), cfg)
     write_resolved_config(cfg, concepts, "score_config.json")
-    write_report(scored, Path(concepts) / "report")
-    if "llm_calls" in ctx.options:
-        scored.meta["scoring"]["llm_usage_line"] = ctx.options["llm_calls"].usage.line(cfg.llm)
+    if not in_memory:
+        return summary
+    scored = load_concepts(concepts)
+    if "llm_usage_line" in summary.meta["scoring"]:
+        scored.meta["scoring"]["llm_usage_line"] = summary.meta["scoring"]["llm_usage_line"]
     return dataclasses.replace(scored, path=Path(concepts))
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from conceptdict.naming import ConceptDictionary
+from conceptdict.naming import ConceptDictionary, NamedSummary
 from conceptdict.naming.reports.report_text import format_cbm, format_concept, format_concepts, format_ranking
 from conceptdict.naming.scoring import format_summary
 
 __all__ = ["format_cbm", "format_concept", "format_concepts", "format_ranking", "format_scores"]
 
 
-def format_scores(cd: ConceptDictionary) -> str:
+def format_scores(cd: ConceptDictionary | NamedSummary) -> str:
     """What ``conceptdict score`` prints: which scorers ran with which negatives, the summary, the LLM usage."""
     info = cd.meta["scoring"]
     lines = [f"scored {info['scored_latents']} latents with {', '.join(info['scorers'])} "

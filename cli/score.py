@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    scored = cd.score(args.dict_dir, **settings_from(args, ScoreConfig))
+    scored = cd.score(args.dict_dir, in_memory=False, **settings_from(args, ScoreConfig))  # a block at a time
     print(format_scores(scored))
     print(f"concept dictionary: {args.dict_dir}/concepts.json")
     print(f"report:             {Path(args.dict_dir) / 'report' / 'index.html'}")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .concepts import ConceptDictionary, Example
+from .concepts import Concept, Example
 from .evidence import ContextCache, iter_inputs
 from .protocols import Dictionary, Store
 
@@ -72,44 +73,83 @@ class Pool(NamedTuple):
     """Store rows with the latents firing on each and a key per row for shared-token negatives."""
 
     rows: Tensor  # [P] int64 store rows, ascending
-    fires: Tensor  # [P, L] bool
+    fire_ptr: Tensor  # [L + 1] int64: latent j fires on the pool positions fire_pos[fire_ptr[j]:fire_ptr[j + 1]]
+    fire_pos: Tensor  # [nnz] int64 pool positions, grouped by latent (a sparse [P, L]: rows x L0 entries)
     keys: list  # [P]: token id (token stores) or frozenset of words (sequence stores)
     index: dict[int, int]  # store row -> pool position
 
+    def quiet(self, j: int) -> Tensor:
+        """[P] bool: the pool rows where latent ``j`` is 0."""
+        out = torch.ones(len(self.rows), dtype=torch.bool)
+        out[self.fire_pos[int(self.fire_ptr[j]): int(self.fire_ptr[j + 1])]] = False
+        return out
 
-def positives(cd: ConceptDictionary, j: int) -> tuple[Example, ...]:
-    """Top then quantile examples of latent ``j``, each row once."""
+
+def positives(concept: Concept) -> tuple[Example, ...]:
+    """Top then quantile examples of a latent, each row once."""
     seen, out = set(), []
-    for e in cd.concepts[j].top_examples + cd.concepts[j].quantile_examples:
+    for e in concept.top_examples + concept.quantile_examples:
         if e.row not in seen:
             seen.add(e.row)
             out.append(e)
     return tuple(out)
 
 
-def build_pool(cd: ConceptDictionary, model: Dictionary, store: Store, hookpoint: str | Sequence[str],
-               cfg: NegativeConfig, chunk: int = 4096) -> Pool:  # fmt: skip
-    """Encode a uniform sample of rows plus every latent's top rows; record which latents fire on each.
-    ``hookpoint``: what the dictionary encodes (several: a cross-layer transcoder's MLP inputs, stacked per row)."""
+LAZY_ROWS = 512
+"""Pool rows encoded at a time by a dictionary read lazily (``saes.lazy``): its codes are [rows, block latents]
+(measured on the capped 65,536-latent artifact of tests/test_lazy_capped.py: +58 MiB resident at 512 rows, +111 MiB
+at 4,096)."""
+
+
+def _lazy(model: Dictionary) -> bool:
+    from conceptdict.saes.lazy import LazyDictionary
+
+    return isinstance(model, LazyDictionary)
+
+
+def _firing(model: Dictionary, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+    """(row in ``x``, latent) of every code > 0 of rows ``x``: a dictionary read lazily (``saes.lazy``) a block of
+    latents at a time, so that no [rows, L] codes are held."""
+    with torch.no_grad():
+        if _lazy(model):
+            rows, _ = model.source_rows(x, "encode")
+            for a, _, f in model.block_codes(rows):
+                r, c = torch.nonzero(f.float().cpu() > 0, as_tuple=True)
+                yield r, c + a
+            return
+        r, c = torch.nonzero(model.encode(x).float().cpu() > 0, as_tuple=True)
+        yield r, c
+
+
+def build_pool(top_rows: Iterable[int], model: Dictionary, store: Store, hookpoint: str | Sequence[str],
+               cfg: NegativeConfig, n_latents: int, chunk: int = 4096) -> Pool:  # fmt: skip
+    """Encode a uniform sample of rows plus every latent's top rows (``top_rows``); record which latents fire on
+    each, as (row, latent) pairs. ``hookpoint``: what the dictionary encodes (several: a cross-layer transcoder's
+    MLP inputs, stacked per row)."""
     n = store.num_rows
     keep = torch.zeros(n, dtype=torch.bool)
     gen = torch.Generator().manual_seed(cfg.seed)
     keep[torch.randperm(n, generator=gen)[: cfg.pool_rows]] = True
-    for c in cd.concepts:
-        for e in c.top_examples:
-            keep[e.row] = True
-    rows, fires = [], []
+    for row in top_rows:
+        keep[row] = True
+    rows, pos, lat, at = [], [], [], 0
+    chunk = min(chunk, LAZY_ROWS) if _lazy(model) else chunk
     for start, x in iter_inputs(store, [hookpoint] if isinstance(hookpoint, str) else list(hookpoint), chunk):
         mask = keep[start : start + x.shape[0]]
         if not mask.any():
             continue
-        with torch.no_grad():
-            f = model.encode(x[mask]).float().cpu()
+        for r, c in _firing(model, x[mask]):
+            pos.append(r + at)
+            lat.append(c)
         rows.append(torch.nonzero(mask).flatten() + start)
-        fires.append(f > 0)
+        at += int(mask.sum())
     all_rows = torch.cat(rows)
+    pos_t, lat_t = (torch.cat(pos), torch.cat(lat)) if pos else (torch.zeros(0, dtype=torch.int64),) * 2
+    order = torch.sort(lat_t * at + pos_t).indices  # by latent, then pool position
+    ptr = torch.zeros(n_latents + 1, dtype=torch.int64)
+    ptr[1:] = torch.bincount(lat_t, minlength=n_latents).cumsum(0)
     keys = row_keys(store, all_rows.tolist())
-    return Pool(all_rows, torch.cat(fires), keys, {r: i for i, r in enumerate(all_rows.tolist())})
+    return Pool(all_rows, ptr, pos_t[order], keys, {r: i for i, r in enumerate(all_rows.tolist())})
 
 
 def row_keys(store: Store, rows: list[int]) -> list:
@@ -133,23 +173,37 @@ def row_keys(store: Store, rows: list[int]) -> list:
     return out
 
 
-def similar_latents(directions: Tensor, k: int, chunk: int = 1024) -> Tensor:
-    """[L, k] the latents with the highest decoder cosine to each latent (itself excluded)."""
-    d = directions.float().reshape(directions.shape[0], -1)
-    d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    k = min(k, d.shape[0] - 1)
+def similar_latents(directions: Callable[[int, int], Tensor], n_latents: int, start: int, stop: int, k: int,
+                    chunk: int = 1024, columns: int = 4096) -> Tensor:
+    """[stop - start, k] the latents with the highest decoder cosine to each of latents ``[start, stop)`` (itself
+    excluded), of ``directions(a, b)`` (latents ``[a, b)``' decoder rows): against ``columns`` latents at a time,
+    each part's k best kept, so that a caller reading the directions from disk holds two parts."""
+    def unit(a: int, b: int) -> Tensor:
+        d = directions(a, b).float().reshape(b - a, -1)
+        return d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+    k = min(k, n_latents - 1)
     out = []
-    for i in range(0, d.shape[0], chunk):
-        cos = d[i : i + chunk] @ d.T
-        cos[torch.arange(cos.shape[0]), torch.arange(i, i + cos.shape[0])] = -2.0
-        out.append(cos.topk(k, dim=1).indices)
-    return torch.cat(out)
+    for i in range(start, stop, chunk):
+        rows = unit(i, min(stop, i + chunk))
+        values, indices = [], []
+        for a in range(0, n_latents, columns):
+            cos = rows @ unit(a, min(n_latents, a + columns)).T
+            own = torch.arange(i, i + rows.shape[0])
+            mine = (own >= a) & (own < a + cos.shape[1])
+            cos[torch.nonzero(mine).flatten(), own[mine] - a] = -2.0
+            top = cos.topk(min(k, cos.shape[1]), dim=1)
+            values.append(top.values)
+            indices.append(top.indices + a)
+        best = torch.cat(values, 1).topk(k, dim=1).indices
+        out.append(torch.cat(indices, 1).gather(1, best))
+    return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64)
 
 
-def top_keys(pool: Pool, cd: ConceptDictionary, j: int, base: Counter, n: int = 3) -> list:
-    """Latent ``j``'s top tokens (ids of its activating tokens) or, for sequence rows, its most
-    over-represented words against the pool (``base``: how many pool rows hold each word)."""
-    top = [pool.keys[pool.index[e.row]] for e in cd.concepts[j].top_examples if e.row in pool.index]
+def top_keys(pool: Pool, concept: Concept, base: Counter, n: int = 3) -> list:
+    """A latent's top tokens (ids of its activating tokens) or, for sequence rows, its most over-represented
+    words against the pool (``base``: how many pool rows hold each word)."""
+    top = [pool.keys[pool.index[e.row]] for e in concept.top_examples if e.row in pool.index]
     if not top:
         return []
     if not isinstance(top[0], frozenset):
@@ -168,38 +222,54 @@ def _key_index(pool: Pool) -> dict:
     return index
 
 
-def draw_negatives(cd: ConceptDictionary, pool: Pool, cfg: NegativeConfig, cache: ContextCache,
-                   ids: Sequence[int]) -> dict[int, Sample]:  # fmt: skip
-    """Per latent in ``ids``: its positives and up to n_random + n_similar + n_token negatives."""
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    similar = similar_latents(cd.directions, cfg.similar_latents) if cfg.wants("similar") else None
-    key_index = _key_index(pool) if cfg.wants("token") else {}
-    base = Counter({k: len(v) for k, v in key_index.items()})
-    out = {}
-    for j in ids:
-        quiet = ~pool.fires[:, j]
-        picked: list[tuple[int, str]] = []
-        taken: set[int] = set()
+class Negatives:
+    """Draws each latent's negatives, in latent order, a block of concepts at a time (in memory, the whole
+    dictionary is one block): the pool, every latent's top rows (``tops``, for the similar-direction negatives,
+    which come from other latents) and ``directions(a, b)`` (latents ``[a, b)``' decoder rows) are the whole
+    dictionary's; one generator runs over the blocks, so the draws do not depend on how the latents are cut."""
 
-        def add(positions, kind, limit):
-            for p in positions:
-                if len([k for _, k in picked if k == kind]) >= limit:
-                    break
-                if quiet[p] and p not in taken:
-                    taken.add(p)
-                    picked.append((p, kind))
+    def __init__(self, pool: Pool, cfg: NegativeConfig, cache: ContextCache, tops: Sequence[Sequence[int]],
+                 directions: Callable[[int, int], Tensor]) -> None:
+        self.pool, self.cfg, self.cache, self.tops, self.directions = pool, cfg, cache, tops, directions
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.key_index = _key_index(pool) if cfg.wants("token") else {}
+        self.base = Counter({k: len(v) for k, v in self.key_index.items()})
 
-        if similar is not None:
-            tops = [pool.index[e.row] for m in similar[j].tolist() for e in cd.concepts[m].top_examples]
-            add(_shuffled(tops, gen), "similar", cfg.n_similar)
-        if cfg.wants("token"):
-            cands = {p for key in top_keys(pool, cd, j, base) for p in key_index.get(key, ())}
-            add(_shuffled(sorted(cands), gen), "token", cfg.n_token)
-        if cfg.wants("random"):
-            add(torch.randperm(len(pool.keys), generator=gen)[: 8 * cfg.n_random + 64].tolist(), "random", cfg.n_random)
-        rows = [int(pool.rows[p]) for p, _ in picked]
-        out[j] = Sample(positives(cd, j), tuple(cache.example(r, 0.0) for r in rows), tuple(k for _, k in picked))
-    return out
+    def draw(self, concepts: Sequence[Concept], ids: Sequence[int]) -> dict[int, Sample]:
+        """Per latent in ``ids`` (ascending, each one of ``concepts``, consecutive latents): its positives and up
+        to n_random + n_similar + n_token negatives."""
+        if not concepts or not ids:
+            return {}
+        cfg, pool, gen, first = self.cfg, self.pool, self.gen, concepts[0].id
+        similar = (similar_latents(self.directions, len(self.tops), first, first + len(concepts), cfg.similar_latents)
+                   if cfg.wants("similar") else None)
+        out = {}
+        for j in ids:
+            quiet = pool.quiet(j)
+            picked: list[tuple[int, str]] = []
+            taken: set[int] = set()
+
+            def add(positions, kind, limit, picked=picked, taken=taken, quiet=quiet):
+                for p in positions:
+                    if len([k for _, k in picked if k == kind]) >= limit:
+                        break
+                    if quiet[p] and p not in taken:
+                        taken.add(p)
+                        picked.append((p, kind))
+
+            if similar is not None:
+                tops = [pool.index[r] for m in similar[j - first].tolist() for r in self.tops[m]]
+                add(_shuffled(tops, gen), "similar", cfg.n_similar)
+            if cfg.wants("token"):
+                cands = {p for key in top_keys(pool, concepts[j - first], self.base) for p in self.key_index.get(key, ())}
+                add(_shuffled(sorted(cands), gen), "token", cfg.n_token)
+            if cfg.wants("random"):
+                add(torch.randperm(len(pool.keys), generator=gen)[: 8 * cfg.n_random + 64].tolist(), "random",
+                    cfg.n_random)
+            rows = [int(pool.rows[p]) for p, _ in picked]
+            out[j] = Sample(positives(concepts[j - first]), tuple(self.cache.example(r, 0.0) for r in rows),
+                            tuple(k for _, k in picked))
+        return out
 
 
 def _shuffled(items: list[int], gen: torch.Generator) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .concepts import ConceptDictionary, Example
+from .concepts import Concept, ConceptDictionary, Example
 from .llm import LlmConfig
 from .negatives import NegativeConfig, Sample
 
@@ -81,6 +81,10 @@ class TextEmbedder:
         self._embed = embed
         self._memo: dict[str, Tensor] = {}
 
+    def forget(self) -> None:
+        """Drop the memoised embeddings (scoring a block of latents at a time keeps memory flat)."""
+        self._memo.clear()
+
     def __call__(self, texts: Sequence[str]) -> Tensor:
         todo = sorted({t for t in texts if t not in self._memo})
         if todo:
@@ -113,6 +117,7 @@ class ScoringContext:
     opened (a steering scorer needs them); ``workdir`` is where a scorer keeps its caches."""
 
     cd: ConceptDictionary
+    """The concept dictionary scored (``naming.score_run.score_in_place``, a block at a time: its meta only)."""
     samples: dict[int, Sample]
     """Per scored latent: positive contexts, negatives and the kind of each negative."""
     cfg: ScoreConfig
@@ -121,6 +126,9 @@ class ScoringContext:
     workdir: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """Scorer-specific settings (e.g. ``"llm"``: the LlmConfig of detection and fuzzing)."""
+    controls: dict[int, str] | None = None
+    """Per latent, the other latent's name it is also scored with (the random-name control, :func:`control_names`
+    over every latent named, when ``samples`` holds a block of them); None: drawn over the names a scorer is given."""
 
     def context_vectors(self, examples: Sequence[Example]) -> Tensor:
         """[n, D] unit embeddings of the examples' texts. When the store's rows already are the encoder's
@@ -181,6 +189,13 @@ def derangement(ids: Sequence[int], seed: int) -> dict[int, int]:
     return {a: order[(i + 1) % len(order)] for i, a in enumerate(order)}
 
 
+def control_names(names: dict[int, str], seed: int) -> dict[int, str]:
+    """Per named latent, another latent's name (a :func:`derangement` of the latents with a name); none for a single
+    one."""
+    other = derangement([j for j in names if names[j]], seed)
+    return {j: names[o] for j, o in other.items() if o != j}
+
+
 def _embedding_one(ctx: ScoringContext, name: str, sample: Sample) -> dict[str, Any]:
     sims = (ctx.context_vectors(sample.positives + sample.negatives) @ ctx.embed([name])[0]).tolist()
     pos, neg = sims[: len(sample.positives)], sims[len(sample.positives) :]
@@ -196,15 +211,16 @@ def embedding_scorer(ctx: ScoringContext, names: dict[int, str]) -> dict[int, di
     if not rows_are_embeddings(ctx):  # one batched pass over every context text
         ctx.embed([t.text for j in named for t in ctx.samples[j].positives + ctx.samples[j].negatives])
     ctx.embed([names[j] for j in named])
-    other = derangement(named, ctx.cfg.seed) if ctx.cfg.control else {}
+    controls = {} if not ctx.cfg.control else ctx.controls if ctx.controls is not None else \
+        control_names({j: names[j] for j in named}, ctx.cfg.seed)
     out = {}
     for j in named:
         res = _embedding_one(ctx, names[j], ctx.samples[j])
         res = {"score": res["auroc"], **res, "negatives": ctx.cfg.negatives.kinds,
                "encoder": f"{ctx.cfg.encoder}:{ctx.cfg.encoder_hookpoint}"}  # fmt: skip
-        if other and other[j] != j:
-            res["control_name"] = names[other[j]]
-            res["control_auroc"] = _embedding_one(ctx, names[other[j]], ctx.samples[j])["auroc"]
+        if j in controls:
+            res["control_name"] = controls[j]
+            res["control_auroc"] = _embedding_one(ctx, controls[j], ctx.samples[j])["auroc"]
         out[j] = {k: _clean(v) for k, v in res.items()}
     return out
 
@@ -229,8 +245,19 @@ def score_summary(cd: ConceptDictionary) -> dict[str, dict[str, dict[str, float]
     """namer -> metric -> quartiles over latents: each scorer's ``score`` (as ``SCORER``) and, where present,
     the random-name control (``SCORER.control``) and the per-negative-kind AUROCs. ``(chosen)`` is the chosen
     name of each latent (the best-scoring namer's when several ran)."""
-    table: dict[str, dict[str, list[float]]] = {}
-    for c in cd.concepts:
+    return summary_of(summary_table(cd.concepts))
+
+
+def summary_of(table: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`score_summary` of a :func:`summary_table`."""
+    return {n: {k: quartiles(v) for k, v in sorted(m.items())} for n, m in table.items()}
+
+
+def summary_table(concepts: Sequence[Concept], table: dict[str, dict[str, list[float]]] | None = None
+                  ) -> dict[str, dict[str, list[float]]]:
+    """namer -> metric -> each latent's value, of ``concepts`` added to ``table`` (a block at a time)."""
+    table = {} if table is None else table
+    for c in concepts:
         by_namer = {**{n: e.get("scores", {}) for n, e in c.names.items()}, "(chosen)": c.scores}
         for namer, scores in by_namer.items():
             for scorer, m in scores.items():
@@ -238,7 +265,7 @@ def score_summary(cd: ConceptDictionary) -> dict[str, dict[str, dict[str, float]
                                    ("auroc_random", f"{scorer}.random"), ("auroc_hard", f"{scorer}.hard")):  # fmt: skip
                     if m.get(key) is not None:
                         table.setdefault(namer, {}).setdefault(label, []).append(m[key])
-    return {n: {k: quartiles(v) for k, v in sorted(m.items())} for n, m in table.items()}
+    return table
 
 
 def format_summary(summary: dict) -> str:

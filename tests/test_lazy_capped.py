@@ -53,6 +53,7 @@ def _capped(tmp_path: Path, spec: dict, timeout: int = 900) -> dict:
 
 
 def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_named_and_compared_under_it(tmp_path):
+    """eval, export (saelens and dictionary-learning), name, score and compare in one process under the cap."""
     import conceptdict as cd
     from conceptdict.activations import import_array
     from conceptdict.activations.importer import ImportConfig
@@ -71,14 +72,19 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_named_and_co
             "vocab": str(tmp_path / "words.txt"), "cache": str(tmp_path / "cache"),
             "compare_with": {"warmup": str(_blocks(tmp_path / "warm2", 256, 2, store)),
                              "big": str(_blocks(tmp_path / "small", 256, 2, store))}}
-    got = _capped(tmp_path, spec)
+    got = _capped(tmp_path, spec, timeout=1800)
     added, peak = got["vmpeak"] - got["base_vmsize"], got["vmhwm"] - got["base_rss"]
     print(f"weights {weights / MIB:.0f} MiB, cap +{(got['cap'] - got['base_vmsize']) / MIB:.0f} MiB: address space "
           f"+{added / MIB:.1f} MiB, resident peak (VmHWM) +{peak / MIB:.1f} MiB")
     compared = got["compare_vmhwm"] - got["compare_base_rss"]
     print(f"compare of two: resident peak (VmHWM) +{compared / MIB:.1f} MiB over its start, {got['compare_s']:.0f} s")
+    dictlearn_peak = got["dictlearn_vmhwm"] - got["dictlearn_base_rss"]
+    print(f"export --format dictionary-learning: resident peak (VmHWM) +{dictlearn_peak / MIB:.1f} MiB over its start, "
+          f"{got['dictlearn_s']:.0f} s")
     named = got["name_vmhwm"] - got["name_base_rss"]
     print(f"name: resident peak (VmHWM) +{named / MIB:.1f} MiB over its start, {got['name_s']:.0f} s")
+    scored = got["score_vmhwm"] - got["score_base_rss"]
+    print(f"score: resident peak (VmHWM) +{scored / MIB:.1f} MiB over its start, {got['score_s']:.0f} s")
     assert got["whole_load"].startswith("failed"), "the cap must be too small for the whole dictionary"
     assert got["export_exit"] == 0 and got["name_exit"] == 0 and peak < weights / 2
     whole = cd.load(big)  # here, without a cap: the reference
@@ -86,11 +92,19 @@ def test_a_block_artifact_larger_than_the_cap_is_evaluated_exported_named_and_co
     assert got["fvu"] == pytest.approx(ref.metrics.fvu, rel=1e-6) and got["l0"] == ref.metrics.l0 == K
     exported = load_file(tmp_path / "out" / "big-saelens" / "sae_weights.safetensors")
     assert torch.equal(exported["W_dec"], whole.W_dec) and torch.equal(exported["W_enc"], whole.W_enc)
+    assert got["dictlearn_exit"] == 0 and dictlearn_peak < weights / 2
+    ae = torch.load(tmp_path / "out" / "big-dictlearn" / "ae.pt", weights_only=True)  # torch.save's archive
+    assert torch.equal(ae["decoder.weight"], whole.W_dec.T) and torch.equal(ae["encoder.weight"], whole.W_enc.T)
+    del ae
     concepts = load_concepts(tmp_path / "out" / "big-named")  # every latent named, as the whole decoder names it
     assert len(concepts) == L and torch.equal(concepts.directions, whole.decoder_directions())
     want = vocab_names(whole.decoder_directions(), vocab.embeddings, words, n_runner_ups=4)
     assert concepts.names == [r.name for r in want] and [c.score for c in concepts.concepts] == [r.score for r in want]
     assert (tmp_path / "out" / "big-named" / "report" / "index.html").exists()
+    assert got["score_exit"] == 0 and scored < weights / 2  # concepts.json read and written a block at a time
+    scoring = json.loads((tmp_path / "out" / "big-named" / "concepts.json").read_text())["meta"]["scoring"]
+    assert scoring["scored_latents"] > 0 and scoring["summary"]["(chosen)"]["positive-share"]["n"] > 0
+    assert (tmp_path / "out" / "big-named" / "report" / "scores.html").exists()
     cmp = json.loads(Path(got["compare_json"]).read_text())  # big (read lazily) beside a small one (whole)
     assert set(cmp["matches"]) == {"big", "small"} and 0 <= cmp["matches"]["big"]["small"] <= 1
     assert compared < weights / 2

@@ -12,8 +12,9 @@ with its confidence, every scorer's score and every namer's name, sortable and f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from conceptdict.naming.concepts import Concept, ConceptDictionary
 from conceptdict.naming.reports.report import esc, page
@@ -28,9 +29,30 @@ CSS = (
 
 def scorer_names(cd: ConceptDictionary) -> list[str]:
     """Scorers present in any concept, in the order the run listed them."""
-    listed = list(cd.meta.get("scoring", {}).get("scorers", []))
-    seen = {s for c in cd.concepts for s in c.scores}
+    return scorers_of(cd.meta, {s for c in cd.concepts for s in c.scores})
+
+
+def scorers_of(meta: dict[str, Any], seen: set[str]) -> list[str]:
+    """The scorers ``seen`` in the concepts, those the run listed (``meta["scoring"]``) first, in its order."""
+    listed = list(meta.get("scoring", {}).get("scorers", []))
     return [s for s in listed if s in seen] + sorted(seen - set(listed))
+
+
+class ScoreRow(NamedTuple):
+    """What the score pages show of a concept: its fields that :func:`key_of` and a table row read, each score's
+    headline number only (a writer that goes a block at a time keeps these, not the concepts)."""
+
+    id: int
+    name: str
+    namer: str
+    confidence: float | None
+    scores: dict[str, dict[str, Any]]
+    names: dict[str, dict[str, Any]]
+
+    @classmethod
+    def of(cls, c: Concept) -> ScoreRow:
+        return cls(c.id, c.name, c.namer, c.confidence, {s: {"score": m.get("score")} for s, m in c.scores.items()},
+                   {n: {"name": e.get("name")} for n, e in c.names.items()})
 
 
 def key_of(c: Concept, sort: str) -> float | None:
@@ -61,17 +83,17 @@ def _row(c: Concept, scorers: list[str], sort: str, where: dict[int, str]) -> st
             f'<td class="num">{_fmt(c.confidence)}</td>{cells}<td class="names">{others}</td></tr>')  # fmt: skip
 
 
-def scores_table(cd: ConceptDictionary, sort: str, where: dict[int, str]) -> str:
-    """The filter links and the table of every concept, sorted by ``sort`` (highest first)."""
-    scorers = scorer_names(cd)
-    rows = list(cd.concepts)
-    rows.sort(key=lambda c: (key_of(c, sort) is None, -(key_of(c, sort) or 0.0), c.id))
+ROWS = "\x00rows\x00"
+"""Where :func:`scores_table` leaves the table's rows, written one at a time by :func:`write_score_rows`."""
+
+
+def scores_table(scorers: list[str], sort: str) -> str:
+    """The filter links and the table, sorted by ``sort``, with :data:`ROWS` for its rows."""
     heads = "".join(f'<th><a href="{esc(page_for(s))}">{esc(s)}</a></th>' for s in ["confidence", *scorers])
     links = " · ".join(f'<a href="#{b}">{esc(label)}</a>' for b, label, _ in BANDS)
     filters = f'<nav>sorted by <strong>{esc(sort)}</strong> · show {links} · <a href="#none">unscored</a> · ' \
               f'<a href="#">all</a></nav>'  # fmt: skip
-    table = (f"<table><tr><th>id</th><th>name</th><th>namer</th>{heads}<th>other namers</th></tr>"
-             + "".join(_row(c, scorers, sort, where) for c in rows) + "</table>")  # fmt: skip
+    table = f"<table><tr><th>id</th><th>name</th><th>namer</th>{heads}<th>other namers</th></tr>{ROWS}</table>"
     for b in ("none", *(b for b, _, _ in reversed(BANDS))):
         table = f'<div id="{b}">{table}</div>'
     return filters + table
@@ -79,14 +101,29 @@ def scores_table(cd: ConceptDictionary, sort: str, where: dict[int, str]) -> str
 
 def write_score_pages(cd: ConceptDictionary, directory: Path, header: str, where: dict[int, str]) -> list[Path]:
     """``scores.html`` and one ``scores-by-SCORER.html`` per scorer; returns their paths."""
-    info = cd.meta.get("scoring", {})
+    concepts = cd.concepts
+    return write_score_rows(cd.meta, len(concepts), lambda i: concepts[i], scorer_names(cd),
+                            sum(1 for c in concepts if c.scores), directory, header, where)
+
+
+def write_score_rows(meta: dict[str, Any], n: int, rows: Callable[[int], Concept | ScoreRow], scorers: list[str],
+                     n_scored: int, directory: Path, header: str, where: dict[int, str]) -> list[Path]:
+    """:func:`write_score_pages` of ``n`` concepts given one at a time (``rows(id)``): ``n_scored`` of them
+    scored, ``scorers`` those seen (:func:`scorers_of`)."""
+    info = meta.get("scoring", {})
     neg = info.get("negatives", {}).get("kinds", "?")
-    intro = (f"<p>{len([c for c in cd.concepts if c.scores])} scored concepts · negatives: {esc(neg)} · "
+    intro = (f"<p>{n_scored} scored concepts · negatives: {esc(neg)} · "
              f"namers: {esc(', '.join(info.get('namers', [])))} · confidence = mean of name agreement and "
              f"clip(2·(score − 0.5), 0, 1) per scorer (docs/scores.md)</p>")  # fmt: skip
     paths = []
-    for sort in ["confidence", *scorer_names(cd)]:
+    for sort in ["confidence", *scorers]:
+        keys = [key_of(rows(i), sort) for i in range(n)]
+        order = sorted(range(n), key=lambda i: (keys[i] is None, -(keys[i] or 0.0), i))  # highest first
+        head, tail = page("Concept scores", header, intro + scores_table(scorers, sort), CSS).split(ROWS)
         path = directory / page_for(sort)
-        path.write_text(page("Concept scores", header, intro + scores_table(cd, sort, where), CSS), encoding="utf-8")
+        with open(path, "w", encoding="utf-8") as out:  # a row at a time: one page holds every concept
+            out.write(head)
+            out.writelines(_row(rows(i), scorers, sort, where) for i in order)
+            out.write(tail)
         paths.append(path)
     return paths

@@ -129,37 +129,47 @@ def read(directory: Path) -> Loaded:
 def write(model: SparseCoder, directory: Path, hookpoint: str | None = None, model_name: str | None = None) -> Path:
     """``ae.pt`` + ``config.json`` that dictionary_learning's classes load with ``load_state_dict``: topk ->
     AutoEncoderTopK, batchtopk-absolute -> BatchTopKSAE (its threshold is one scalar), relu -> AutoEncoder,
-    gated -> GatedAutoEncoder."""
+    gated -> GatedAutoEncoder. A dictionary read lazily (``saes.lazy.LazyDictionary``) is written a block of latents
+    at a time (``saes.lazy_io.TorchArchiveWriter``: the archive ``torch.save`` writes, its storages filled block by
+    block), so that one larger than memory is exported without being whole."""
     from ..artifact import write_json
+    from ..lazy_io import TorchArchiveWriter, write_blocks
 
     if model.n_sources != 1:
         raise ValueError(f"dictionary_learning's SAE classes are single-source; n_sources={model.n_sources}")
-    W_enc, W_dec = model.W_enc.detach().float(), model.W_dec.detach().float()
-    lin = {"encoder.weight": W_enc.T.contiguous(), "decoder.weight": W_dec.T.contiguous()}
-    b_enc, b_dec = model.b_enc.detach().float(), model.b_dec.detach().float()
-    if model.kind in ("topk", "batchtopk-absolute"):
-        absolute = model.kind == "batchtopk-absolute"
-        cls = "BatchTopKSAE" if absolute else "AutoEncoderTopK"
-        thr = model.threshold.detach().float()
-        if absolute and not torch.all(thr == thr[0]):
-            raise ValueError("dictionary_learning's BatchTopKSAE has one scalar threshold but this dictionary has "
-                             "one per latent; export it as saelens (jumprelu) instead")
-        state = {**lin, "encoder.bias": b_enc, "b_dec": b_dec, "k": torch.tensor(model.k, dtype=torch.int),
-                 "threshold": thr[0].clone() if absolute else torch.tensor(-1.0)}
-    elif model.kind == "relu":
-        cls, state = "AutoEncoder", {**lin, "encoder.bias": b_enc, "bias": b_dec}
-    elif model.kind == "gated":
-        cls = "GatedAutoEncoder"
-        state = {"encoder.weight": lin["encoder.weight"], "decoder.weight": lin["decoder.weight"],
-                 "decoder_bias": b_dec, "gate_bias": b_enc, "mag_bias": model.b_mag.detach().float(),
-                 "r_mag": model.r_mag.detach().float()}
-    else:
+    classes = {"topk": "AutoEncoderTopK", "batchtopk-absolute": "BatchTopKSAE", "relu": "AutoEncoder",
+               "gated": "GatedAutoEncoder"}
+    if model.kind not in classes:
         raise ValueError(f"kind {model.kind!r} has no exact dictionary_learning class (JumpReluAutoEncoder does not "
                          f"subtract b_dec); export it as saelens instead")
+    cls, first = classes[model.kind], []  # first: BatchTopKSAE's one threshold, from the first latent
+
+    def state(block: SparseCoder) -> dict[str, torch.Tensor]:
+        W_enc, W_dec = block.W_enc.detach().float(), block.W_dec.detach().float()
+        lin = {"encoder.weight": W_enc.T.contiguous(), "decoder.weight": W_dec.T.contiguous()}
+        b_enc, b_dec = block.b_enc.detach().float(), block.b_dec.detach().float()
+        if cls == "AutoEncoder":
+            return {**lin, "encoder.bias": b_enc, "bias": b_dec}
+        if cls == "GatedAutoEncoder":
+            return {"encoder.weight": lin["encoder.weight"], "decoder.weight": lin["decoder.weight"],
+                    "decoder_bias": b_dec, "gate_bias": b_enc, "mag_bias": block.b_mag.detach().float(),
+                    "r_mag": block.r_mag.detach().float()}
+        thr = block.threshold.detach().float()
+        if cls == "BatchTopKSAE" and not thr.is_meta:
+            first.extend([] if first else [thr[0].clone()])
+            if not torch.all(thr == first[0]):
+                raise ValueError("dictionary_learning's BatchTopKSAE has one scalar threshold but this dictionary "
+                                 "has one per latent; export it as saelens (jumprelu) instead")
+        return {**lin, "encoder.bias": b_enc, "b_dec": b_dec, "k": torch.tensor(model.k, dtype=torch.int),
+                "threshold": thr[0].clone() if cls == "BatchTopKSAE" else torch.tensor(-1.0)}
+
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (WEIGHTS + ".tmp")
-    torch.save({k: v.contiguous() for k, v in state.items()}, tmp)
-    tmp.replace(directory / WEIGHTS)
+    if isinstance(model, SparseCoder):
+        tmp = directory / (WEIGHTS + ".tmp")
+        torch.save({k: v.contiguous() for k, v in state(model).items()}, tmp)
+        tmp.replace(directory / WEIGHTS)
+    else:  # read lazily: block by block
+        write_blocks(model, state, lambda shapes: TorchArchiveWriter(directory / WEIGHTS, shapes))
     layer = re.match(r"blocks\.(\d+)\.", hookpoint or "")
     write_json(directory / CONFIG, {"trainer": {
         "dict_class": cls, "activation_dim": model.d_in, "dict_size": model.n_latents, "k": model.k,

@@ -37,8 +37,8 @@ class Writer:
     folder of per-layer transcoders as one set; None: the layout holds one dictionary."""
     streams: bool = False
     """Whether ``export`` also takes a ``saes.lazy.LazyDictionary`` and writes it a block of latents at a time
-    (``saes.lazy.save_tensors_of``; circuit-tracer: a CLT's, ``saes.lazy_clt``), so that a dictionary larger than
-    memory is exported without being whole."""
+    (``saes.lazy.save_tensors_of``; dictionary-learning: ``saes.lazy_io.TorchArchiveWriter``; circuit-tracer: a
+    CLT's, ``saes.lazy_clt``), so that a dictionary larger than memory is exported without being whole."""
 
 
 WRITERS: dict[str, Writer] = {
@@ -47,7 +47,7 @@ WRITERS: dict[str, Writer] = {
     "sparsify": Writer(sparsify.export, "EleutherAI sparsify HOOKPOINT/cfg.json + sae.safetensors: TopK SAEs and "
                        "transcoders", "sparsify", transcoders=True, streams=True),
     "dictionary-learning": Writer(dictlearn.export, "dictionary_learning ae.pt + config.json, for the kinds with an "
-                                  "exact dictionary_learning class", "dictionary_learning"),
+                                  "exact dictionary_learning class", "dictionary_learning", streams=True),
     "circuit-tracer": Writer(circuit_tracer.export, "circuit-tracer config.yaml + weights: a cross-layer "
                              "transcoder, or train --layers' set of transcoders", "circuit-tracer", transcoders=True,
                              write_set=circuit_tracer.write_set, streams=True),
