@@ -45,7 +45,7 @@ from .artifact import (
     read_index,
 )
 from .kinds import KindSpec, kind_spec
-from .lazy_io import DTYPES, TensorsWriter, WeightsFile
+from .lazy_io import DTYPES, TensorsWriter, WeightsFile, write_blocks
 from .model import SparseCoder
 
 BLOCK_MIB = 512
@@ -409,23 +409,13 @@ def reads_lazily(directory: str | Path, available: int | None = None) -> bool:
 def save_tensors_of(model: SparseCoder | LazyDictionary, path: Path, make: Callable[[SparseCoder], dict[str, Tensor]],
                     metadata: dict[str, str]) -> Path:
     """Write the safetensors file of ``make(model)`` (a layout's tensors of a dictionary) to ``path``; a lazy
-    dictionary's is written block by block, ``make`` run on each block: the axis along which each tensor runs over
-    the latents is found by running ``make`` on two shapes on the meta device."""
+    dictionary's is written block by block (``saes.lazy_io.write_blocks``)."""
     from .artifact import save_tensors
 
     if isinstance(model, SparseCoder):
         save_tensors(path, make(model), metadata)
         return path
-    whole, other = make(model._meta(model.n_latents)), make(model._meta(model.n_latents + 1))
-    axes = {n: next((i for i, (p, q) in enumerate(zip(t.shape, other[n].shape)) if p != q), None)
-            for n, t in whole.items()}
-    with TensorsWriter(path, {n: (t.dtype, tuple(t.shape)) for n, t in whole.items()}, metadata) as out:
-        for a, b in model.blocks:
-            tensors = make(model.latents(a, b))
-            for name, t in tensors.items():
-                if axes[name] is not None or a == 0:  # a tensor every latent shares is written once
-                    out.write(name, t, axes[name], a)
-            del tensors
+    write_blocks(model, make, lambda shapes: TensorsWriter(path, shapes, metadata))
     return path
 
 
