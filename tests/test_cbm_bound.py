@@ -11,6 +11,7 @@ from conceptdict.naming.bottleneck.added import Residual
 from conceptdict.naming.bottleneck.bound import AddedBound, added_share, capped_scale, row_shares
 from conceptdict.naming.bottleneck.cbm import CbmConfig, train_cbm
 from conceptdict.naming.bottleneck.path import choose_lambda
+from conceptdict.naming.reports.report_text import format_cbm
 
 pytestmark = pytest.mark.unit
 
@@ -59,6 +60,7 @@ def test_added_concepts_are_never_cheaper_than_the_dictionarys_under_the_penalty
     assert capped_scale(torch.tensor([4.0, 5.0]), 0).tolist() == [4.0, 5.0]
     more = fit(1, add_max_share=1.0)  # a share bound that never binds: the scale is what is tested
     assert "added_concepts" in more.metrics
+    assert "% of the |contribution| (bound 100%)" in format_cbm(more)
     assert float(more.scale[-2:].max()) <= float(more.scale[:-2].max())
 
 
@@ -79,6 +81,7 @@ def test_on_two_classes_the_discriminant_does_not_take_over_the_cbm():
         assert "added share" in bound["refused"] and bound["path"]
         assert torch.equal(more.weight, plain.weight) and more.concept_names == plain.concept_names
         assert "added_concepts" not in more.metrics and more.metrics["added_share"] == 0.0
+        assert "added concepts      refused: no fit on the lambda path kept the bound" in format_cbm(more)
     else:
         chosen = next(p for p in more.metrics["lambda_path"] if p["chosen"])
         assert chosen["added_share"] <= 0.5 and not chosen.get("breach")
