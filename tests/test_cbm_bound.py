@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conceptdict.naming.bottleneck.added import Residual
-from conceptdict.naming.bottleneck.bound import AddedBound, added_share, capped_scale, row_shares
+from conceptdict.naming.bottleneck.bound import (
+    AddedBound,
+    added_share,
+    capped_scale,
+    row_shares,
+)
 from conceptdict.naming.bottleneck.cbm import CbmConfig, train_cbm
 from conceptdict.naming.bottleneck.path import choose_lambda
 from conceptdict.naming.reports.report_text import format_cbm
