@@ -40,7 +40,17 @@ def parse_args(argv=None):
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another setting held fixed for every fit (repeat), e.g. --set add_pairs=8")
     return p.parse_args(argv)
+
+
+def fixed(pairs: list[str]) -> dict:
+    """``--set KEY=VALUE`` as keyword arguments of ``cd.cbm`` (values parsed as by :func:`value`)."""
+    bad = [t for t in pairs if "=" not in t]
+    if bad:
+        raise SystemExit(f"--set {bad[0]!r}: give KEY=VALUE, e.g. --set add_pairs=8")
+    return {k: value(v) for k, v in (t.split("=", 1) for t in pairs)}
 
 
 def value(text: str):
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
             if not concepts.exists():
                 raise SystemExit(f"{concepts} is missing; run bench/cbm_accuracy.py --work {args.work} first")
             store = own_store(concepts, args.work) if route == "own" else task_store(name, args.work)
-            kw = {"dataset": str(store)}
+            kw = {"dataset": str(store), **fixed(args.set)}
             for v in map(value, args.values):
                 fits, t0 = [], time.perf_counter()
                 for seed in range(args.seeds):
