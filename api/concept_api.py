@@ -5,22 +5,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Sequence, TypedDict, overload
+from typing import Any, Literal, NamedTuple, TypedDict, overload
 
 import torch
-from typing_extensions import Unpack
-
-from conceptdict.activations import ActivationStore, first_batches, heldout_batches, heldout_row_ids
+from conceptdict.activations import (
+    ActivationStore,
+    first_batches,
+    heldout_batches,
+    heldout_row_ids,
+)
+from conceptdict.export_formats import export_format, formats_help, write_export
 from conceptdict.naming import (
     CbmConfig,
     CbmResult,
     ConceptDictionary,
-    concept_directions,
     NameConfig,
     NamedSummary,
     Naming,
+    concept_directions,
     load_concepts,
     name_dictionary,
     open_sources,
@@ -36,13 +41,20 @@ from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.llm import LlmConfig
 from conceptdict.naming.negatives import NegativeConfig
 from conceptdict.naming.scoring import ScoreConfig
+from conceptdict.naming.sources import Run, open_run, training_heldout
 from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
+from conceptdict.outdir import guarded
 from conceptdict.saes import SparseCoder  # noqa: F401 (DictionaryLike's hints name it: typing.get_type_hints(cd.name))
 from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
-from conceptdict.export_formats import export_format, formats_help, write_export
-from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, write_resolved_config
-from conceptdict.outdir import guarded
-from conceptdict.naming.sources import Run, open_run, training_heldout
+from conceptdict.settings import (
+    ConfigError,
+    config_from_dict,
+    given,
+    home_of,
+    takes_settings,
+    write_resolved_config,
+)
+from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +173,9 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
         lam: float | Sequence[float] | None = None, probe_l2: float | Sequence[float] | None = None,
         max_iter: int = 5000, tol: float = 0.0001, refit_l2: float | Sequence[float] | None = None,
         val_tolerance: float = 0.005, grow_lambda: int = 3, cv_folds: int = 5, cv_max_rows: int = 4000,
-        add_pairs: int = 0, add_reads: str = "raw", val_fraction: float = 0.15,
-        test_fraction: float = 0.2, zero_tol: float = 0.01, min_class_size: int = 5, seed: int = 0,
+        add_pairs: int = 0, add_max_share: float = 0.5, add_scale: str = "capped", add_reads: str = "raw",
+        val_fraction: float = 0.15, test_fraction: float = 0.2, zero_tol: float = 0.01, min_class_size: int = 5,
+        seed: int = 0,
         device: str = "cpu", overwrite: bool = False) -> CbmResult:
     """A sparse concept bottleneck model on a concept dictionary (a folder or the object ``cd.name`` returned),
     beside a linear probe on the raw activations (``conceptdict cbm``). ``label_column`` names the store's label

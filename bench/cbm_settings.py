@@ -7,6 +7,11 @@ other setting at its default, e.g. the per-concept scale before the L1 path::
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/cbm_accuracy.py --broad          # once: stores and dictionaries
     HF_HUB_OFFLINE=1 .venv/bin/python bench/cbm_settings.py scale std probe --json runs/bench/cbm_scale.json
+
+The own route reads the store its concept dictionary was named on, found under ``--work`` by the name recorded in
+``concepts.json`` (so a ``--work`` folder copied from another checkout works; nothing under it is written). Each
+split's figures are kept in ``--json`` (``fits``); ``added share`` is the mean share of each test prediction's
+|contribution| that comes from the concepts ``--add-pairs`` added (``metrics["added_share"]``; 0 without them).
 """
 
 from __future__ import annotations
@@ -20,10 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cbm_accuracy import DEFAULT_CORPORA, mean_se, task_store  # noqa: E402
-from cbm_corpora import CORPORA  # noqa: E402
-
-import conceptdict as cd  # noqa: E402
+import conceptdict as cd
+from cbm_accuracy import DEFAULT_CORPORA, mean_se, task_store
+from cbm_corpora import CORPORA
 
 
 def parse_args(argv=None):
@@ -36,7 +40,17 @@ def parse_args(argv=None):
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another setting held fixed for every fit (repeat), e.g. --set add_pairs=8")
     return p.parse_args(argv)
+
+
+def fixed(pairs: list[str]) -> dict:
+    """``--set KEY=VALUE`` as keyword arguments of ``cd.cbm`` (values parsed as by :func:`value`)."""
+    bad = [t for t in pairs if "=" not in t]
+    if bad:
+        raise SystemExit(f"--set {bad[0]!r}: give KEY=VALUE, e.g. --set add_pairs=8")
+    return {k: value(v) for k, v in (t.split("=", 1) for t in pairs)}
 
 
 def value(text: str):
@@ -46,15 +60,34 @@ def value(text: str):
         return text
 
 
+def own_store(concepts: Path, work: Path) -> Path:
+    """The store the own dictionary was named on: its ``concepts.json`` records it; taken from ``work/stores`` by
+    that name (the recorded absolute path may be another checkout's)."""
+    recorded = Path(json.loads((concepts / "concepts.json").read_text())["meta"]["store"])
+    local = work / "stores" / recorded.name
+    if not (local / "manifest.json").exists():
+        raise SystemExit(f"{local} (the store {concepts} was named on) is missing; run bench/cbm_accuracy.py --work "
+                         f"{work} first")
+    return local
+
+
+def fit_row(m: dict, seconds: float) -> dict:
+    """One split's figures (percent and counts) from a CBM's metrics."""
+    added = m.get("added_concepts") or {}
+    return {"probe": m["probe_accuracy"], "cbm": m["accuracy"], "gap": 100 * m["probe_gap"],
+            "concepts_used": m["concepts_used"], "per_prediction": m["concepts_per_prediction"],
+            "added_share": m.get("added_share", 0.0), "added_used": len(added.get("used", ())),
+            "n_added": added.get("n_added", 0), "bound": m.get("added_bound"), "seconds": seconds}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     broad = cd.cached_broad_dictionary() if "broad" in (args.route or ["own", "broad"]) else None
     rows = []
     print(f"| corpus | route | {args.key} | probe | CBM | mean gap ± SE | largest gap | concepts used | concepts per "
-          "prediction | cbm s |\n|" + "---|" * 10)
+          "prediction | added share | cbm s |\n|" + "---|" * 11)
     for name in args.corpus or DEFAULT_CORPORA:
-        store = task_store(name, args.work)
         for route in args.route or ["own", "broad"]:
             if route == "broad" and broad is None:
                 raise SystemExit("no broad dictionary is cached; run `conceptdict broad` (or bench/cbm_accuracy.py "
@@ -62,33 +95,38 @@ def main(argv=None) -> int:
             concepts = args.work / "runs" / name / "concepts" if route == "own" else broad.concepts
             if not concepts.exists():
                 raise SystemExit(f"{concepts} is missing; run bench/cbm_accuracy.py --work {args.work} first")
-            kw = {"dataset": str(store)} if route == "broad" else {}
+            store = own_store(concepts, args.work) if route == "own" else task_store(name, args.work)
+            kw = {"dataset": str(store), **fixed(args.set)}
             for v in map(value, args.values):
                 fits, t0 = [], time.perf_counter()
                 for seed in range(args.seeds):
-                    m = cd.cbm(concepts, label_column="label", seed=seed, **{args.key: v}, **kw).metrics
-                    fits.append(m)
-                    print(f"  ({name}, {route}, {v}, seed {seed}: probe {100 * m['probe_accuracy']:.1f}%, CBM "
-                          f"{100 * m['accuracy']:.1f}%, gap {100 * m['probe_gap']:+.1f}, {m['concepts_used']} "
-                          f"concepts, {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                    t1 = time.perf_counter()
+                    fits.append(fit_row(cd.cbm(concepts, label_column="label", seed=seed, **{args.key: v},
+                                               **kw).metrics, time.perf_counter() - t1))
+                    f = fits[-1]
+                    print(f"  ({name}, {route}, {v}, seed {seed}: probe {100 * f['probe']:.1f}%, CBM "
+                          f"{100 * f['cbm']:.1f}%, gap {f['gap']:+.1f}, {f['concepts_used']} concepts, "
+                          f"{f['per_prediction']['nonzero']:.0f} / {f['per_prediction']['90']:.0f} per prediction, "
+                          f"added {f['added_used']} of {f['n_added']}, share {100 * f['added_share']:.1f}%, "
+                          f"{f['seconds']:.0f} s)", file=sys.stderr, flush=True)
                 seconds = (time.perf_counter() - t0) / args.seeds
-                gaps = [100 * m["probe_gap"] for m in fits]
+                gaps = [f["gap"] for f in fits]
                 mean, se = mean_se(gaps)
                 row = {"corpus": name, "route": route, args.key: v, "seconds": seconds, "gaps": gaps,
-                       "cbm": statistics.fmean(m["accuracy"] for m in fits),
-                       "probe": statistics.fmean(m["probe_accuracy"] for m in fits),
-                       "concepts_used": statistics.fmean(m["concepts_used"] for m in fits),
-                       "per_prediction": {k: statistics.median(m["concepts_per_prediction"][k] for m in fits)
-                                          for k in fits[0]["concepts_per_prediction"]},
-                       "mean_gap": mean, "se": se}
+                       **{k: statistics.fmean(f[k] for f in fits) for k in ("cbm", "probe", "concepts_used",
+                                                                            "added_share")},
+                       "per_prediction": {k: statistics.median(f["per_prediction"][k] for f in fits)
+                                          for k in fits[0]["per_prediction"]},
+                       "mean_gap": mean, "se": se, "fits": fits}
                 rows.append(row)
                 print(f"| {name} | {route} | {v} | {100 * row['probe']:.1f}% | {100 * row['cbm']:.1f}% | "
                       f"{row['mean_gap']:+.1f} ± {row['se']:.1f} | {max(gaps):+.1f} | {row['concepts_used']:.0f} | "
-                      f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f} | {seconds:.0f} |",
+                      f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f} | "
+                      f"{100 * row['added_share']:.1f}% | {seconds:.0f} |",
                       flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"key": args.key, "rows": rows}, indent=2) + "\n")
+                if args.json:  # after every row: a long run's finished rows survive its interruption
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps({"key": args.key, "rows": rows}, indent=2, default=str) + "\n")
     return 0
 
 

@@ -34,13 +34,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.added import (AddedConcepts, Residual, add_needed_concepts, added_summary,
-                                                 cbm_residual)
-from conceptdict.naming.bottleneck.baseline import accuracy, concept_scale, fit_raw_probe, fitting_rows
-from conceptdict.naming.bottleneck.baseline import stratified_split  # noqa: F401 (re-exported)
+from conceptdict.naming.bottleneck.added import AddedConcepts, Residual, add_needed_concepts, cbm_residual
+from conceptdict.naming.bottleneck.baseline import accuracy, fit_raw_probe, fitting_rows, stratified_split  # noqa: F401
+from conceptdict.naming.bottleneck.bound import added_metrics, fit_bounded
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
 from conceptdict.naming.bottleneck.notes import FVU_MARGIN, GAP_POINTS, gap_notes  # noqa: F401 (re-exported)
-from conceptdict.naming.bottleneck.path import Part, cv_parts, fit_lambda_path
 
 if TYPE_CHECKING:
     import pandas
@@ -130,6 +128,12 @@ class CbmConfig:
         "fold, on the fitting rows), the direction separating the pair in what the dictionary does not reconstruct, "
         "added as two non-negative concepts named \"A rather than B\" and \"B rather than A\" (0: none; "
         "naming/bottleneck/added.py).")})
+    add_max_share: float = field(default=0.5, metadata={"help": (
+        "Bound on the added concepts: their largest mean share of a prediction's |contribution| (validation rows); "
+        "and never more of them than dictionary concepts in a class's explanation. Else refused (bound.py).")})
+    add_scale: Literal["capped", "probe"] = field(default="capped", metadata={"help": (
+        "Added concepts' scale: ``capped`` at the dictionary concepts' largest (none is cheaper under the penalty); "
+        "``probe``, the scale rule's own.")})
     add_reads: Literal["raw", "error"] = field(default="raw", metadata={"help": (
         "What the added concepts' directions read: ``raw``, the raw activations; ``error``, what the dictionary "
         "does not reconstruct (on msglang its error term does not separate the confused pairs: docs/results/cbm.md).")})
@@ -154,6 +158,8 @@ class CbmConfig:
             raise ValueError(f"val_tolerance={self.val_tolerance} must lie in [0, 1) (a fraction of accuracy)")
         if not self.lambdas or any(x < 0 for x in self.lambdas):
             raise ValueError(f"lambdas={self.lambdas} must be a non-empty list of values >= 0")
+        if not 0 <= self.add_max_share <= 1:
+            raise ValueError(f"add_max_share={self.add_max_share} must lie in [0, 1] (a share of the contribution)")
         if any(x < 0 for x in self.refit_l2):
             raise ValueError(f"refit_l2={self.refit_l2} must hold values >= 0 (or be empty: no refits)")
 
@@ -308,15 +314,11 @@ def train_cbm(
     if raw is not None:
         probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol,
                               folds=folds, seed=cfg.seed)  # fmt: skip
-    scale, scaled_by = concept_scale(x[fit_rows], cfg.scale, probe, directions)
-    xs = x * scale
-    if folds:
-        parts = cv_parts(xs[fit_rows], y[fit_rows], folds, cfg.seed)
-        chosen, W, path = fit_lambda_path(parts, C, cfg, final=(xs[fit_rows], y[fit_rows]))
-    else:
-        chosen, W, path = fit_lambda_path([Part(xs[split.train], y[split.train], xs[split.val], y[split.val])], C, cfg)
-    lam = chosen["lambda"]
+    fit = fit_bounded(x, y, split, folds, fit_rows, cfg, probe, directions, len(added) if added else 0, classes)
+    x, scale, scaled_by, chosen, W, path = fit[:6]
+    xs, lam = x * scale, chosen["lambda"]
     test_logits = xs[split.test] @ W.T
+    contrib = xs[split.test] * W[test_logits.argmax(1)]  # [n_test, L] to each test input's predicted class
     metrics: dict[str, Any] = {
         "accuracy": accuracy(test_logits, y[split.test]),
         "train_accuracy": accuracy(xs[fit_rows] @ W.T, y[fit_rows]),
@@ -329,8 +331,8 @@ def train_cbm(
         "zero_weights": int((W == 0).sum()),
         "n_weights": W.numel(),
         "concepts_used": int((W != 0).any(0).sum()),
-        "coverage": coverage(xs[split.test] * W[test_logits.argmax(1)]),
-        "concepts_per_prediction": per_prediction(xs[split.test] * W[test_logits.argmax(1)]),
+        "coverage": coverage(contrib),
+        "concepts_per_prediction": per_prediction(contrib),
         "n_train": len(split.train),
         "n_fit": len(fit_rows),
         "n_val": len(split.val),
@@ -348,7 +350,8 @@ def train_cbm(
              f"{metrics['probe_accuracy']:.3f}" if raw is not None else "n/a")  # fmt: skip
     ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
     if added is not None:
-        metrics["added_concepts"] = added_summary(added, W, xs[split.test] * W[test_logits.argmax(1)])
+        metrics.update(added_metrics(added, fit, contrib, cfg.add_max_share))
+    if added is not None and not fit.refused:
         first = max(ids, default=-1) + 1
         ids, names = ids + tuple(range(first, first + len(added))), tuple(names) + added.names
     return CbmResult(W.cpu(), scale.cpu(), classes, ids, tuple(names), lam, metrics)

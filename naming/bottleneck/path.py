@@ -12,21 +12,24 @@ choice on the validation split.
   curve; of the entries within ``val_tolerance`` of the best validation accuracy, the one using the fewest concepts
   wins (ties: the larger lambda, then the better validation accuracy). When the grid's largest lambda is chosen,
   up to ``grow_lambda`` larger ones (x :data:`GROW_FACTOR`) are tried, so the sparsest is not cut off by the grid.
+- With added concepts (``--add-pairs``), only the fits that keep their bound (``naming.bottleneck.bound``) may be
+  chosen; each entry records its validation ``added_share`` and, where it breaks the bound, ``breach`` (why).
 
 Shapes: n rows, L concepts, C classes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from torch import Tensor
-
 from conceptdict.naming.bottleneck.baseline import accuracy, stratified_folds
 from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
+from torch import Tensor
 
 if TYPE_CHECKING:
+    from conceptdict.naming.bottleneck.bound import AddedBound
     from conceptdict.naming.bottleneck.cbm import CbmConfig
 
 __all__ = ["GROW_FACTOR", "Part", "choose_lambda", "chosen_refit", "cv_parts", "describe_fit", "fit_lambda_path",
@@ -58,12 +61,16 @@ def refit_support(x: Tensor, y: Tensor, n_classes: int, W: Tensor, l2: Sequence[
     return out
 
 
-def choose_lambda(path: Sequence[dict], tolerance: float) -> dict:
+def choose_lambda(path: Sequence[dict], tolerance: float) -> dict | None:
     """The entry of ``path`` (dicts with lambda, val_accuracy, concepts_used) within ``tolerance`` of the best
     validation accuracy that uses the fewest concepts; ties go to the larger lambda, then to the better validation
-    accuracy, then to the earlier entry."""
-    best = max(p["val_accuracy"] for p in path)
-    ok = [p for p in path if p["val_accuracy"] >= best - tolerance - 1e-12]
+    accuracy, then to the earlier entry. Entries with a ``breach`` (of the added concepts' bound) are never chosen,
+    and do not set the best; None when every entry has one."""
+    allowed = [p for p in path if not p.get("breach")]
+    if not allowed:
+        return None
+    best = max(p["val_accuracy"] for p in allowed)
+    ok = [p for p in allowed if p["val_accuracy"] >= best - tolerance - 1e-12]
     return min(ok, key=lambda p: (p["concepts_used"], -p["lambda"], -p["val_accuracy"]))
 
 
@@ -108,14 +115,16 @@ class _Fits:
         return self.memo[lam]
 
 
-def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig,
-                    final: tuple[Tensor, Tensor] | None = None) -> tuple[dict, Tensor, list[dict]]:  # fmt: skip
+def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig, final: tuple[Tensor, Tensor] | None = None,
+                    bound: AddedBound | None = None) -> tuple[dict | None, Tensor | None, list[dict]]:  # fmt: skip
     """(the chosen entry, its weights [C, L], the whole curve): one entry per fit, lambdas smallest first, each
     lambda's L1 fit (``l2`` None) then its refits; the chosen entry has ``chosen`` True.
 
     Each entry's validation accuracy is pooled over ``parts`` (one part: the validation split; several:
     cross-validation folds, :func:`cv_parts`); its weights and concepts used are those of the fit on ``final``
-    (x, y): the rows the CBM is fitted on, by default the first part's training rows."""
+    (x, y): the rows the CBM is fitted on, by default the first part's training rows. With ``bound``, each entry's
+    added share is pooled over the parts the same way, the bound is checked on it and the entry's weights, and
+    only the entries that keep it may be chosen; (None, None, curve) when none does."""
     lams = sorted(set(cfg.lambdas))
     fitted = [_Fits(p.x, p.y, n_classes, cfg, lams) for p in parts]
     whole = fitted[0] if final is None else _Fits(*final, n_classes, cfg, lams)
@@ -123,21 +132,27 @@ def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig,
     weights: dict[tuple[float, float | None], Tensor] = {}
     n_val = sum(len(p.y_val) for p in parts)
 
-    def add(lam: float) -> dict:
+    def add(lam: float) -> dict | None:
         correct: dict[float | None, float] = {}
+        shares: dict[float | None, float] = {}
         for part, fits in zip(parts, fitted):
             for l2, V in fits.weights(lam).items():
                 correct[l2] = correct.get(l2, 0.0) + accuracy(part.x_val @ V.T, part.y_val) * len(part.y_val)
+                if bound is not None:
+                    shares[l2] = shares.get(l2, 0.0) + bound.share_sum(part.x_val, V)
         for l2, V in whole.weights(lam).items():
             weights[(lam, l2)] = V
             path.append({"lambda": lam, "l2": l2, "val_accuracy": correct.get(l2, 0.0) / n_val,
                          "concepts_used": int((V != 0).any(0).sum()), "zero_weights": int((V == 0).sum())})
+            if bound is not None:
+                share = shares.get(l2, 0.0) / n_val
+                path[-1].update(added_share=share, breach=bound.breach(share, V))
         return choose_lambda(path, cfg.val_tolerance)
 
     for lam in lams:
         chosen = add(lam)
     for _ in range(cfg.grow_lambda):  # the sparsest within tolerance may lie above the grid
-        if chosen["lambda"] != lams[-1] or lams[-1] == 0 or chosen["concepts_used"] == 0:
+        if chosen is None or chosen["lambda"] != lams[-1] or lams[-1] == 0 or chosen["concepts_used"] == 0:
             break
         lams.append(float(f"{lams[-1] * GROW_FACTOR:.6g}"))
         for fits in {id(f): f for f in [*fitted, whole]}.values():
@@ -145,7 +160,7 @@ def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig,
         chosen = add(lams[-1])
     for p in path:
         p["chosen"] = p is chosen
-    return chosen, weights[(chosen["lambda"], chosen["l2"])], path
+    return chosen, None if chosen is None else weights[(chosen["lambda"], chosen["l2"])], path
 
 
 def describe_fit(entry: dict) -> str:

@@ -99,6 +99,11 @@ def format_cbm(cbm) -> str:
     if m.get("concepts_per_prediction"):
         per = m["concepts_per_prediction"]
         lines.append(f"concepts per prediction (median): {per['nonzero']:.0f} contribute, {per['90']:.0f} make up 90%")
+    if m.get("added_bound"):
+        b, a = m["added_bound"], m.get("added_concepts") or {}
+        lines.append(f"added concepts      refused: {b['refused']}" if b["refused"] else
+                     f"added concepts      {len(a.get('used', ()))} of {a.get('n_added', 0)} used, "
+                     f"{100 * m['added_share']:.1f}% of the |contribution| (bound {100 * b['max_share']:g}%)")
     if m.get("lambda_path"):
         on = f"{m['cv_folds']}-fold cross-validation" if m.get("cv_folds") else "validation"
         lines.append(f"lambda trade-off ({on}; chosen: within {100 * m['val_tolerance']:g} points of the best, "
