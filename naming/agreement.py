@@ -25,15 +25,22 @@ from .pipeline import NameConfig, build_namer, model_loader
 from .scoring import TextEmbedder
 
 
-def candidate_names(cd, namer: str, cfg: NameConfig, base: Sequence[Example], negatives=None) -> list[NameResult]:
-    """One name per latent of ``cd`` from ``namer`` (vocab, context, logit-lens, llm), built as
-    ``conceptdict name`` builds it; ``base`` are random store rows (context namer), ``negatives`` optional
-    per-latent non-activating examples (llm namer)."""
+def namer_for(meta: dict[str, Any], namer: str, cfg: NameConfig):
+    """The namer ``namer`` as ``conceptdict name`` builds it for a dictionary of ``meta`` (its model, hookpoint):
+    build it once and pass it to :func:`candidate_names` for every block (it may load a model or a vocabulary)."""
     cfg = dataclasses.replace(cfg, namer=namer)
-    model_name = cfg.model or cd.meta.get("model")
-    hookpoint = cfg.hookpoint or cd.meta.get("hookpoint")
+    model_name = cfg.model or meta.get("model")
+    hookpoint = cfg.hookpoint or meta.get("hookpoint")
+    return build_namer(cfg, model_name, hookpoint, model_loader(model_name, cfg.device))
+
+
+def candidate_names(cd, namer: str, cfg: NameConfig, base: Sequence[Example], negatives=None,
+                    built=None) -> list[NameResult]:
+    """One name per latent of ``cd`` from ``namer`` (vocab, context, logit-lens, llm), built as
+    ``conceptdict name`` builds it (or ``built``, from :func:`namer_for`); ``base`` are random store rows
+    (context namer), ``negatives`` optional per-latent non-activating examples (llm namer)."""
+    built = built if built is not None else namer_for(cd.meta, namer, cfg)
     directions = cd.directions if cd.directions.ndim == 2 else cd.directions[:, cfg.source]
-    built = build_namer(cfg, model_name, hookpoint, model_loader(model_name, cfg.device))
     top = [c.top_examples for c in cd.concepts]
     inputs = NamingInputs(directions.float(), top, [c.quantile_examples for c in cd.concepts],
                           negatives or (), tuple(base))  # fmt: skip

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import llm_scorers  # noqa: F401  (registers the detection and fuzzing scorers)
 from conceptdict.naming.interventions import steering_scorer  # noqa: F401  (registers the steering scorer)
-from .agreement import agreement, candidate_names, choose, confidence, headline
+from .agreement import agreement, candidate_names, choose, confidence, headline, namer_for
 from .concepts import Concept, ConceptDictionary
 from .concepts_file import ConceptsFile
 from .negatives import Negatives, build_pool
@@ -97,7 +97,7 @@ def names_by_namer(blocks: Blocks, n_latents: int, meta: dict[str, Any], ctx: Sc
                    name_cfg: NameConfig) -> Names:
     """Every latent's names by namer: the names stored by earlier runs (``Concept.names``), the dictionary's own
     namer's (its current names, for latents without a stored entry), and each ``--namer``'s, run on each of
-    ``blocks()`` (read once, and once per namer run)."""
+    ``blocks()`` (read once, and once per namer run; each namer built once)."""
     out: Names = {}
     own_names: dict[int, tuple[str, float]] = {}
     for concepts, _ in blocks():
@@ -113,10 +113,11 @@ def names_by_namer(blocks: Blocks, n_latents: int, meta: dict[str, Any], ctx: Sc
         if namer in out:
             continue
         out[namer] = {}
+        built = namer_for(meta, namer, name_cfg)  # once: it may load a model or embed a vocabulary
         for concepts, directions in blocks():  # a block as a dictionary of its own (ids from 0)
             block = ConceptDictionary(tuple(dataclasses.replace(c, id=i) for i, c in enumerate(concepts)),
                                       directions, meta)
-            res = candidate_names(block, namer, name_cfg, ctx.options["base_examples"])
+            res = candidate_names(block, namer, name_cfg, ctx.options["base_examples"], built=built)
             out[namer].update({c.id: (r.name, float(r.score)) for c, r in zip(concepts, res)})
         log.info("namer %s: %d names", namer, sum(1 for name, _ in out[namer].values() if name))
     return {n: {j: names.get(j, ("", 0.0)) for j in range(n_latents)} for n, names in out.items()}

@@ -4,6 +4,7 @@ reading concepts.json whole."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -51,6 +52,29 @@ def test_scoring_a_block_at_a_time_writes_the_whole_scorings_files(tmp_path, mon
     assert [n for n in want if got[n] != want[n]] == []
     controls = [c.scores["embedding"].get("control_name") for c in whole.concepts if c.scores]
     assert len(set(controls)) > 7, "controls drawn over every latent, not within a block"
+
+
+def test_each_namer_is_built_once_for_every_block(tmp_path, monkeypatch):
+    """``--namer context`` over 40 latents in blocks of 7: the namer is built once (building one may load a model or
+    embed a vocabulary), not once a block, and the files are the whole dictionary's scored in memory."""
+    from conceptdict.naming import agreement
+
+    store, coder = planted()
+    cd = name_dictionary(coder, store, NameConfig(namer="context", top_k=10))
+    cd = dataclasses.replace(cd, meta={**cd.meta, "namer": "given"})  # so that --namer context names anew
+    save_concepts(cd, tmp_path / "blocks")
+    cfg = ScoreConfig(namers=("context",), negatives=NegativeConfig(kinds="random", pool_rows=2000))
+    sources = Sources(coder, store, "hp", {})
+    whole = score_concepts(cd, cfg, prepare_context(cd, cfg, embed=TextEmbedder(bag_of_words), sources=sources))
+    save_concepts(whole, tmp_path / "whole")
+    write_report(whole, tmp_path / "whole" / "report")
+    builds = []
+    real = agreement.build_namer
+    monkeypatch.setattr(agreement, "build_namer", lambda *a, **k: builds.append(a[0].namer) or real(*a, **k))
+    score_in_place(tmp_path / "blocks", cfg, embed=TextEmbedder(bag_of_words), sources=sources, block=7)
+    assert builds == ["context"]
+    got, want = _files(tmp_path / "blocks"), _files(tmp_path / "whole")
+    assert [n for n in want if got.get(n) != want[n]] == []
 
 
 def test_the_concepts_file_reads_any_layout_a_record_at_a_time(tmp_path, monkeypatch):
