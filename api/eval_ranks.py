@@ -10,7 +10,9 @@ other ranks write nothing. The numbers are one process's to float32 rounding (te
 
 What is not split is refused before any row or latent is read (:func:`refuse`, :func:`refuse_run`), each with its
 fix: a kind whose rule reads other latents, a dictionary that is not a folder in conceptdict's layout, a set of
-per-layer transcoders, ``--metrics``, rows from a model's forward, and the spliced CE / KL scores.
+per-layer transcoders, ``--metrics``, rows from a model's forward, and a CLT's replacement-model scores. A one-space
+dictionary's CE loss recovered and KL score are measured on every rank alike (each runs the language model; the
+dictionary's output at the hookpoint is the ranks' summed reconstruction).
 """
 
 from __future__ import annotations
@@ -65,13 +67,16 @@ def refuse(dictionary: Any, layers: list[Path], metrics: list[str], comm: Comm) 
 
 def refuse_run(run: Any, splices: bool) -> None:
     """What is refused once the run's source is known (still before any row is read): rows from a model's forward,
-    and the spliced CE / KL scores (``splices``: a causal LM and contexts are at hand)."""
+    and a cross-layer transcoder's replacement model (``splices``: a causal LM and contexts are at hand). A
+    one-space dictionary is spliced on every rank alike: each rank runs the language model, and the dictionary's
+    output at the hookpoint is the ranks' summed reconstruction."""
     if isinstance(run.source, LiveSource):
         raise ConfigError(f"{run.where} was trained from a model's forward; under torchrun eval reads a store: pass "
                           f"--store STORE, {ONE_PROCESS}")
-    if splices:
-        raise ConfigError(f"{run.where}: under torchrun eval does not splice the dictionary into the language model "
-                          f"(CE loss recovered, KL score): pass --contexts 0, {ONE_PROCESS}")
+    if splices and run.dictionary.spec.layered:
+        raise ConfigError(f"{run.where}: a {run.dictionary.kind} split over ranks is not spliced into the language "
+                          f"model as a replacement model (CE loss recovered, KL score; it reads the whole decoder): "
+                          f"pass --contexts 0, or evaluate it whole in one process")
 
 
 __all__ = ["job", "refuse", "refuse_run"]

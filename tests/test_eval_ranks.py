@@ -3,8 +3,8 @@ a block artifact's latents, and eval.json is the one-process lazy evaluation's.
 
 Two torchrun launches (gloo; startup dominates): 2 processes (the stored 2 files, one per rank) and 3 (ranges cut
 across the files), each evaluating a topk, jumprelu, crosscoder, clt and clt-batchtopk block artifact through
-``cd.evaluate`` and then ``conceptdict eval`` on the command line. The refusals and the ranges are tested in one
-process, over a seam that only says which rank this is.
+``cd.evaluate`` (2 ranks: also a topk spliced into a tiny causal LM) and then ``conceptdict eval`` on the command
+line. The refusals and the ranges are tested in one process, over a seam that only says which rank this is.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ TOLERANCE = 1e-5
 """Relative: the ranks' partial decodes are summed in another order than one process's blocks."""
 
 
-def _artifact(kind: str, where: Path, store: Path, seed: int) -> Path:
+def _artifact(kind: str, where: Path, store: Path, seed: int, d: int = D, hookpoints: list[str] | None = None) -> Path:
     """A ``kind`` dictionary with every weight random (thresholds positive; a CLT's decoder its triangle), saved as a
     block artifact of 2 files as a 2-shard run writes it."""
     from conceptdict.saes import SparseCoder
@@ -38,7 +38,7 @@ def _artifact(kind: str, where: Path, store: Path, seed: int) -> Path:
 
     torch.manual_seed(seed)
     sources = S if kind.startswith("clt") else 2 if kind == "crosscoder" else 1
-    whole = SparseCoder(D, L, K, kind, n_sources=sources)
+    whole = SparseCoder(d, L, K, kind, n_sources=sources)
     state = whole.state_dict()
     for name, t in state.items():
         t.copy_(torch.rand_like(t) * 0.3 + 0.1 if name in ("threshold", "norm_scale") else torch.randn_like(t))
@@ -46,12 +46,13 @@ def _artifact(kind: str, where: Path, store: Path, seed: int) -> Path:
     parts = blocks_of(whole.requires_grad_(False), 2)
     for i, part in enumerate(parts):
         save_dictionary_part(part, where, i, 2)
-    return finish_parts(parts[0], where, 2, extra={"stores": [str(store)], "hookpoints": HOOKPOINTS[kind]})
+    return finish_parts(parts[0], where, 2, extra={"stores": [str(store)], "hookpoints": hookpoints or HOOKPOINTS[kind]})
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    """(folder, {kind: block artifact}) over one store of 300 rows of every hookpoint."""
+def artifacts(tmp_path_factory, tiny_lm_store) -> tuple[Path, dict[str, Path]]:
+    """(folder, {kind: block artifact}) over one store of 300 rows of every hookpoint, and ("spliced") a topk
+    artifact over the tiny causal LM's token store (its CE loss recovered and KL score measured)."""
     from conceptdict.activations import import_array
     from conceptdict.activations.importer import ImportConfig
     from safetensors.torch import save_file
@@ -61,11 +62,13 @@ def artifacts(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     rows = torch.randn(300, len(names), D, generator=torch.Generator().manual_seed(5)) * 2
     save_file({h: rows[:, i].contiguous() for i, h in enumerate(names)}, str(tmp / "acts.safetensors"))
     store = import_array(ImportConfig(array=tmp / "acts.safetensors", out=tmp / "store"))
-    return tmp, {kind: _artifact(kind, tmp / kind, store, seed) for seed, kind in enumerate(KINDS)}
+    dicts = {kind: _artifact(kind, tmp / kind, store, seed) for seed, kind in enumerate(KINDS)}
+    dicts["spliced"] = _artifact("topk", tmp / "spliced", tiny_lm_store[0], 9, 32, ["blocks.1.hook_out"])
+    return tmp, dicts
 
 
-def _settings(out: Path) -> dict:
-    return {"rows_from": "start", "contexts": 0, "batch_size": 128, "out": str(out)}
+def _settings(out: Path, kind: str = "") -> dict:
+    return {"rows_from": "start", "contexts": 4 if kind == "spliced" else 0, "batch_size": 128, "out": str(out)}
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +79,8 @@ def ranked(artifacts) -> dict[int, Path]:
     for n in (2, 3):
         out = tmp / f"ranks{n}"
         out.mkdir()
-        jobs = [{"dictionary": str(d), "settings": _settings(out / f"{kind}.json"), "reads": str(out / kind)}
-                for kind, d in dicts.items()]
+        jobs = [{"dictionary": str(d), "settings": _settings(out / f"{kind}.json", kind), "reads": str(out / kind)}
+                for kind, d in dicts.items() if kind != "spliced" or n == 2]
         argv = ["eval", str(dicts["topk"])]
         for key, value in _settings(out / "cli.json").items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
@@ -111,22 +114,24 @@ def _worst(got: dict, want: dict) -> tuple[float, str]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n, kind", [(n, kind) for n in (2, 3) for kind in KINDS] + [(2, "spliced")])
 def test_eval_on_ranks_writes_the_one_process_eval_json(artifacts, ranked, monkeypatch, kind, n):
     """eval.json of N ranks, each holding 1/N of the latents, equals the one-process lazy evaluation's within 1e-5
-    relative in every number (measured: 0 on 2 ranks, <= 7.2e-8 on 3), L0 and every latent's firing density exactly."""
+    relative in every number (a topk over a causal LM's store: its spliced losses too) (measured: 0 on 2 ranks, <= 7.2e-8 on 3), L0 and every latent's firing density exactly."""
     import conceptdict as cd
     from conceptdict.saes.lazy import LAZY_ENV
 
     tmp, dicts = artifacts
     monkeypatch.setenv(LAZY_ENV, "1")
-    one = cd.evaluate(dicts[kind], **_settings(tmp / f"one-{kind}.json"))
+    one = cd.evaluate(dicts[kind], **_settings(tmp / f"one-{kind}.json", kind))
     got = json.loads((ranked[n] / f"{kind}.json").read_text())
     want = json.loads(one.path.read_text())
     worst, where = _worst(got, want)
+    print(f"{kind} on {n} ranks: {worst:.3g} relative at {where}")
     assert worst <= TOLERANCE, f"{n} ranks differ from one process by {worst:.3g} relative at {where}"
     assert got["metrics"]["density"] == want["metrics"]["density"] and got["metrics"]["l0"] == want["metrics"]["l0"]
+    if kind == "spliced":  # every rank ran the language model, the dictionary's output the ranks' summed one
+        assert want["metrics"]["kl_score"] is not None and 0 < want["metrics"]["splice"]["kl_replaced"]
     if kind == "crosscoder":
         assert got["latent_tags"] == want["latent_tags"] and sum(got["latent_tags"].values()) > 0
 
@@ -217,7 +222,7 @@ def test_too_many_ranks_for_the_latents_is_refused_with_the_most_that_fit(artifa
 @pytest.mark.unit
 def test_what_eval_does_not_split_over_ranks_is_refused_with_its_fix(artifacts, tmp_path):
     """A kind whose rule reads other latents, --metrics, a set of per-layer transcoders, a dictionary in memory or in
-    another layout, and the spliced scores: each refused before anything is read, naming the fix."""
+    another layout, and a CLT's replacement-model scores: each refused before anything is read, naming the fix."""
     from conceptdict.eval_ranks import refuse, refuse_run
     from conceptdict.saes import SparseCoder, save_dictionary
     from conceptdict.settings import ConfigError
@@ -238,7 +243,10 @@ def test_what_eval_does_not_split_over_ranks_is_refused_with_its_fix(artifacts, 
 
     class Run:
         source, where = None, "DICT"
+        dictionary = SparseCoder(D, L, K, "clt", n_sources=S)
 
-    with pytest.raises(ConfigError, match=r"DICT: under torchrun eval does not splice .* pass --contexts 0"):
+    with pytest.raises(ConfigError, match=r"DICT: a clt split over ranks is not spliced .* pass --contexts 0"):
         refuse_run(Run(), True)
     refuse_run(Run(), False)
+    Run.dictionary = SparseCoder(D, L, K, "topk")
+    refuse_run(Run(), True)  # a one-space dictionary is spliced on every rank
