@@ -155,12 +155,11 @@ class LazyDictionary:
 
     def over(self, comm: Comm) -> LazyDictionary:
         """Split this dictionary over the latent shards of ``comm`` (``saes.lazy_ranks``; ``LOCAL``: one process
-        holds every latent): :attr:`part` is this rank's range, :attr:`blocks` its blocks; the block held is let go,
-        :attr:`read_ranges` emptied. Returns itself."""
+        holds every latent): :attr:`part` is this rank's range, :attr:`blocks` its blocks, :attr:`read_ranges` the
+        (key, start, stop) of every block read from the files from here on; the block held is let go. Returns it."""
         self.comm, self._held = comm, None
         self.part = rank_range(self.span, self.k, comm.shards, str(self.path))
         self.read_ranges: set[tuple[Any, int, int]] = set()
-        """(key, start, stop) of every block read from the files since :meth:`over` (all within :attr:`part`)."""
         self.blocks = self._blocks(self._block_latents)
         return self
 

@@ -31,7 +31,7 @@ def rank_range(span: int, k: int, shards: Comm, what: str) -> tuple[int, int]:
     """Rank ``shards.rank`` of ``shards.size``'s latents ``[lo, hi)`` of ``span`` (a CLT's: of each layer), equal
     ranges to one latent; each must hold more than k latents (a block's TopK keeps k of them)."""
     n, r = shards.size, shards.rank
-    if span // n <= k:
+    if n > 1 and span // n <= k:
         raise ValueError(f"{n} ranks split the {span} latents of {what} into ranges of {span // n}, not more than "
                          f"k={k}: run on at most {max(1, span // (k + 1))} processes (torchrun --nproc-per-node)")
     return r * span // n, (r + 1) * span // n
