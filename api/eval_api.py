@@ -10,23 +10,23 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import torch
 
-from conceptdict.activations import load_model, spliced_losses
-from conceptdict.activations.live import LiveSource
 from conceptdict.activations.store import ActivationStore
-from conceptdict.activations.replacement import replacement_losses
-from conceptdict.activations.tokens import causal_lm_source, rebuild_contexts, separator_id
 from conceptdict.naming import dictionary_of
 from conceptdict.naming.llm import LlmConfig
 from conceptdict.saes import EvalResult, SparseCoder, load_dictionary_config
 from conceptdict.saes import evaluate as evaluate_rows
-from conceptdict.saes import format_table, threshold_line, with_splice_scores
+from conceptdict.saes import format_table, threshold_line
 from conceptdict.saes.evaluation import combine_layers
 from conceptdict.saes.formats import transcoder_set
+from conceptdict.saes.comm import is_main
 from conceptdict.saes.lazy import LazyDictionary
-from conceptdict.saes.replacement import clt_replacement, transcoder_replacement
+from conceptdict.saes.lazy_compare import tag_counts
 from conceptdict.settings import ConfigError, config_from_dict, given, home_of, takes_settings, to_jsonable
 from conceptdict.objects import DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
+from conceptdict import eval_ranks
+from conceptdict.eval_splice import (lm_contexts, replacement_scores, set_splice_scores, splice_model,  # noqa: F401
+                                     splice_scores, spliceable)
 from conceptdict.naming.yardsticks import (NAMES, Inputs, MetricResults, check_named, measure, parse_metrics,
                                             write_saebench)
 from conceptdict.naming.sources import Run, open_run, reads_several, rows_of, training_heldout
@@ -153,9 +153,13 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     KL score. Rows: the batches training held out by default. Writes ``eval.json`` (``out``, default
     DICT/eval.json; a dictionary without a folder writes only where ``out`` says). ``metrics``: the field's
     yardsticks as well (``naming.yardsticks.NAMES``, or all), in ``.yardsticks``;
-    ``format="saebench"`` writes each one's SAEBench JSON under saebench/ beside eval.json."""
+    ``format="saebench"`` writes each one's SAEBench JSON under saebench/ beside eval.json. Under torchrun each rank
+    reads only its range of the latents and rank 0 writes (``eval_ranks``; the others' ``path`` is None)."""
     cfg = config_from_dict(EvalConfig, given(locals(), "dictionary"), "evaluate")
     layers = [] if isinstance(dictionary, SparseCoder) else transcoder_set(dictionary)
+    comm = eval_ranks.job()  # under torchrun: every rank a latent shard, refusals first
+    if comm is not None:
+        eval_ranks.refuse(dictionary, layers, cfg.metrics, comm)
     if layers:  # per-layer transcoders (`train --layers`): each on its rows, then all MLPs replaced at once
         runs = [run_of(d, cfg) for d in layers]
         parts = [evaluate_rows(r.dictionary, rows_of(r, cfg.rows, cfg.batch_size, cfg.rows_from)[0]) for r in runs]
@@ -166,7 +170,10 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
                                    [r.dictionary for r in runs], run.source, hookpoints, cfg)
         home = Path(dictionary)
     else:
-        run = run_of(dictionary, cfg, lazy=None)  # read a block of latents at a time if it does not fit
+        run = run_of(dictionary, cfg, lazy=None if comm is None else True)  # lazily if it does not fit
+        if comm is not None:  # this rank's range of latents alone
+            eval_ranks.refuse_run(run, spliceable(run.dictionary) and splice_model(run.source, cfg) is not None)
+            run.dictionary.over(comm)
         if cfg.metrics and isinstance(run.dictionary, LazyDictionary) and set(cfg.metrics) - {"core"}:
             raise ConfigError(f"--metrics {','.join(cfg.metrics)}: {run.where} is read a block of latents at a time "
                               f"(it does not fit in memory, or CONCEPTDICT_LAZY=1) and only core is measured so; the "
@@ -181,12 +188,14 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     sae = run.dictionary
     tags = tag_counts(sae, torch.tensor(result.density)) if sae.n_sources == 2 and \
         sae.spec.sources == "several" else None
+    where = run.store_paths() if isinstance(run.source, list) else run.source.path
+    if comm is not None and not is_main(comm):  # rank 0 writes
+        return Evaluation(result, sae, where, hookpoints, rows_from, None, tags)
     if cfg.out is None and (home is None or str(home).startswith("hf:")):
         raise ConfigError(f"{run.where} has no folder of its own to write eval.json into; pass --out FILE (out= in "
                           f"Python)")
     out = cfg.out or Path(str(home)) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    where = run.store_paths() if isinstance(run.source, list) else run.source.path
     record = {"sae_dir": str(home), "store": str(where) if not isinstance(where, list) else [str(p) for p in where],
               "hookpoint": " -> ".join(hookpoints), "latent_tags": tags,
               "hookpoints": hookpoints, "rows_from": rows_from, "config": to_jsonable(cfg),
@@ -210,14 +219,6 @@ def evaluate(dictionary: DictionaryLike, *, store: StoreLike | None = None, stor
     return Evaluation(result, sae, where, hookpoints, rows_from, out, tags, sticks)
 
 
-def tag_counts(sae: SparseCoder | LazyDictionary, density: torch.Tensor) -> dict[str, int]:
-    """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
-    dictionary."""
-    from conceptdict.saes.lazy_compare import tag_counts as counts
-
-    return counts(sae, density)
-
-
 def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bool | None = False) -> Run:
     """``sources.open_run`` with an evaluation's settings; refuses a transcoder whose input is not recorded.
     ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it does not fit in memory)."""
@@ -228,66 +229,6 @@ def run_of(dictionary: DictionaryLike, cfg: EvalConfig | CompareConfig, lazy: bo
                           f"another hookpoint's output, so reconstruction metrics against its input would be wrong; "
                           f"name it or use it in a cbm")
     return run
-
-
-def set_splice_scores(result: EvalResult, models: list[SparseCoder], store, hookpoints: list[str],
-                      cfg: EvalConfig) -> EvalResult:
-    """:func:`splice_scores` of per-layer transcoders: every MLP replaced at once by its layer's transcoder."""
-    lm_ids = lm_contexts(store, cfg)
-    if lm_ids is None:
-        return result
-    S = len(models)
-    return replacement_scores(result, *lm_ids[:1], transcoder_replacement(models),
-                              list(zip(hookpoints[:S], hookpoints[S:])), *lm_ids[1:])
-
-
-def lm_contexts(store, cfg: EvalConfig):
-    """(causal LM, token ids, mask) for the spliced losses, or None when there is no causal LM or no contexts."""
-    if isinstance(store, LiveSource):
-        ids = store.contexts(cfg.contexts) if cfg.contexts else None
-        return None if ids is None else (store.model, *ids)
-    name = cfg.model or causal_lm_source(store)
-    if name is None or cfg.contexts == 0 or store.level != "token":
-        return None
-    lm = load_model(name, device=cfg.device)
-    bos, pad = lm.bos_pad_ids()  # from the config when the model was saved without a tokenizer
-    return (lm, *rebuild_contexts(store, cfg.contexts, bos, pad, separator_id(lm)))
-
-
-def splice_scores(result: EvalResult, sae: SparseCoder, store, hookpoints: list[str], cfg: EvalConfig,
-                  lm_ids: tuple | None = None) -> EvalResult:
-    """``result`` with CE loss recovered / KL score when a causal LM is at hand: the last hookpoint is replaced by
-    the dictionary's output on the first (the same one for an SAE; a transcoder's input, then output). ``lm_ids``:
-    :func:`lm_contexts`' answer when the caller keeps it (evaluations during training), else it is made here."""
-    if sae.n_sources > 1 and not sae.spec.layered:  # a crosscoder spans several models or layers: no one splice
-        return result
-    lm_ids = lm_ids or lm_contexts(store, cfg)
-    if lm_ids is None:
-        return result
-    lm, ids, mask = lm_ids
-    if sae.spec.layered:  # a cross-layer transcoder replaces every MLP it covers at once
-        S = sae.n_sources
-        return replacement_scores(result, lm, clt_replacement(sae), list(zip(hookpoints[:S], hookpoints[S:])), ids,
-                                  mask)
-
-    def swap(x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return sae(x.to(sae.device)).to(x.device)
-
-    losses = spliced_losses(lm, hookpoints[-1], ids, swap, attention_mask=mask,
-                            source=hookpoints[0] if len(hookpoints) > 1 else None)
-    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
-                              losses.kl_replaced)
-
-
-def replacement_scores(result: EvalResult, lm, replacement, layers: list[tuple[str, str]], ids, mask) -> EvalResult:
-    """``result`` with the replacement model's CE loss recovered / KL score (every MLP in ``layers`` replaced at once,
-    errors not kept) and, in ``splice``, the error-kept forward's CE, KL and largest logit difference from clean."""
-    losses = replacement_losses(lm, layers, ids, replacement.encode, replacement.decode, attention_mask=mask)
-    return with_splice_scores(result, losses.ce_clean, losses.ce_zero, losses.ce_replaced, losses.kl_zero,
-                              losses.kl_replaced, ce_with_errors=losses.ce_with_errors,
-                              kl_with_errors=losses.kl_with_errors,
-                              max_logit_diff_with_errors=losses.max_logit_diff_with_errors)
 
 
 # --------------------------------------------------------------------------- compare

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import conceptdict as cd
+from conceptdict import ranks
 from conceptdict.cli.args import add_config_flag, add_dataclass_args, settings_from
 from conceptdict.eval_api import EvalConfig
 
@@ -20,6 +21,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     result = cd.evaluate(args.sae_dir, **settings_from(args, EvalConfig))
-    print(result.format(args.sae_dir))
-    print(f"eval: {result.path}")
+    if ranks.current().main:  # under torchrun: rank 0 prints (and wrote eval.json)
+        print(result.format(args.sae_dir))
+        print(f"eval: {result.path}")
     return 0

@@ -225,8 +225,13 @@ def evaluate(model: SparseCoder | LazyDictionary, batches: Iterable[Tensor], max
     passes the same batches: each codes its latents (:meth:`SparseCoder.codes`), the reconstruction is the sum of
     the shards' parts, and the per-latent counts are joined, so every shard gets the whole dictionary's result
     without any of them holding it. A :class:`~saes.lazy.LazyDictionary` (a dictionary read a block of latents at a
-    time) is measured block by block the same way, in one process."""
+    time) is measured block by block the same way, in one process; split over ranks (``open_lazy(comm=)``, its own
+    seam: ``comm`` stays LOCAL) each rank counts its latents' firings and the counts are summed over the ranks."""
     shards = comm.shards
+    lazy = isinstance(model, LazyDictionary)
+    if lazy and shards.size > 1:
+        raise ValueError("evaluate(): a LazyDictionary is split over ranks by its own seam (open_lazy(DIR, comm=...)); "
+                         "leave comm at its default")
     device = model.device
     s = _Sums(model.n_sources, model.d_in, model.n_latents, device)
     for x in batches:
@@ -235,7 +240,7 @@ def evaluate(model: SparseCoder | LazyDictionary, batches: Iterable[Tensor], max
             xf, target = xf[: max_rows - s.n], target[: max_rows - s.n]
         if xf.shape[0] == 0:
             break
-        if isinstance(model, LazyDictionary):
+        if lazy:
             s.add_rows(target, model.codes_and_reconstruction(xf, s.add_codes))
         else:  # decoded sparsely: the kernels' sparse decode, not one more [B, L] @ [L, S*D] matmul
             code = packed_code(model.codes(xf, comm))
@@ -245,6 +250,8 @@ def evaluate(model: SparseCoder | LazyDictionary, batches: Iterable[Tensor], max
             break
     if s.n == 0:
         raise ValueError("evaluate() got no rows: pass at least one non-empty batch")
+    if lazy and model.comm.shards.size > 1:  # each rank counted its latents' firings (the others' are 0): summed
+        s.l0, s.l1, s.fires = (model.comm.shards.all_sum(t) for t in (s.l0, s.l1, s.fires))
     if shards.size > 1:  # each shard counted its latents' firings: the L0 is their sum, the densities joined
         s.l0 = shards.all_sum(s.l0)
         s.l1 = shards.all_sum(s.l1)

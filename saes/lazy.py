@@ -15,6 +15,10 @@ a dictionary larger than the memory of the process is read in ``block_latents`` 
 (plus a copy of its encoder while it is built) and the caller's buffers. :func:`save_tensors_of` writes a layout's
 weights file the same way, one block at a time.
 
+Under ``torchrun`` (``comm``: the seam of ``saes.distributed.process_group_comm``) each rank holds its own contiguous
+range of latents (:attr:`~LazyDictionary.part`), reads only blocks within it and computes with the other ranks
+(``saes.lazy_ranks``): ``conceptdict eval`` on N processes, each holding 1/N of the latents.
+
 Kinds: those whose latents can be split (``KindSpec.shardable``: topk, batchtopk, jumprelu, relu, crosscoders, and
 cross-layer transcoders, whose latents split within each layer: ``saes.lazy_clt.LazyCLT``, which :func:`open_lazy`
 gives for them); the others read their neighbours (Matryoshka's prefixes, SpaDE's simplex) and are loaded whole
@@ -44,8 +48,10 @@ from .artifact import (
     native_state,
     read_index,
 )
+from .comm import LOCAL, Comm
 from .kinds import KindSpec, kind_spec
 from .lazy_io import DTYPES, TensorsWriter, WeightsFile, write_blocks
+from .lazy_ranks import clip, merged, one_process, rank_range, summed
 from .model import SparseCoder
 
 BLOCK_MIB = 512
@@ -64,6 +70,8 @@ def file_pieces(files: Sequence[tuple[Any, int, int]], block_latents: int, k: in
                 out[-1] = (out[-1][0], e)
             else:
                 out.append((s, e))
+    if len(out) > 1 and out[0][1] - out[0][0] <= k:  # a first piece too small (a rank's range cut near a file's end)
+        out[:2] = [(out[0][0], out[1][1])]
     return out
 
 
@@ -98,7 +106,7 @@ class LazyDictionary:
     cfg = SparseCoder.cfg
 
     def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
-                 block_latents: int | None = None) -> None:
+                 block_latents: int | None = None, comm: Comm = LOCAL) -> None:
         self.path = Path(directory)
         self.config = load_native_config(self.path)
         cfg = self.config
@@ -118,8 +126,8 @@ class LazyDictionary:
         first = self.files[0][0]
         self.shared = {name: first.read(name) for name, axis in self.axes.items()
                        if axis is None and name in first.tensors}
-        self.blocks = self._blocks(block_latents)
-        self._held: tuple[tuple[Any, int, int], Any] | None = None
+        self._block_latents = block_latents
+        self.over(comm)
 
     # -- what it is -----------------------------------------------------------------------------
     @property
@@ -143,6 +151,16 @@ class LazyDictionary:
         return self
 
     def eval(self) -> LazyDictionary:
+        return self
+
+    def over(self, comm: Comm) -> LazyDictionary:
+        """Split this dictionary over the latent shards of ``comm`` (``saes.lazy_ranks``; ``LOCAL``: one process
+        holds every latent): :attr:`part` is this rank's range, :attr:`blocks` its blocks, :attr:`read_ranges` the
+        (key, start, stop) of every block read from the files from here on; the block held is let go. Returns it."""
+        self.comm, self._held = comm, None
+        self.part = rank_range(self.span, self.k, comm.shards, str(self.path))
+        self.read_ranges: set[tuple[Any, int, int]] = set()
+        self.blocks = self._blocks(self._block_latents)
         return self
 
     def _meta(self, n_latents: int) -> SparseCoder:
@@ -173,7 +191,7 @@ class LazyDictionary:
         if block_latents <= self.k:
             raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of its "
                              f"latents; raise block_latents")
-        return file_pieces(self.files, block_latents, self.k)
+        return file_pieces(clip(self.files, *self.part), block_latents, self.k)
 
     # -- reading ----------------------------------------------------------------------------------
     span_words = "the range"
@@ -188,12 +206,15 @@ class LazyDictionary:
         """The block ``read()`` gives of latents ``[start, stop)`` (of :attr:`span`), checked to hold more than k
         latents (``call`` names the call in the error). The block read last is kept: asked for again (the same
         ``key`` and range) it is given without reading; another one is read after the one held is let go."""
-        if not 0 <= start < stop <= self.span or stop - start <= self.k:
-            raise ValueError(f"{call}: {self.span_words} must lie in [0, {self.span}) and hold more than k={self.k} "
-                             f"latents")
+        lo, hi = self.part
+        if not lo <= start < stop <= hi or stop - start <= self.k:
+            mine = f" (rank {self.comm.shards.rank} of {self.comm.shards.size}'s)" if self.comm.shards.size > 1 else ""
+            raise ValueError(f"{call}: {self.span_words} must lie in [{lo}, {hi}){mine} and hold more than "
+                             f"k={self.k} latents")
         if self._held is not None and self._held[0] == (key, start, stop):
             return self._held[1]
         self._held = None  # let the block held before go first
+        self.read_ranges.add((key, start, stop))
         block = read()
         self._held = ((key, start, stop), block)
         return block
@@ -240,6 +261,7 @@ class LazyDictionary:
     def decoder_directions(self) -> Tensor:
         """Decoder rows in raw activation units: [L, D] (S = 1) or [L, S, D], as ``SparseCoder``'s; only ``W_dec`` is
         read (half the weights, in memory whole: what a concept dictionary keeps of each latent)."""
+        one_process(self, "decoder_directions()")
         S, D = self.n_sources, self.d_in
         out = torch.empty(self.n_latents, S, D) if S > 1 else torch.empty(self.n_latents, D)
         for f, a, b in self.files:
@@ -250,6 +272,7 @@ class LazyDictionary:
 
     def whole(self) -> SparseCoder:
         """The whole dictionary in memory (``load_native``), with ``.config`` and ``.path``."""
+        one_process(self, "whole()")
         model = load_native(self.path, self._device)
         model.config, model.path = self.config, self.path
         return model.requires_grad_(False)
@@ -259,7 +282,8 @@ class LazyDictionary:
     def block_codes(self, rows: Tensor) -> Iterator[tuple[int, SparseCoder, Tensor]]:
         """(first latent, block, the block's codes [N, stop - start]) for each block, of rows [N, S*D]: together the
         whole dictionary's codes. A rule that selects across latents keeps each row's k largest of every block's k
-        largest (read in a first pass), as latent shards do (``kinds.common.shard_keep``)."""
+        largest (read in a first pass), as latent shards do (``kinds.common.shard_keep``). Split over ranks: this
+        rank's blocks, the k largest over every rank's (collective)."""
         if self.spec.shard_encode is None:
             for a, b in self.blocks:
                 block = self.latents(a, b)
@@ -272,7 +296,7 @@ class LazyDictionary:
             values.append(top.values)
             indices.append(top.indices + a)
         best = torch.cat(values, 1).topk(self.k, dim=1)
-        keep_v, keep_i = best.values, torch.cat(indices, 1).gather(1, best.indices)
+        keep_v, keep_i = merged(best.values, self.k, self.comm), torch.cat(indices, 1).gather(1, best.indices)
         for a, b in reversed(self.blocks):  # the last block read first: it is still held
             block = self.latents(a, b)
             mine = (keep_i >= a) & (keep_i < b)
@@ -287,6 +311,7 @@ class LazyDictionary:
         Read block by block, ``batches()`` once per block (:func:`kth_largest`)."""
         if self.spec.shard_encode is None:
             return None
+        one_process(self, "cutoffs()")
         return kth_largest((self.latents(a, b) for a, b in self.blocks), batches, n_rows, self.k, self._device)
 
     def finish(self, x: Tensor, decoded: Tensor) -> Tensor:
@@ -302,8 +327,8 @@ class LazyDictionary:
     @torch.no_grad()
     def codes_and_reconstruction(self, rows: Tensor,
                                  each: Callable[[Tensor, int], None] | None = None) -> Tensor:
-        """The reconstruction [N, S*D] of rows [N, S*D] (a transcoder: its output), X
-        ``each(codes, first latent)`` as they come."""
+        """The reconstruction [N, S*D] of rows [N, S*D] (a transcoder: its output), and ``each(codes, first latent)``
+        as they come (split over ranks: this rank's latents' codes; the reconstruction is the whole one)."""
         total = None
         for a, block, f in self.block_codes(rows):
             part = block.dense_decode(f)
@@ -311,7 +336,7 @@ class LazyDictionary:
             if each is not None:
                 each(f, a)
             del block, f, part  # one block in memory at a time
-        return self.finish(rows, total)
+        return self.finish(rows, summed(total, self.comm))
 
     def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """x [..., D] (S sources: [..., S, D]) -> dense codes [..., L], equal to the whole dictionary's."""
@@ -320,14 +345,14 @@ class LazyDictionary:
         for a, block, part in self.block_codes(rows):
             f[:, a: a + part.shape[1]] = part
             del block, part  # one block in memory at a time
-        return back(f, (self.n_latents,))
+        return back(summed(f, self.comm), (self.n_latents,))
 
     @torch.no_grad()
     def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """Codes f [..., L] -> x_hat [..., D] (S sources: [..., S, D])."""
         rows, back = self.input_rows(f, "decode", (self.n_latents,), "the latents of this dictionary")
         total = sum(self.latents(a, b).dense_decode(rows[:, a:b]) for a, b in self.blocks)
-        return back(total + self.shared_tensor("b_dec"), self.output_shape())
+        return back(summed(total, self.comm) + self.shared_tensor("b_dec"), self.output_shape())
 
     def __call__(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """Reconstruction of x, as ``SparseCoder.forward``."""
@@ -335,15 +360,16 @@ class LazyDictionary:
         return back(self.codes_and_reconstruction(rows), self.output_shape())
 
 
-def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_latents: int | None = None
-              ) -> LazyDictionary:
+def open_lazy(directory: str | Path, device: str | torch.device = "cpu", block_latents: int | None = None,
+              comm: Comm = LOCAL) -> LazyDictionary:
     """:class:`LazyDictionary` of a dictionary saved by ``saes.artifact`` (one file, or one per latent shard); of a
-    cross-layer transcoder, a ``saes.lazy_clt.LazyCLT`` (``block_latents``: latents of each layer in a block)."""
+    cross-layer transcoder, a ``saes.lazy_clt.LazyCLT`` (``block_latents``: latents of each layer in a block).
+    ``comm``: split over its latent shards, this rank reading only its range (``saes.lazy_ranks``)."""
     if kind_spec(native_kind(load_native_config(directory))).layered:
         from .lazy_clt import LazyCLT
 
-        return LazyCLT(directory, device, block_latents)
-    return LazyDictionary(directory, device, block_latents)
+        return LazyCLT(directory, device, block_latents, comm)
+    return LazyDictionary(directory, device, block_latents, comm)
 
 
 LOAD_FACTOR = 4

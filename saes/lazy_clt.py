@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -40,9 +39,11 @@ from .artifact import (
     load_native_config,
     native_kind,
 )
+from .comm import LOCAL, Comm
 from .kinds import KindSpec
 from .lazy import BLOCK_MIB, LazyDictionary, file_pieces, kth_largest
 from .lazy_io import WeightsFile
+from .lazy_ranks import clip, merged, one_process, summed
 from .model import SparseCoder
 
 
@@ -51,7 +52,7 @@ class LazyCLT(LazyDictionary):
     time (module docstring); ``encode`` / ``decode`` / ``sae(x)`` / ``saes.evaluate`` give the whole CLT's results."""
 
     def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
-                 block_latents: int | None = None) -> None:
+                 block_latents: int | None = None, comm: Comm = LOCAL) -> None:
         self.path = Path(directory)
         self.config = cfg = load_native_config(self.path)
         self.kind, self.d_in, self.n_latents = native_kind(cfg), int(cfg["d_in"]), int(cfg["n_latents"])
@@ -70,8 +71,8 @@ class LazyCLT(LazyDictionary):
         first = self.files[0][0]
         self.shared = {name: first.read(name) for name, axis in self.axes.items()
                        if axis is None and name in first.tensors}
-        self.blocks = self._blocks(block_latents)
-        self._held: tuple[tuple[Any, int, int], Any] | None = None
+        self._block_latents = block_latents
+        self.over(comm)  # split over comm's ranks: this rank's range of each layer's latents (saes.lazy_ranks)
 
     def __repr__(self) -> str:
         return (f"LazyCLT({self.kind}, d_in={self.d_in}, layers={self.n_sources}, latents={self.n_latents}, "
@@ -89,7 +90,7 @@ class LazyCLT(LazyDictionary):
         if block_latents <= self.k:
             raise ValueError(f"block_latents={block_latents} must exceed k={self.k}: a block's TopK keeps k of each "
                              f"layer's latents; raise block_latents")
-        return file_pieces(self.files, block_latents, self.k)
+        return file_pieces(clip(self.files, *self.part), block_latents, self.k)
 
     def pieces(self, start: int, stop: int) -> list[tuple[int, slice]]:
         """(the whole CLT's first latent, the block's columns) of each layer's part of block ``[start, stop)``."""
@@ -177,12 +178,14 @@ class LazyCLT(LazyDictionary):
         for ``clt-batchtopk`` (JumpReLU reads one latent at a time)."""
         if self.spec.shard_encode is None:
             return None
+        one_process(self, f"layer_cutoffs({layer})")
         return kth_largest((self.layer_latents(layer, a, b) for a, b in self.blocks), batches, n_rows, self.k,
                            self._device)
 
     def decoder_directions(self) -> Tensor:
         """Decoder rows in raw activation units [L, S, D] (zero to the layers before a latent's own), as
         ``SparseCoder``'s; only ``W_dec`` is read, one file at a time."""
+        one_process(self, "decoder_directions()")
         S, P = self.n_sources, self.per_layer
         out = torch.empty(self.n_latents, S, self.d_in)
         for f, a, b in self.files:
@@ -197,7 +200,7 @@ class LazyCLT(LazyDictionary):
     def block_codes(self, rows: Tensor) -> Iterator[tuple[int, SparseCoder, Tensor]]:
         """(first latent of each layer, block, the block's codes [N, S (stop - start)], layer-major) for each block,
         of rows [N, S*D]: together the whole CLT's codes. ``clt`` keeps, per layer and row, the k largest of every
-        block's k largest of that layer (read in a first pass)."""
+        block's k largest of that layer (read in a first pass); split over ranks, over every rank's (collective)."""
         if self.spec.shard_encode is None:
             for a, b in self.blocks:
                 block = self.latents(a, b)
@@ -211,7 +214,8 @@ class LazyCLT(LazyDictionary):
             values.append(top.values)
             indices.append(top.indices + a)
         best = torch.cat(values, 2).topk(self.k, dim=2)
-        keep_v, keep_i = best.values, torch.cat(indices, 2).gather(2, best.indices)  # [N, S, k], within a layer
+        keep_v = merged(best.values, self.k, self.comm)  # [N, S, k]; over ranks, each layer's k largest of every rank's
+        keep_i = torch.cat(indices, 2).gather(2, best.indices)  # [N, S, k], within a layer
         for a, b in reversed(self.blocks):  # the last block read first: it is still held
             block = self.latents(a, b)
             mine = (keep_i >= a) & (keep_i < b)
@@ -239,7 +243,7 @@ class LazyCLT(LazyDictionary):
                 for first, cols in self.pieces(a, a + block.n_latents // self.n_sources):
                     each(f[:, cols], first)
             del block, f, part
-        return self.finish(rows, total)
+        return self.finish(rows, summed(total, self.comm))
 
     def encode(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """x [..., S, D] (the layers' inputs) -> dense codes [..., L], equal to the whole CLT's."""
@@ -249,7 +253,7 @@ class LazyCLT(LazyDictionary):
         for a, block, part in self.block_codes(rows):
             f[:, :, a: a + part.shape[1] // S] = part.view(N, S, -1)
             del block, part
-        return back(f.view(N, self.n_latents), (self.n_latents,))
+        return back(summed(f.view(N, self.n_latents), self.comm), (self.n_latents,))
 
     @torch.no_grad()
     def decode(self, f: Tensor | np.ndarray) -> Tensor | np.ndarray:
@@ -258,7 +262,7 @@ class LazyCLT(LazyDictionary):
         by_layer = rows.view(rows.shape[0], self.n_sources, self.per_layer)
         total = sum(self.latents(a, b).dense_decode(by_layer[:, :, a:b].reshape(rows.shape[0], -1))
                     for a, b in self.blocks)
-        return back(total + self.shared_tensor("b_dec"), self.output_shape())
+        return back(summed(total, self.comm) + self.shared_tensor("b_dec"), self.output_shape())
 
 
 class LayerLatents:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .compare import NEAR_DUPLICATE, SPLIT_COSINE, SPLIT_JACCARD, encoder_decoder_cosine
 from .lazy import LazyDictionary
+from .lazy_ranks import one_process, summed
 from .model import SparseCoder
 
 Parts = list[tuple[int, Callable[[], Tensor]]]
@@ -32,6 +33,8 @@ Parts = list[tuple[int, Callable[[], Tensor]]]
 def parts_of(model: LazyDictionary, tensor: str = "W_dec") -> Parts:
     """(first latent, read its rows [n, S*D] as float) of each block of a lazy dictionary: decoder rows, or with
     ``tensor="W_enc"`` encoder vectors (the columns of W_enc)."""
+    one_process(model, "comparing latents block against block")
+
     def read(a: int, b: int) -> Tensor:
         w = getattr(model.latents(a, b), tensor).detach().float().cpu()
         return w.T if tensor == "W_enc" else w
@@ -70,6 +73,7 @@ class Firing:
 def lazy_firing(model: LazyDictionary, batches: Iterable[Tensor], max_rows: int) -> Firing:
     """:class:`Firing` of a lazy dictionary on the first ``max_rows`` rows (the inference rule over every block, as
     ``saes.compare.firing``'s)."""
+    one_process(model, "lazy_firing()")
     latents, rows, n = [], [], 0
     for x in batches:
         inp, _ = model.split(model.flatten_batch(x.to(model.device, model.dtype)))
@@ -147,13 +151,14 @@ def best_live_match(parts_a: Parts, live_a: Tensor, parts_b: Parts, live_b: Tens
 
 def tag_counts(model: SparseCoder | LazyDictionary, density: Tensor) -> dict[str, int]:
     """A two-source crosscoder's live latents per diff tag (``diffing.live_tag_counts``), block by block for a lazy
-    dictionary."""
+    dictionary (split over ranks: each rank counts its latents, the counts summed over the ranks)."""
     from .diffing import live_tag_counts
 
     if not isinstance(model, LazyDictionary):
         return live_tag_counts(model, density)
     parts = [live_tag_counts(model.latents(a, b), density[a:b]) for a, b in model.blocks]
-    return {tag: sum(p[tag] for p in parts) for tag in parts[0]}
+    counts = summed(torch.tensor([[p[tag] for tag in parts[0]] for p in parts]).sum(0), model.comm)
+    return dict(zip(parts[0], map(int, counts)))
 
 
 __all__ = ["Firing", "best_live_match", "lazy_firing", "lazy_weights", "max_other_cosines", "parts_of", "self_cosines", "tag_counts"]

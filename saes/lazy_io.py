@@ -346,7 +346,10 @@ def write_blocks(model: Any, make: Callable[[Any], dict[str, Tensor]],
     The axis along which each tensor runs over the latents is found by running ``make`` on two dictionaries on the
     meta device that differ by one latent; a tensor that does not run over them is written once, from the first
     block."""
+    from .lazy_ranks import one_process
     from .model import SparseCoder
+
+    one_process(model, "writing its files")  # a rank's blocks are only its own latents
 
     def meta(n: int) -> SparseCoder:
         return SparseCoder(model.d_in, n, model.k, model.kind, n_sources=model.n_sources, device="meta")

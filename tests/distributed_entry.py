@@ -3,6 +3,7 @@
     torchrun --nproc_per_node=2 tests/distributed_entry.py train SPEC.json
     torchrun --nproc_per_node=2 tests/distributed_entry.py cache SPEC.json
     torchrun --nproc_per_node=2 tests/distributed_entry.py cli SPEC.json
+    torchrun --nproc_per_node=2 tests/distributed_entry.py eval SPEC.json
 
 ``train``: for each run in the spec (``interrupt_at``: every rank stops before that global batch), train
 data-parallel, latent-sharded with its config's ``latent_shards`` (``saes.train`` over
@@ -11,7 +12,9 @@ save the weights (other ranks: WEIGHTS.rankN; latent shards: the shards joined);
 trains them in one ``train_sweep`` pass into its ``outs``. ``cache``: ``cache_distributed`` of the spec's
 CacheConfig over the spec's in-memory records; with ``die_after`` rank 1 exits hard after that many
 full-size forwards, once its first shard is listed (a killed rank). ``cli``: the command line
-``conceptdict SPEC["argv"]`` (its exit status is the process's). The job is joined as the command line joins it
+``conceptdict SPEC["argv"]`` (its exit status is the process's). ``eval``: ``cd.evaluate`` of each of the spec's
+``jobs`` (``dictionary`` and its ``settings``), each rank writing what its dictionary read (``reads``.rankN: its range
+``part`` and ``read_ranges``), then the command line ``SPEC["argv"]`` when given (last: it leaves the job). The job is joined as the command line joins it
 (``conceptdict.ranks.join``).
 """
 
@@ -108,6 +111,22 @@ def run_train(spec: dict) -> None:
             save_file(state, run["weights"] + f".rank{w.rank}")
 
 
+def run_eval(spec: dict) -> int:
+    import conceptdict as cd
+    from conceptdict import ranks
+
+    rank = ranks.current().rank
+    for job in spec["jobs"]:
+        lazy = cd.evaluate(job["dictionary"], **job["settings"]).dictionary
+        Path(f"{job['reads']}.rank{rank}").write_text(json.dumps(
+            {"part": list(lazy.part), "read_ranges": sorted([k, a, b] for k, a, b in lazy.read_ranges)}))
+    if spec.get("argv"):
+        from conceptdict.cli.main import main as cli_main
+
+        return cli_main(spec["argv"])
+    return 0
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     mode, spec_path = sys.argv[1], sys.argv[2]
@@ -122,6 +141,8 @@ def main() -> int:
             from conceptdict.cli.main import main as cli_main
 
             return cli_main(spec["argv"])
+        if mode == "eval":
+            return run_eval(spec)
         run_cache(spec) if mode == "cache" else run_train(spec)
     finally:
         import torch.distributed as dist
