@@ -61,11 +61,11 @@ def _train(kind: str, **kw):
     return train(train_config(**flat_for_kind(settings, kind)), functools.partial(_batches, kind))
 
 
-RUNS = [("topk", dict(kernel_impl="torch", precision="float32")),
-        ("batchtopk", dict(kernel_impl="reference", precision="float32", dead_tokens=64)),  # AuxK on its residual
-        ("jumprelu", dict(kernel_impl="torch", precision="float32")),
-        ("transcoder", dict(kernel_impl="torch", precision="float64")),
-        pytest.param("topk", dict(kernel_impl="numba", precision="bf16", dead_tokens=64),
+RUNS = [("topk", {"kernel_impl": "torch", "precision": "float32"}),
+        ("batchtopk", {"kernel_impl": "reference", "precision": "float32", "dead_tokens": 64}),  # AuxK on its residual
+        ("jumprelu", {"kernel_impl": "torch", "precision": "float32"}),
+        ("transcoder", {"kernel_impl": "torch", "precision": "float64"}),
+        pytest.param("topk", {"kernel_impl": "numba", "precision": "bf16", "dead_tokens": 64},
                      marks=pytest.mark.skipif(not HAS_NUMBA, reason="no numba"))]
 
 
