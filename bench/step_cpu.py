@@ -6,8 +6,8 @@ around the library's functions and the numba kernels (wrapped here from outside;
 measures them too. This reports, per timed step, each part's wall time, the calling thread's CPU time and the
 process's CPU time (every thread: torch's and numba's pools, the stream's prefetch thread), and the process's share.
 With ``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1`` every part runs on the calling thread and the two CPU columns agree.
-Parts nest (``step`` holds ``encode``, which holds ``mm`` and ``k.row_topk``; ``apply_update`` holds ``backward``,
-which holds the kernels' backward); ``k.*`` are the numba kernels' calls.
+Parts nest (``step`` holds ``encode``, which holds ``mm``, ``k.row_topk`` and ``exact_values``; ``apply_update`` holds
+``backward``, which holds ``decode_backward`` and ``encoder_backward``); ``k.*`` are the numba kernels' calls.
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/step_cpu.py --store runs/whole-train/store-d768-b4096-n98
     .venv/bin/python bench/step_cpu.py --rows memory --latents 16384
@@ -76,6 +76,9 @@ def instrument(timers: Timers, warmup: int) -> dict:
     nb.BACKEND = backend
     (nb.encode, nb.encode_topk, nb.batch_topk, nb.sparse_decode, nb.encode_aux, nb.gather_pre,
      nb.encode_above) = sparse.make_ops(backend)
+    for label, cls, attr in (("decode", sparse._SparseDecode, "forward"), ("decode_backward", sparse._SparseDecode,
+                             "backward"), ("encoder_backward", sparse._SparseEncoderGrad, "backward")):
+        setattr(cls, attr, staticmethod(timers.wrap(label, getattr(cls, attr))))  # the sparse autograd's halves
     for label, (where, attr) in WRAPPED.items():
         module, _, cls = where.partition(":")
         owner = importlib.import_module(module)
