@@ -22,6 +22,10 @@ Phases (seconds):
   exit             saved -> the process has exited (printing the summary, interpreter teardown)
   teardown         of which: the CLI has returned -> the process has exited
   => after_last_step
+  cpu_total        the process's CPU seconds, start to exit (every thread)
+  cpu_*            its CPU seconds from the start to setup, in setup, the first step, the
+                   other steps (and per step), the held-out evaluation, the save, and from the last step to the
+                   CLI's return: on a shared machine these move less with the load than the wall times
 
 ``--big-rows N`` also times a store of N random rows (D 384, the demo's width) with ``--tokens`` set to a few
 steps, to show which start-up costs grow with the store, and the same with ``--no-verify`` (no sha256 of the
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,8 +52,9 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 T = {"python": time.time()}
+C = {"python": time.process_time()}  # the process's CPU seconds at the same stamps
 import torch
-T["torch"] = time.time()
+T["torch"], C["torch"] = time.time(), time.process_time()
 import conceptdict.saes.training as tr
 import conceptdict.saes.artifact as art
 
@@ -56,10 +62,10 @@ def timed(owner, name, before=None, after=None, every=False):
     fn = getattr(owner, name)
     def wrapper(*a, **k):
         if before and (every or before not in T):
-            T[before] = time.time()
+            T[before], C[before] = time.time(), time.process_time()
         out = fn(*a, **k)
         if after and (every or after not in T):
-            T[after] = time.time()
+            T[after], C[after] = time.time(), time.process_time()
         return out
     setattr(owner, name, wrapper)
 
@@ -72,11 +78,11 @@ timed(tr, "_save", before="ckpt_start", after="ckpt_end")
 timed(tr, "evaluate", before="eval_start", after="eval_end")
 timed(art, "save_dictionary", before="save_start", after="saved")
 import atexit
-atexit.register(lambda path=sys.argv[1]: json.dump(T, open(path, "w")))
+atexit.register(lambda path=sys.argv[1]: json.dump({"wall": T, "cpu": C}, open(path, "w")))
 sys.argv = ["conceptdict"] + sys.argv[2:]
 from conceptdict.cli.main import main
 code = main()
-T["main_end"] = time.time()
+T["main_end"], C["main_end"] = time.time(), time.process_time()
 sys.exit(code)
 """
 
@@ -112,6 +118,12 @@ def random_store(root: Path, rows: int, d: int = 384) -> Path:
     return out
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_once(store: Path, out: Path, extra: list[str], python: str = sys.executable,
              shape: tuple[str, ...] = ("--latents", "1024", "--k", "16")) -> dict[str, float]:
     """One fresh ``conceptdict train`` process (``python``: its interpreter; ``shape``: the dictionary's flags);
@@ -120,13 +132,20 @@ def run_once(store: Path, out: Path, extra: list[str], python: str = sys.executa
     args = [python, "-c", CHILD, str(stamps), "train", "--store", str(store), *shape, "--out", str(out), "--overwrite",
             *extra]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    t0 = time.time()
-    proc = subprocess.run(args, env=env, capture_output=True, text=True)
-    t_exit = time.time()
+    t0, cpu0 = time.time(), children_cpu()
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+    t_exit, cpu_total = time.time(), children_cpu() - cpu0
     if proc.returncode != 0:
         raise SystemExit(f"conceptdict train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    T = json.loads(stamps.read_text())
+    stamped = json.loads(stamps.read_text())
+    T, C = stamped["wall"], stamped["cpu"]
     steps = json.loads((out / "config.json").read_text())["training"]["steps"]
+    cpu = {  # the process's CPU seconds in each phase (every thread): shares that a shared machine's load moves less
+        "cpu_start": C["setup_start"], "cpu_setup": C["setup_end"] - C["setup_start"],
+        "cpu_first_step": C["first_step_end"] - C["setup_end"], "cpu_steps": C["last_step_end"] - C["first_step_end"],
+        "cpu_per_step_ms": 1000 * (C["last_step_end"] - C["first_step_end"]) / max(steps - 1, 1),
+        "cpu_heldout_eval": C["eval_end"] - C["eval_start"], "cpu_save": C["saved"] - C["save_start"],
+        "cpu_to_exit": C["main_end"] - C["last_step_end"]}
     return {
         "interpreter": T["python"] - t0,
         "import_torch": T["torch"] - T["python"],
@@ -146,7 +165,9 @@ def run_once(store: Path, out: Path, extra: list[str], python: str = sys.executa
         "teardown": t_exit - T["main_end"],
         "after_last_step": t_exit - T["last_step_end"],
         "total": t_exit - t0,
+        "cpu_total": cpu_total,
         "n_steps": steps,
+        **cpu,
     }
 
 

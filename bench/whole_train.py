@@ -2,7 +2,8 @@
 
 ``bench/train_step.py`` times one step against its matmul floor; a user waits for a whole process: the interpreter,
 the imports, opening the store, the initialisation, every step, the held-out evaluation and the save. This runs
-each as a fresh process on the same rows and reports its wall time (start to exit) and held-out FVU:
+each as a fresh process on the same rows and reports its wall time (start to exit), its CPU seconds (every thread:
+on a shared machine the ratio of CPU seconds moves less with the load than the wall times') and held-out FVU:
 
   train-PRECISION  ``conceptdict train --store STORE --latents L --k K --batch-size B --tokens B*steps
                    --precision PRECISION`` (one held-out batch, no stopping rule, no checkpoints); its FVU is the
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from startup import run_once  # noqa: E402
+from startup import children_cpu, run_once  # noqa: E402
 from train_step import cpu_info, synthetic_batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,18 +127,19 @@ def run_train(a: argparse.Namespace, store: Path, precision: str, out: Path) -> 
     phases = None
     if a.phases:  # the same process with timestamps around its phases (bench/startup.py's child)
         phases = run_once(store, out, flags, python=str(ROOT / ".venv/bin/python"), shape=shape)
-        wall = phases["total"]
+        wall, cpu = phases["total"], phases["cpu_total"]
     else:
         cmd = [str(ROOT / ".venv/bin/conceptdict"), "train", "--store", str(store), *shape, *flags, "--overwrite",
                "--out", str(out)]
         env = {k: v for k, v in os.environ.items() if k != "CONCEPTDICT_PRECISION"}  # auto: this machine's choice
-        t = time.perf_counter()
+        t, c = time.perf_counter(), children_cpu()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, children_cpu() - c
         if proc.returncode:
             return {"error": proc.stderr.strip().splitlines()[-1:]}
     summary = json.loads((out / "config.json").read_text())["training"]
-    return {"wall_s": wall, "fvu": summary["heldout_eval"]["fvu"], "precision": summary["config"]["precision"],
+    return {"wall_s": wall, "cpu_s": cpu, "fvu": summary["heldout_eval"]["fvu"],
+            "precision": summary["config"]["precision"],
             "steps": summary["steps"], **({"phases": phases} if phases else {})}
 
 
@@ -146,14 +148,14 @@ def run_sparsify(a: argparse.Namespace, store: Path) -> dict:
         return {"error": f"no benchmark interpreter at {a.bench_python}"}
     shards, key = store_shards(store)
     spec = dict(shards=shards, key=key, d=a.d, batch=a.batch, steps=a.steps, latents=a.latents, k=a.k, seed=a.seed)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), children_cpu()
     proc = subprocess.run([a.bench_python, "-c", SPARSIFY, json.dumps(spec)], capture_output=True, text=True,
                           check=False)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, children_cpu() - c
     if proc.returncode:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
     fvu = next(json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("FVU "))
-    return {"wall_s": wall, "fvu": fvu, "steps": a.steps}
+    return {"wall_s": wall, "cpu_s": cpu, "fvu": fvu, "steps": a.steps}
 
 
 def main(argv=None) -> int:
@@ -171,25 +173,29 @@ def main(argv=None) -> int:
             res["load"] = os.getloadavg()[0]  # the machine may be shared: the load as each process ended
             runs[name].append(res)
             print(f"  {name} (run {r + 1}): " + (str(res["error"]) if "error" in res else
-                                                   f"{res['wall_s']:.1f} s, held-out FVU {res['fvu']:.4f}") +
+                                                   f"{res['wall_s']:.1f} s ({res['cpu_s']:.1f} s CPU), held-out FVU "
+                                                   f"{res['fvu']:.4f}") +
                   f" | load {res['load']:.1f}", flush=True)
     rows = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
-        rows[name] = ({"wall_s": statistics.median(r["wall_s"] for r in ok), "fvu": ok[0]["fvu"],
+        rows[name] = ({"wall_s": statistics.median(r["wall_s"] for r in ok),
+                       "cpu_s": statistics.median(r["cpu_s"] for r in ok), "fvu": ok[0]["fvu"],
                        "precision": ok[0].get("precision"),
                        **({"phases": {k: statistics.median(r["phases"][k] for r in ok) for k in ok[0]["phases"]}}
                           if "phases" in ok[0] else {})} if ok else rs[0])
-    base = rows.get("sparsify", {}).get("wall_s")
+    base, base_cpu = rows.get("sparsify", {}).get("wall_s"), rows.get("sparsify", {}).get("cpu_s")
     f32 = rows.get("train-float32", {}).get("fvu")
-    print(f"{'process':16s} {'wall s':>8s} {'sparsify / it':>14s} {'FVU':>8s} {'FVU / float32':>14s}")
+    print(f"{'process':16s} {'wall s':>8s} {'sparsify / it':>14s} {'CPU s':>8s} {'in CPU s':>9s} {'FVU':>8s} "
+          f"{'FVU / float32':>14s}")
     for name, r in rows.items():
         if "error" in r:
             print(f"{name:16s} error: {r['error']}")
             continue
         speed = f"{base / r['wall_s']:14.2f}" if base else f"{'n/a':>14s}"
+        speed_cpu = f"{base_cpu / r['cpu_s']:9.2f}" if base_cpu else f"{'n/a':>9s}"
         rel = f"{r['fvu'] / f32:14.4f}" if f32 and name != "sparsify" else f"{'-':>14s}"
-        print(f"{name:16s} {r['wall_s']:8.1f} {speed} {r['fvu']:8.4f} {rel}")
+        print(f"{name:16s} {r['wall_s']:8.1f} {speed} {r['cpu_s']:8.1f} {speed_cpu} {r['fvu']:8.4f} {rel}")
     if a.phases:
         timed = {name: r["phases"] for name, r in rows.items() if "phases" in r}
         print(f"{'phase (s)':16s}" + "".join(f"{name:>16s}" for name in timed))

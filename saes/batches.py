@@ -44,8 +44,11 @@ def check_batch(x: Tensor, index: int, source: str) -> Tensor:
     if x.dim() not in (2, 3) or x.shape[0] == 0:
         raise ValueError(f"batch {index} from {source} has shape {list(x.shape)}; expected [B, D] or [B, S, D] "
                          f"with B > 0")
-    # a finite float64 sum proves every entry finite (0.7 ms against 14 ms for the count at 4096 x 768)
-    bad = 0 if bool(torch.isfinite(x.sum(dtype=torch.float64))) else int((~torch.isfinite(x)).sum())
+    # a finite sum proves every entry finite (a NaN or an inf makes the sum one); a sum that overflows although
+    # every entry is finite is counted exactly. In float32 (float64 for float64 rows): 0.7 ms against 2.6 ms for
+    # float64 at 4096 x 768 on one core, and 14 ms for the count
+    total = x.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    bad = 0 if bool(torch.isfinite(total)) else int((~torch.isfinite(x)).sum())
     if bad:
         raise ValueError(f"batch {index} from {source} holds {bad} NaN/inf values of {x.numel()}; "
                          f"fix or re-cache the activations (e.g. cache in float32)")

@@ -46,6 +46,7 @@ from .evaluation import evaluate
 from .flat import to_flat
 from .metrics import JsonlSink, MetricsSink, NullSink, TeeSink, check_tracker, progress, tracker_sink
 from .kinds import check_shards
+from .loss import squared_error
 from .model import SparseCoder, kind_spec
 from . import during, stopping
 from .update import aux_loss, apply_update, as_threshold, lr_at, make_optimizer, record_step, update_threshold
@@ -105,12 +106,12 @@ def step(run: Run, x: Tensor, cfg: TrainConfig, lr: float, comm: Comm = LOCAL) -
                         schedule=lr / r.lr if r.lr else 1.0, code_l1=r.code_l1, per_row=st.step < r.topk_steps,
                         matmul_dtype=run.matmul_dtype)
     out = model.spec.train_forward(model, x, inputs)
-    err = target - out.x_hat
-    fvu = err.pow(2).sum() / stats.total_var
+    sq, err = squared_error(target, out.x_hat)  # err: detached; the gradient into x_hat in one pass
+    fvu = sq / stats.total_var
     loss = fvu
     aux = x.new_zeros(())
     if out.aux is not None:
-        aux = aux_loss(out.aux, model, err.detach(), comm)
+        aux = aux_loss(out.aux, model, err, comm)
         loss = loss + r.aux_alpha * aux
     if out.sparsity_loss is not None:
         loss = loss + out.sparsity_loss
