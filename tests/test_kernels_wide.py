@@ -104,6 +104,9 @@ def test_wide_codes_take_the_latent_passes():
     assert code is not None
     assert code.start[-1] == int((val != 0).sum())  # the nonzero entries only
     assert numba_impl.by_latent(*_code(4096, 32, 16384), 16384) is None  # the benchmark's TopK code: 8 a latent
+    padded = torch.zeros(256, 40)
+    padded[:, :4] = 1.0  # wide in its shape, 12.8 nonzero entries a latent
+    assert numba_impl.by_latent(idx, padded, 80) is None
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -159,9 +159,12 @@ class Buckets(NamedTuple):
 
 
 def by_latent(idx: Tensor, val: Tensor, L: int) -> Buckets | None:
-    """The code's entries bucketed by latent when it is wide (``numba_wide.WIDE_ENTRIES`` entries per latent on
-    average: SpaDE's), else None (the row-ordered kernels)."""
+    """The code's entries bucketed by latent when it is wide (``numba_wide.WIDE_ENTRIES`` nonzero entries per latent
+    on average: SpaDE's), else None (the row-ordered kernels; a padded code such as Matryoshka's regrouped one or a
+    BatchTopK code counts its nonzero entries only)."""
     if idx.numel() < nw.WIDE_ENTRIES * L or L == 0 or idx.numel() >= 2**31:  # entry ids are int32
+        return None
+    if int(torch.count_nonzero(val)) < nw.WIDE_ENTRIES * L:
         return None
     return Buckets(*nw.bucket(_i64(idx), _f32(val), L), idx.shape[0], idx.shape[1], val.dtype)
 
