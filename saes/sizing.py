@@ -18,7 +18,8 @@ dtype's size, 4 or 8 with ``precision float64``):
   float32 on a GPU; not for a CLT, whose blocks are read in float32);
 - ``pre-activations``: ``[rows, L/N]`` encoder scores in the matmul's dtype; ``rows`` is ``B_r`` on a GPU (one
   matmul), at most :data:`saes.kernels.sparse.ROW_CHUNK` rows on a CPU (row chunks, each selected and freed). A
-  cross-layer transcoder encodes one layer at a time: ``[rows, L/(N S)]``;
+  cross-layer transcoder encodes one layer at a time: ``[rows, L/(N S)]``. SpaDE on a CPU also keeps its support
+  search's ``[rows, L/N]`` int32 index buffer (``saes.kernels.numba_impl.sparsemax_support``);
 - ``layer gradient`` (a cross-layer transcoder): one layer's encoder gradient ``[D, L/(N S)]``, made by
   the kernel before it is added into W_enc's (``saes.kinds.clt.layer_encoder_weights``); the CPU kernel keeps that
   buffer for the next step;
@@ -224,6 +225,8 @@ def plan_memory(cfg: PlanConfig) -> MemoryPlan:
     rows = per_rank if cfg.device == "cuda" else min(per_rank, ROW_CHUNK)
     encoded = L_r // cfg.sources if spec.layered else L_r  # the latents one encoder matmul scores
     pre = rows * encoded * mbytes
+    if spec.name == "spade" and cfg.device == "cpu":  # the support search's recycled index buffer
+        pre += rows * encoded * 4
     layer_gradient = cfg.d_model * encoded * wbytes if spec.layered else 0
     step = per_rank * row_width * wbytes + 3 * per_rank * out_width * wbytes
     fill = min(cfg.buffer_rows, cfg.store_rows or cfg.buffer_rows) // cfg.data_ranks

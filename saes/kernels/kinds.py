@@ -63,7 +63,7 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
                               torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in chunks])
 
         kept = torch.arange(K, device=x.device) < size[:, None]
-        indices = joined(parts) * kept
+        indices = joined(parts)  # zero-padded after each row's support already (sparsemax_support)
         pre = joined(scores) * kept
     # z is the search's scores (x W_enc + b_enc) * scale themselves, not a second product: the gather-dot's
     # backward gives x and W_enc their gradients, b_enc's comes through b - b.detach() (0 in value)

@@ -2,19 +2,21 @@
 
 numba is imported when this module is (first use of ``impl="numba"`` or of "auto" on CPU), never at
 package import. Kernels compute in float32; bf16 pre-activations and weight rows are read as they are (their bits,
-each element the float32 it is exactly: ``numba_kernels._at``), other dtypes are converted at the boundary.
+each element the float32 it is exactly: ``numba_kernels.at_f32``), other dtypes are converted at the boundary.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from . import numba_kernels as nk
+from . import numba_wide as nw
 from . import reference
 from .sparse import Backend, make_ops
 
@@ -144,14 +146,67 @@ def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
     return torch.from_numpy(out).to(A.dtype)
 
 
+class Buckets(NamedTuple):
+    """A code's entries with a nonzero value bucketed by latent (``numba_wide.bucket``), for the passes by latent."""
+
+    start: np.ndarray  # [L + 1] int64
+    row: np.ndarray  # [N] int32
+    value: np.ndarray  # [N] float32
+    entry: np.ndarray  # [N] int32: b * K + j
+    rows: int  # B
+    width: int  # K
+    dtype: torch.dtype  # the values'
+
+
+def by_latent(idx: Tensor, val: Tensor, L: int) -> Buckets | None:
+    """The code's entries bucketed by latent when it is wide (``numba_wide.WIDE_ENTRIES`` nonzero entries per latent
+    on average: SpaDE's), else None (the row-ordered kernels; a padded code such as Matryoshka's regrouped one or a
+    BatchTopK code counts its nonzero entries only)."""
+    if idx.numel() < nw.WIDE_ENTRIES * L or L == 0 or idx.numel() >= 2**31:  # entry ids are int32
+        return None
+    if int(torch.count_nonzero(val)) < nw.WIDE_ENTRIES * L:
+        return None
+    return Buckets(*nw.bucket(_i64(idx), _f32(val), L), idx.shape[0], idx.shape[1], val.dtype)
+
+
+def latent_gather_sum(code: Buckets, W: Tensor, bias: Tensor | None) -> Tensor:
+    """``gather_sum`` of a bucketed code: [B, D] = bias + sum_j val W[idx], by latent and tiled over D."""
+    _check_cpu(W)
+    B, D = code.rows, W.shape[1]
+    out = np.empty((B, D), np.float32)
+    b = np.zeros(D, np.float32) if bias is None else _f32(bias)
+    nw.gather_sum(code.start, code.row, code.value, _rows(W), b, nw.tile_width(B, D), out)
+    return torch.from_numpy(out).to(torch.promote_types(W.dtype, code.dtype))
+
+
+def latent_gather_dot(code: Buckets, G: Tensor, W: Tensor) -> Tensor:
+    """``gather_dot`` of a bucketed code with ``skip_zero_grads``: [B, K] = <G[b], W[idx[b, j]]>, 0 where the value
+    is 0; by latent over wide tiles of D (``numba_wide.gather_dot``)."""
+    out = np.empty((code.rows, code.width), np.float32)
+    nw.gather_dot(code.start, code.row, code.entry, _f32(G), _rows(W), nw.dot_tile_width(*G.shape), out)
+    return torch.from_numpy(out).to(G.dtype)
+
+
+def latent_scatter(code: Buckets, A: Tensor) -> Tensor:
+    """``scatter_rows`` of a bucketed code: [L, D] = sum over entries of val A[b] into row idx, by latent and tiled
+    over D, into a recycled array."""
+    out = _recycled((code.start.shape[0] - 1, A.shape[1]))  # every row is written
+    nw.scatter(code.start, code.row, code.value, _f32(A), nw.tile_width(code.rows, A.shape[1]), out)
+    return torch.from_numpy(out).to(A.dtype)
+
+
 def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
     """grad_x [B, D] and grad_W_enc [D, L], the latter in W_enc's memory layout.
 
     Latent-major W_enc (a transposed view of [L, D] storage, as SparseCoder keeps it): grad_x is the
     decode's gather-sum over W_enc^T rows and grad_W_enc^T the decode's bucketed row scatter of x, both
-    with contiguous rows. Row-major W_enc: the tiled kernel (transposes 16-latent tiles in cache)."""
+    with contiguous rows; a wide code (``by_latent``) is bucketed once for both and they run by latent.
+    Row-major W_enc: the tiled kernel (transposes 16-latent tiles in cache)."""
     _check_cpu(W_enc)
     if W_enc.t().is_contiguous() and W_enc.dtype in (torch.float32, torch.bfloat16):
+        code = by_latent(idx, g, W_enc.shape[1])
+        if code is not None:
+            return latent_gather_sum(code, W_enc.t(), None), latent_scatter(code, x).t()
         grad_x = gather_sum(idx, g, W_enc.t(), None)
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
@@ -196,9 +251,9 @@ def adam_rows(W: Tensor, G: Tensor, M: Tensor, V: Tensor, step: Tensor, lr: floa
 def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """``kernels.sparsemax_support`` in one numba pass per row (``numba_sparsemax``) on float32 CPU scores, the
     scale fused in; torch's search (``torch_impl.sparsemax_support``) for other dtypes. The support rows are written
-    into a recycled uninitialised [n, L] array (``_recycled``: a fresh one costs a page fault for each row's first
-    pages at every call, 200 ms of CPU a step at the benchmark's shapes), of which only each row's first pages are
-    ever touched."""
+    into a recycled uninitialised [n, L] int32 array (``_recycled``: a fresh one costs a page fault for each row's
+    first pages at every call, 200 ms of CPU a step at the benchmark's shapes; 32 MiB for ``kinds.ROW_CHUNK`` rows at
+    L 16384, which ``saes.sizing`` counts), of which only each row's first pages are ever touched."""
     from . import numba_sparsemax as ns
     from . import torch_impl
 
@@ -206,14 +261,15 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tenso
     if pre.dtype != torch.float32 or scale.dtype != torch.float32 or pre.shape[1] == 0:
         return torch_impl.sparsemax_support(pre, scale, m)
     n, L = pre.shape
-    out = _recycled((n, L), np.int64)
+    out = _recycled((n, L), np.int32)
     size = np.empty(n, np.int64)
     ns.sparsemax_rows(pre.detach().contiguous().numpy(), np.float32(float(scale)), out, size)
     size = torch.from_numpy(size)
     K = max(int(size.max()) if n else 0, 1)
-    return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]), 0), size
+    return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]).long(), 0), size
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,
-                  reads_bf16=True)
+                  reads_bf16=True, by_latent=by_latent, latent_gather_sum=latent_gather_sum,
+                  latent_gather_dot=latent_gather_dot, latent_scatter=latent_scatter)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

@@ -3,7 +3,7 @@
 Every kernel reads float32 numpy arrays (zero-copy views of contiguous CPU tensors) and writes into a
 preallocated output; ``numba_impl.py`` wraps them as a backend for the sparse autograd in ``sparse.py``. The
 arrays read as rows (pre-activations, weight rows) may instead hold bfloat16 bit patterns (uint16 views of bf16
-tensors): each element is read as the float32 it is exactly (:func:`_at`), so a kernel computes the same float32
+tensors): each element is read as the float32 it is exactly (:func:`at_f32`), so a kernel computes the same float32
 sums on a bf16 tensor as on its float32 copy, reading half the bytes and making no copy.
 
 Shapes: idx / val [B, K] (int64 / float32), W rows [L, D], x [B, D], W_enc [D, L].
@@ -30,13 +30,13 @@ def _f32_from_bits(typingctx, bits):
     return types.float32(types.uint32), codegen
 
 
-def _at(a, i):
+def at_f32(a, i):
     """a[i] as float32: an element of a float32 array, or of a bf16 tensor viewed as uint16 (its bits, shifted into
     the high half of a float32: the bf16 value exactly). Compiled per dtype (numba types the arrays apart)."""
     return np.float32(a[i])
 
 
-@overload(_at, inline="always")
+@overload(at_f32, inline="always")
 def _at_typed(a, i):
     if isinstance(a, types.Array) and a.dtype == types.uint16:
         def from_bf16(a, i):
@@ -61,7 +61,7 @@ def gather_sum(idx, val, W, bias, out):
             if v != 0.0:
                 w = W[idx[b, j]]
                 for d in range(D):
-                    out[b, d] += v * _at(w, d)
+                    out[b, d] += v * at_f32(w, d)
 
 
 @njit(**_OPTS)
@@ -78,7 +78,7 @@ def gather_dot(idx, G, W, val, out):
             w = W[idx[b, j]]
             s = np.float32(0.0)
             for d in range(D):
-                s += G[b, d] * _at(w, d)
+                s += G[b, d] * at_f32(w, d)
             out[b, j] = s
 
 
@@ -248,7 +248,7 @@ SCAN_BLOCK = 32  # columns tested at once (a vectorised count) before any scalar
 @njit(cache=True, nogil=True, inline="always")
 def _score(row, c, bias, scale):
     """(row[c] + bias[c]) * scale[c]; ``bias`` / ``scale`` None are compiled out (numba types None apart)."""
-    v = _at(row, c)
+    v = at_f32(row, c)
     if bias is not None:
         v += bias[c]
     if scale is not None:
@@ -397,19 +397,19 @@ def row_above_floor(pre, bias, floor, cap, out_val, out_idx, count):
         while c0 + SCAN_BLOCK <= L:
             hits = 0
             for u in range(SCAN_BLOCK):
-                hits += _at(row, c0 + u) + bias[c0 + u] > floor[c0 + u]
+                hits += at_f32(row, c0 + u) + bias[c0 + u] > floor[c0 + u]
             if hits > 0:
                 for u in range(SCAN_BLOCK):
-                    if _at(row, c0 + u) + bias[c0 + u] > floor[c0 + u]:
+                    if at_f32(row, c0 + u) + bias[c0 + u] > floor[c0 + u]:
                         if n < cap:
-                            out_val[b, n] = _at(row, c0 + u)
+                            out_val[b, n] = at_f32(row, c0 + u)
                             out_idx[b, n] = c0 + u
                         n += 1
             c0 += SCAN_BLOCK
         for c in range(c0, L):
-            if _at(row, c) + bias[c] > floor[c]:
+            if at_f32(row, c) + bias[c] > floor[c]:
                 if n < cap:
-                    out_val[b, n] = _at(row, c)
+                    out_val[b, n] = at_f32(row, c)
                     out_idx[b, n] = c
                 n += 1
         for j in range(min(n, cap), cap):

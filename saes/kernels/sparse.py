@@ -54,6 +54,17 @@ class Backend(NamedTuple):
     reads_bf16: bool = False
     """Whether the row primitives take bf16 pre-activations as they are (each element the float32 it is exactly,
     scores in the bias's float32): the bf16 encoder matmul's chunks are then selected without a float32 copy."""
+    by_latent: Callable[[Tensor, Tensor, int], object | None] | None = None
+    """Optional (idx [B, K], val [B, K], L) -> the code's entries bucketed by latent, or None where the code is too
+    narrow to gain from it. When present, the sparse decode buckets its code once and runs its forward and its
+    backward by latent (``latent_gather_sum``, ``latent_gather_dot``, ``latent_scatter``, all then required; the
+    gather-dot only with ``skip_zero_grads``, since the buckets hold the nonzero entries only)."""
+    latent_gather_sum: Callable[[object, Tensor, Tensor | None], Tensor] | None = None
+    """(bucketed code, W [L, D], bias [D] or None) -> [B, D]: ``gather_sum`` of a code from ``by_latent``."""
+    latent_gather_dot: Callable[[object, Tensor, Tensor], Tensor] | None = None
+    """(bucketed code, G [B, D], W [L, D]) -> [B, K]: ``gather_dot`` of a code from ``by_latent``, 0 at zero values."""
+    latent_scatter: Callable[[object, Tensor], Tensor] | None = None
+    """(bucketed code, A [B, D]) -> [L, D]: ``scatter_rows`` of a code from ``by_latent``."""
 
 
 # ---------------------------------------------------------------- autograd
@@ -79,6 +90,9 @@ class _SparseDecode(torch.autograd.Function):
         ctx.has_bias = b_dec is not None
         ctx.W_dtype = W_dec.dtype
         ctx.save_for_backward(values, indices, W_rows)
+        ctx.code = None if backend.by_latent is None else backend.by_latent(indices, values, W_rows.shape[0])
+        if ctx.code is not None:
+            return backend.latent_gather_sum(ctx.code, W_rows, b_dec).to(W_dec.dtype)
         return backend.gather_sum(indices, values, W_rows, b_dec).to(W_dec.dtype)
 
     @staticmethod
@@ -87,9 +101,14 @@ class _SparseDecode(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_v = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
-            skip = values if ctx.skip_zero_grads else None
-            grad_v = ctx.backend.gather_dot(indices, grad_out, W_rows, skip).to(values.dtype)
-        if ctx.needs_input_grad[2]:
+            if ctx.code is not None and ctx.skip_zero_grads:
+                grad_v = ctx.backend.latent_gather_dot(ctx.code, grad_out, W_rows).to(values.dtype)
+            else:
+                skip = values if ctx.skip_zero_grads else None
+                grad_v = ctx.backend.gather_dot(indices, grad_out, W_rows, skip).to(values.dtype)
+        if ctx.needs_input_grad[2] and ctx.code is not None:
+            grad_W = ctx.backend.latent_scatter(ctx.code, grad_out).to(ctx.W_dtype)
+        elif ctx.needs_input_grad[2]:
             grad_W = ctx.backend.scatter_rows(indices, values, grad_out, W_rows.shape[0]).to(ctx.W_dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_b = grad_out.sum(0)

@@ -1,0 +1,204 @@
+"""The sparse passes over a wide code in numba (SpaDE's: ~1,000 entries a row), by latent and tiled over D.
+
+The row-ordered kernels of ``numba_kernels`` read a whole row of W (D floats) for every entry of the code, and its
+bucketed scatter a whole row of A [B, D] for every entry: with hundreds of entries per latent every row of W (50
+MB at L 16384, D 768) and of A (12 MB at B 4096) is read hundreds of times from memory or L3, for a twentieth of
+the encoder matmul's arithmetic. Here the entries are bucketed by latent once (:func:`bucket`: a counting sort into
+start [L+1], row [N] int32 and value [N] float32, the entries with a nonzero value only) and both passes walk the
+buckets in latent order over ``tile`` columns of D at a time, each thread owning whole tiles (nothing races):
+
+- :func:`gather_sum`, out [B, D] = bias + S W (the decode; the encoder backward's grad_x = S_g W_enc^T): the
+  thread's tile of out is accumulated in a packed [B, tile] buffer that stays in its L2 (the tile's columns of
+  out lie in B different pages), while the rows of W stream through once in latent order;
+- :func:`scatter`, out [L, D] = S^T A (the gradients of W_dec and of W_enc^T): A's tile is packed into a
+  contiguous [B, tile] buffer first, each latent's tile is summed in cache and written once.
+
+The sums run in another order than the row-ordered kernels' (by latent, then row, per tile): results agree with
+theirs to float32 rounding (``tests/test_kernels_wide.py``). ``numba_impl`` takes these kernels for codes with at
+least ``WIDE_ENTRIES`` entries per latent on average (SpaDE's), the row-ordered ones otherwise (TopK's).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .numba_kernels import at_f32
+
+_OPTS = {"parallel": True, "cache": True, "fastmath": True, "nogil": True}
+
+WIDE_ENTRIES = 32
+"""Entries per latent (B * K / L) from which the sparse decode and the encoder backward run by latent: SpaDE's code
+at the benchmark's shapes has ~240 (measured there: the decode 345 against 490 ms of CPU, a scatter 321 against
+866), TopK's 8 (its row kernels stay)."""
+
+PACKED_FLOATS = 1 << 18
+"""Floats of one packed tile ([B, tile]: 1 MiB, an L2 of this project's CPUs): the tile is the widest multiple of 16
+columns that fits, at least 16 (64 at B 4096)."""
+
+
+def tile_width(B: int, D: int) -> int:
+    """Columns of D per tile for B rows (:data:`PACKED_FLOATS`)."""
+    return max(16, min(D, PACKED_FLOATS // max(B, 1)) // 16 * 16)
+
+
+DOT_FLOATS = 1 << 21
+"""Floats of one packed tile of the gather-dot ([B, tile]: 8 MiB, in L3): each entry's dot is summed over the tiles,
+so fewer, wider tiles (384 columns at B 4096, D 768: 260 ms of CPU against the row-ordered kernel's 430)."""
+
+
+def dot_tile_width(B: int, D: int) -> int:
+    """Columns of D per tile of :func:`gather_dot`: D split into equal tiles of at most :data:`DOT_FLOATS` floats."""
+    parts = max(1, -(-B * D // DOT_FLOATS))
+    return -(-D // parts)
+
+
+@njit(**_OPTS)
+def _count(idx, val, n_parts, counts):
+    """counts[p, r]: the nonzero entries of latent r in part p of the rows (parts: equal ranges of rows, in order)."""
+    B, K = idx.shape
+    for p in prange(n_parts):
+        c = counts[p]
+        for b in range(p * B // n_parts, (p + 1) * B // n_parts):
+            for j in range(K):
+                if val[b, j] != 0.0:
+                    c[idx[b, j]] += 1
+
+
+@njit(**_OPTS)
+def _fill(idx, val, n_parts, fill, row, value, entry):
+    """Each part writes its entries from its own offsets fill[p, r] on: the parts' rows in order within a latent."""
+    B, K = idx.shape
+    for p in prange(n_parts):
+        f = fill[p]
+        for b in range(p * B // n_parts, (p + 1) * B // n_parts):
+            for j in range(K):
+                v = val[b, j]
+                if v != 0.0:
+                    r = idx[b, j]
+                    t = f[r]
+                    row[t] = b
+                    value[t] = v
+                    entry[t] = b * K + j
+                    f[r] = t + 1
+
+
+def bucket(idx, val, L):
+    """Counting sort of the entries of idx / val [B, K] with a nonzero value by latent: (start [L+1] int64, row [N]
+    int32, value [N] float32, entry [N] int32: b * K + j), in row order within a latent. Zero entries (padding) add
+    nothing to a sum and take no gradient (``skip_zero_grads``). The rows are split between the threads: each
+    counts its entries per latent, then writes them from its own offsets."""
+    n_parts = max(1, min(numba.get_num_threads(), idx.shape[0]))
+    counts = np.zeros((n_parts, L), np.int64)
+    _count(idx, val, n_parts, counts)
+    start = np.zeros(L + 1, np.int64)
+    np.cumsum(counts.sum(axis=0), out=start[1:])
+    fill = start[:-1] + np.cumsum(counts, axis=0) - counts  # [n_parts, L]: where part p's entries of r begin
+    n = int(start[L])
+    row, value, entry = np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int32)
+    _fill(idx, val, n_parts, np.ascontiguousarray(fill), row, value, entry)
+    return start, row, value, entry
+
+
+@njit(**_OPTS)
+def gather_sum(start, row, value, W, bias, tile, out):
+    """out [B, D] = bias + sum over the entries of value * W[latent] into row ``row``."""
+    B, D = out.shape
+    L = W.shape[0]
+    for part in prange((D + tile - 1) // tile):
+        d0 = part * tile
+        w = min(tile, D - d0)  # the loops run to w (not a constant): LLVM then vectorises them with an alias check
+        P = np.empty((B, w), np.float32)
+        wt = np.empty(w, np.float32)
+        for b in range(B):
+            for d in range(w):
+                P[b, d] = bias[d0 + d]
+        for r in range(L):
+            if start[r] == start[r + 1]:
+                continue
+            wr = W[r]
+            for d in range(w):
+                wt[d] = at_f32(wr, d0 + d)
+            for t in range(start[r], start[r + 1]):
+                v = value[t]
+                p = P[row[t]]
+                for d in range(w):
+                    p[d] += v * wt[d]
+        for b in range(B):
+            for d in range(w):
+                out[b, d0 + d] = P[b, d]
+
+
+@njit(**_OPTS)
+def scatter(start, row, value, A, tile, out):
+    """out [L, D] = sum over the entries of value * A[row] into the entry's latent."""
+    B = A.shape[0]
+    L, D = out.shape
+    for part in prange((D + tile - 1) // tile):
+        d0 = part * tile
+        w = min(tile, D - d0)
+        P = np.empty((B, w), np.float32)
+        acc = np.empty(w, np.float32)
+        for b in range(B):
+            for d in range(w):
+                P[b, d] = A[b, d0 + d]
+        for r in range(L):
+            acc[:] = 0.0
+            for t in range(start[r], start[r + 1]):
+                v = value[t]
+                p = P[row[t]]
+                for d in range(w):
+                    acc[d] += v * p[d]
+            o = out[r]
+            for d in range(w):
+                o[d0 + d] = acc[d]
+
+
+@njit(**_OPTS)
+def _pack(A, d0, P):
+    """P [B, w] = A[:, d0 : d0 + w] (contiguous)."""
+    w = P.shape[1]
+    for b in prange(A.shape[0]):
+        for d in range(w):
+            P[b, d] = A[b, d0 + d]
+
+
+@njit(**_OPTS)
+def _dot_tile(start, row, P, W, d0, first, acc):
+    """acc[t] (+)= <P[row[t]], W[latent, d0 : d0 + w]> for every entry t, the latents split between the threads."""
+    L = W.shape[0]
+    w = P.shape[1]
+    for r in prange(L):
+        if start[r] == start[r + 1]:
+            continue
+        wr = W[r]
+        wt = np.empty(w, np.float32)  # the tile of W's row as float32 (a bf16 row's bits converted once)
+        for d in range(w):
+            wt[d] = at_f32(wr, d0 + d)
+        for t in range(start[r], start[r + 1]):
+            p = P[row[t]]
+            s = np.float32(0.0)
+            for d in range(w):
+                s += p[d] * wt[d]
+            acc[t] = s if first else acc[t] + s
+
+
+@njit(**_OPTS)
+def _place(entry, acc, out_flat):
+    for t in prange(entry.shape[0]):
+        out_flat[entry[t]] = acc[t]
+
+
+def gather_dot(start, row, entry, G, W, tile, out):
+    """out [B, K] = <G[b], W[idx[b, j]]> at the bucketed entries, 0 at the others (zero values: ``skip_zero_grads``).
+    By latent over ``tile`` columns at a time (G's tile packed, in cache), each entry's dot summed over the tiles in
+    bucket order and put in its place at the end."""
+    B, D = G.shape
+    acc = np.empty(row.shape[0], np.float32)
+    for d0 in range(0, D, tile):
+        P = np.empty((B, min(tile, D - d0)), np.float32)
+        _pack(G, d0, P)
+        _dot_tile(start, row, P, W, d0, d0 == 0, acc)
+    out[:] = 0.0
+    _place(entry, acc, out.reshape(-1))
