@@ -100,14 +100,21 @@ class LinearFit(NamedTuple):
 
 def _smooth(x: Rows, y: Tensor, W: Tensor, b: Tensor | None, l2: float) -> tuple[Tensor, Tensor, Tensor | None]:
     """(CE + l2 * mean W^2, its gradient wrt W, wrt b) in closed form."""
-    logits = x.logits(W)
-    if b is not None:
-        logits = logits + b
-    logp = torch.log_softmax(logits, dim=1)
+    return _from_logits(x, y, x.logits(W), W, b, l2)
+
+
+def _from_logits(x: Rows, y: Tensor, z: Tensor, W: Tensor, b: Tensor | None, l2: float,
+                 grad: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    """:func:`_smooth` at W given its logits z = x @ W.T (without the bias); without ``grad``, the loss alone."""
+    logits = z if b is None else z + b
+    logp = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # log_softmax, ~3x faster over 10 classes on CPU
     n = x.shape[0]
-    loss = -logp[torch.arange(n, device=x.device), y].mean() + l2 * W.pow(2).mean()
+    rows = torch.arange(n, device=x.device)
+    loss = -logp[rows, y].mean() + l2 * W.pow(2).mean()
+    if not grad:
+        return loss, None, None
     g = logp.exp()
-    g[torch.arange(n, device=x.device), y] -= 1.0
+    g[rows, y] -= 1.0
     g /= n
     gW = x.grad(g) + (2 * l2 / W.numel()) * W
     return loss, gW, (g.sum(0) if b is not None else None)
@@ -210,12 +217,13 @@ def _fista(x: Rows, y: Tensor, W: Tensor, b: Tensor | None, t: float, l2_each: f
     restricted to them)."""
     l2 = l2_each * W.numel()  # _smooth's mean over W's entries
     step = 1.0 / (x.lipschitz(b is not None) + 2 * l2_each)  # a safe first step (CE Hessian bound)
-    V, Vb, mom = W, b, 1.0
+    zW = x.logits(W)  # logits are linear in W: the extrapolated point's follow from its two ends'
+    V, Vb, zV, mom = W, b, zW, 1.0
     f_prev = math.inf
     residual = float("nan")
     it = 0
     for it in range(1, max_iter + 1):
-        f_v, gV, gVb = _smooth(x, y, V, Vb, l2)
+        f_v, gV, gVb = _from_logits(x, y, zV, V, Vb, l2)
         step *= 1.5
         while True:
             W_new = V - step * gV
@@ -226,7 +234,8 @@ def _fista(x: Rows, y: Tensor, W: Tensor, b: Tensor | None, t: float, l2_each: f
             if b_new is not None:
                 db = b_new - Vb
                 quad = quad + (gVb * db).sum() + db.pow(2).sum() / (2 * step)
-            f_new = _smooth(x, y, W_new, b_new, l2)[0]
+            zW_new = x.logits(W_new)
+            f_new = _from_logits(x, y, zW_new, W_new, b_new, l2, grad=False)[0]
             if f_new <= quad + 1e-12 * abs(float(quad)) or step < 1e-12:
                 break
             step *= 0.5
@@ -235,14 +244,15 @@ def _fista(x: Rows, y: Tensor, W: Tensor, b: Tensor | None, t: float, l2_each: f
         mom_new = 1.0 if restart else (1 + math.sqrt(1 + 4 * mom * mom)) / 2
         beta = 0.0 if restart else (mom - 1) / mom_new
         V = W_new + beta * (W_new - W)
+        zV = zW_new + beta * (zW_new - zW)
         Vb = b_new + beta * (b_new - b) if b is not None else None
-        W, b, mom, f_prev = W_new, b_new, mom_new, F_new
+        W, zW, b, mom, f_prev = W_new, zW_new, b_new, mom_new, F_new
         if it % 10 == 0:
-            residual = _violations(W, *_smooth(x, y, W, b, l2)[1:], t)[0]
+            residual = _violations(W, *_from_logits(x, y, zW, W, b, l2)[1:], t)[0]
             if residual < tol:
                 break
     if it % 10:
-        residual = _violations(W, *_smooth(x, y, W, b, l2)[1:], t)[0]
+        residual = _violations(W, *_from_logits(x, y, zW, W, b, l2)[1:], t)[0]
     return LinearFit(W, b, it, residual)
 
 
