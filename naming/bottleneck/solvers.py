@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
