@@ -124,18 +124,19 @@ def main(argv=None) -> int:
                (solvers, "fit_fista", clock.solver("fista", solvers.fit_fista)),
                (solvers, "fit_lbfgs", clock.solver("lbfgs", solvers.fit_lbfgs))]
     patches.append((cbm, "fit_raw_probe", patches[0][2]))
-    fits_init = path._Fits.__init__
+    fit_path = path.fit_path
     count = {"n": 0}
 
-    def init(self, x, y, n_classes, cfg_, lams):
+    def paths(x, y, n_classes, **kw):  # the L1 paths (a fold's or the final fit's); the refits' own are in "refits"
+        if clock.stack[-1] == "refits":
+            return fit_path(x, y, n_classes, **kw)
         count["n"] += 1
-        name = f"path {count['n']} ({x.shape[0]} rows)"
-        clock.phase(name, fits_init)(self, x, y, n_classes, cfg_, lams)
+        return clock.phase(f"path {count['n']} ({x.shape[0]} rows)", fit_path)(x, y, n_classes, **kw)
 
+    patches.append((path, "fit_path", paths))
     saved = [(m, n, getattr(m, n)) for m, n, _ in patches]
     for m, n, f in patches:
         setattr(m, n, f)
-    path._Fits.__init__ = init
     bound_fit = bound.fit_bounded
     depth = {"n": 0}
 
@@ -154,7 +155,6 @@ def main(argv=None) -> int:
     finally:
         for m, n, f in saved:
             setattr(m, n, f)
-        path._Fits.__init__ = fits_init
         bound.fit_bounded = cbm.fit_bounded = bound_fit
     total = time.perf_counter() - t0
     m = res.metrics
