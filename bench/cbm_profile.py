@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--cache", type=Path, default=Path("runs/bench/cbm-profile"), help="the CBM's inputs, kept here")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a CbmConfig setting (repeat)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--broad-concepts", type=Path, default=None,
+                   help="the broad route's concept dictionary (default: the one cached for this environment)")
     return p.parse_args(argv)
 
 
@@ -48,7 +50,7 @@ def cbm_inputs(args) -> dict:
     if kept.exists():
         return torch.load(kept, weights_only=False)
     concepts = (args.work / "runs" / args.corpus / "concepts" if args.route == "own"
-                else cd.cached_broad_dictionary().concepts)
+                else args.broad_concepts or cd.cached_broad_dictionary().concepts)
     store = own_store(concepts, args.work) if args.route == "own" else task_store(args.corpus, args.work)
     seen = {}
 
