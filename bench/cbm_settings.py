@@ -39,7 +39,12 @@ def parse_args(argv=None):
     p.add_argument("--route", action="append", choices=["own", "broad"], help="repeat; default: both")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the splits are seeds first-seed .. first-seed + seeds - 1 (to add a split to an earlier run)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--broad-concepts", type=Path, default=None,
+                   help="the broad route's concept dictionary (default: the cached one `conceptdict broad` made for "
+                        "this environment; its key covers the installed packages, so another venv may not find it)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="another setting held fixed for every fit (repeat), e.g. --set add_pairs=8")
     return p.parse_args(argv)
@@ -83,23 +88,27 @@ def fit_row(m: dict, seconds: float) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    broad = cd.cached_broad_dictionary() if "broad" in (args.route or ["own", "broad"]) else None
+    wants_broad = "broad" in (args.route or ["own", "broad"])
+    broad_concepts = args.broad_concepts
+    if wants_broad and broad_concepts is None:
+        cached = cd.cached_broad_dictionary()
+        broad_concepts = cached.concepts if cached is not None else None
     rows = []
     print(f"| corpus | route | {args.key} | probe | CBM | mean gap ± SE | largest gap | concepts used | concepts per "
           "prediction | added share | cbm s |\n|" + "---|" * 11)
     for name in args.corpus or DEFAULT_CORPORA:
         for route in args.route or ["own", "broad"]:
-            if route == "broad" and broad is None:
+            if route == "broad" and broad_concepts is None:
                 raise SystemExit("no broad dictionary is cached; run `conceptdict broad` (or bench/cbm_accuracy.py "
                                  "--broad) first")
-            concepts = args.work / "runs" / name / "concepts" if route == "own" else broad.concepts
+            concepts = args.work / "runs" / name / "concepts" if route == "own" else broad_concepts
             if not concepts.exists():
                 raise SystemExit(f"{concepts} is missing; run bench/cbm_accuracy.py --work {args.work} first")
             store = own_store(concepts, args.work) if route == "own" else task_store(name, args.work)
             kw = {"dataset": str(store), **fixed(args.set)}
             for v in map(value, args.values):
                 fits, t0 = [], time.perf_counter()
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     t1 = time.perf_counter()
                     fits.append(fit_row(cd.cbm(concepts, label_column="label", seed=seed, **{args.key: v},
                                                **kw).metrics, time.perf_counter() - t1))

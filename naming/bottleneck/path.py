@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from conceptdict.naming.bottleneck.baseline import accuracy, stratified_folds
-from conceptdict.naming.bottleneck.solvers import fit_linear, fit_path
+from conceptdict.naming.bottleneck.solvers import Rows, fit_linear, fit_path
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -97,12 +97,13 @@ class _Fits:
 
     def __init__(self, x: Tensor, y: Tensor, n_classes: int, cfg: CbmConfig, lams: Sequence[float]):
         self.x, self.y, self.n_classes, self.cfg = x, y, n_classes, cfg
-        self.path = fit_path(x, y, n_classes, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
+        self.rows = Rows(x)  # converted (and its step bound computed) once for the whole path
+        self.path = fit_path(self.rows, y, n_classes, bias=False, l1=lams, max_iter=cfg.max_iter, tol=cfg.tol)
         self.last = self.path[(max(lams), 0.0)]
         self.memo: dict[float, dict[float | None, Tensor]] = {}
 
     def grow(self, lam: float) -> None:
-        self.last = fit_linear(self.x, self.y, self.n_classes, bias=False, l1=lam, init=self.last,
+        self.last = fit_linear(self.rows, self.y, self.n_classes, bias=False, l1=lam, init=self.last,
                                max_iter=self.cfg.max_iter, tol=self.cfg.tol)  # fmt: skip
         self.path[(lam, 0.0)] = self.last
 
