@@ -3,6 +3,10 @@ neuronpedia) and a dictionary's layouts (``saes.formats.export.WRITERS``: saelen
 circuit-tracer). :func:`export_formats` lists them all, each with what it needs, its writer, one line of
 description and what the command line prints; the export command's choices, help and dispatch come from it.
 
+A concept dictionary's formats read it :data:`BLOCK` concepts at a time (``naming.concepts_file.ConceptsFile``),
+never whole, and write the files its whole-dictionary writers write (``save_concepts``, ``write_report``,
+``write_neuronpedia``), byte for byte.
+
 Adding a format: its writer (a module of naming/ for a concept dictionary's, of saes/formats/ for a dictionary
 layout), one line in :data:`CONCEPT_FORMATS` or ``WRITERS``, its tests. Tests and extensions add one at run time
 the same way (an entry of either table).
