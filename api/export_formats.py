@@ -3,6 +3,10 @@ neuronpedia) and a dictionary's layouts (``saes.formats.export.WRITERS``: saelen
 circuit-tracer). :func:`export_formats` lists them all, each with what it needs, its writer, one line of
 description and what the command line prints; the export command's choices, help and dispatch come from it.
 
+A concept dictionary's formats read it :data:`BLOCK` concepts at a time (``naming.concepts_file.ConceptsFile``),
+never whole, and write the files its whole-dictionary writers write (``save_concepts``, ``write_report``,
+``write_neuronpedia``), byte for byte.
+
 Adding a format: its writer (a module of naming/ for a concept dictionary's, of saes/formats/ for a dictionary
 layout), one line in :data:`CONCEPT_FORMATS` or ``WRITERS``, its tests. Tests and extensions add one at run time
 the same way (an entry of either table).
@@ -11,23 +15,16 @@ the same way (an entry of either table).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from conceptdict.activations import hub_id_of
-from conceptdict.naming import (
-    CbmResult,
-    ConceptDictionary,
-    dictionary_of,
-    is_concept_dir,
-    load_cbm,
-    load_concepts,
-    save_concepts,
-    write_report,
-)
+from conceptdict.naming import CbmResult, dictionary_of, is_concept_dir, load_cbm
+from conceptdict.naming.concepts_file import ConceptsFile
+from conceptdict.naming.written import ConceptsWriter
 from conceptdict.saes.formats.export import WRITERS, export_dictionary
 from conceptdict.settings import ConfigError
 
@@ -54,29 +51,47 @@ class ExportFormat:
     """What the command line prints after writing it: a template of ``format``, ``written`` and ``out``."""
 
 
-def write_json(source: Path, cfg: ExportConfig) -> Path:
-    """The concept dictionary as conceptdict writes it (``concepts.json`` + ``concepts.safetensors``)."""
-    return save_concepts(load_concepts(source), cfg.out)
+BLOCK = 512
+"""Concepts the json, html and neuronpedia exports read at a time (``naming.concepts_file.ConceptsFile``)."""
 
 
-def write_html(source: Path, cfg: ExportConfig) -> Path:
-    """The HTML report, with a CBM's pages when ``cfg.cbm`` names one fitted on this concept dictionary."""
-    cd = load_concepts(source)
+def write_json(source: Path, cfg: ExportConfig, block: int = BLOCK) -> Path:
+    """The concept dictionary as conceptdict writes it (``concepts.json`` + ``concepts.safetensors``), read and
+    written ``block`` concepts at a time: the files ``save_concepts(load_concepts(source), cfg.out)`` writes."""
+    file = ConceptsFile(source)
+    with ConceptsWriter(cfg.out, file.n_concepts, file.directions_shape) as out:
+        for concepts, directions in file.blocks(block):
+            out.add(concepts, directions)
+        return out.finish(file.meta)
+
+
+def write_html(source: Path, cfg: ExportConfig, block: int = BLOCK) -> Path:
+    """The HTML report, with a CBM's pages when ``cfg.cbm`` names one fitted on this concept dictionary, the concepts
+    read ``block`` at a time: the files ``write_report(load_concepts(source), ...)`` writes. A CBM is checked
+    against the concept dictionary's names first (one pass that keeps only the names of the CBM's concepts)."""
+    from conceptdict.naming.reports.report_stream import ReportWriter
+
+    file = ConceptsFile(source)
     cbm = load_cbm(cfg.cbm) if cfg.cbm else None
     if cbm is not None:
-        check_cbm_of(cd, cbm, source, cfg.cbm)
-    return write_report(cd, cfg.out, cbm=cbm, per_page=cfg.per_page)
+        wanted = set(cbm.concept_ids)
+        names = {c.id: c.name for concepts in file.concepts(block) for c in concepts if c.id in wanted}
+        check_cbm_of(names, file.n_concepts, cbm, source, cfg.cbm)
+    with ReportWriter(cfg.out, cfg.per_page) as out:
+        for concepts in file.concepts(block):
+            out.add(concepts)
+        return out.finish(file.meta, cbm)
 
 
-def write_neuronpedia(source: Path, cfg: ExportConfig) -> Path:
-    """Neuronpedia's import files (naming.reports.neuronpedia)."""
+def write_neuronpedia(source: Path, cfg: ExportConfig, block: int = BLOCK) -> Path:
+    """Neuronpedia's import files (naming.reports.neuronpedia), the concepts read ``block`` at a time."""
     from conceptdict.naming.reports.neuronpedia import (
         NeuronpediaConfig,
         export_neuronpedia,
     )
 
     np_cfg = NeuronpediaConfig(model_id=cfg.neuronpedia_model, source_set=cfg.source_set, creator=cfg.creator)
-    return export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device)
+    return export_neuronpedia(source, cfg.out, np_cfg, device=cfg.device, block=block)
 
 
 CONCEPT_FORMATS: dict[str, ExportFormat] = {
@@ -137,14 +152,14 @@ def export_summary(name: str, written: Path, out: Path) -> str:
     return f"{text} (model card: {card})" if fmt.needs == "dictionary" and card.exists() else text
 
 
-def check_cbm_of(cd: ConceptDictionary, cbm: CbmResult, source: Path, cbm_dir: Path) -> None:
-    """Refuse a CBM fitted on another concept dictionary: its concepts must be ``cd``'s latents under the same
-    names (a report mixing the two would show one dictionary's names beside the other's weights)."""
-    names = cd.names
-    wrong = [(i, n) for i, n in zip(cbm.concept_ids, cbm.concept_names) if not (0 <= i < len(names)) or names[i] != n]
+def check_cbm_of(names: Mapping[int, str], n_concepts: int, cbm: CbmResult, source: Path, cbm_dir: Path) -> None:
+    """Refuse a CBM fitted on another concept dictionary: its concepts must be the latents of ``source`` (of
+    ``n_concepts``, whose ``names`` by id hold at least the CBM's) under the same names (a report mixing the two
+    would show one dictionary's names beside the other's weights)."""
+    wrong = [(i, n) for i, n in zip(cbm.concept_ids, cbm.concept_names) if not (0 <= i < n_concepts) or names[i] != n]
     if wrong:
         i, n = wrong[0]
-        theirs = repr(names[i]) if 0 <= i < len(names) else f"no latent {i}"
+        theirs = repr(names[i]) if 0 <= i < n_concepts else f"no latent {i}"
         raise ConfigError(f"--cbm {cbm_dir} was fitted on another concept dictionary ({cbm.meta.get('dict_dir', '?')}): "
                           f"its concept {i} is {n!r}, {source} has {theirs} ({len(wrong)} of {len(cbm.concept_ids)} "
                           f"differ); pass the CBM made from {source} (`conceptdict cbm {source} ...`)")

@@ -127,29 +127,51 @@ class ConceptsFile:
         self.tensors = WeightsFile(self.directory / TENSORS_NAME)
         self.directions_shape = tuple(self.tensors.tensors["directions"][1])
         self.n_concepts = int(head.get("n_concepts", self.directions_shape[0]))
+        if self.directions_shape[0] != self.n_concepts:
+            raise ValueError(f"{self.json_path} says n_concepts={self.n_concepts} but {self.directory / TENSORS_NAME} "
+                             f"holds {self.directions_shape[0]} directions; the concept dictionary is damaged: re-run "
+                             f"`conceptdict name`, or restore both files")
 
     def directions(self, start: int, stop: int) -> Tensor:
         """Directions of concepts ``[start, stop)``."""
         return self.tensors.read("directions", 0, start, stop)
 
-    def blocks(self, size: int) -> Iterator[tuple[list[Concept], Tensor]]:
-        """(concepts, their directions) of ``size`` concepts at a time, in order: one block in memory."""
+    def concepts(self, size: int) -> Iterator[list[Concept]]:
+        """The concepts, ``size`` at a time, in order (their directions unread): one block in memory. A record that is
+        not a concept, out of order, or a count that is not :attr:`n_concepts` is a ValueError naming the file."""
         block: list[Concept] = []
         done = 0
         for key, record in _items(self.json_path):
             if key != "concept":
                 continue
-            block.append(concept_from_json(record))
+            at = done + len(block)
+            try:
+                concept = concept_from_json(record)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise ValueError(f"{self.json_path}: concept record {at} is damaged ({type(e).__name__}: {e}); re-run "
+                                 f"`conceptdict name`, or restore the file") from None
+            if concept.id != at:
+                raise ValueError(f"{self.json_path}: concept record {at} has id {concept.id}; the concept dictionary "
+                                 f"is damaged (its records must be latents 0, 1, ... in order): re-run `conceptdict "
+                                 f"name`, or restore the file")
+            block.append(concept)
             if len(block) == size:
-                yield block, self.directions(done, done + size)
+                yield block
                 done += size
                 block = []
         if block:
-            yield block, self.directions(done, done + len(block))
+            yield block
             done += len(block)
         if done != self.n_concepts:
             raise ValueError(f"{self.json_path} holds {done} concepts but says n_concepts={self.n_concepts}; the "
-                             f"concept dictionary is damaged: re-run `conceptdict name`")
+                             f"concept dictionary is damaged: re-run `conceptdict name`, or restore the file")
+
+    def blocks(self, size: int) -> Iterator[tuple[list[Concept], Tensor]]:
+        """(concepts, their directions) of ``size`` concepts at a time, in order: one block in memory."""
+        done = 0
+        for block in self.concepts(size):
+            yield block, self.directions(done, done + len(block))
+            done += len(block)
 
 
 __all__ = ["ConceptsFile"]

@@ -2,11 +2,10 @@
 
 :class:`ConceptsWriter` writes ``concepts.json`` and ``concepts.safetensors`` (the files :func:`save_concepts`
 writes, byte for byte for the JSON) from blocks of concepts given in latent order; :class:`NamedWriter` adds the
-HTML report: each block's cards go to a spool file as they come, and the pages are put together at the end in the
-report's order (most frequent first) from the spool, and, of a scored dictionary (``conceptdict score``), the score
-pages from a second spool of each concept's row. What stays in memory across blocks: each latent's frequency
-(8 bytes), where its card and its row lie in the spools (32 bytes) and the few most frequent concepts for the
-summary.
+HTML report (``naming.reports.report_stream.ReportWriter``: each block's cards go to a spool file as they come, and
+the pages are put together at the end in the report's order from the spool, the score pages of a scored dictionary
+from a second spool of each concept's row). What stays in memory across blocks: each latent's frequency (8 bytes),
+where its card and its row lie in the spools (32 bytes) and the few most frequent concepts for the summary.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,73 +120,29 @@ class NamedSummary:
 
 class NamedWriter:
     """A naming run's output folder written a block at a time: ``concepts.json``, ``concepts.safetensors``
-    (:class:`ConceptsWriter`) and ``report/`` (``naming.reports.report``'s pages, from a spool of cards)."""
+    (:class:`ConceptsWriter`) and ``report/`` (``naming.reports.report_stream.ReportWriter``: the pages from a spool
+    of cards)."""
 
     def __init__(self, directory: str | Path, n_concepts: int, directions_shape: Sequence[int]) -> None:
+        from conceptdict.naming.reports.report_stream import ReportWriter
+
         self.directory = Path(directory)
         self.concepts = ConceptsWriter(self.directory, n_concepts, directions_shape)
-        self.report = self.directory / "report"
-        self.report.mkdir(parents=True, exist_ok=True)
-        self.spool_path = self.report / "cards.part"
-        self.spool = open(self.spool_path, "wb")  # noqa: SIM115 (closed by finish / __exit__)
-        self.frequency, self.cards = array("d"), array("q")  # per latent; cards: (offset, length) pairs
+        self.report = ReportWriter(self.directory / "report")
         self.top: list[Concept] = []
         self.dead = 0
-        self.rows_path = self.report / "scores.part"  # the score pages' rows (report_scores.ScoreRow), as cards
-        self.rows = open(self.rows_path, "wb")  # noqa: SIM115 (closed by finish / __exit__)
-        self.row_at = array("q")
-        self.scorers: set[str] = set()
-        self.scored = 0
 
     def add(self, concepts: Sequence[Concept], directions: Tensor) -> None:
-        from conceptdict.naming.reports.report import concept_card
-        from conceptdict.naming.reports.report_scores import ScoreRow
-
         self.concepts.add(concepts, directions)
-        for c in concepts:
-            data = concept_card(c).encode("utf-8")
-            self.cards.extend((self.spool.tell(), len(data)))
-            self.spool.write(data)
-            self.frequency.append(c.frequency)
-            self.dead += c.frequency <= 0
-            row = json.dumps(ScoreRow.of(c), ensure_ascii=False).encode("utf-8")
-            self.row_at.extend((self.rows.tell(), len(row)))
-            self.rows.write(row)
-            self.scorers.update(c.scores)
-            self.scored += bool(c.scores)
+        self.report.add(concepts)
+        self.dead += sum(c.frequency <= 0 for c in concepts)
         firing = self.top + [c for c in concepts if c.frequency > 0]
         self.top = sorted(firing, key=lambda c: (-c.frequency, c.id))[:SUMMARY]
 
     def finish(self, meta: dict[str, Any]) -> NamedSummary:
-        from conceptdict.naming.reports.report import (
-            concept_order,
-            header_html,
-            write_pages,
-        )
-        from conceptdict.naming.reports.report_scores import (
-            ScoreRow,
-            scorers_of,
-            write_score_rows,
-        )
-
         self.concepts.finish(meta)
-        self.spool.close()
-        self.rows.close()
-        header = header_html(len(self.frequency), meta, False, self.scored > 0)
-        with open(self.spool_path, "rb") as spool, open(self.rows_path, "rb") as rows:
-            def card(i: int) -> str:
-                return os.pread(spool.fileno(), self.cards[2 * i + 1], self.cards[2 * i]).decode("utf-8")
-
-            def row(i: int) -> ScoreRow:
-                return ScoreRow(*json.loads(os.pread(rows.fileno(), self.row_at[2 * i + 1], self.row_at[2 * i])))
-
-            where = write_pages(self.report, header, concept_order(self.frequency), card, meta.get("thumbnails") or {})
-            if self.scored:  # as write_report: the score pages of a scored dictionary
-                write_score_rows(meta, len(self.frequency), row, scorers_of(meta, self.scorers), self.scored,
-                                 self.report, header, where)
-        self.spool_path.unlink()
-        self.rows_path.unlink()
-        return NamedSummary(self.directory, len(self.frequency), self.dead, meta, tuple(self.top))
+        self.report.finish(meta)
+        return NamedSummary(self.directory, len(self.report), self.dead, meta, tuple(self.top))
 
     def __enter__(self) -> Self:
         return self
@@ -196,10 +150,7 @@ class NamedWriter:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if kind is not None:
             self.concepts.close()
-            self.spool.close()
-            self.rows.close()
-            self.spool_path.unlink(missing_ok=True)
-            self.rows_path.unlink(missing_ok=True)
+            self.report.close()
 
 
 def joined_image_meta(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -17,23 +17,32 @@ db_models`` and ``convert-saedashboard-to-neuronpedia-export.py`` write them). O
 
 A sequence-level store (one row per input, e.g. the demo's pooled sentence embeddings) has one activation
 per input: every token of the input carries it, and ``source.notes`` says so.
+
+:func:`export_neuronpedia` reads the concept dictionary a block of concepts (and their directions) at a time
+(``naming.concepts_file.ConceptsFile``) and writes each ``.jsonl.gz`` a record at a time (:class:`GzipLines`):
+the files of the whole dictionary (:func:`write_neuronpedia`), byte for byte, holding one block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import itertools
 import json
 import re
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-
 from conceptdict.naming.concepts import Concept, ConceptDictionary
 from conceptdict.saes.formats.hookpoints import to_transformer_lens
+from torch import Tensor
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc).isoformat()
 
@@ -65,7 +74,7 @@ def _layer(hookpoint: str | None) -> int:
 def _histogram(concept: Concept) -> tuple[list[float], list[float]]:
     """(bar heights, bar centres) of the latent's nonzero activations."""
     edges, counts = concept.histogram.get("edges") or [], concept.histogram.get("counts") or []
-    centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+    centres = [(a + b) / 2 for a, b in itertools.pairwise(edges)]
     return [float(c) for c in counts], [float(c) for c in centres]
 
 
@@ -93,52 +102,169 @@ def logit_tables(directions: torch.Tensor, unembed: torch.Tensor, decode, k: int
     return Logits(pos, neg, hist)
 
 
-def context_values(sources, latent: int, row: int, before: int = 8, after: int = 4) -> tuple[list[str], list[float]]:
-    """The tokens of ``row``'s context and the latent's activation on each (sequence level: the whole input, the
-    input's one activation on every token)."""
-    store, sae, hp = sources.store, sources.model, sources.hookpoint
-    ctx = store.row_context(row, before=before, after=after)
-    if ctx.marked < 0:
+MEMO = 1 << 21
+"""Nonzero codes :class:`ContextValues` keeps of the contexts it encoded (12 bytes each; emptied when full)."""
+
+
+class ContextValues:
+    """The tokens of a store row's context and a latent's activation on each (sequence level: the whole input, the
+    input's one activation on every token), from ``sources`` (``naming.open_sources``). Each context is encoded
+    once, as one batch of its rows: its nonzero codes (and negative zeros) are kept, up to :data:`MEMO` of them,
+    so that the latents whose examples share a row read it again without encoding it (the values are the ones that
+    encoding it for each latent gives, bit for bit)."""
+
+    def __init__(self, sources, before: int = 8, after: int = 4) -> None:
+        self.sources, self.before, self.after = sources, before, after
+        self.memo: dict[int, tuple[list[str], int, Tensor, Tensor, Tensor]] = {}
+        self.held = 0
+
+    def _encoded(self, row: int) -> tuple[list[str], int, Tensor, Tensor, Tensor]:
+        store, sae, hp = self.sources.store, self.sources.model, self.sources.hookpoint
+        ctx = store.row_context(row, before=self.before, after=self.after)
+        lo, n = (row, 1) if ctx.marked < 0 else (row - ctx.marked, len(ctx.tokens))
         with torch.no_grad():
-            value = float(sae.encode(store.rows(hp, row, row + 1).float())[0, latent])
-        return list(ctx.tokens), [value] * len(ctx.tokens)
-    lo = row - ctx.marked
-    with torch.no_grad():
-        codes = sae.encode(store.rows(hp, lo, lo + len(ctx.tokens)).float())
-    return list(ctx.tokens), codes[:, latent].tolist()
+            codes = sae.encode(store.rows(hp, lo, lo + n).float())
+        kept = (codes != 0) | torch.signbit(codes)
+        at, latent = kept.nonzero(as_tuple=True)
+        if self.held + len(at) > MEMO:
+            self.memo.clear()
+            self.held = 0
+        self.memo[row] = (list(ctx.tokens), n, at.to(torch.int32), latent.to(torch.int32), codes[at, latent])
+        self.held += len(at)
+        return self.memo[row]
+
+    def __call__(self, latent: int, row: int) -> tuple[list[str], list[float]]:
+        tokens, n, at, latents, values = self.memo.get(row) or self._encoded(row)
+        out = [0.0] * n
+        mine = latents == latent
+        for i, v in zip(at[mine].tolist(), values[mine].tolist()):
+            out[i] = v
+        return list(tokens), out * len(tokens) if n == 1 and len(tokens) != 1 else out
 
 
-def _jsonl_gz(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    path.write_bytes(gzip.compress(data, compresslevel=5, mtime=0))
+class GzipLines:
+    """A ``.jsonl.gz`` written a record at a time: the bytes ``gzip.compress(all the lines, compresslevel=5,
+    mtime=0)`` gives (its header, one raw deflate stream fed line by line, the CRC-32 and size). Written to
+    ``PATH.part`` until :meth:`close`; :meth:`discard` removes it."""
+
+    LEVEL = 5
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.part = path, path.with_name(path.name + ".part")
+        self.file = open(self.part, "wb")  # noqa: SIM115 (closed by close / discard)
+        self.file.write(gzip.compress(b"", compresslevel=self.LEVEL, mtime=0)[:10])
+        self.deflate = zlib.compressobj(self.LEVEL, zlib.DEFLATED, -15)
+        self.crc, self.size = 0, 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        data = (json.dumps(row) + "\n").encode()
+        self.crc, self.size = zlib.crc32(data, self.crc), self.size + len(data)
+        self.file.write(self.deflate.compress(data))
+
+    def close(self) -> None:
+        self.file.write(self.deflate.flush() + struct.pack("<LL", self.crc, self.size & 0xFFFFFFFF))
+        self.file.close()
+        self.part.replace(self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.part.unlink(missing_ok=True)
 
 
 def _jsonl(path: Path, row: dict[str, Any]) -> None:
     path.write_text(json.dumps(row) + "\n")
 
 
-def write_neuronpedia(cd: ConceptDictionary, out: Path, cfg: NeuronpediaConfig, sources,
-                      logits: Logits | None = None) -> Path:
-    """Write the Neuronpedia export of ``cd`` under ``out``; returns the source directory.
+BLOCK = 512
+"""Concepts :func:`export_neuronpedia` reads at a time."""
 
-    ``sources`` (``naming.open_sources`` of the dictionary) re-encodes each top example's context; ``logits``
-    (:func:`logit_tables`) fills the logit tables when the model has an unembedding."""
-    model_id = cfg.model_id or str(cd.meta.get("model") or "model").rstrip("/").split("/")[-1]
-    hookpoint = cd.meta.get("hookpoint")
+Blocks = Iterable[tuple[Sequence[Concept], Tensor]]
+"""A concept dictionary's (concepts, their directions) a block at a time, in latent order."""
+
+
+def write_neuronpedia(cd: ConceptDictionary, out: Path, cfg: NeuronpediaConfig, sources,
+                      logits: Callable[[Tensor], Logits] | None = None) -> Path:
+    """Write the Neuronpedia export of ``cd`` under ``out``; returns the source directory
+    (:func:`write_neuronpedia_blocks` of one block)."""
+    return write_neuronpedia_blocks(cd.meta, len(cd.concepts), [(cd.concepts, cd.directions)], out, cfg, sources,
+                                    logits)
+
+
+def write_neuronpedia_blocks(meta: dict[str, Any], n_concepts: int, blocks: Blocks, out: Path,
+                             cfg: NeuronpediaConfig, sources, logits: Callable[[Tensor], Logits] | None = None) -> Path:
+    """Write the Neuronpedia export of a concept dictionary (its ``meta``, ``n_concepts`` concepts given in
+    ``blocks``) under ``out``, a block at a time; returns the source directory.
+
+    ``sources`` (``naming.open_sources`` of the dictionary) re-encodes each top example's context (:class:`
+    ContextValues`); ``logits`` (:func:`logit_tables` given the unembedding) gives a block's logit tables from its
+    directions when the model has an unembedding."""
+    model_id = cfg.model_id or str(meta.get("model") or "model").rstrip("/").split("/")[-1]
+    hookpoint = meta.get("hookpoint")
     layer = _layer(hookpoint)
     source_id = f"{layer}-{cfg.source_set}"
     where = out / model_id / source_id
     where.mkdir(parents=True, exist_ok=True)
     who = cfg.creator
     sequence = sources.store.level == "sequence"
+    values = ContextValues(sources)
+    files = [GzipLines(where / sub / "batch-0.jsonl.gz") for sub in ("features", "activations", "explanations")]
+    features, activations, explanations = files
+    try:  # the source's records after the concepts: a damaged concept dictionary leaves no export
+        for concepts, directions in blocks:
+            directions = directions.reshape(len(concepts), -1)
+            tables = logits(directions) if logits is not None else None
+            for i, c in enumerate(concepts):
+                heights, centres = _histogram(c)
+                key = {"modelId": model_id, "layer": source_id, "index": str(c.id)}
+                top_max = None
+                for n, ex in enumerate(c.top_examples):
+                    tokens, acts = values(c.id, ex.row)
+                    if not tokens:
+                        continue
+                    top = max(range(len(acts)), key=acts.__getitem__)
+                    top_max = acts[top] if top_max is None else max(top_max, acts[top])
+                    activations.write({"id": _cuid(model_id, source_id, c.id, "act", n), **key, "tokens": tokens,
+                                       "values": acts, "maxValue": acts[top], "maxValueTokenIndex": top,
+                                       "minValue": min(acts), "creatorId": who,
+                                       "dataSource": str(meta.get("store") or ""), "dataIndex": str(ex.row),
+                                       "createdAt": EPOCH})
+                feature = {**key, "creatorId": who, "createdAt": EPOCH, "sourceSetName": cfg.source_set,
+                           "maxActApprox": float(c.stats.get("max", 0.0)) if top_max is None else top_max,
+                           "hasVector": True, "vector": directions[i].tolist(),
+                           "hookName": to_transformer_lens(hookpoint) if hookpoint else None,
+                           "frac_nonzero": float(c.frequency), "freq_hist_data_bar_heights": heights,
+                           "freq_hist_data_bar_values": centres, "pos_str": [], "pos_values": [], "neg_str": [],
+                           "neg_values": [], "logits_hist_data_bar_heights": [], "logits_hist_data_bar_values": []}
+                if tables is not None:
+                    feature.update(pos_str=tables.pos[i][0], pos_values=tables.pos[i][1],
+                                   neg_str=tables.neg[i][0], neg_values=tables.neg[i][1],
+                                   logits_hist_data_bar_heights=tables.hist[i][0],
+                                   logits_hist_data_bar_values=tables.hist[i][1])
+                features.write(feature)
+                if c.name:
+                    explanations.write({"id": _cuid(model_id, source_id, c.id, "explanation"), **key,
+                                        "description": c.name, "authorId": who, "scoreV1": float(c.score),
+                                        "typeName": f"conceptdict-{c.namer or 'namer'}",
+                                        "explanationModelName": c.namer or None,
+                                        "notes": "runner-ups: " + ", ".join(c.runner_ups) if c.runner_ups else None,
+                                        "createdAt": EPOCH})
+    except BaseException:
+        for f in files:
+            f.discard()
+        for made in (*(f.path.parent for f in files), where, where.parent):  # those left empty
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
+    for f in files:
+        f.close()
     _jsonl(where / "release.jsonl", {"name": cfg.release, "description": f"{cfg.release}: exported by conceptdict",
                                      "descriptionShort": cfg.release, "urls": [cfg.url] if cfg.url else [],
                                      "creatorName": who, "creatorNameShort": who, "creatorId": who,
                                      "visibility": "PUBLIC", "createdAt": EPOCH})
     _jsonl(where / "model.jsonl", {"id": model_id, "displayName": model_id, "displayNameShort": model_id,
                                    "creatorId": who, "instruct": model_id.endswith("-it"), "layers": layer + 1,
-                                   "neuronsPerLayer": len(cd.concepts), "owner": who, "visibility": "PUBLIC",
+                                   "neuronsPerLayer": n_concepts, "owner": who, "visibility": "PUBLIC",
                                    "inferenceEnabled": False, "createdAt": EPOCH, "updatedAt": EPOCH})
     _jsonl(where / "sourceset.jsonl", {"modelId": model_id, "name": cfg.source_set, "creatorId": who,
                                        "creatorName": who, "description": f"conceptdict dictionary at {hookpoint}",
@@ -146,69 +272,35 @@ def write_neuronpedia(cd: ConceptDictionary, out: Path, cfg: NeuronpediaConfig, 
                                        "createdAt": EPOCH})
     _jsonl(where / "source.jsonl", {
         "id": source_id, "modelId": model_id, "setName": cfg.source_set, "creatorId": who, "visibility": "PUBLIC",
-        "hasDashboards": True, "inferenceEnabled": False, "dataset": str(cd.meta.get("store") or ""),
+        "hasDashboards": True, "inferenceEnabled": False, "dataset": str(meta.get("store") or ""),
         "num_prompts": None, "num_tokens_in_prompt": None, "createdAt": EPOCH,
         "notes": ("sequence-level dictionary: each input has one activation, shown on every token" if sequence
                   else f"conceptdict hookpoint {hookpoint}")})
-    features, activations, explanations = [], [], []
-    directions = cd.directions.reshape(len(cd.concepts), -1)
-    for c in cd.concepts:
-        heights, centres = _histogram(c)
-        key = {"modelId": model_id, "layer": source_id, "index": str(c.id)}
-        rows = []
-        for n, ex in enumerate(c.top_examples):
-            tokens, values = context_values(sources, c.id, ex.row)
-            if not tokens:
-                continue
-            top = max(range(len(values)), key=values.__getitem__)
-            rows.append({"id": _cuid(model_id, source_id, c.id, "act", n), **key, "tokens": tokens,
-                         "values": values, "maxValue": values[top], "maxValueTokenIndex": top,
-                         "minValue": min(values), "creatorId": who, "dataSource": str(cd.meta.get("store") or ""),
-                         "dataIndex": str(ex.row), "createdAt": EPOCH})
-        activations += rows
-        feature = {**key, "creatorId": who, "createdAt": EPOCH, "sourceSetName": cfg.source_set,
-                   "maxActApprox": max([r["maxValue"] for r in rows], default=float(c.stats.get("max", 0.0))),
-                   "hasVector": True, "vector": directions[c.id].tolist(),
-                   "hookName": to_transformer_lens(hookpoint) if hookpoint else None,
-                   "frac_nonzero": float(c.frequency), "freq_hist_data_bar_heights": heights,
-                   "freq_hist_data_bar_values": centres, "pos_str": [], "pos_values": [], "neg_str": [],
-                   "neg_values": [], "logits_hist_data_bar_heights": [], "logits_hist_data_bar_values": []}
-        if logits is not None:
-            feature.update(pos_str=logits.pos[c.id][0], pos_values=logits.pos[c.id][1],
-                           neg_str=logits.neg[c.id][0], neg_values=logits.neg[c.id][1],
-                           logits_hist_data_bar_heights=logits.hist[c.id][0],
-                           logits_hist_data_bar_values=logits.hist[c.id][1])
-        features.append(feature)
-        if c.name:
-            explanations.append({"id": _cuid(model_id, source_id, c.id, "explanation"), **key,
-                                 "description": c.name, "authorId": who, "scoreV1": float(c.score),
-                                 "typeName": f"conceptdict-{c.namer or 'namer'}",
-                                 "explanationModelName": c.namer or None,
-                                 "notes": "runner-ups: " + ", ".join(c.runner_ups) if c.runner_ups else None,
-                                 "createdAt": EPOCH})
-    _jsonl_gz(where / "features" / "batch-0.jsonl.gz", features)
-    _jsonl_gz(where / "activations" / "batch-0.jsonl.gz", activations)
-    _jsonl_gz(where / "explanations" / "batch-0.jsonl.gz", explanations)
     return where
 
 
-def export_neuronpedia(dict_dir: Path, out: Path, cfg: NeuronpediaConfig, device: str = "cpu") -> Path:
-    """Load the concept dictionary at ``dict_dir``, re-open its dictionary and store, compute the logit tables
-    when its model has an unembedding, and write the export (:func:`write_neuronpedia`)."""
-    from conceptdict.naming.concepts import load_concepts
+def export_neuronpedia(dict_dir: Path, out: Path, cfg: NeuronpediaConfig, device: str = "cpu",
+                       block: int = BLOCK) -> Path:
+    """Read the concept dictionary at ``dict_dir`` ``block`` concepts at a time (``naming.concepts_file``), re-open
+    its dictionary (a block of latents at a time where it does not fit in memory) and store, compute each block's
+    logit tables when its model has an unembedding, and write the export (:func:`write_neuronpedia_blocks`)."""
+    from functools import partial
+
+    from conceptdict.naming.concepts_file import ConceptsFile
     from conceptdict.naming.pipeline import open_sources
 
-    cd = load_concepts(dict_dir)
-    if not cd.meta.get("sae_dir"):
+    file = ConceptsFile(dict_dir)
+    meta = file.meta
+    if not meta.get("sae_dir"):
         raise ValueError(f"{dict_dir} records no sae_dir; Neuronpedia's activations are re-encoded from the "
                          f"dictionary, so name it with `conceptdict name SAE_DIR` first")
-    sources = open_sources(cd.meta["sae_dir"], cd.meta.get("store"), cd.meta.get("hookpoint"), device)
+    sources = open_sources(meta["sae_dir"], meta.get("store"), meta.get("hookpoint"), device, lazy=None)
     logits = None
-    if cd.meta.get("model") and sources.store.level == "token":
+    if meta.get("model") and sources.store.level == "token":
         from conceptdict.activations import load_model
 
-        lm = load_model(str(cd.meta["model"]), device=device)
+        lm = load_model(str(meta["model"]), device=device)
         unembed = lm.unembed()
-        if unembed is not None and unembed.shape[0] == cd.directions.shape[-1]:
-            logits = logit_tables(cd.directions.reshape(len(cd.concepts), -1), unembed, lm.decode)
-    return write_neuronpedia(cd, out, cfg, sources, logits)
+        if unembed is not None and unembed.shape[0] == file.directions_shape[-1]:
+            logits = partial(logit_tables, unembed=unembed, decode=lm.decode)
+    return write_neuronpedia_blocks(meta, file.n_concepts, file.blocks(block), out, cfg, sources, logits)

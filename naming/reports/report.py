@@ -11,8 +11,9 @@ from __future__ import annotations
 import html
 import logging
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any
 
 from conceptdict.naming.bottleneck.cbm import CbmResult, class_concepts, gap_notes
 from conceptdict.naming.bottleneck.path import chosen_refit, describe_fit, is_chosen
@@ -188,10 +189,6 @@ def page(title: str, header: str, body: str, css: str = "") -> str:
     )
 
 
-def _header(cd: ConceptDictionary, cbm: CbmResult | None) -> str:
-    return header_html(len(cd.concepts), cd.meta, cbm is not None, any(c.scores for c in cd.concepts))
-
-
 def header_html(n_concepts: int, meta: dict, cbm: bool = False, scored: bool = False) -> str:
     """The header bar of a report's pages: how many concepts, the meta's model, hookpoint, namer and rows, links."""
     m = meta
@@ -203,11 +200,6 @@ def header_html(n_concepts: int, meta: dict, cbm: bool = False, scored: bool = F
     if scored:
         links += ' · <a href="scores.html">scores</a>'
     return f'<h1>Concept dictionary</h1><div class="meta">{" · ".join(parts)} · {links}</div>'
-
-
-def _order(cd: ConceptDictionary) -> list[Concept]:
-    """Concepts that fire, most frequent first, then dead ones."""
-    return [cd.concepts[i] for i in concept_order([c.frequency for c in cd.concepts])]
 
 
 def concept_order(frequencies: Sequence[float]) -> list[int]:
@@ -222,18 +214,34 @@ def page_name(i: int) -> str:
 def write_report(
     cd: ConceptDictionary, directory: str | Path, cbm: CbmResult | None = None, per_page: int = 200
 ) -> Path:
-    """Write the HTML report into ``directory``; returns the path of ``index.html``."""
-    directory = Path(directory)
-    header = _header(cd, cbm)
-    order = [c.id for c in _order(cd)]
-    where = write_pages(directory, header, order, lambda i: concept_card(cd.concepts[i]),
-                        cd.meta.get("thumbnails") or {}, per_page)
+    """Write the HTML report into ``directory``; returns the path of ``index.html`` (a block of concepts at a time:
+    ``naming.reports.report_stream.ReportWriter``)."""
+    # report_scores imports this module's page skeleton
+    from conceptdict.naming.reports.report_scores import scorer_names
+
+    concepts = cd.concepts
+    return write_report_pages(Path(directory), cd.meta, [c.frequency for c in concepts],
+                              lambda i: concept_card(concepts[i]), cbm, per_page, lambda i: concepts[i],
+                              scorer_names(cd), sum(1 for c in concepts if c.scores))
+
+
+def write_report_pages(directory: Path, meta: dict, frequencies: Sequence[float], card: Callable[[int], str],
+                       cbm: CbmResult | None = None, per_page: int = 200, row: Callable[[int], Any] | None = None,
+                       scorers: Sequence[str] = (), n_scored: int = 0) -> Path:
+    """The report of ``len(frequencies)`` concepts given one at a time: ``card(id)`` (:func:`concept_card`) and
+    ``row(id)`` (the concept, or its ``report_scores.ScoreRow``) of latent ``id``; the score pages when
+    ``n_scored`` of them are scored (by ``scorers``, ``report_scores.scorers_of``); a CBM's pages when ``cbm`` is
+    given. Returns the path of ``index.html``."""
+    header = header_html(len(frequencies), meta, cbm is not None, n_scored > 0)
+    where = write_pages(directory, header, concept_order(frequencies), card, meta.get("thumbnails") or {}, per_page)
     if cbm is not None:
         _write_cbm_pages(cbm, directory, header, where)
-    if any(c.scores for c in cd.concepts):
-        from conceptdict.naming.reports.report_scores import write_score_pages  # it imports this module's page skeleton
+    if n_scored:
+        from conceptdict.naming.reports.report_scores import write_score_rows
 
-        write_score_pages(cd, directory, header, where)
+        if row is None:
+            raise ValueError(f"{n_scored} concepts are scored: pass row(id) for the score pages")
+        write_score_rows(meta, len(frequencies), row, list(scorers), n_scored, directory, header, where)
     return directory / "index.html"
 
 

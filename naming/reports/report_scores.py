@@ -99,17 +99,10 @@ def scores_table(scorers: list[str], sort: str) -> str:
     return filters + table
 
 
-def write_score_pages(cd: ConceptDictionary, directory: Path, header: str, where: dict[int, str]) -> list[Path]:
-    """``scores.html`` and one ``scores-by-SCORER.html`` per scorer; returns their paths."""
-    concepts = cd.concepts
-    return write_score_rows(cd.meta, len(concepts), lambda i: concepts[i], scorer_names(cd),
-                            sum(1 for c in concepts if c.scores), directory, header, where)
-
-
 def write_score_rows(meta: dict[str, Any], n: int, rows: Callable[[int], Concept | ScoreRow], scorers: list[str],
                      n_scored: int, directory: Path, header: str, where: dict[int, str]) -> list[Path]:
-    """:func:`write_score_pages` of ``n`` concepts given one at a time (``rows(id)``): ``n_scored`` of them
-    scored, ``scorers`` those seen (:func:`scorers_of`)."""
+    """``scores.html`` and one ``scores-by-SCORER.html`` per scorer of ``n`` concepts given one at a time
+    (``rows(id)``): ``n_scored`` of them scored, ``scorers`` those seen (:func:`scorers_of`); returns their paths."""
     info = meta.get("scoring", {})
     neg = info.get("negatives", {}).get("kinds", "?")
     intro = (f"<p>{n_scored} scored concepts · negatives: {esc(neg)} · "
