@@ -46,9 +46,9 @@ def parse_args(argv=None):
 
 def cbm_inputs(args) -> dict:
     """train_cbm's arguments for this corpus and route (read once through ``cd.cbm``, then from ``--cache``)."""
-    kept = args.cache / f"{args.corpus}-{args.route}.pt"
+    kept = args.cache / f"{args.corpus}-{args.route}.pt"  # tensors, lists and strings: weights_only reads them
     if kept.exists():
-        return torch.load(kept, weights_only=False)
+        return torch.load(kept, weights_only=True)
     concepts = (args.work / "runs" / args.corpus / "concepts" if args.route == "own"
                 else args.broad_concepts or cd.cached_broad_dictionary().concepts)
     store = own_store(concepts, args.work) if args.route == "own" else task_store(args.corpus, args.work)
