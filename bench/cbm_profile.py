@@ -48,7 +48,10 @@ def cbm_inputs(args) -> dict:
     """train_cbm's arguments for this corpus and route (read once through ``cd.cbm``, then from ``--cache``)."""
     kept = args.cache / f"{args.corpus}-{args.route}.pt"  # tensors, lists and strings: weights_only reads them
     if kept.exists():
-        return torch.load(kept, weights_only=True)
+        seen = torch.load(kept, weights_only=True)
+        if seen["residual"] is not None:  # kept as (values, kind)
+            seen["residual"] = added.Residual(*seen["residual"])
+        return seen
     concepts = (args.work / "runs" / args.corpus / "concepts" if args.route == "own"
                 else args.broad_concepts or cd.cached_broad_dictionary().concepts)
     store = own_store(concepts, args.work) if args.route == "own" else task_store(args.corpus, args.work)
@@ -70,7 +73,7 @@ def cbm_inputs(args) -> dict:
     finally:
         api_mod.train_cbm = original
     kept.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(seen, kept)
+    torch.save({**seen, "residual": None if seen["residual"] is None else tuple(seen["residual"])}, kept)
     return seen
 
 
