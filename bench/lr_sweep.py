@@ -146,7 +146,7 @@ def read_run(out: Path, setting: Setting) -> dict:
     curve = [(m["step"], round(m["fvu"], 4)) for m in logged if "fvu" in m and "step" in m]
     row = {"lr": cfg["resolved"]["lr"], "steps": cfg["steps"], "batch_size": cfg["config"]["batch_size"],
            "warmup_steps": cfg["resolved"]["warmup_steps"], "heldout_fvu": ev["fvu"], "dead": ev["dead_fraction"],
-           "l0": ev["l0"], "train_fvu_last": curve[-1][1] if curve else None,
+           "heldout_rows": ev["n_tokens"], "l0": ev["l0"], "train_fvu_last": curve[-1][1] if curve else None,
            "train_fvu_min": min(f for _, f in curve) if curve else None, "curve": curve}
     if setting.atoms:
         row.update(recovery(out, setting))
@@ -178,10 +178,11 @@ def run_one(name: str, m: float, args: argparse.Namespace) -> dict:
 
 def fmt(row: dict) -> str:
     if row.get("missing"):
-        return f"| {row['setting']} | {row['m']:g} | not run | | | | |"
+        return f"| {row['setting']} | {row['m']:g} | not run | | | | | |"
     rec = f"{row['recovery']:.1%} / {row['mean_best_cos']:.3f}" if "recovery" in row else "-"
     return (f"| {row['setting']}{' ' + row['tag'] if row['tag'] else ''} | {row['m']:g} ({row['lr']:.3g}) | "
-            f"{row['steps']} x {row['batch_size']} | {row['heldout_fvu']:.4f} | {row['dead']:.1%} | "
+            f"{row['steps']} x {row['batch_size']} | {row['heldout_rows']} | {row['heldout_fvu']:.4f} | "
+            f"{row['dead']:.1%} | "
             f"{row['train_fvu_min']:.4f} / {row['train_fvu_last']:.4f} | {rec} |")
 
 
@@ -206,8 +207,8 @@ def main() -> None:
     jobs = [(n, m) for n in args.settings for m in args.mults]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda job: run_one(*job, args), jobs))
-    print("| setting | m (lr) | steps x B | held-out FVU | dead | train FVU min / last | recovery / mean best cos |")
-    print("|---|---|---|---|---|---|---|")
+    print("| setting | m (lr) | steps x B | held-out rows | held-out FVU | dead | train FVU min / last | recovery / mean best cos |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(fmt(row))
     if args.json:
