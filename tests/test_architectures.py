@@ -450,3 +450,20 @@ def test_matryoshka_groups_from_the_command_line():
                                       "--matryoshka-groups", "4", "--matryoshka-groups", "28"])
     _, cfg, _, _ = train_configs(**settings_from(args, TrainCommand, LiveConfig, train_settings()))
     assert cfg.settings.matryoshka_groups == [4, 28]
+
+
+def test_fired_from_code_marks_only_the_latents_with_a_positive_value():
+    """A zero-padded code (padding at index 0 with value 0, a kept entry that rounded to 0, duplicates): the latents
+    that fired are exactly those with a positive value somewhere, latent 0 included only when it fired."""
+    from conceptdict.saes.kinds.common import fired_from_code
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(1, 50, (64, 12), generator=g)
+    vals = torch.rand(64, 12, generator=g) * (torch.rand(64, 12, generator=g) > 0.3)
+    idx = torch.where(vals > 0, idx, 0)  # padding points at latent 0 with value 0
+    fired, l0 = fired_from_code(vals, idx, 50)
+    assert fired.shape == (50,) and not fired[0]
+    assert set(fired.nonzero().flatten().tolist()) == set(idx[vals > 0].tolist())
+    assert float(l0) == pytest.approx(float((vals > 0).sum(1).float().mean()))
+    vals[3, 0], idx[3, 0] = 0.5, 0  # latent 0 fires once
+    assert fired_from_code(vals, idx, 50)[0][0]

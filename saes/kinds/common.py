@@ -32,10 +32,13 @@ def pre_activations(model: "SparseCoder", x: Tensor) -> Tensor:
 
 
 def fired_from_code(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    """(which latents fired [L] bool, the mean L0) of a zero-padded code values/indices [B, K]. The entries that
+    did not fire write into a slot past the last latent, cut off: no boolean index (a compaction of the [B, K]
+    code, ~2x the time at SpaDE's ~1,100 entries a row)."""
     active = values > 0
-    fired = torch.zeros(n_latents, dtype=torch.bool, device=values.device)
-    fired[indices[active]] = True
-    return fired, active.sum(dim=1).float().mean().detach()
+    fired = torch.zeros(n_latents + 1, dtype=torch.bool, device=values.device)
+    fired[torch.where(active, indices, n_latents)] = True
+    return fired[:n_latents], active.sum(dim=1).float().mean().detach()
 
 
 def scaled_smallest(values: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
