@@ -21,14 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-MIB = 2 ** 20
-
-
-def status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sharding import peak_mib, reset_peak, rss_mib  # noqa: E402  (the memory figures bench/sharding.py reads)
 
 
 def build(work: Path, d: int, latents: int, files: int, rows: int) -> None:
@@ -59,11 +53,11 @@ def measure(work: Path, mode: str, batch: int) -> None:
 
     settings = {"rows_from": "start", "contexts": 0, "batch_size": batch}
     cd.evaluate(work / "warmup", out=work / f"warmup-{mode}.json", **settings)
-    Path("/proc/self/clear_refs").write_text("5")
-    base, started = status("VmRSS"), time.perf_counter()
+    reset_peak()
+    base, started = rss_mib(), time.perf_counter()
     result = cd.evaluate(work / "big", out=work / f"{mode}.json", **settings)
-    line = {"mode": mode, "rank": ranks.current().rank, "base_rss_mib": round(base / MIB, 1),
-            "peak_above_mib": round((status("VmHWM") - base) / MIB, 1), "seconds": round(time.perf_counter() - started, 1),
+    line = {"mode": mode, "rank": ranks.current().rank, "base_rss_mib": round(base, 1),
+            "peak_above_mib": round(peak_mib() - base, 1), "seconds": round(time.perf_counter() - started, 1),
             "fvu": result.metrics.fvu, "blocks": len(getattr(result.dictionary, "blocks", [None]))}
     print("RESULT " + json.dumps(line), flush=True)
 

@@ -29,17 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sharding import peak_mib, reset_peak, rss_mib  # noqa: E402  (the memory figures bench/sharding.py reads)
+
 D, L, K, ROWS, WARM, PARTS = 512, 65536, 32, 2048, 256, 16
-MIB = 2 ** 20
 FORMATS = ("json", "html", "neuronpedia")
-
-
-def status(key: str) -> int:
-    """Bytes of ``key`` (VmRSS, VmHWM) in /proc/self/status."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def save_parts(model, where: Path, parts: int, store: Path) -> Path:
@@ -100,10 +94,10 @@ def child(fmt: str, big: Path, small: Path, out: Path) -> dict:
     from conceptdict.cli.main import main
 
     assert main(["export", str(small), "--format", fmt, "--out", str(out / "warm"), "--overwrite"]) == 0
-    Path("/proc/self/clear_refs").write_text("5")
-    base, started = status("VmRSS"), time.perf_counter()
+    reset_peak()
+    base, started = rss_mib(), time.perf_counter()
     code = main(["export", str(big), "--format", fmt, "--out", str(out / "big"), "--overwrite"])
-    return {"format": fmt, "exit": code, "peak_mib": (status("VmHWM") - base) / MIB,
+    return {"format": fmt, "exit": code, "peak_mib": peak_mib() - base,
             "seconds": time.perf_counter() - started}
 
 
