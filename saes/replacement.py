@@ -33,6 +33,8 @@ def clt_replacement(model: SparseCoder) -> Replacement:
                          f"(transcoder_replacement)")
     S, D = model.n_sources, model.d_in
     P = model.n_latents // S
+    if not isinstance(model, SparseCoder):
+        return _lazy_clt_replacement(model, S, D, P)
     W = model.W_dec.detach()
 
     def encode(l: int, x: Tensor) -> Tensor:
@@ -46,6 +48,27 @@ def clt_replacement(model: SparseCoder) -> Replacement:
         for j, f in enumerate(codes[: l + 1]):
             out = out + f @ W[j * P:(j + 1) * P, l * D:(l + 1) * D]
         return out
+
+    return Replacement(S, encode, decode)
+
+
+def _lazy_clt_replacement(model, S: int, D: int, P: int) -> Replacement:
+    """:func:`clt_replacement` of a CLT read a block of latents at a time (``saes.lazy_clt.LazyCLT``), through its
+    whole-CLT ``encode`` and ``decode``: layer l's code is the code of the rows whose other layers' inputs are zero
+    (a layer's latents read only its own input), layer l's output the layer-l slice of the decode of the codes of
+    layers <= l (a latent writes only to its own layer and the ones after it, so the later layers' codes, not yet
+    known, add nothing there). Each call reads every block once: slower than the whole CLT's, in its memory."""
+
+    def encode(l: int, x: Tensor) -> Tensor:
+        full = x.new_zeros(x.shape[0], S, D, dtype=torch.float32)
+        full[:, l] = x.float()
+        return model.encode(full)[:, l * P:(l + 1) * P]
+
+    def decode(l: int, codes: list) -> Tensor:
+        f = codes[0].new_zeros(codes[0].shape[0], S * P)
+        for j, c in enumerate(codes[: l + 1]):
+            f[:, j * P:(j + 1) * P] = c
+        return model.decode(f)[:, l]
 
     return Replacement(S, encode, decode)
 

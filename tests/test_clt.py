@@ -281,11 +281,12 @@ def mlp_store(tmp_path_factory, tiny_lm_dir):
 
 
 @pytest.mark.integration
-def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir, mlp_store):
+def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir, mlp_store, monkeypatch):
     """`train --kind clt` on both MLPs of the 2-layer tiny LM, then `eval --model`: every MLP replaced at once. With the
     error nodes kept the spliced model gives the clean logits (to float tolerance: the splice reads each layer's input
     and writes its output where the clean model does); without them, CE loss recovered and KL score of the
-    replacement model; per-layer FVU / L0 / dead."""
+    replacement model; per-layer FVU / L0 / dead. Read lazily (CONCEPTDICT_LAZY=1, as a CLT too large for memory
+    is) the same evaluation gives the same spliced losses."""
     import conceptdict as cd
     from conceptdict.cli.main import main
 
@@ -304,6 +305,14 @@ def test_replacement_model_on_a_tiny_lm(tmp_path, tiny_lm_dir, mlp_store):
     record = json.loads((out / "eval.json").read_text())
     assert record["metrics"]["splice"]["max_logit_diff_with_errors"] == sp["max_logit_diff_with_errors"]
     assert "replacement with error nodes" in ev.format() and "layer 1" in ev.format()
+    from conceptdict.saes.lazy import LAZY_ENV
+    from conceptdict.saes.lazy_clt import LazyCLT
+
+    monkeypatch.setenv(LAZY_ENV, "1")
+    lazy = cd.evaluate(out, model=str(tiny_lm_dir), contexts=4, out=tmp_path / "lazy_eval.json")
+    assert isinstance(lazy.dictionary, LazyCLT)
+    assert lazy.metrics.splice == pytest.approx(sp, rel=1e-5, abs=1e-7)
+    assert lazy.metrics.kl_score == pytest.approx(m.kl_score, rel=1e-5)
 
 
 @pytest.mark.equivalence

@@ -280,3 +280,23 @@ def test_naming_a_lazy_clt_writes_the_whole_clts_concepts(tmp_path, monkeypatch,
     assert sum(c.frequency > 0 for c in want.concepts) > L / 2
     report = sorted(p.name for p in (tmp_path / "whole" / "report").iterdir())
     assert sorted(p.name for p in (tmp_path / "lazy" / "report").iterdir()) == report
+
+
+@pytest.mark.parametrize("kind", ["clt", "clt-batchtopk"])
+def test_a_lazy_clts_replacement_model_is_the_whole_ones(tmp_path, kind):
+    """``clt_replacement`` of a 2-shard CLT read lazily in blocks of 6 latents per layer: every layer's code and its
+    output from the codes of the layers up to it equal the whole CLT's (what the spliced CE / KL of `eval --model`
+    reads; before, the lazy CLT had no ``W_dec`` and the evaluation stopped with an AttributeError)."""
+    from conceptdict.saes.replacement import clt_replacement
+
+    whole = _whole(kind, seed=5)
+    where = _saved(whole, tmp_path / "clt", shards=2)
+    lazy, one = clt_replacement(open_lazy(where, block_latents=6)), clt_replacement(whole)
+    x = _pairs(40, 11)[:, :S]  # each layer's input
+    codes_lazy, codes_one = [], []
+    for l in range(S):
+        codes_lazy.append(lazy.encode(l, x[:, l]))
+        codes_one.append(one.encode(l, x[:, l]))
+        _close(codes_lazy[-1], codes_one[-1])
+        _close(lazy.decode(l, codes_lazy), one.decode(l, codes_one))
+    assert lazy.n_layers == one.n_layers == S
