@@ -65,7 +65,7 @@ class NameConfig:
         "help": ("Top/bottom logit-lens tokens recorded per latent (token-level stores of models with an "
                  "unembedding).")})
     source: int = field(default=-1, metadata={
-        "help": "Crosscoders: which source's decoder directions are named (default the last, model B)."})
+        "help": "Crosscoders: which source's decoder directions are named (default the last)."})
     cache_dir: Path | None = field(default=None, metadata={
         "help": "Where vocabulary embeddings are cached (default $CONCEPTDICT_CACHE or ~/.cache/conceptdict)."})
     chunk: int = field(default=4096, metadata={"help": "Store rows encoded at once."})
@@ -300,6 +300,8 @@ class Naming:
             **image_meta,
             "dictionary": {"kind": getattr(model, "kind", None), "d_in": getattr(model, "d_in", None),
                            "k": getattr(model, "k", None)},
+            # several sources: whose decoder rows the names (and an export's logit tables) read
+            **({"source": cfg.source} if getattr(model, "n_sources", 1) > 1 else {}),
         }
 
     def blocks(self) -> Iterator[NamedBlock]:
@@ -444,5 +446,12 @@ def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str |
 
     run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True, lazy=lazy)
     model, hp = run.dictionary, run.hookpoints[0]
-    inputs = tuple(run.hookpoints[: model.n_sources]) if _layered(model) else (hp,)
+    n = getattr(model, "n_sources", 1)
+    if isinstance(run.source, list) and len(run.source) > 1:
+        raise ValueError(f"{run.where} is a crosscoder over {len(run.source)} stores "
+                         f"({', '.join(str(p) for p in run.store_paths())}); `name` encodes the rows of one store and "
+                         f"cannot name it: its latents' tags, Delta and decoder changes are in `conceptdict diff`'s "
+                         f"latents.csv, and `conceptdict eval` measures it")
+    # a cross-layer transcoder encodes its layers' inputs, a crosscoder its hookpoints of the one store, row-aligned
+    inputs = tuple(run.hookpoints[:n]) if _layered(model) or n > 1 else (hp,)
     return Sources(model, run.store, hp, run.config, inputs)

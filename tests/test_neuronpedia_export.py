@@ -154,3 +154,51 @@ def test_token_level_dictionary_has_per_token_values_and_logits(tiny_lm_store, t
         code = model.encode(store.rows("blocks.1.hook_out", row, row + 1).float())[0, int(a["index"])]
     assert float(code) in [pytest.approx(v, abs=1e-6) for v in a["values"]]  # the example's own token is there
     assert sum(v > 0 for v in a["values"]) >= 1
+
+
+def test_a_crosscoder_over_two_hookpoints_is_named_and_exported_with_its_last_sources_logits(tiny_lm_store, tmp_path,
+                                                                                              capsys):
+    """A crosscoder over two hookpoints of one store: `name` encodes both, row-aligned (before: it fed one hookpoint's
+    rows and stopped), and the Neuronpedia export keeps the concatenated decoder rows as each vector, the logit
+    tables of the source the names read (the last) and each example's values from both hookpoints' rows."""
+    from conceptdict.activations import ActivationStore, load_model
+    from conceptdict.saes import SparseCoder, save_dictionary
+
+    store_dir, model_dir = tiny_lm_store
+    hps = ["blocks.0.hook_out", "blocks.1.hook_out"]
+    torch.manual_seed(0)
+    model = SparseCoder(32, 16, 3, kind="crosscoder", n_sources=2)
+    sae = save_dictionary(model, tmp_path / "sae", extra={"stores": [str(store_dir)], "hookpoints": hps})
+    assert main(["name", str(sae), "--namer", "logit-lens", "--model", str(model_dir), "--top-k", "4",
+                 "--out", str(tmp_path / "concepts")]) == 0
+    assert main(["export", str(tmp_path / "concepts"), "--format", "neuronpedia", "--out", str(tmp_path / "np")]) == 0
+    capsys.readouterr()
+    got = read_export(next(next((tmp_path / "np").iterdir()).iterdir()))
+    lm = load_model(str(model_dir))
+    directions = model.decoder_directions().detach().float()  # [L, 2, D]
+    for f in got["Neuron"]:
+        j = int(f["index"])
+        assert f["vector"] == pytest.approx(directions[j].reshape(-1).tolist(), abs=1e-6)
+        top = (directions[j, -1] @ lm.unembed().float()).topk(10)
+        assert f["pos_str"] == lm.decode(top.indices.tolist())
+    store = ActivationStore(store_dir)
+    a = got["Activation"][0]
+    row, j = int(a["dataIndex"]), int(a["index"])
+    with torch.no_grad():
+        code = model.encode(torch.stack([store.rows(h, row, row + 1).float() for h in hps], 1))[0, j]
+    assert float(code) in [pytest.approx(v, abs=1e-6) for v in a["values"]]
+
+
+def test_naming_a_crosscoder_over_two_stores_is_refused_with_what_reads_it(tiny_lm_store, tmp_path, capsys):
+    """A crosscoder over two stores (as `conceptdict diff` trains it): `name` reads one store's rows, so it refuses
+    before any work, saying where the latents' tags are and what measures it."""
+    from conceptdict.saes import SparseCoder, save_dictionary
+
+    store_dir, model_dir = tiny_lm_store
+    model = SparseCoder(32, 16, 3, kind="crosscoder", n_sources=2)
+    sae = save_dictionary(model, tmp_path / "sae", extra={"stores": [str(store_dir), str(store_dir)],
+                                                           "hookpoints": ["blocks.1.hook_out"]})
+    assert main(["name", str(sae), "--model", str(model_dir), "--out", str(tmp_path / "concepts")]) == 1
+    err = capsys.readouterr().err
+    assert "crosscoder over 2 stores" in err and "latents.csv" in err and "conceptdict eval" in err
+    assert not (tmp_path / "concepts").exists()

@@ -119,11 +119,13 @@ class ContextValues:
         self.held = 0
 
     def _encoded(self, row: int) -> tuple[list[str], int, Tensor, Tensor, Tensor]:
-        store, sae, hp = self.sources.store, self.sources.model, self.sources.hookpoint
+        store, sae = self.sources.store, self.sources.model
+        inputs = self.sources.inputs or (self.sources.hookpoint,)  # several: a crosscoder's or a CLT's, [n, S, D]
         ctx = store.row_context(row, before=self.before, after=self.after)
         lo, n = (row, 1) if ctx.marked < 0 else (row - ctx.marked, len(ctx.tokens))
+        rows = [store.rows(h, lo, lo + n).float() for h in inputs]
         with torch.no_grad():
-            codes = sae.encode(store.rows(hp, lo, lo + n).float())
+            codes = sae.encode(rows[0] if len(rows) == 1 else torch.stack(rows, 1))
         kept = (codes != 0) | torch.signbit(codes)
         at, latent = kept.nonzero(as_tuple=True)
         if self.held + len(at) > MEMO:
@@ -212,8 +214,10 @@ def write_neuronpedia_blocks(meta: dict[str, Any], n_concepts: int, blocks: Bloc
     features, activations, explanations = files
     try:  # the source's records after the concepts: a damaged concept dictionary leaves no export
         for concepts, directions in blocks:
+            # several sources (a crosscoder, a CLT's target layers): the logit tables of the source the names read
+            named = directions if directions.ndim == 2 else directions[:, int(meta.get("source", -1))]
             directions = directions.reshape(len(concepts), -1)
-            tables = logits(directions) if logits is not None else None
+            tables = logits(named) if logits is not None else None
             for i, c in enumerate(concepts):
                 heights, centres = _histogram(c)
                 key = {"modelId": model_id, "layer": source_id, "index": str(c.id)}
