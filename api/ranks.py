@@ -42,6 +42,20 @@ def current() -> Ranks:
     return Ranks(0, 1)
 
 
+RANK_AWARE = ("cache", "train", "eval")
+"""The commands that join a torchrun job (:func:`join`) and split their work over its ranks."""
+
+
+def refuse_ranks(command: str) -> None:
+    """Under torchrun (``WORLD_SIZE`` > 1), a ValueError for a command that is not in :data:`RANK_AWARE`: every rank
+    would run the whole job and write the same files."""
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size > 1 and command not in RANK_AWARE:
+        raise ValueError(f"`conceptdict {command}` runs in one process, and torchrun started {size} (WORLD_SIZE={size}):"
+                         f" every rank would do the whole job and write the same files. Run it without torchrun; "
+                         f"only {', '.join(RANK_AWARE)} split their work over ranks")
+
+
 def join(backend: str | None = None) -> Ranks:
     """Join the job torchrun describes (``WORLD_SIZE`` > 1 in the environment); a no-op otherwise.
 

@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
 
     set_read_policy(verify_hash=not getattr(args, "no_verify", False), wait_for_writer=getattr(args, "wait", 0.0))
     try:  # the API guards each --out (conceptdict.outdir): a user's files, one writer, not inside an input
+        from conceptdict.ranks import refuse_ranks
+
+        refuse_ranks(args.command)  # under torchrun: only the commands that split their work over ranks
         return int(_load(args.command).run(args) or 0)
     except BaseException as e:  # noqa: BLE001 - one boundary: known failures become one line
         message = describe_failure(e)

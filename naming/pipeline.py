@@ -434,24 +434,17 @@ class Sources(NamedTuple):
     hookpoint: str
     sae_config: dict
     inputs: tuple[str, ...] = ()
-    """The hookpoints the dictionary encodes: ``(hookpoint,)``, or a cross-layer transcoder's MLP inputs."""
+    """The hookpoints the dictionary encodes: ``(hookpoint,)``, a CLT's MLP inputs or a crosscoder's hookpoints."""
 
 
 def open_sources(sae_dir: Any, store: str | Path | None = None, hookpoint: str | None = None,
                  device: str = "cpu", lazy: bool | None = False) -> Sources:  # fmt: skip
     """The dictionary (folder or SparseCoder) with the store and hookpoint it is named over (``store`` or the one
-    its config.json records: ``conceptdict.naming.sources.open_run``; a crosscoder is named over model A's store).
-    ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it does not fit in memory, ``saes.lazy``)."""
-    from conceptdict.naming.sources import open_run
+    its config.json records: ``conceptdict.naming.sources.open_run``) and the hookpoints it encodes
+    (``naming.sources.encoded_inputs``). ``lazy``: as ``open_run``'s (None: read a block of latents at a time where it
+    does not fit in memory, ``saes.lazy``)."""
+    from conceptdict.naming.sources import encoded_inputs, open_run
 
     run = open_run(sae_dir, store=store, hookpoint=hookpoint, device=device, reads=True, lazy=lazy)
-    model, hp = run.dictionary, run.hookpoints[0]
-    n = getattr(model, "n_sources", 1)
-    if isinstance(run.source, list) and len(run.source) > 1:
-        raise ValueError(f"{run.where} is a crosscoder over {len(run.source)} stores "
-                         f"({', '.join(str(p) for p in run.store_paths())}); `name` encodes the rows of one store and "
-                         f"cannot name it: its latents' tags, Delta and decoder changes are in `conceptdict diff`'s "
-                         f"latents.csv, and `conceptdict eval` measures it")
-    # a cross-layer transcoder encodes its layers' inputs, a crosscoder its hookpoints of the one store, row-aligned
-    inputs = tuple(run.hookpoints[:n]) if _layered(model) or n > 1 else (hp,)
+    model, hp, inputs = run.dictionary, run.hookpoints[0], encoded_inputs(run)
     return Sources(model, run.store, hp, run.config, inputs)

@@ -301,6 +301,20 @@ def _live_heldout(run: Run) -> dict | None:
             "buffer_rows": buffer}
 
 
+def encoded_inputs(run: Run) -> tuple[str, ...]:
+    """The hookpoints of ``run``'s one store that naming encodes, row-aligned: a cross-layer transcoder's layers'
+    inputs, a crosscoder's hookpoints, else its one hookpoint. A crosscoder over two stores (``conceptdict diff``'s)
+    is refused: naming reads the rows of one store."""
+    model, n = run.dictionary, getattr(run.dictionary, "n_sources", 1)
+    if isinstance(run.source, list) and len(run.source) > 1:
+        raise ValueError(f"{run.where} is a crosscoder over {len(run.source)} stores "
+                         f"({', '.join(str(p) for p in run.store_paths())}); `name` encodes the rows of one store and "
+                         f"cannot name it: its latents' tags, Delta and decoder changes are in `conceptdict diff`'s "
+                         f"latents.csv, and `conceptdict eval` measures it")
+    layered = bool(getattr(getattr(model, "spec", None), "layered", False))
+    return tuple(run.hookpoints[:n]) if layered or n > 1 else (run.hookpoints[0],)
+
+
 def reads_several(config: dict) -> bool:
     """Whether a dictionary's config records a crosscoder (n_sources above 1, not a cross-layer transcoder's
     layers)."""

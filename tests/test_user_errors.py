@@ -112,3 +112,24 @@ def test_a_run_of_few_steps_says_so_before_training(planted_store, tmp_path, mon
     with caplog.at_level("WARNING", logger="conceptdict.train_run"), pytest.raises(Started):
         cd.train(store=planted_store, latents=32, k=2, tokens=tokens, batch_size=64, out=tmp_path / "sae")
     assert (says in caplog.text) if says else "will train only" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("argv", [["name", "SAE_DIR"], ["cbm", "CONCEPTS", "--label-column", "label"],
+                                  ["export", "SAE_DIR", "--format", "saelens"], ["plan", "--latents", "1024"]])
+def test_a_command_that_is_not_rank_aware_is_refused_under_torchrun(argv, tmp_path, monkeypatch, capsys):
+    """Under torchrun (WORLD_SIZE > 1) only cache, train and eval split their work over ranks; every other command
+    would run whole on every rank and write the same files, so it stops first, saying so and what to do, and writes
+    nothing. In one process the same guard lets everything through."""
+    from conceptdict.cli.main import main
+    from conceptdict.ranks import RANK_AWARE, refuse_ranks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"`conceptdict {argv[0]}` runs in one process, and torchrun started 2" in err
+    assert "Run it without torchrun" in err and list(tmp_path.iterdir()) == []
+    for command in RANK_AWARE:
+        refuse_ranks(command)  # no error
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    refuse_ranks(argv[0])
