@@ -181,8 +181,8 @@ def write_dictionary(fmt: str, source: Path, cfg: ExportConfig) -> Path:
     ref = dictionary_of(source)
     # too large for memory, in a layout that streams: written a block of latents at a time (saes.lazy)
     model, config = open_dictionary(ref.path, lazy=None if WRITERS[fmt].streams else False)
-    recorded = (ref.concepts.meta.get("model") if ref.concepts else None) or config.get("model")
-    hookpoint = ref.concepts.meta.get("hookpoint") if ref.concepts else None
+    recorded = (ref.meta or {}).get("model") or config.get("model")
+    hookpoint = (ref.meta or {}).get("hookpoint")
     eval_json = Path(ref.path) / "eval.json"
     evals = json.loads(eval_json.read_text()) if eval_json.exists() else None
     return export_dictionary(model, config, fmt, cfg.out, evals=evals, model_name=hub_id_of(recorded) or "",

@@ -321,23 +321,28 @@ def is_concept_dir(directory: str | Path) -> bool:
 
 
 class DictionaryRef(NamedTuple):
-    """Where a dictionary lives, and its latents' names when it was reached through a concept dictionary."""
+    """Where a dictionary lives, and its latents' names and the concept dictionary's ``meta`` when it was reached
+    through a concept dictionary."""
 
     path: Path
     names: list[str] | None
-    concepts: ConceptDictionary | None
+    meta: dict[str, Any] | None
 
 
 def dictionary_of(path: str | Path) -> DictionaryRef:
     """The dictionary behind ``path``: ``path`` itself when it is a dictionary directory (any format) or a hub id, or
-    the ``sae_dir`` a concept dictionary records (with its names). The one resolver every command uses."""
+    the ``sae_dir`` a concept dictionary records (with its names, read a block of concepts at a time: never the
+    whole concepts.json in memory). The one resolver every command uses."""
+    from .concepts_file import ConceptsFile
+
     if str(path).startswith("hf:") or not is_concept_dir(path):
         return DictionaryRef(Path(path) if not str(path).startswith("hf:") else path, None, None)
-    cd = load_concepts(path)
-    sae_dir = cd.meta.get("sae_dir")
+    file = ConceptsFile(path)
+    sae_dir = file.meta.get("sae_dir")
     if not sae_dir:
         raise ValueError(f"concept dictionary {path} records no sae_dir; pass the dictionary directory instead")
     if not str(sae_dir).startswith("hf:") and not Path(sae_dir).exists():
         raise ValueError(f"concept dictionary {path} records sae_dir={sae_dir!r}, which does not exist; pass the "
                          f"dictionary directory instead")
-    return DictionaryRef(Path(sae_dir) if not str(sae_dir).startswith("hf:") else sae_dir, list(cd.names), cd)
+    names = [c.name for block in file.concepts(4096) for c in block]
+    return DictionaryRef(Path(sae_dir) if not str(sae_dir).startswith("hf:") else sae_dir, names, file.meta)
