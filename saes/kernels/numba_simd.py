@@ -27,28 +27,13 @@ def _contiguous(t, dtypes) -> bool:
 
 def vectorisable(row, bias, scale, thr) -> bool:
     """Whether :func:`above_mask` takes these numba types: a 1-D C-contiguous row of bf16 bits (uint16) or float32,
-    a float32 1-D C-contiguous ``bias`` or None, ``scale`` None, a float32 or a float32 1-D C-contiguous array (one
-    per column), and ``thr`` a float32 or a float32 1-D C-contiguous array."""
+    a float32 1-D C-contiguous ``bias`` / ``scale`` or None, and ``thr`` a float32 or a float32 1-D C-contiguous array
+    (one threshold per column)."""
     f32 = (types.float32,)
     return (_contiguous(row, (types.uint16, types.float32))
             and (isinstance(bias, types.NoneType) or _contiguous(bias, f32))
-            and (isinstance(scale, types.NoneType) or scale == types.float32 or _contiguous(scale, f32))
+            and (isinstance(scale, types.NoneType) or _contiguous(scale, f32))
             and (thr == types.float32 or _contiguous(thr, f32)))
-
-
-def _splat(builder, x):
-    """A vector of WIDTH copies of the float32 x."""
-    vty = ir.VectorType(ir.FloatType(), WIDTH)
-    one = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), WIDTH),
-                                                                                 [0] * WIDTH))
-
-
-def _operand(context, builder, aty, value, c0):
-    """A float32 operand as a vector: an array's WIDTH elements from c0, or a float32 repeated."""
-    if isinstance(aty, types.Array):
-        return _load(context, builder, aty, value, c0, ir.FloatType())
-    return _splat(builder, value)
 
 
 def _load(context, builder, aty, value, c0, llty):
@@ -60,9 +45,8 @@ def _load(context, builder, aty, value, c0, llty):
 
 @intrinsic
 def above_mask(typingctx, row, c0, bias, scale, thr):
-    """Bit u (u < WIDTH) set iff ``(f32(row[c0 + u]) + bias[c0 + u]) * s > t`` with s ``scale`` or ``scale[c0 + u]``
-    and t ``thr`` or ``thr[c0 + u]``; ``bias`` / ``scale`` None: that operation left out. The caller ensures
-    c0 + WIDTH <= len(row)."""
+    """Bit u (u < WIDTH) set iff ``(f32(row[c0 + u]) + bias[c0 + u]) * scale[c0 + u] > t`` with t ``thr`` or
+    ``thr[c0 + u]``; ``bias`` / ``scale`` None: that operation left out. The caller ensures c0 + WIDTH <= len(row)."""
     if not (vectorisable(row, bias, scale, thr) and isinstance(c0, types.Integer)):
         return None
 
@@ -80,8 +64,15 @@ def above_mask(typingctx, row, c0, bias, scale, thr):
         if not isinstance(bias_t, types.NoneType):
             v = builder.fadd(v, _load(context, builder, bias_t, bias_v, c0_v, f32))
         if not isinstance(scale_t, types.NoneType):
-            v = builder.fmul(v, _operand(context, builder, scale_t, scale_v, c0_v))
-        return builder.bitcast(builder.fcmp_ordered(">", v, _operand(context, builder, thr_t, thr_v, c0_v)), i32)
+            v = builder.fmul(v, _load(context, builder, scale_t, scale_v, c0_v, f32))
+        if isinstance(thr_t, types.Array):
+            t = _load(context, builder, thr_t, thr_v, c0_v, f32)
+        else:
+            vty = ir.VectorType(f32, WIDTH)
+            one = builder.insert_element(ir.Constant(vty, ir.Undefined), thr_v, ir.Constant(i32, 0))
+            t = builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, WIDTH),
+                                                                                          [0] * WIDTH))
+        return builder.bitcast(builder.fcmp_ordered(">", v, t), i32)
 
     return types.uint32(row, c0, bias, scale, thr), codegen
 

@@ -5,8 +5,8 @@ Any set v of a row's scores bounds its threshold tau from below: rho = (sum(v) -
 sum_j max(z_j - tau, 0) = 1 >= sum_{j in v} (z_j - tau). So a score at or below such a bound is outside the support
 and is skipped. The pass keeps one such set (Condat's running set, L. Condat, "Fast projection onto the simplex and
 the l1 ball", Math. Program. 2016): every score above its bound joins it, which raises the bound. The row is read
-BLOCK columns at a time, one vector comparison of the scores with the bound first (``numba_simd.above_mask``) and
-scalar work only on the blocks holding one; the scores above the bound go into a buffer. When the buffer fills it is narrowed by Michelot's
+BLOCK columns at a time, a branch-free count of the scores above the bound first and scalar work only on the blocks
+holding one; the scores above the bound go into a buffer. When the buffer fills it is narrowed by Michelot's
 iteration (the buffer's own bound, which may be higher, becomes the set and the bound; the buffer is filtered by
 it), and again at the end of the row.
 
@@ -25,10 +25,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import numba_simd as simd
-
 _MARGIN = 1e-6
-BLOCK = simd.WIDTH  # scores tested at once (one vector comparison) before any scalar work on them
+BLOCK = 32  # scores tested at once (a branch-free count) before any scalar work on them
 NARROW_ROUNDS = 64  # Michelot's rounds before the sort (more converge slowly: each removes few)
 
 
@@ -93,13 +91,10 @@ def _candidates(row, s, bv, bi):
     c0 = 1
     while c0 < L:
         width = min(BLOCK, L - c0)
-        if width == BLOCK:  # row[c] * s > thr for the block's 32 columns in one vector comparison
-            hits = simd.above_mask(row, c0, None, s, thr) != 0
-        else:
-            hits = False
-            for u in range(width):
-                hits |= row[c0 + u] * s > thr
-        if hits:
+        hits = 0
+        for u in range(width):
+            hits += row[c0 + u] * s > thr
+        if hits > 0:
             if n + width > soft:
                 n, got, total = _narrow(bv, bi, n, rho, top, 4)
                 if got > rho:
