@@ -18,6 +18,8 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic, overload
 
+from . import numba_simd as simd
+
 _OPTS = dict(parallel=True, cache=True, fastmath=True, nogil=True)
 
 
@@ -242,7 +244,7 @@ def _sort_desc(bv, bi, k):
 
 SORT_MAX_K = 64  # row_topk returns its entries largest first up to this k (insertion sort is O(k^2))
 _NO_FLOOR = np.float32(-np.inf)
-SCAN_BLOCK = 32  # columns tested at once (a vectorised count) before any scalar work on them
+SCAN_BLOCK = simd.WIDTH  # columns tested at once (one vector comparison) before any scalar work on them
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -256,14 +258,18 @@ def _score(row, c, bias, scale):
     return v
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _any_above(row, c0, bias, scale, thr):
-    """Whether a score of columns c0 .. c0 + SCAN_BLOCK - 1 is above thr: a branch-free count, so the
-    common case (none) costs no scalar work."""
-    hits = 0
-    for u in range(SCAN_BLOCK):
-        hits += _score(row, c0 + u, bias, scale) > thr
-    return hits > 0
+def block_mask(row, c0, bias, scale, thr):
+    """Bit u set iff the score of column c0 + u (:func:`_score`) is above ``thr`` (a float32, or an array: its
+    element c0 + u), u < SCAN_BLOCK: one vector comparison (``numba_simd.above_mask``, the float32 operations of
+    :func:`_score`), so the common block (no bit) costs no scalar work."""
+
+
+@overload(block_mask, inline="always")
+def _block_mask_impl(row, c0, bias, scale, thr):
+    if not simd.vectorisable(row, bias, scale, thr):  # numba_impl's wrappers pass contiguous float32 arrays
+        raise TypeError(f"block_mask reads C-contiguous rows (uint16 or float32) and float32 bias / scale / "
+                        f"thresholds; got {row}, {bias}, {scale}, {thr}: pass np.ascontiguousarray copies")
+    return lambda row, c0, bias, scale, thr: simd.above_mask(row, c0, bias, scale, thr)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -294,9 +300,12 @@ def _scan_row(row, k, cap, bias, scale, floor, bv, bi):
     thr = max(thr, floor)
     c0 = cap
     while c0 + SCAN_BLOCK <= L:
-        if _any_above(row, c0, bias, scale, thr):
-            for u in range(SCAN_BLOCK):
-                n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c0 + u, bias, scale), c0 + u, floor)
+        # only the columns above the block's starting threshold can pass _offer (thr never falls): the same offers
+        m = block_mask(row, c0, bias, scale, thr)
+        while m:
+            c = c0 + simd.lowest_bit(m)
+            m &= m - np.uint32(1)
+            n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c, floor)
         c0 += SCAN_BLOCK
     for c in range(c0, L):
         n, thr = _offer(bv, bi, n, thr, cap, k, _score(row, c, bias, scale), c, floor)
@@ -312,8 +321,8 @@ def row_topk(pre, k, cols, bias, scale, floor, out_val, out_idx):
 
     One pass per row: a candidate buffer of 4k entries seeded with the first columns, a running
     threshold (the k-th largest seen so far), and an in-place quickselect when the buffer fills. Over
-    all columns the row is read SCAN_BLOCK columns at a time: a branch-free count of the scores above
-    the threshold (vectorised), and scalar work only on the blocks that hold one. ``floor`` (-inf for
+    all columns the row is read SCAN_BLOCK columns at a time: one vector comparison of the scores with
+    the threshold (:func:`block_mask`), and scalar work only on the scores above it. ``floor`` (-inf for
     none; whole rows only) starts the threshold at a guess of the k-th largest: scores at or below it
     are skipped, and a row whose k-th largest turns out below the guess is scanned again without it,
     so the result is exact either way. Ties are broken arbitrarily, as in torch.topk. Requires
@@ -352,7 +361,7 @@ def row_above(pre, tau, cap, bias, scale, out_val, out_idx, count):
     column order, the first ``cap`` of them into out_val / out_idx (the rest of the slots zeroed) and how
     many there are into count[b] (> cap: the row holds more than its slots).
 
-    The batch top-k's pass once a cutoff is known: a branch-free count per SCAN_BLOCK columns, scalar
+    The batch top-k's pass once a cutoff is known: one vector comparison per SCAN_BLOCK columns, scalar
     work only on the blocks that hold a score above tau; no selection at all."""
     B, L = pre.shape
     for b in prange(B):
@@ -360,14 +369,14 @@ def row_above(pre, tau, cap, bias, scale, out_val, out_idx, count):
         n = 0
         c0 = 0
         while c0 + SCAN_BLOCK <= L:
-            if _any_above(row, c0, bias, scale, tau):
-                for u in range(SCAN_BLOCK):
-                    v = _score(row, c0 + u, bias, scale)
-                    if v > tau:
-                        if n < cap:
-                            out_val[b, n] = v
-                            out_idx[b, n] = c0 + u
-                        n += 1
+            m = block_mask(row, c0, bias, scale, tau)
+            while m:
+                c = c0 + simd.lowest_bit(m)
+                m &= m - np.uint32(1)
+                if n < cap:
+                    out_val[b, n] = _score(row, c, bias, scale)
+                    out_idx[b, n] = c
+                n += 1
             c0 += SCAN_BLOCK
         for c in range(c0, L):
             v = _score(row, c, bias, scale)
@@ -387,24 +396,22 @@ def row_above_floor(pre, bias, floor, cap, out_val, out_idx, count):
     """Per row, the columns c with pre[b, c] + bias[c] > floor[c] (a floor per column), in column order: the
     first ``cap`` into out_idx and their pre[b, c] (without bias) into out_val (the rest of the slots zeroed),
     and how many there are into count[b]
-    (> cap: the row holds more than its slots). JumpReLU's selection (``sparse.encode_above``): a
-    branch-free count per SCAN_BLOCK columns, scalar work only on blocks holding an entry above its floor."""
+    (> cap: the row holds more than its slots). JumpReLU's selection (``sparse.encode_above``): one
+    vector comparison per SCAN_BLOCK columns (:func:`block_mask`), scalar work only on the entries above."""
     B, L = pre.shape
     for b in prange(B):
         row = pre[b]
         n = 0
         c0 = 0
         while c0 + SCAN_BLOCK <= L:
-            hits = 0
-            for u in range(SCAN_BLOCK):
-                hits += at_f32(row, c0 + u) + bias[c0 + u] > floor[c0 + u]
-            if hits > 0:
-                for u in range(SCAN_BLOCK):
-                    if at_f32(row, c0 + u) + bias[c0 + u] > floor[c0 + u]:
-                        if n < cap:
-                            out_val[b, n] = at_f32(row, c0 + u)
-                            out_idx[b, n] = c0 + u
-                        n += 1
+            m = block_mask(row, c0, bias, None, floor)
+            while m:
+                c = c0 + simd.lowest_bit(m)
+                m &= m - np.uint32(1)
+                if n < cap:
+                    out_val[b, n] = at_f32(row, c)
+                    out_idx[b, n] = c
+                n += 1
             c0 += SCAN_BLOCK
         for c in range(c0, L):
             if at_f32(row, c) + bias[c] > floor[c]:
