@@ -116,6 +116,35 @@ def test_sparse_decode(impl, dtype, B, D, L, K, skip_zero_grads):
     assert bool((zero_grads == 0).all()) == skip_zero_grads, "zero values: gradient 0 exactly when skipped"
 
 
+@pytest.mark.equivalence
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,D,L,K", [(37, 19, 53, 5), (13, 3, 5, 9)])
+def test_sparse_decode_with_a_mask_skips_only_the_padding(impl, dtype, B, D, L, K):
+    """``skip_zero_grads`` as a bool mask (JumpReLU's padded code): the entries where it is False get gradient 0, the
+    others their gradient, zero values included (the threshold's estimator reads it); values and gradients equal
+    the reference's."""
+    g = torch.Generator().manual_seed(B + 3 * D)
+    indices = torch.randint(0, L, (B, K), generator=g)
+    values = torch.rand(B, K, generator=g)
+    keep = torch.ones(B, K, dtype=torch.bool)
+    keep[0, 1:] = False  # a padded row
+    values[0, 1:], indices[0, 1:] = 0.0, 0
+    keep[-1, K // 2 + 1:] = False
+    values[-1, K // 2 + 1:] = 0.0
+    values[-1, K // 2] = 0.0  # a zero inside the kept entries: it keeps its gradient
+    W, bias, weight = torch.randn(L, D, generator=g), torch.randn(D, generator=g), torch.randn(B, D, generator=g)
+    outs = {}
+    for name in ("reference", impl):
+        v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
+        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name, skip_zero_grads=keep)
+        outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
+    for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
+        _close(a, b, dtype, what)
+    grad_v = outs[impl][1]
+    assert bool((grad_v[~keep] == 0).all()) and float(grad_v[-1, K // 2]) != 0
+
+
 # ------------------------------------------------------------------ encoders
 
 

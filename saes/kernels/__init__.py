@@ -121,7 +121,7 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None, impl: str = "a
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, impl: str = "auto", *,
-                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
+                  skip_zero_grads: bool | Tensor = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec, differentiable in values, W_dec, b_dec.
 
     ``rows_dtype`` (bf16; None: W_dec's): the rows are read rounded to it, in the forward and in the values'
@@ -132,13 +132,16 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     ``skip_zero_grads=True``: a value exactly 0 gets gradient 0 instead of <grad, W_dec[index]>, and the
     fast kernels skip it. Right for codes from ``encode``, whose zeros are padding or ReLU zeros whose
     gradient its backward discards; a BatchTopK code padded to its longest row (K several times k) then
-    costs what its kept entries cost.
+    costs what its kept entries cost. A bool tensor [B, K] instead: the entries where it is False (padding) get
+    gradient 0 and are skipped, every other entry its gradient, zero values included (JumpReLU's code, whose entries
+    inside the threshold's window carry the estimator's gradient at value 0).
 
     A code whose indices are one row broadcast over the batch (stride 0: ``encode``'s dense AuxK code)
     is decoded by one matmul, ``values @ W_dec[indices[0]]``, with any implementation."""
     if indices.dim() == 2 and indices.shape[0] > 1 and indices.stride(0) == 0:
-        if skip_zero_grads:
-            values = torch.where(values != 0, values, values.detach())
+        if isinstance(skip_zero_grads, Tensor) or skip_zero_grads:
+            keep = skip_zero_grads if isinstance(skip_zero_grads, Tensor) else values != 0
+            values = torch.where(keep, values, values.detach())
         W = W_dec if rows_dtype is None else reference.rounded_rows(W_dec, rows_dtype)
         out = values @ W.index_select(0, indices[0])
         return out if b_dec is None else out + b_dec

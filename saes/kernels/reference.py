@@ -51,15 +51,16 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tenso
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
-                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
+                  skip_zero_grads: bool | Tensor = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec.
 
-    ``skip_zero_grads``: values exactly 0 get a zero gradient; ``rows_dtype``: W_dec's rows are read rounded to it,
-    its gradient is W_dec's (see ``saes.kernels.sparse_decode``)."""
+    ``skip_zero_grads``: values exactly 0 get a zero gradient (a bool tensor [B, K]: the entries where it is False);
+    ``rows_dtype``: W_dec's rows are read rounded to it, its gradient is W_dec's (see ``saes.kernels.sparse_decode``)."""
     if rows_dtype is not None:
         W_dec = rounded_rows(W_dec, rows_dtype)
-    if skip_zero_grads:
-        values = torch.where(values != 0, values, values.detach())
+    if isinstance(skip_zero_grads, Tensor) or skip_zero_grads:
+        keep = skip_zero_grads if isinstance(skip_zero_grads, Tensor) else values != 0
+        values = torch.where(keep, values, values.detach())
     B = values.shape[0]
     L = W_dec.shape[0]
     dense = values.new_zeros(B, L).scatter_add(1, indices, values)

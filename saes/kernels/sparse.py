@@ -86,7 +86,9 @@ class _SparseDecode(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, indices, W_dec, b_dec, backend, skip_zero_grads, W_rows):
         ctx.backend = backend
-        ctx.skip_zero_grads = skip_zero_grads
+        # a mask: the values' gradient where it is True only, as gather_dot's ``val`` (0: skipped)
+        ctx.mask = skip_zero_grads.to(values.dtype) if isinstance(skip_zero_grads, Tensor) else None
+        ctx.skip_zero_grads = ctx.mask is None and skip_zero_grads
         ctx.has_bias = b_dec is not None
         ctx.W_dtype = W_dec.dtype
         ctx.save_for_backward(values, indices, W_rows)
@@ -104,7 +106,7 @@ class _SparseDecode(torch.autograd.Function):
             if ctx.code is not None and ctx.skip_zero_grads:
                 grad_v = ctx.backend.latent_gather_dot(ctx.code, grad_out, W_rows).to(values.dtype)
             else:
-                skip = values if ctx.skip_zero_grads else None
+                skip = ctx.mask if ctx.mask is not None else values if ctx.skip_zero_grads else None
                 grad_v = ctx.backend.gather_dot(indices, grad_out, W_rows, skip).to(values.dtype)
         if ctx.needs_input_grad[2] and ctx.code is not None:
             grad_W = ctx.backend.latent_scatter(ctx.code, grad_out).to(ctx.W_dtype)
@@ -169,9 +171,10 @@ def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, backend: Backend, valu
 
 
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor | None, backend: Backend,
-                  skip_zero_grads: bool = False, rows_dtype: torch.dtype | None = None) -> Tensor:
+                  skip_zero_grads: bool | Tensor = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B, D] = sum_j values[:, j] W_dec[indices[:, j]] + b_dec (b_dec may be None), sparse backward;
-    ``skip_zero_grads``: zero values get gradient 0; ``rows_dtype``: the rows read rounded to it
+    ``skip_zero_grads``: zero values get gradient 0 (a bool tensor [B, K]: the entries where it is False);
+    ``rows_dtype``: the rows read rounded to it
     (``saes.kernels.sparse_decode``)."""
     return _SparseDecode.apply(values, indices.contiguous(), W_dec, b_dec, backend, skip_zero_grads,
                                rows_read(W_dec, rows_dtype, backend))

@@ -84,7 +84,7 @@ def decode_train_code(model: "SparseCoder", c: "TrainCode", inputs: StepInputs, 
 
 
 def sharded_decode(model: "SparseCoder", values: Tensor, indices: Tensor, comm: Comm,
-                   skip_zero_grads: bool = True, rows_dtype: torch.dtype | None = None) -> Tensor:
+                   skip_zero_grads: bool | Tensor = True, rows_dtype: torch.dtype | None = None) -> Tensor:
     """x_hat [B_r, F] = b_dec + the code values/indices [B_r, K] (this shard's latents) decoded
     (``kernels.sparse_decode``, its rows read rounded to ``rows_dtype`` when given): each latent shard decodes its
     own entries and the partial reconstructions are summed over the shards (differentiable)."""

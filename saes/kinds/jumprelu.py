@@ -207,8 +207,9 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     th = theta[idx]
     f = JumpReLU.apply(z, th, eps) * kept
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
-    # d loss / d f drives the threshold's estimator (the padding is cut off by ``kept`` above)
-    x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=False)
+    # d loss / d f drives the threshold's estimator; the padding (``kept`` False, its gradient cut off above) is
+    # skipped by the decode's backward
+    x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=kept)
     l0 = (Step.apply(z, th, eps) * kept).sum() / inputs.stats.rows  # this process's part of the batch's mean
     l0_all = job_sum(inputs.comm, l0.detach())  # over the rows of every data rank and the latents of every shard
     coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup
