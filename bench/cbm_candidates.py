@@ -40,7 +40,9 @@ Candidates (``--candidate``, repeat):
   pooled per text by ``naming.bottleneck.features.store_features``, as ``conceptdict cbm`` pools a token-level store:
   mean, max, or ``super`` (per concept the mean of the text's top 10% token activations, at least one). The CBM's
   probe scale reads the dictionary's decoder directions for block 5 (the sentence embedding is the normalised mean
-  of block 5's tokens, so the same space) and falls back to ``std`` for another block.
+  of block 5's tokens, so the same space) and falls back to ``std`` for another block. ``-sparse`` (e.g.
+  ``pooledmax-sparse``): the tokens' TopK code pooled instead (``cbm --codes sparse``; k per token, so fewer per
+  text).
 - ``tokenmean`` (``@B``): no concepts, the mean of the text's token rows at ``blocks.B.hook_out``: its ceiling is
   the raw probe ``conceptdict cbm`` fits on a token-level store (beside the sentence embedding's raw probe here).
 
@@ -81,7 +83,7 @@ CLASS_NAMES = {"ca": "Catalan", "da": "Danish", "de": "German", "es": "Spanish",
 """The ``names`` candidate's text per class (msglang's languages); classes without one are left out."""
 SIZED = re.compile(r"L(\d+)K(\d+)$")
 ADDED = re.compile(r"added(\d+)$")
-POOLED = re.compile(r"(pooled(mean|max|super)|tokenmean)(?:@(\d+))?$")
+POOLED = re.compile(r"(pooled(mean|max|super)(-sparse)?|tokenmean)(?:@(\d+))?$")
 LAST_BLOCK = 5
 """The default model's last block: its token rows are what the sentence embedding averages."""
 
@@ -91,7 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default="msglang", choices=sorted(CORPORA))
     p.add_argument("--candidate", action="append",
                    help="own, sparse, signed, LxxxKyy, broad, union, names, addedN, pooledmean, pooledmax, "
-                        "pooledsuper, tokenmean (the last four with @B: block B; repeat)")
+                        "pooledsuper, pooledX-sparse, tokenmean (the pooled ones with @B: block B; repeat)")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3, help="splits 0..N-1")
     p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
@@ -99,6 +101,8 @@ def parse_args(argv=None):
                    help="the CBM's cv_folds (0: one validation split, about a sixth of the fits)")
     p.add_argument("--add-reads", default=CbmConfig.add_reads, choices=["raw", "error"],
                    help="addedN: what the added directions read (CbmConfig.add_reads)")
+    p.add_argument("--lam", type=float, action="append", default=None,
+                   help="the CBM's lambdas (repeat; default: CbmConfig's grid), e.g. larger ones for fewer concepts")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -146,23 +150,25 @@ def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: li
         unit = raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return torch.cat([o, unit @ text.T], 1), None
     if m := POOLED.match(name):
-        return pooled(corpus, store, labels, work, m[2] or "mean", int(m[3] or LAST_BLOCK), raw_only=m[1] == "tokenmean")
+        return pooled(corpus, store, labels, work, m[2] or "mean", int(m[4] or LAST_BLOCK), raw_only=m[1] == "tokenmean",
+                      codes="sparse" if m[3] else "relu")
     raise SystemExit(f"unknown candidate {name!r}: one of own, sparse, signed, LxxxKyy (e.g. L1024K32), broad, "
-                     "union, names, addedN, pooledmean, pooledmax, pooledsuper, tokenmean (the last four with @B: "
-                     "block B)")
+                     "union, names, addedN, pooledmean, pooledmax, pooledsuper (each also -sparse), tokenmean (the "
+                     "pooled ones with @B: block B)")
 
 
-def pooled(corpus: str, store: Path, labels: list, work: Path, pooling: str, block: int, raw_only: bool = False):
+def pooled(corpus: str, store: Path, labels: list, work: Path, pooling: str, block: int, raw_only: bool = False,
+           codes: str = "relu"):
     """(per text of the sentence store ``store``: its token rows' concept activations at ``blocks.{block}.hook_out``
-    pooled by ``pooling``, the token dictionary's decoder directions for the last block else None); with
-    ``raw_only``: the mean of its raw token rows and None."""
+    (``codes``: relu or sparse, as ``cbm --codes``) pooled by ``pooling``, the token dictionary's decoder directions
+    for the last block else None); with ``raw_only``: the mean of its raw token rows and None."""
     hookpoint = f"blocks.{block}.hook_out"
     tokens = cd.open_store(task_store(corpus, work, hookpoint))
     sae = work / "runs" / corpus / f"sae-{hookpoint}"
     if not (sae / "config.json").exists():
         cd.train(store=[tokens.path], hookpoint=[hookpoint], out=sae, overwrite=True, **FLAGS)
     model, _ = open_dictionary(sae)
-    feats = store_features(model, tokens, hookpoint, "label", pooling)
+    feats = store_features(model, tokens, hookpoint, "label", pooling, codes=codes)
     texts = torch.unique(row_inputs(tokens))  # the context index of each pooled row, ascending
     wanted = cd.open_store(store).context_index(0, len(labels)).to(torch.int64)
     at = torch.searchsorted(texts, wanted).clamp_max(len(texts) - 1)
@@ -211,7 +217,7 @@ def main(argv=None) -> int:
                    "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
             if args.cbm:
                 fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
-                                    add_reads=args.add_reads)  # fmt: skip
+                                    add_reads=args.add_reads, **({"lambdas": args.lam} if args.lam else {}))  # fmt: skip
                 r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
                               residual=residual)  # fmt: skip
                 m = r.metrics
