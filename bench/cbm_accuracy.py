@@ -61,18 +61,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def task_store(name: str, work: Path) -> Path:
-    """``conceptdict cache`` of corpus ``name`` (written as JSON lines), reused while its texts are the same."""
+def task_store(name: str, work: Path, hookpoint: str = HOOKPOINT) -> Path:
+    """``conceptdict cache`` of corpus ``name`` (written as JSON lines), reused while its texts are the same. At a
+    token-level ``hookpoint`` (e.g. ``blocks.5.hook_out``): ``--packing false``, one text per context, so that every
+    token row carries its text's label and context index (the store leaves out padding and special tokens)."""
     records = CORPORA[name]()
     body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
     key = hashlib.sha256(body.encode()).hexdigest()[:12]
-    data, store = work / "data" / f"{name}-{key}.jsonl", work / "stores" / f"{name}-{key}"
+    suffix = "" if hookpoint == HOOKPOINT else f"-{hookpoint}"
+    data, store = work / "data" / f"{name}-{key}.jsonl", work / "stores" / f"{name}-{key}{suffix}"
     manifest = store / "manifest.json"
     if not manifest.exists() or not json.loads(manifest.read_text()).get("complete"):
         data.parent.mkdir(parents=True, exist_ok=True)
         data.write_text(body)
-        cd.cache(model="default", hookpoint=HOOKPOINT, dataset=str(data), label_column="label", out=store,
-                 overwrite=True, progress=False)
+        cd.cache(model="default", hookpoint=hookpoint, dataset=str(data), label_column="label", out=store,
+                 packing=False if hookpoint != HOOKPOINT else None, overwrite=True, progress=False)
     return store
 
 

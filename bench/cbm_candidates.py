@@ -32,10 +32,26 @@ Candidates (``--candidate``, repeat):
   reconstruction error), as two non-negative halves),
   fitted per split on that split's fitting rows only; the CBM is ``train_cbm(own, ..., add_pairs=N)``, so its row
   also says how many it added and how many it uses.
+- ``pooledmean``, ``pooledmax``, ``pooledsuper`` (pooled token evidence, optionally ``@B`` for block B, default
+  the last, 5): the corpus's texts cached at the token-level hookpoint ``blocks.B.hook_out`` (``conceptdict cache
+  --packing false``: one text per context; the store keeps no row for padding or for the tokenizer's special
+  tokens, [CLS] and [SEP]), a dictionary trained on those token rows (``conceptdict train --latents 1024 --k 16``,
+  every other setting at its default; under ``--work``), every token encoded (the encoder's ReLU activations) and
+  pooled per text by ``naming.bottleneck.features.store_features``, as ``conceptdict cbm`` pools a token-level store:
+  mean, max, or ``super`` (per concept the mean of the text's top 10% token activations, at least one). The CBM's
+  probe scale reads the dictionary's decoder directions for block 5 (the sentence embedding is the normalised mean
+  of block 5's tokens, so the same space) and falls back to ``std`` for another block. ``-sparse`` (e.g.
+  ``pooledmax-sparse``): the tokens' TopK code pooled instead (``cbm --codes sparse``; k per token, so fewer per
+  text).
+- ``tokenmean`` (``@B``): no concepts, the mean of the text's token rows at ``blocks.B.hook_out``: its ceiling is
+  the raw probe ``conceptdict cbm`` fits on a token-level store (beside the sentence embedding's raw probe here).
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_accuracy.py --corpus msglang      # store, own dictionary
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/cbm_candidates.py --corpus msglang --candidate own \\
         --candidate signed --candidate L1024K32 --candidate union --candidate names --seeds 3
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/cbm_candidates.py --corpus msglang \
+        --candidate own --candidate tokenmean --candidate pooledsuper --candidate pooledmax --candidate pooledmean \
+        --seeds 3
 """
 
 from __future__ import annotations
@@ -53,12 +69,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conceptdict as cd
-from cbm_accuracy import mean_se, task_store
+from cbm_accuracy import FLAGS, mean_se, task_store
 from cbm_corpora import CORPORA, HOOKPOINT
 from conceptdict.naming.bottleneck.added import add_needed_concepts, cbm_residual
 from conceptdict.naming.bottleneck.baseline import fit_raw_probe, fitting_rows
 from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
-from conceptdict.naming.bottleneck.features import concept_directions
+from conceptdict.naming.bottleneck.features import concept_directions, row_inputs, store_features
 from conceptdict.saes import open_dictionary
 from conceptdict.saes.kinds.common import pre_activations
 
@@ -67,13 +83,17 @@ CLASS_NAMES = {"ca": "Catalan", "da": "Danish", "de": "German", "es": "Spanish",
 """The ``names`` candidate's text per class (msglang's languages); classes without one are left out."""
 SIZED = re.compile(r"L(\d+)K(\d+)$")
 ADDED = re.compile(r"added(\d+)$")
+POOLED = re.compile(r"(pooled(mean|max|super)(-sparse)?|tokenmean)(?:@(\d+))?$")
+LAST_BLOCK = 5
+"""The default model's last block: its token rows are what the sentence embedding averages."""
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", default="msglang", choices=sorted(CORPORA))
     p.add_argument("--candidate", action="append",
-                   help="own, sparse, signed, LxxxKyy, broad, union, names, addedN (repeat)")
+                   help="own, sparse, signed, LxxxKyy, broad, union, names, addedN, pooledmean, pooledmax, "
+                        "pooledsuper, pooledX-sparse, tokenmean (the pooled ones with @B: block B; repeat)")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3, help="splits 0..N-1")
     p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
@@ -81,6 +101,8 @@ def parse_args(argv=None):
                    help="the CBM's cv_folds (0: one validation split, about a sixth of the fits)")
     p.add_argument("--add-reads", default=CbmConfig.add_reads, choices=["raw", "error"],
                    help="addedN: what the added directions read (CbmConfig.add_reads)")
+    p.add_argument("--lam", type=float, action="append", default=None,
+                   help="the CBM's lambdas (repeat; default: CbmConfig's grid), e.g. larger ones for fewer concepts")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -127,8 +149,34 @@ def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: li
         o, _ = relu_of(own, raw)
         unit = raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return torch.cat([o, unit @ text.T], 1), None
+    if m := POOLED.match(name):
+        return pooled(corpus, store, labels, work, m[2] or "mean", int(m[4] or LAST_BLOCK), raw_only=m[1] == "tokenmean",
+                      codes="sparse" if m[3] else "relu")
     raise SystemExit(f"unknown candidate {name!r}: one of own, sparse, signed, LxxxKyy (e.g. L1024K32), broad, "
-                     "union, names")
+                     "union, names, addedN, pooledmean, pooledmax, pooledsuper (each also -sparse), tokenmean (the "
+                     "pooled ones with @B: block B)")
+
+
+def pooled(corpus: str, store: Path, labels: list, work: Path, pooling: str, block: int, raw_only: bool = False,
+           codes: str = "relu"):
+    """(per text of the sentence store ``store``: its token rows' concept activations at ``blocks.{block}.hook_out``
+    (``codes``: relu or sparse, as ``cbm --codes``) pooled by ``pooling``, the token dictionary's decoder directions
+    for the last block else None); with ``raw_only``: the mean of its raw token rows and None."""
+    hookpoint = f"blocks.{block}.hook_out"
+    tokens = cd.open_store(task_store(corpus, work, hookpoint))
+    sae = work / "runs" / corpus / f"sae-{hookpoint}"
+    if not (sae / "config.json").exists():
+        cd.train(store=[tokens.path], hookpoint=[hookpoint], out=sae, overwrite=True, **FLAGS)
+    model, _ = open_dictionary(sae)
+    feats = store_features(model, tokens, hookpoint, "label", pooling, codes=codes)
+    texts = torch.unique(row_inputs(tokens))  # the context index of each pooled row, ascending
+    wanted = cd.open_store(store).context_index(0, len(labels)).to(torch.int64)
+    at = torch.searchsorted(texts, wanted).clamp_max(len(texts) - 1)
+    if not torch.equal(texts[at], wanted) or [feats.labels[i] for i in at.tolist()] != labels:
+        raise SystemExit(f"{tokens.path} does not hold every text of {store} with its label; delete it and rerun")
+    if raw_only:
+        return feats.raw[at], None
+    return feats.concepts[at], concept_directions(model, feats.raw.shape[1]) if block == LAST_BLOCK else None
 
 
 def main(argv=None) -> int:
@@ -169,7 +217,7 @@ def main(argv=None) -> int:
                    "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
             if args.cbm:
                 fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
-                                    add_reads=args.add_reads)  # fmt: skip
+                                    add_reads=args.add_reads, **({"lambdas": args.lam} if args.lam else {}))  # fmt: skip
                 r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
                               residual=residual)  # fmt: skip
                 m = r.metrics
