@@ -88,6 +88,20 @@ def _grads(loss, tensors):
 # ------------------------------------------------------------------ sparse decode
 
 
+def _decodes_against_the_reference(impl, dtype, values, indices, W, bias, weight, skip_zero_grads):
+    """``impl``'s sparse decode (x_hat, grad values, grad W_dec, grad b_dec) of (values * weight).sum(), each
+    checked against the reference's in dtype and value; returns impl's."""
+    outs = {}
+    for name in ("reference", impl):
+        v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
+        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name, skip_zero_grads=skip_zero_grads)
+        outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
+    for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
+        assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+        _close(a, b, dtype, what)
+    return outs[impl]
+
+
 @pytest.mark.equivalence
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -104,15 +118,8 @@ def test_sparse_decode(impl, dtype, B, D, L, K, skip_zero_grads):
     W = torch.randn(L, D, generator=g)
     bias = torch.randn(D, generator=g)
     weight = torch.randn(B, D, generator=g)
-    outs = {}
-    for name in ("reference", impl):
-        v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
-        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name, skip_zero_grads=skip_zero_grads)
-        outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
-    for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
-        assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
-        _close(a, b, dtype, what)
-    zero_grads = outs[impl][1][values == 0]
+    outs = _decodes_against_the_reference(impl, dtype, values, indices, W, bias, weight, skip_zero_grads)
+    zero_grads = outs[1][values == 0]
     assert bool((zero_grads == 0).all()) == skip_zero_grads, "zero values: gradient 0 exactly when skipped"
 
 
@@ -134,14 +141,7 @@ def test_sparse_decode_with_a_mask_skips_only_the_padding(impl, dtype, B, D, L, 
     values[-1, K // 2 + 1:] = 0.0
     values[-1, K // 2] = 0.0  # a zero inside the kept entries: it keeps its gradient
     W, bias, weight = torch.randn(L, D, generator=g), torch.randn(D, generator=g), torch.randn(B, D, generator=g)
-    outs = {}
-    for name in ("reference", impl):
-        v, Wd, bd = (t.to(dtype).requires_grad_() for t in (values, W, bias))
-        out = kernels.sparse_decode(v, indices, Wd, bd, impl=name, skip_zero_grads=keep)
-        outs[name] = (out, *_grads((out.float() * weight).sum(), (v, Wd, bd)))
-    for what, a, b in zip(("x_hat", "grad values", "grad W_dec", "grad b_dec"), outs[impl], outs["reference"]):
-        _close(a, b, dtype, what)
-    grad_v = outs[impl][1]
+    grad_v = _decodes_against_the_reference(impl, dtype, values, indices, W, bias, weight, keep)[1]
     assert bool((grad_v[~keep] == 0).all()) and float(grad_v[-1, K // 2]) != 0
 
 
