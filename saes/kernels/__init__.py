@@ -139,9 +139,7 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     A code whose indices are one row broadcast over the batch (stride 0: ``encode``'s dense AuxK code)
     is decoded by one matmul, ``values @ W_dec[indices[0]]``, with any implementation."""
     if indices.dim() == 2 and indices.shape[0] > 1 and indices.stride(0) == 0:
-        if isinstance(skip_zero_grads, Tensor) or skip_zero_grads:
-            keep = skip_zero_grads if isinstance(skip_zero_grads, Tensor) else values != 0
-            values = torch.where(keep, values, values.detach())
+        values = reference.grads_kept(values, skip_zero_grads)
         W = W_dec if rows_dtype is None else reference.rounded_rows(W_dec, rows_dtype)
         out = values @ W.index_select(0, indices[0])
         return out if b_dec is None else out + b_dec

@@ -50,6 +50,15 @@ def batch_topk(acts: Tensor, k: int, scale: Tensor | None = None) -> tuple[Tenso
     return values, indices, smallest.detach()
 
 
+def grads_kept(values: Tensor, skip_zero_grads: bool | Tensor) -> Tensor:
+    """``values`` whose gradient is cut where ``skip_zero_grads`` says: nowhere (False), at the values exactly 0
+    (True), or where the bool mask [B, K] is False."""
+    if not isinstance(skip_zero_grads, Tensor) and not skip_zero_grads:
+        return values
+    keep = skip_zero_grads if isinstance(skip_zero_grads, Tensor) else values != 0
+    return torch.where(keep, values, values.detach())
+
+
 def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
                   skip_zero_grads: bool | Tensor = False, rows_dtype: torch.dtype | None = None) -> Tensor:
     """values [B, K], indices [B, K], W_dec [L, D], b_dec [D] -> x_hat [B, D] = sum_j v_j W_dec[i_j] + b_dec.
@@ -58,9 +67,7 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     ``rows_dtype``: W_dec's rows are read rounded to it, its gradient is W_dec's (see ``saes.kernels.sparse_decode``)."""
     if rows_dtype is not None:
         W_dec = rounded_rows(W_dec, rows_dtype)
-    if isinstance(skip_zero_grads, Tensor) or skip_zero_grads:
-        keep = skip_zero_grads if isinstance(skip_zero_grads, Tensor) else values != 0
-        values = torch.where(keep, values, values.detach())
+    values = grads_kept(values, skip_zero_grads)
     B = values.shape[0]
     L = W_dec.shape[0]
     dense = values.new_zeros(B, L).scatter_add(1, indices, values)
