@@ -51,8 +51,9 @@ def refuse_ranks(command: str) -> None:
     would run the whole job and write the same files."""
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if size > 1 and command not in RANK_AWARE:
-        raise ValueError(f"`conceptdict {command}` runs in one process, and torchrun started {size} (WORLD_SIZE={size}):"
-                         f" every rank would do the whole job and write the same files. Run it without torchrun; "
+        raise ValueError(f"`conceptdict {command}` runs in one process, and torchrun started {size} "
+                         f"(WORLD_SIZE={size}): every rank would do the whole job and write the same files. Run it "
+                         f"without torchrun; "
                          f"only {', '.join(RANK_AWARE)} split their work over ranks")
 
 

@@ -150,8 +150,8 @@ def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: li
         unit = raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return torch.cat([o, unit @ text.T], 1), None
     if m := POOLED.match(name):
-        return pooled(corpus, store, labels, work, m[2] or "mean", int(m[4] or LAST_BLOCK), raw_only=m[1] == "tokenmean",
-                      codes="sparse" if m[3] else "relu")
+        return pooled(corpus, store, labels, work, m[2] or "mean", int(m[4] or LAST_BLOCK),
+                      raw_only=m[1] == "tokenmean", codes="sparse" if m[3] else "relu")
     raise SystemExit(f"unknown candidate {name!r}: one of own, sparse, signed, LxxxKyy (e.g. L1024K32), broad, "
                      "union, names, addedN, pooledmean, pooledmax, pooledsuper (each also -sparse), tokenmean (the "
                      "pooled ones with @B: block B)")
@@ -217,7 +217,8 @@ def main(argv=None) -> int:
                    "probe": probe.test_accuracy, "ceiling": ceiling.test_accuracy, "ceiling_l2": ceiling.l2}
             if args.cbm:
                 fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
-                                    add_reads=args.add_reads, **({"lambdas": args.lam} if args.lam else {}))  # fmt: skip
+                                    add_reads=args.add_reads,
+                                    **({"lambdas": args.lam} if args.lam else {}))  # fmt: skip
                 r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
                               residual=residual)  # fmt: skip
                 m = r.metrics

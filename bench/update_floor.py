@@ -78,7 +78,8 @@ def measure(L: int, D: int, repeats: int) -> dict:
     n = L * D
     rows: dict[str, tuple[float, float]] = {}
 
-    rows["numba-copy"] = _best(lambda: _copy_pass(W.numpy(), W.numpy().view(np.uint32), G.numpy(), M.numpy(), V.numpy(), bits), repeats)
+    rows["numba-copy"] = _best(lambda: _copy_pass(W.numpy(), W.numpy().view(np.uint32), G.numpy(), M.numpy(),
+                                                  V.numpy(), bits), repeats)
 
     def torch_copy():
         torch.add(W, G, out=W)
@@ -122,8 +123,9 @@ def main(argv=None) -> None:
     print(f"{'pass':12s} {'wall ms':>8s} {'GB/s':>8s} {'CPU ms':>8s}")
     for k, v in r["ms"].items():
         print(f"{k:12s} {v:8.1f} {r['GB_per_s'][k]:8.1f} {r['cpu_ms'][k]:8.1f}")
-    print(f"the update's floor at the measured bandwidth of numba-copy: two matrices {2 * r['ms']['numba-copy']:.1f} ms "
-          f"a step; adam_rows over it: {r['ms']['adam_rows'] / r['ms']['numba-copy']:.2f}x")
+    print(f"the update's floor at the measured bandwidth of numba-copy: two matrices "
+          f"{2 * r['ms']['numba-copy']:.1f} ms a step; adam_rows over it: "
+          f"{r['ms']['adam_rows'] / r['ms']['numba-copy']:.2f}x")
     if a.json:
         a.json.write_text(json.dumps(r, indent=2))
 
