@@ -204,13 +204,16 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     theta = threshold_of(model)
     z, idx, kept = kernels.encode_above(centred, model.W_enc, model.b_enc, (theta - eps / 2).detach(), model.k,
                                         impl=model.kernel_impl)
-    th = theta[idx]
-    f = JumpReLU.apply(z, th, eps) * kept
+    # the estimators run over the window's entries only (z[kept], row by row: a few rows with hundreds of entries
+    # pad the code to several times its mean width), and f goes back into the packed code for the decode
+    zk, ik = z[kept], idx[kept]
+    th = theta.index_select(0, ik)  # its backward an index_add (advanced indexing's sorts the entries)
+    fk = JumpReLU.apply(zk, th, eps)
+    f = zk.new_zeros(z.shape).masked_scatter(kept, fk)
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
-    # d loss / d f drives the threshold's estimator; the padding (``kept`` False, its gradient cut off above) is
-    # skipped by the decode's backward
+    # d loss / d f drives the threshold's estimator; the padding (``kept`` False) is skipped by the decode's backward
     x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=kept)
-    l0 = (Step.apply(z, th, eps) * kept).sum() / inputs.stats.rows  # this process's part of the batch's mean
+    l0 = Step.apply(zk, th, eps).sum() / inputs.stats.rows  # this process's part of the batch's mean
     l0_all = job_sum(inputs.comm, l0.detach())  # over the rows of every data rank and the latents of every shard
     coeff = (cfg.l0_coeff if cfg is not None else 1.0) * inputs.warmup
     rule = cfg.jumprelu_penalty if cfg is not None else "target"
@@ -220,7 +223,8 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     share = whole / (inputs.comm.size * inputs.comm.shards.size)  # every process of the job holds a share
     penalty = coeff * (share + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
     penalty = add_code_l1(penalty, f * s if relative else f, inputs)
-    fired, l0_rows = fired_from_code(f.detach(), idx, model.n_latents)
+    fired, l0_all_rows = fired_from_code(fk.detach()[None], ik[None], model.n_latents)  # as one row
+    l0_rows = l0_all_rows / z.shape[0]
     aux = None
     if inputs.dead is not None:  # AuxK over the dead latents, on the kind's scale (the loop asks when uses_aux)
         aux = kernels.encode_aux(centred, model.W_enc, model.b_enc, inputs.dead, inputs.k_aux, impl=model.kernel_impl)
