@@ -162,6 +162,31 @@ def test_prefix_errors_values_and_grads(impl):
     _assert_same(fn, impl, x, W, b, extra=(W_dec, b_dec))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="no numba")
+@pytest.mark.parametrize("bounds", [[3, 10, 25, 50], [50], [1, 50]])
+def test_prefix_errors_from_the_code_equal_the_regrouped_decode(monkeypatch, bounds):
+    """numba's prefix_errors (the residuals from the code as it is, ``numba_prefix``) gives the regrouped decode's
+    numbers bit for bit: the loss terms and every gradient (the same float32 operations in the same order)."""
+    x, W, b, _ = _inputs(seed=6, B=40, D=24, L=50)
+    g = torch.Generator().manual_seed(7)
+    W_dec, b_dec = torch.randn(W.shape[0], x.shape[1], generator=g), 0.1 * torch.randn(x.shape[1], generator=g)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (x, W, b, W_dec, b_dec)]
+        code = kernels.encode(leaves[0], leaves[1].t(), leaves[2], 5, batch=True, impl="numba")
+        x_hat, inner = kernels.prefix_errors(code.values, code.indices, leaves[3], leaves[4], bounds, x, impl="numba")
+        loss = (x_hat - 0.5 * x).square().sum() + sum(e * (i + 2) for i, e in enumerate(inner))
+        loss.backward()
+        return [x_hat.detach(), *(e.detach() for e in inner)] + [t.grad for t in leaves]
+
+    fused = run()
+    monkeypatch.setattr(kind_ops, "_numba_float32", lambda *a: False)  # the regrouped decode, numba's kernels
+    regrouped = run()
+    assert len(fused) == len(regrouped) == len(bounds) + 5
+    for a, r in zip(fused, regrouped):
+        assert torch.equal(a, r)
+
+
 def test_prefix_decodes_match_masked_dense_decodes():
     x, W, b, _ = _inputs()
     code = kernels.encode(x, W.t(), b, 4, batch=True, impl="torch")

@@ -129,9 +129,22 @@ def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     if _is_reference(impl, values.device):
         recons = prefix_decodes(values, indices, W_dec, b_dec, bounds, impl=impl)
         return recons[-1], [(x - r).pow(2).sum() for r in recons[:-1]]
+    if _numba_float32(impl, values, W_dec, b_dec, x):  # the same numbers from the code as it is, no regrouping
+        from .numba_impl import prefix_errors as from_code
+
+        return from_code(values, indices, W_dec, b_dec, bounds, x)
     parts = _group_parts(values, indices, W_dec, bounds, impl)
     x_hat, *errors = _PrefixErrors.apply(parts, b_dec, x.detach())
     return x_hat, errors
+
+
+def _numba_float32(impl: str, *tensors: Tensor) -> bool:
+    """Whether ``impl`` resolves to numba for these tensors and all of them are float32 (``numba_impl.prefix_errors``)."""
+    from . import resolve_impl
+
+    t = tensors[0]
+    return resolve_impl("sparse_decode", impl, t.device, t.dtype) == "numba" and all(
+        u.dtype == torch.float32 for u in tensors)
 
 
 class _PrefixErrors(torch.autograd.Function):

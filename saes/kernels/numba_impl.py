@@ -269,6 +269,61 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tenso
     return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]).long(), 0), size
 
 
+class _PrefixErrors(torch.autograd.Function):
+    """``kinds.prefix_errors`` from the code as it is (``numba_prefix``): (values [B, K] float32, W_dec [L, D], b_dec
+    [D]; indices, bounds, x) -> (x_hat [B, D], the inner prefixes' squared errors, 0-dim each). The generic path's
+    operations in its order (the regrouped decode, ``kinds._PrefixErrors``, the decode's backward): its results bit for
+    bit. The inner residuals [G - 1, B, D] and the backward's gradient rows [G, B, D] go to recycled arrays (fresh
+    ones cost a page fault for each of their pages at every step)."""
+
+    @staticmethod
+    def forward(ctx, values, W_dec, b_dec, indices, bounds, x):
+        from . import numba_prefix
+
+        _check_cpu(W_dec)
+        B, D, G = values.shape[0], W_dec.shape[1], len(bounds)
+        idx = _i64(indices)
+        grp = np.minimum(np.searchsorted(np.asarray(bounds), idx, side="right"), G - 1)  # torch.bucketize(right=True)
+        res = _recycled((G - 1, B, D))
+        x_hat = np.empty((B, D), np.float32)
+        numba_prefix.prefix_residuals(idx, _f32(values), grp, _f32(W_dec), _f32(x), _f32(b_dec), res, x_hat)
+        res_t = torch.from_numpy(res)
+        ctx.save_for_backward(values, indices, W_dec, res_t)
+        ctx.grp, ctx.bounds = grp, np.asarray(bounds)
+        return (torch.from_numpy(x_hat), *(torch.dot(r.flatten(), r.flatten()) for r in res_t))
+
+    @staticmethod
+    def backward(ctx, grad_x_hat, *grad_errors):
+        values, indices, W_dec, res = ctx.saved_tensors
+        (B, K), (L, D), G = values.shape, W_dec.shape, len(ctx.bounds)
+        acc = torch.from_numpy(_recycled((G, B, D)))  # acc[g]: d loss / d (the sum of the parts up to g)
+        acc[G - 1].copy_(grad_x_hat)
+        for g in range(G - 2, -1, -1):
+            torch.add(acc[g + 1], res[g], alpha=-2.0 * float(grad_errors[g]), out=acc[g])
+        idx, val, W, A = _i64(indices), _f32(values), _f32(W_dec), acc.numpy()
+        grad_v = grad_W = None
+        if ctx.needs_input_grad[0]:
+            grad_v, part = np.zeros((B, K), np.float32), np.empty((B, K), np.float32)
+            for g in range(G):  # each group's entries against their own gradient rows; zero values get 0
+                mine = ctx.grp == g
+                nk.gather_dot(idx, A[g], W, np.where(mine, val, np.float32(0.0)), part)
+                np.copyto(grad_v, part, where=mine)
+            grad_v = torch.from_numpy(grad_v).to(values.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_W = _recycled((L, D))  # every row is written
+            nk.scatter_rows_by_group(idx, val, A, ctx.bounds, grad_W)
+            grad_W = torch.from_numpy(grad_W)
+        grad_b = acc[0].sum(dim=0) if ctx.needs_input_grad[2] else None
+        return grad_v, grad_W, grad_b, None, None, None
+
+
+def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor, bounds: list[int],
+                  x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """``kinds.prefix_errors`` for float32 CPU tensors (``_PrefixErrors``); x is data (no gradient)."""
+    x_hat, *errors = _PrefixErrors.apply(values, W_dec, b_dec, indices, list(bounds), x.detach())
+    return x_hat, errors
+
+
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,
                   reads_bf16=True, by_latent=by_latent, latent_gather_sum=latent_gather_sum,
                   latent_gather_dot=latent_gather_dot, latent_scatter=latent_scatter)

@@ -147,6 +147,16 @@ def scatter_rows(idx, val, A, out):
     _scatter_buckets(start, order, val, A, idx.shape[1], out)
 
 
+def scatter_rows_by_group(idx, val, As, bounds, out):
+    """:func:`scatter_rows` where the rows of latent group g = [bounds[g-1], bounds[g]) read As[g] [B, D] (Matryoshka's
+    prefixes: each group's latents get their own gradient rows); the same sums in the same order per latent."""
+    start, order = _bucket_by_latent(idx, val, out.shape[0])
+    lo = 0
+    for g, hi in enumerate(bounds):
+        _scatter_buckets(start[lo : hi + 1], order, val, As[g], idx.shape[1], out[lo:hi])
+        lo = hi
+
+
 TILE = 16  # latents per tile of the encoder backward (one 64-byte cache line of a W_enc row)
 
 
