@@ -151,7 +151,8 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int 
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (one floor per latent), per row in latent order:
     (pre there [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
     differentiable in x, W_enc and b_enc through those entries (JumpReLU: its active entries and those in the
-    threshold's window). ``k``, the expected entries per row, sizes buffers only."""
+    threshold's window; what the padding's values and gradients are is not defined: mask with ``kept``). ``k``, the
+    expected entries per row, sizes buffers only."""
     return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
 
 

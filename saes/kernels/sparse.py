@@ -388,9 +388,26 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
             indices = torch.cat([width(i) for _, i in parts])
             kept = torch.arange(K) < count[:, None]
     z = _SparseGather.apply(x, W_enc, indices.contiguous(), backend, given)
-    # index_select, not b_enc[indices]: its backward is one index_add over the entries, where advanced indexing's
-    # sorts them (an accumulating index_put: 10-75 ms a step at B 4096 and a window padded to ~500 entries a row)
-    return z + b_enc.index_select(0, indices.flatten()).view_as(indices), indices, kept
+    return z + _BiasAt.apply(b_enc, indices, kept), indices, kept
+
+
+class _BiasAt(torch.autograd.Function):
+    """b [L] at indices [B, K] -> [B, K]; b's gradient one index_add over the ``kept`` entries (advanced indexing's
+    backward, an accumulating index_put, sorts every entry: 10-75 ms a step for a code padded to ~500 entries a row
+    at B 4096, where ~46 are kept); the padding's gradients are not read."""
+
+    @staticmethod
+    def forward(ctx, b, indices, kept):
+        flat = indices.flatten()
+        at = kept.flatten().nonzero().flatten()  # the kept entries' positions, row by row
+        ctx.save_for_backward(flat.index_select(0, at), at)
+        ctx.L = b.shape[0]
+        return b.index_select(0, flat).view_as(indices)
+
+    @staticmethod
+    def backward(ctx, grad):
+        columns, at = ctx.saved_tensors
+        return grad.new_zeros(ctx.L).index_add_(0, columns, grad.flatten().index_select(0, at)), None, None
 
 
 def batch_topk(acts: Tensor, k: int, scale: Tensor | None, backend: Backend) -> tuple[Tensor, Tensor, Tensor]:

@@ -204,12 +204,14 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     theta = threshold_of(model)
     z, idx, kept = kernels.encode_above(centred, model.W_enc, model.b_enc, (theta - eps / 2).detach(), model.k,
                                         impl=model.kernel_impl)
-    # the estimators run over the window's entries only (z[kept], row by row: a few rows with hundreds of entries
-    # pad the code to several times its mean width), and f goes back into the packed code for the decode
-    zk, ik = z[kept], idx[kept]
-    th = theta.index_select(0, ik)  # its backward an index_add (advanced indexing's sorts the entries)
+    # the estimators run over the window's entries only (row by row: a few rows with hundreds of entries pad the
+    # code to several times its mean width), and f goes back into the packed code for the decode; index_select /
+    # index_copy, whose backwards are an index_add and a gather (advanced indexing's backward sorts the entries)
+    pos = kept.flatten().nonzero().flatten()
+    zk, ik = z.flatten().index_select(0, pos), idx.flatten().index_select(0, pos)
+    th = theta.index_select(0, ik)
     fk = JumpReLU.apply(zk, th, eps)
-    f = zk.new_zeros(z.shape).masked_scatter(kept, fk)
+    f = zk.new_zeros(z.numel()).index_copy(0, pos, fk).view_as(z)
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
     # d loss / d f drives the threshold's estimator; the padding (``kept`` False) is skipped by the decode's backward
     x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=kept)
@@ -222,7 +224,7 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     whole = sparsity_penalty(l0_all, model.k, rule)
     share = whole / (inputs.comm.size * inputs.comm.shards.size)  # every process of the job holds a share
     penalty = coeff * (share + sparsity_penalty(l0_all + (l0 - l0.detach()), model.k, rule) - whole)
-    penalty = add_code_l1(penalty, f * s if relative else f, inputs)
+    penalty = add_code_l1(penalty, f * s if relative else fk, inputs)  # (the padding adds nothing)
     fired, l0_all_rows = fired_from_code(fk.detach()[None], ik[None], model.n_latents)  # as one row
     l0_rows = l0_all_rows / z.shape[0]
     aux = None
