@@ -371,21 +371,23 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                 pre = torch.mm(x[s : s + step], W_enc, out=buf[: min(step, B - s)])
                 val, idx, count = backend.row_above_floor(pre, b_enc, floor, slots)
                 over = torch.nonzero(count > slots).flatten()
+                wide = None
                 if over.numel():  # rows with more entries than slots: again, as wide as the longest
-                    wide_val, wide_idx, _ = backend.row_above_floor(pre[over], b_enc, floor, int(count.max()))
-                    pad = (0, wide_idx.shape[1] - slots)
-                    val, idx = torch.nn.functional.pad(val, pad), torch.nn.functional.pad(idx, pad)
-                    val[over], idx[over] = wide_val, wide_idx
-                parts.append((val, idx))
+                    wide = (over + s, *backend.row_above_floor(pre[over], b_enc, floor, int(count.max()))[:2])
+                parts.append((s, val, idx, wide))
                 counts.append(count)
             count = torch.cat(counts)
             K = max(int(count.max()), 1)
-
-            def width(t: Tensor) -> Tensor:
-                return torch.nn.functional.pad(t, (0, max(0, K - t.shape[1])))[:, :K]
-
-            given = torch.cat([width(v) for v, _ in parts])
-            indices = torch.cat([width(i) for _, i in parts])
+            # each chunk's slots straight into the [B, K] code (zero beyond each row's count, as the slots are): one
+            # pass over it, where padding every chunk to K and joining them took three
+            given = torch.zeros(B, K, dtype=parts[0][1].dtype)
+            indices = torch.zeros(B, K, dtype=torch.long)
+            for s, val, idx, wide in parts:
+                n, w = val.shape[0], min(K, val.shape[1])
+                given[s : s + n, :w], indices[s : s + n, :w] = val[:, :w], idx[:, :w]
+                if wide is not None:
+                    rows, wide_val, wide_idx = wide
+                    given[rows, : wide_val.shape[1]], indices[rows, : wide_idx.shape[1]] = wide_val, wide_idx
             kept = torch.arange(K) < count[:, None]
     z = _SparseGather.apply(x, W_enc, indices.contiguous(), backend, given)
     return z + _BiasAt.apply(b_enc, indices, kept), indices, kept
