@@ -373,7 +373,8 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                 over = torch.nonzero(count > slots).flatten()
                 wide = None
                 if over.numel():  # rows with more entries than slots: again, as wide as the longest
-                    wide = (over + s, *backend.row_above_floor(pre[over], b_enc, floor, int(count.max()))[:2])
+                    again = backend.row_above_floor(pre.index_select(0, over), b_enc, floor, int(count.max()))
+                    wide = (over + s, *again[:2])  # (index_select: a row copy; pre[over] gathered element-wise)
                 parts.append((s, val, idx, wide))
                 counts.append(count)
             count = torch.cat(counts)

@@ -211,7 +211,7 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     zk, ik = z.flatten().index_select(0, pos), idx.flatten().index_select(0, pos)
     th = theta.index_select(0, ik)
     fk = JumpReLU.apply(zk, th, eps)
-    f = zk.new_zeros(z.numel()).index_copy(0, pos, fk).view_as(z)
+    f = zk.new_zeros(z.numel()).index_copy_(0, pos, fk).view_as(z)
     # every packed entry carries its gradient, zeros included: an entry just below theta has f = 0, and its
     # d loss / d f drives the threshold's estimator; the padding (``kept`` False) is skipped by the decode's backward
     x_hat = sharded_decode(model, f * s if relative else f, idx, inputs.comm, skip_zero_grads=kept)
