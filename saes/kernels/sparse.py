@@ -372,17 +372,15 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                 val, idx, count = backend.row_above_floor(pre, b_enc, floor, slots)
                 over = torch.nonzero(count > slots).flatten()
                 wide = None
-                if over.numel():  # rows with more entries than slots: again, as wide as the longest
+                if over.numel():  # rows with more entries than slots: again, as wide as the longest (rows copied)
                     again = backend.row_above_floor(pre.index_select(0, over), b_enc, floor, int(count.max()))
-                    wide = (over + s, *again[:2])  # (index_select: a row copy; pre[over] gathered element-wise)
+                    wide = (over + s, *again[:2])
                 parts.append((s, val, idx, wide))
                 counts.append(count)
             count = torch.cat(counts)
             K = max(int(count.max()), 1)
-            # each chunk's slots straight into the [B, K] code (zero beyond each row's count, as the slots are): one
-            # pass over it, where padding every chunk to K and joining them took three
-            given = torch.zeros(B, K, dtype=parts[0][1].dtype)
-            indices = torch.zeros(B, K, dtype=torch.long)
+            # each chunk's slots copied straight into the [B, K] code (zero beyond each row's count, as the slots are)
+            given, indices = torch.zeros(B, K, dtype=parts[0][1].dtype), torch.zeros(B, K, dtype=torch.long)
             for s, val, idx, wide in parts:
                 n, w = val.shape[0], min(K, val.shape[1])
                 given[s : s + n, :w], indices[s : s + n, :w] = val[:, :w], idx[:, :w]
@@ -395,14 +393,13 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
 
 
 class _BiasAt(torch.autograd.Function):
-    """b [L] at indices [B, K] -> [B, K]; b's gradient one index_add over the ``kept`` entries (advanced indexing's
-    backward, an accumulating index_put, sorts every entry: 10-75 ms a step for a code padded to ~500 entries a row
-    at B 4096, where ~46 are kept); the padding's gradients are not read."""
+    """b [L] at indices [B, K] -> [B, K]; b's gradient one index_add over the ``kept`` entries in order (b[indices]'s
+    backward, an accumulating index_put over every slot: 52-68 ms a step at two threads for a code padded to ~500 slots
+    a row at B 4096, ~46 kept, its sums in a thread-dependent order); the padding's gradients are not read."""
 
     @staticmethod
     def forward(ctx, b, indices, kept):
-        flat = indices.flatten()
-        at = kept.flatten().nonzero().flatten()  # the kept entries' positions, row by row
+        flat, at = indices.flatten(), kept.flatten().nonzero().flatten()  # at: the kept entries' positions
         ctx.save_for_backward(flat.index_select(0, at), at)
         ctx.L = b.shape[0]
         return b.index_select(0, flat).view_as(indices)

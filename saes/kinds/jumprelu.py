@@ -206,7 +206,8 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
                                         impl=model.kernel_impl)
     # the estimators run over the window's entries only (row by row: a few rows with hundreds of entries pad the
     # code to several times its mean width), and f goes back into the packed code for the decode; index_select /
-    # index_copy, whose backwards are an index_add and a gather (advanced indexing's backward sorts the entries)
+    # index_copy, whose backwards are an index_add in order and a gather (advanced indexing's backward is an
+    # accumulating index_put: tens of ms at two threads over the padded code, its sums in a thread-dependent order)
     pos = kept.flatten().nonzero().flatten()
     zk, ik = z.flatten().index_select(0, pos), idx.flatten().index_select(0, pos)
     th = theta.index_select(0, ik)
