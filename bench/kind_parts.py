@@ -1,4 +1,4 @@
-"""Where one kind's step of ``bench/train_step.py`` goes: its ``_kind`` step (forward, loss, ``apply_update``) at the
+"""Where one kind's step of ``bench/train_step.py`` goes: its ``kind_step`` (forward, loss, ``apply_update``) at the
 benchmark's defaults, with timers around the library's functions and the numba kernels (wrapped here from outside;
 the library is unchanged), per timed step. For JumpReLU it also prints its packed code's width: the slots a row, the
 entries in the threshold's window and those that fire.
@@ -73,68 +73,58 @@ class Timers:
         setattr(owner, attr, timed)
 
 
+class PartsMeter:
+    """A stand-in for ``train_step._Meter``: ``train_step.kind_step`` builds the step and hands it here; the first batch
+    warms up, the others are timed whole and by parts (optionally under ``torch.profiler``)."""
+
+    def __init__(self, timers: Timers, profile: bool):
+        self.timers, self.profile = timers, profile
+
+    def run(self, step, batches, warmup: int) -> None:
+        import torch
+
+        for x in batches[:warmup]:
+            step(x)
+        self.timers.on = True
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+        if self.profile:
+            prof.__enter__()
+        for x in batches[warmup:]:
+            start = self.timers.clock()
+            step(x)
+            self.timers.t.setdefault("STEP", []).append(self.timers.clock() - start)
+        if self.profile:
+            prof.__exit__(None, None, None)
+            print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30,
+                                                                     max_name_column_width=40))
+
+
 def step_parts(kind: str, steps: int, clock, profile: bool = False) -> tuple[dict, list]:
     import conceptdict.saes.kernels.numba_impl  # noqa: F401  (the kernels wrapped below)
     import torch
-    from conceptdict.saes import SparseCoder, TrainConfig, kernels
-    from conceptdict.saes.comm import local_inputs
-    from conceptdict.saes.config import kind_default
-    from conceptdict.saes.precision import MATMUL_DTYPES
-    from conceptdict.saes.training import apply_update, make_optimizer
-    from train_step import synthetic_batches
+    from conceptdict.saes import kernels
+    from conceptdict.saes.kinds.jumprelu import DEFAULT_BANDWIDTH
+    from train_step import kind_step, synthetic_batches
 
     timers = Timers(clock)
     for label, (where, attr) in WRAPPED.items():
         timers.wrap(label, where, attr)
     widths = []
-    if kind.startswith("jumprelu"):
-        from conceptdict.saes.kinds.jumprelu import threshold_of
+    above = kernels.encode_above
 
-        above = kernels.encode_above
-
-        def measured(x, W_enc, b_enc, floor, k=1, impl="auto"):
-            z, idx, kept = above(x, W_enc, b_enc, floor, k, impl)
+    def measured(x, W_enc, b_enc, floor, k=1, impl="auto"):  # JumpReLU's: floor = theta - eps / 2
+        z, idx, kept = above(x, W_enc, b_enc, floor, k, impl)
+        if timers.on:
             window = kept.sum(dim=1).float()
-            fired = ((z.detach() > threshold_of(model).detach()[idx]) & kept).sum(dim=1).float()
+            fired = ((z.detach() > (floor + DEFAULT_BANDWIDTH / 2)[idx]) & kept).sum(dim=1).float()
             q = torch.quantile(window, torch.tensor([0.5, 0.9, 0.99]))
             widths.append((z.shape[1], float(window.mean()), float(fired.mean()), *q.tolist(), float(window.max())))
-            return z, idx, kept
+        return z, idx, kept
 
-        kernels.encode_above = measured
-    D, L, k, B = 768, 16384, 32, 4096
+    kernels.encode_above = measured
+    p = {"D": 768, "L": 16384, "k": 32, "B": 4096, "device": "cpu", "precision": "float32", "warmup": 1}
     torch.manual_seed(0)
-    batches = synthetic_batches(steps + 1, B, D, "cpu")
-    cfg = TrainConfig(latents=L, k=k, kind=kind, precision="float32")
-    model = SparseCoder(D, L, k, kind)
-    model.reset_parameters(generator=torch.Generator().manual_seed(0))
-    model.add_train_params()
-    if model.spec.init is not None:
-        model.spec.init(model, batches[0])
-    opt = make_optimizer(model, 1e-4)
-
-    def step(x):
-        inputs = local_inputs(x)._replace(settings=cfg.kind_settings, code_l1=kind_default(cfg, "code_l1"),
-                                          matmul_dtype=MATMUL_DTYPES[cfg.precision])
-        out = model.spec.train_forward(model, x, inputs)
-        loss = (x - out.x_hat).pow(2).sum() / inputs.stats.total_var
-        if out.sparsity_loss is not None:
-            loss = loss + out.sparsity_loss
-        apply_update(model, opt, loss, 1e-4, 1.0)
-
-    step(batches[0])  # compiles and warms up, untimed
-    widths.clear()
-    timers.on = True
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
-    if profile:
-        prof.__enter__()
-    for x in batches[1:]:
-        start = clock()
-        step(x)
-        timers.t.setdefault("STEP", []).append(clock() - start)
-    if profile:
-        prof.__exit__(None, None, None)
-        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30,
-                                                                 max_name_column_width=40))
+    kind_step(f"kind-{kind}", p, PartsMeter(timers, profile), synthetic_batches(steps + 1, p["B"], p["D"], "cpu"))
     return timers.t, widths
 
 
@@ -179,8 +169,8 @@ def main(argv=None) -> None:
     for label, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {label:28s} {1e3 * sum(v) / a.steps:8.1f}   calls a step {len(v) / a.steps:5.1f}")
     for K, window, fired, q50, q90, q99, top in widths:
-        print(f"  code: {K} slots a row; window {window:.1f}, fired {fired:.1f} entries a row (window median {q50:.0f}, "
-              f"90% {q90:.0f}, 99% {q99:.0f}, max {top:.0f})")
+        print(f"  code: {K} slots a row; window {window:.1f}, fired {fired:.1f} entries a row "
+              f"(window median {q50:.0f}, 90% {q90:.0f}, 99% {q99:.0f}, max {top:.0f})")
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def _ours(name: str, p: dict, meter: _Meter, batches) -> dict:
     return {"impl": resolved}
 
 
-def _kind(name: str, p: dict, meter: _Meter, batches) -> dict:
+def kind_step(name: str, p: dict, meter: _Meter, batches) -> dict:
     """One training step of a kind of the kind table (forward, its loss terms, apply_update); the batches of
     a kind of ``MULTI_SOURCE`` hold its sources flattened ([B, S*D]), split as the training loop splits them."""
     import torch
@@ -413,7 +413,7 @@ def _measure(name: str, p: dict) -> dict:
     elif name in ("train-topk", "train-topk-bf16"):
         extra = _train(p, meter, batches + batches[:1], "bf16" if name.endswith("bf16") else "float32")
     elif name.startswith("kind-"):
-        extra = _kind(name, p, meter, batches)
+        extra = kind_step(name, p, meter, batches)
     elif name == "sparsify":
         extra = _sparsify(p, meter, batches)
     elif name == "saelens":

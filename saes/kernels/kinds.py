@@ -139,7 +139,7 @@ def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
 
 
 def _numba_float32(impl: str, *tensors: Tensor) -> bool:
-    """Whether ``impl`` resolves to numba for these tensors and all of them are float32 (``numba_impl.prefix_errors``)."""
+    """Whether ``impl`` resolves to numba for these tensors, all float32 (``numba_impl.prefix_errors`` takes them)."""
     from . import resolve_impl
 
     t = tensors[0]
