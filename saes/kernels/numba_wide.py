@@ -43,9 +43,11 @@ def tile_width(B: int, D: int) -> int:
     return max(16, min(D, PACKED_FLOATS // max(B, 1)) // 16 * 16)
 
 
-DOT_FLOATS = 1 << 21
-"""Floats of one packed tile of the gather-dot ([B, tile]: 8 MiB, in L3): each entry's dot is summed over the tiles,
-so fewer, wider tiles (384 columns at B 4096, D 768: 260 ms of CPU against the row-ordered kernel's 430)."""
+DOT_FLOATS = 3 << 17
+"""Floats of one packed tile of the gather-dot ([B, tile]: 1.5 MiB, in L2): 96 columns at B 4096, D 768. On the AMX
+Xeon (2 MiB of L2 a core) on the benchmark's SpaDE code, CPU ms for tiles of 384 / 128 / 96 / 64 columns: 495 / 329
+/ 296 / 330 on one thread, 542 / 390 / 386 / 417 on two (the 8 MiB tile of 384 columns, in L3, was chosen on the
+AMD EPYC at 260 ms against the row-ordered kernel's 430; narrower tiles were not tried there)."""
 
 
 def dot_tile_width(B: int, D: int) -> int:
