@@ -85,3 +85,21 @@ def test_encode_sparsemax_values_and_grads(impl, lam, m, monkeypatch):
     before = _grads(impl, x, W, b, lam, w, m)
     for a, r in zip(got, before):
         assert torch.equal(a, r)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_square_norms_values_and_grads_are_the_references(impl):
+    """``square_norms`` (SpaDE's prototype norms) against the reference's autograd, bit for bit: values, and the
+    gradient of a transposed leaf (W_enc's layout) that also takes a second gradient (the encoder's), in its layout."""
+    g = torch.Generator().manual_seed(5)
+    storage = torch.randn(300, 48, generator=g)
+    weights, other = torch.randn(300, generator=g), torch.randn(48, 300, generator=g)
+    out = {}
+    for which in ("reference", impl):
+        W = storage.clone().t().requires_grad_()
+        norms = kernels.square_norms(W, impl=which)
+        ((norms * weights).sum() + (W * other).sum()).backward()
+        out[which] = norms.detach(), W.grad
+    assert torch.equal(out[impl][0], out["reference"][0])
+    assert torch.equal(out[impl][1], out["reference"][1])
+    assert out[impl][1].stride() == (1, 48)

@@ -98,8 +98,9 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     # are (xc.W - c |W|^2 / 2) * 2 lambda c, and the code is decoded with values c f
     lam, W, c = scale(model), model.W_enc, weight_unit(model)
     xc = x - model.b_dec
-    f, idx, z, kept = kernels.encode_sparsemax(xc, W, -0.5 * c * W.square().sum(dim=0), 2 * c * lam,
-                                               n_candidates(model), impl=model.kernel_impl)
+    half_norms = -0.5 * c * kernels.square_norms(W, impl=model.kernel_impl)
+    f, idx, z, kept = kernels.encode_sparsemax(xc, W, half_norms, 2 * c * lam, n_candidates(model),
+                                               impl=model.kernel_impl)
     x_hat = kernels.sparse_decode(f * c, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     # |xc - p_j|^2 = |xc|^2 - z_j / lambda at the support (z_j = 2 lambda xc.p_j - lambda |p_j|^2)
     dist = (xc.square().sum(dim=1, keepdim=True) - z / lam).clamp_min(0)
