@@ -157,3 +157,67 @@ def sparsemax_rows(pre, s, out, size):
     out[b, :size[b]] (out [n, L]; the slots after a row's support hold other candidates or nothing). Each thread
     takes a range of rows and its own buffers of the row's width."""
     _rows(pre, s, max(1, min(numba.get_num_threads(), pre.shape[0])), out, size)
+
+
+# ---------------------------------------------------------------- SpaDE's tail: sparsemax on the packed support
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def tail_forward(u, size, s, lam, row_sq, f, tau, pen):
+    """Per row b of the packed scores u [B, K] (the support first, size[b] entries): z = u s, tau[b] = (sum z - 1) /
+    size[b] (the sum in float64), f = max(z - tau, 0) on the support and 0 after it, and pen[b] = sum over the
+    support of f max(row_sq[b] - z / lam, 0) (SpaDE's distance-weighted L1, in float64)."""
+    B, K = u.shape
+    zero = np.float32(0.0)
+    for b in prange(B):
+        n = size[b]
+        acc = 0.0
+        for j in range(n):
+            acc += np.float64(u[b, j] * s)
+        t = (np.float32(acc) - np.float32(1.0)) / np.float32(max(n, 1))
+        tau[b] = t
+        p = 0.0
+        for j in range(n):
+            z = u[b, j] * s
+            v = max(z - t, zero)
+            f[b, j] = v
+            p += np.float64(v * max(row_sq[b] - z / lam, zero))
+        for j in range(n, K):
+            f[b, j] = zero
+        pen[b] = p
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, grad_rs, part_s, part_lam):
+    """The gradients of :func:`tail_forward`'s f and sum(pen) (``grad_f`` [B, K], ``grad_pen`` a float): grad_u [B, K],
+    grad_rs [B] (of row_sq), and per row the parts of the gradients of s and lam (summed by the caller). Computed in
+    float64 (the gradient of s sums terms that nearly cancel: the rows of sparsemax's Jacobian sum to 0)."""
+    B, K = u.shape
+    zero = np.float32(0.0)
+    s64, lam64, gp = np.float64(s), np.float64(lam), np.float64(grad_pen)
+    for b in prange(B):
+        n = size[b]
+        t = tau[b]
+        total = 0.0
+        for j in range(n):  # the gradient of z_j - tau where f's clamp passes it, in grad_u for now
+            z = u[b, j] * s
+            d = row_sq[b] - z / lam
+            keep = z - t >= zero
+            a = np.float64(grad_f[b, j]) + gp * np.float64(max(d, zero)) if keep else 0.0  # decode's + penalty's
+            grad_u[b, j] = a
+            total += a
+        mean = total / max(n, 1)
+        gs, gl, gr = 0.0, 0.0, 0.0
+        for j in range(n):
+            z = u[b, j] * s
+            d = row_sq[b] - z / lam
+            gd = gp * np.float64(f[b, j]) if d >= zero else 0.0  # the distance's gradient (through its clamp)
+            a = np.float64(grad_u[b, j]) if z - t >= zero else 0.0
+            gz = a - mean - gd / lam64
+            grad_u[b, j] = gz * s64
+            gs += gz * np.float64(u[b, j])
+            gl += gd * np.float64(z) / (lam64 * lam64)
+            gr += gd
+        for j in range(n, K):
+            grad_u[b, j] = zero
+        part_s[b], part_lam[b], grad_rs[b] = gs, gl, gr
