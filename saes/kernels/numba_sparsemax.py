@@ -10,11 +10,12 @@ holding one; the scores above the bound go into a buffer. When the buffer fills 
 iteration (the buffer's own bound, which may be higher, becomes the set and the bound; the buffer is filtered by
 it), and again at the end of the row.
 
-Only the remaining candidates are sorted (by decreasing score, ties by increasing column), and the support is the
-torch rule's on them, in the same float32 roundings: ``size = #{j : 1 + j * z_(j) > cumsum_j}`` with the cumulative
-sums accumulated in float64 and each rounded to float32 (as torch's CPU ``cumsum`` of float32 does), so the support
-is the one torch's search and the dense reference find. The bound used for skipping sits 1e-6 * (|rho| + max|z| + 1)
-below rho, wider than that rule's rounding, so a score the rule would keep is never skipped.
+Only the remaining candidates are sorted (by decreasing score, ties by increasing column; a radix sort), and the
+support is the torch rule's on them, in the same float32 roundings: ``size = #{j : 1 + j * z_(j) > cumsum_j}`` with
+the cumulative sums accumulated in float64 and each rounded to float32 (as torch's CPU ``cumsum`` of float32 does), so
+the support is the one torch's search and the dense reference find. The bound used for skipping sits
+1e-6 * (|rho| + max|z| + 1) below rho, wider than that rule's rounding, so a score the rule would keep is never
+skipped.
 
 No ``fastmath``: ``1 + j * z`` must round twice, as torch's does.
 """
@@ -118,21 +119,53 @@ def _candidates(row, s, bv, bi):
 
 
 @njit(cache=True, nogil=True)
-def _row_support(row, s, bv, bi, keys, out):
+def _by_decreasing_score(bv, bi, n, ka, kb, ca, cb, counts):
+    """The columns bi[:n] (increasing) ordered by decreasing score bv, ties by increasing column: a stable LSD radix
+    sort on the 8-bit digits of a uint32 key per score that orders as the score descends (a pass whose digit every
+    key shares is skipped). The order of sorting uint64 keys (score key high, column low), ~4x faster on a row's
+    ~1,000 candidates. Returns the array (ca or cb) holding the ordered columns in [:n]."""
+    bits = bv[:n].view(np.uint32)
+    top = np.uint32(0x80000000)
+    ones = np.uint32(0xFFFFFFFF)
+    for t in range(n):
+        u = bits[t]
+        asc = (u ^ ones) if u >= top else (u | top)  # orders as the float does (negatives flipped)
+        ka[t] = ones - asc
+        ca[t] = bi[t]
+    for shift in range(0, 32, 8):
+        counts[:] = 0
+        for t in range(n):
+            counts[(ka[t] >> shift) & 0xFF] += 1
+        if counts[(ka[0] >> shift) & 0xFF] == n:
+            continue
+        total = 0
+        for d in range(256):
+            c = counts[d]
+            counts[d] = total
+            total += c
+        for t in range(n):
+            d = (ka[t] >> shift) & 0xFF
+            p = counts[d]
+            kb[p] = ka[t]
+            cb[p] = ca[t]
+            counts[d] = p + 1
+        ka, kb = kb, ka
+        ca, cb = cb, ca
+    return ca
+
+
+@njit(cache=True, nogil=True)
+def _row_support(row, s, bv, bi, sort_buffers, out):
     """The sorted support of sparsemax(row * s) into out[:size]; returns size (see the module's docstring)."""
     n, rho, top = _candidates(row, s, bv, bi)
     n, _, _ = _narrow(bv, bi, n, rho, top, NARROW_ROUNDS)
-    bits = bv[:n].view(np.uint32)
-    for t in range(n):  # a uint64 key per candidate: decreasing score in the high half, the column in the low half
-        u = np.uint64(bits[t])
-        asc = (u ^ np.uint64(0xFFFFFFFF)) if u >= np.uint64(0x80000000) else (u | np.uint64(0x80000000))
-        keys[t] = ((np.uint64(0xFFFFFFFF) - asc) << np.uint64(32)) | np.uint64(bi[t])
-    keys[:n].sort()
+    ka, kb, ca, cb, counts = sort_buffers
+    cols = _by_decreasing_score(bv, bi, n, ka, kb, ca, cb, counts)
     acc = 0.0
     size = 0
     one = np.float32(1.0)
     for j in range(n):
-        c = np.int64(keys[j] & np.uint64(0xFFFFFFFF))
+        c = cols[j]
         y = row[c] * s
         acc += np.float64(y)
         if one + np.float32(j + 1) * y > np.float32(acc):
@@ -147,9 +180,10 @@ def _rows(pre, s, parts, out, size):
     for part in prange(parts):
         bv = np.empty(L, np.float32)
         bi = np.empty(L, np.int64)
-        keys = np.empty(L, np.uint64)
+        sort_buffers = (np.empty(L, np.uint32), np.empty(L, np.uint32), np.empty(L, np.int64), np.empty(L, np.int64),
+                        np.empty(256, np.int64))
         for b in range(part * n_rows // parts, (part + 1) * n_rows // parts):
-            size[b] = _row_support(pre[b], s, bv, bi, keys, out[b])
+            size[b] = _row_support(pre[b], s, bv, bi, sort_buffers, out[b])
 
 
 def sparsemax_rows(pre, s, out, size):
