@@ -11,8 +11,8 @@ distance to its mean.
 
 Sparsemax is shift-invariant per row, so -lambda |x - p_j|^2 ranks like the affine scores
 ``2 lambda (x - b_dec).p_j - lambda |p_j|^2``: training computes them with ONE matmul (W_enc holds the
-prototypes as columns), finds each row's support (``kernels.sparsemax_support``) and packs the code
-(``kernels.encode_sparsemax``), so the decode is a sparse decode. At the end of training the affine form is
+prototypes as columns), finds each row's support (``kernels.sparsemax_support``) and packs the code with its
+distance term (``kernels.encode_spade``), so the decode is a sparse decode. At the end of training the affine form is
 written into the weights, ``W_enc = 2 lambda P^T``, ``b_enc = -lambda |p_j|^2``: the saved dictionary is an
 ordinary [D, L] encoder whose inference rule is sparsemax((x - b_dec) W_enc + b_enc), with the usual folding
 of the normalisation and no extra tensor.
