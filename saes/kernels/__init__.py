@@ -250,6 +250,6 @@ from .kinds import (
 
 __all__ = [
     "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_spade",
-    "encode_sparsemax", "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
-    "sparsemax_support", "square_norms",
+    "encode_sparsemax", "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl",
+    "sparse_decode", "sparsemax_support", "square_norms",
 ]
