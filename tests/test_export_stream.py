@@ -94,6 +94,14 @@ def _whole(fmt, source, out, cbm):
         write_neuronpedia(cd, out, NeuronpediaConfig(), *_sources_and_logits(cd.meta))
 
 
+@pytest.fixture
+def contexts_alone(monkeypatch):
+    """Neuronpedia's export encodes each example's context alone (ContextValues' batches of one context): the
+    values do not depend on which contexts a batch held, so an export in blocks is byte for byte the whole one's."""
+    monkeypatch.setattr(neuronpedia, "BATCH_ROWS", 1)
+
+
+@pytest.mark.usefixtures("contexts_alone")
 @pytest.mark.parametrize("fmt", ["json", "html", "neuronpedia"])
 def test_an_export_read_in_blocks_writes_the_whole_dictionarys_files(named, tmp_path, monkeypatch, fmt):
     """40 concepts read in blocks of 7 (the last of 5), concepts.json 64 characters at a time: every file is the one
@@ -233,6 +241,44 @@ def test_context_values_are_each_contexts_own_encoding(named, monkeypatch):
         assert values.held <= memo
 
 
+def test_batched_contexts_are_each_contexts_own_encoding_in_a_few_calls(named, tmp_path, monkeypatch):
+    """The export encodes the contexts of several concepts' examples in one call (ContextValues.prefetch), a batch of
+    at most BATCH_ROWS store rows: every activation record has the tokens and, within float32 rounding, the values
+    of the export that encodes each context alone, from far fewer encode calls (one pass over a dictionary read a
+    block at a time per call), and no batch holds more rows than allowed."""
+    source, _ = named
+    cd = load_concepts(source)
+    sources, logits = _sources_and_logits(cd.meta)
+    encode, calls = sources.model.encode, []
+
+    def counted(x):
+        calls.append(len(x))
+        return encode(x)
+
+    monkeypatch.setattr(sources.model, "encode", counted)
+    runs = {}
+    for rows in (1, 64, neuronpedia.BATCH_ROWS):
+        monkeypatch.setattr(neuronpedia, "BATCH_ROWS", rows)
+        calls.clear()
+        out = write_neuronpedia(cd, tmp_path / str(rows), NeuronpediaConfig(model_id="m"), sources, logits)
+        records = [json.loads(line) for line in gzip.decompress((out / "activations" / "batch-0.jsonl.gz")
+                                                                .read_bytes()).splitlines()]  # fmt: skip
+        runs[rows] = (records, list(calls))
+    alone, alone_calls = runs[1]
+    contexts = len({r["dataIndex"] for r in alone})
+    assert len(alone_calls) == contexts > 40 and max(alone_calls) <= 13
+    for rows in (64, neuronpedia.BATCH_ROWS):
+        records, batch_calls = runs[rows]
+        assert len(batch_calls) < contexts / 4 and max(batch_calls) <= max(rows, 13)
+        assert [(r["id"], r["tokens"], r["maxValueTokenIndex"]) for r in records] == \
+            [(r["id"], r["tokens"], r["maxValueTokenIndex"]) for r in alone]
+        got = torch.tensor([v for r in records for v in r["values"]])
+        want = torch.tensor([v for r in alone for v in r["values"]])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert len(runs[neuronpedia.BATCH_ROWS][1]) == 1  # 40 concepts' contexts fit one batch
+
+
+@pytest.mark.usefixtures("contexts_alone")
 def test_logit_tables_of_each_block_are_the_whole_dictionarys(named, tmp_path):
     """write_neuronpedia_blocks over blocks of 7 with a block's logit tables computed from its directions writes what
     write_neuronpedia of the whole dictionary writes (the tables of every direction at once)."""

@@ -130,3 +130,28 @@ def test_spade_step_on_a_wide_code(impl, monkeypatch):
     assert float(got[1]) * 512 / 64 >= 32  # wide enough for the latent passes
     for name, a, r in zip(["x_hat", "l0", "x", "W_enc", "b_enc", "scale", "W_dec"], got, want):
         _close(a, r, name)
+
+
+@needs_numba
+def test_second_code_on_the_same_entries_reuses_the_bucketing():
+    """``numba_impl.by_latent`` on a second code with the same indices and nonzero entries (SpaDE's decode code, then
+    its encoder gradient) takes the first bucketing with the second's values: the arrays a fresh bucketing builds;
+    a code with other nonzero entries, or indices changed in place, is bucketed afresh."""
+    from conceptdict.saes.kernels import numba_impl, numba_wide
+
+    idx, val = _code(160, 40, 48, seed=4)  # ~65 nonzero entries a latent: wide
+    numba_impl.release_buffers()
+    first = numba_impl.by_latent(idx, val, 48)
+    other = torch.where(val != 0, torch.randn(val.shape, generator=torch.Generator().manual_seed(5)), 0.0)
+    again = numba_impl.by_latent(idx, other, 48)
+    fresh = numba_wide.bucket(idx.numpy(), other.numpy(), 48)
+    assert again.start is first.start
+    for got, want in zip(again[:4], fresh):
+        assert (got == want).all()
+    more = other.clone()
+    more[0, -1] = 1.5 if val[0, -1] == 0 else 0.0  # one entry in or out of the set
+    assert numba_impl.by_latent(idx, more, 48).start is not first.start
+    last = numba_impl.by_latent(idx, other, 48)
+    idx.add_(0)  # a new version of the indices
+    assert numba_impl.by_latent(idx, other, 48).start is not last.start
+    numba_impl.release_buffers()

@@ -20,7 +20,9 @@ per input: every token of the input carries it, and ``source.notes`` says so.
 
 :func:`export_neuronpedia` reads the concept dictionary a block of concepts (and their directions) at a time
 (``naming.concepts_file.ConceptsFile``) and writes each ``.jsonl.gz`` a record at a time (:class:`GzipLines`):
-the files of the whole dictionary (:func:`write_neuronpedia`), byte for byte, holding one block.
+the files of the whole dictionary (:func:`write_neuronpedia`), holding one block: byte for byte where each
+context is encoded alone (``BATCH_ROWS`` 1), the activations' values within float32 rounding where the contexts of
+several concepts' examples are encoded together (the default: a batch's matmul may sum in another order).
 """
 
 from __future__ import annotations
@@ -105,38 +107,85 @@ def logit_tables(directions: torch.Tensor, unembed: torch.Tensor, decode, k: int
 MEMO = 1 << 21
 """Nonzero codes :class:`ContextValues` keeps of the contexts it encoded (12 bytes each; emptied when full)."""
 
+BATCH_BYTES = 1 << 27
+"""Dense codes (float32) of one :meth:`ContextValues.prefetch` batch: the store rows of the contexts it encodes in
+one call, at most this over 4 x latents (and at most :data:`BATCH_ROWS`)."""
+
+BATCH_ROWS = 4096
+
 
 class ContextValues:
     """The tokens of a store row's context and a latent's activation on each (sequence level: the whole input, the
-    input's one activation on every token), from ``sources`` (``naming.open_sources``). Each context is encoded
-    once, as one batch of its rows: its nonzero codes (and negative zeros) are kept, up to :data:`MEMO` of them,
-    so that the latents whose examples share a row read it again without encoding it (the values are the ones that
-    encoding it for each latent gives, bit for bit)."""
+    input's one activation on every token), from ``sources`` (``naming.open_sources``).
+
+    :meth:`prefetch` encodes the contexts of the next concepts' examples together, a batch of up to
+    :data:`BATCH_ROWS` store rows per call (one pass over a dictionary read a block of latents at a time, instead
+    of one per context); a row asked for without it is encoded alone. Each context's nonzero codes (and negative
+    zeros) are kept, up to :data:`MEMO` of them, so that the latents whose examples share a row read it again
+    without encoding it. A context's values are those of encoding its rows alone, bit for bit when it was (or
+    ``BATCH_ROWS`` is 1), within float32 rounding when batched (a batch's matmul may sum in another order)."""
 
     def __init__(self, sources, before: int = 8, after: int = 4) -> None:
         self.sources, self.before, self.after = sources, before, after
         self.memo: dict[int, tuple[list[str], int, Tensor, Tensor, Tensor]] = {}
         self.held = 0
+        latents = int(getattr(sources.model, "n_latents", 1))
+        self.batch_rows = max(1, min(BATCH_ROWS, BATCH_BYTES // (4 * latents)))
 
-    def _encoded(self, row: int) -> tuple[list[str], int, Tensor, Tensor, Tensor]:
+    def _context(self, row: int) -> tuple[int, list[str], int, int]:
+        """(row, the context's tokens, its first store row, its rows)."""
+        ctx = self.sources.store.row_context(row, before=self.before, after=self.after)
+        lo, n = (row, 1) if ctx.marked < 0 else (row - ctx.marked, len(ctx.tokens))
+        return row, list(ctx.tokens), lo, n
+
+    def _encode(self, contexts: Sequence[tuple[int, list[str], int, int]], needed: Iterable[int] = ()) -> None:
+        """Encode ``contexts`` in one call and keep each one's codes; when the memo would overflow, it first drops
+        every context but the ``needed`` rows'."""
         store, sae = self.sources.store, self.sources.model
         inputs = self.sources.inputs or (self.sources.hookpoint,)  # several: a crosscoder's or a CLT's, [n, S, D]
-        ctx = store.row_context(row, before=self.before, after=self.after)
-        lo, n = (row, 1) if ctx.marked < 0 else (row - ctx.marked, len(ctx.tokens))
-        rows = [store.rows(h, lo, lo + n).float() for h in inputs]
+        rows = [torch.cat([store.rows(h, lo, lo + n) for _, _, lo, n in contexts]).float() for h in inputs]
         with torch.no_grad():
             codes = sae.encode(rows[0] if len(rows) == 1 else torch.stack(rows, 1))
         kept = (codes != 0) | torch.signbit(codes)
-        at, latent = kept.nonzero(as_tuple=True)
-        if self.held + len(at) > MEMO:
-            self.memo.clear()
-            self.held = 0
-        self.memo[row] = (list(ctx.tokens), n, at.to(torch.int32), latent.to(torch.int32), codes[at, latent])
-        self.held += len(at)
-        return self.memo[row]
+        total = int(kept.sum())
+        if self.held + total > MEMO:
+            self.memo = {r: self.memo[r] for r in needed if r in self.memo}
+            self.held = sum(len(held[2]) for held in self.memo.values())
+        start = 0
+        for row, tokens, _, n in contexts:
+            at, latent = kept[start: start + n].nonzero(as_tuple=True)
+            self.memo[row] = (tokens, n, at.to(torch.int32), latent.to(torch.int32), codes[start + at, latent])
+            self.held += len(at)
+            start += n
+
+    def prefetch(self, rows: Iterable[Sequence[int]]) -> int:
+        """Encode the contexts not yet kept of the example rows of the next concepts (``rows``: each concept's), in
+        batches of at most :attr:`batch_rows` store rows (a context longer than that alone), until a batch is full
+        with at least one concept covered or every concept is; returns how many concepts are covered."""
+        todo: dict[int, tuple[int, list[str], int, int]] = {}
+        size, covered, needed = 0, 0, set()
+        for mine in rows:
+            needed.update(mine)
+            for r in dict.fromkeys(mine):
+                if r in self.memo or r in todo:
+                    continue
+                context = self._context(r)
+                if todo and size + context[3] > self.batch_rows:
+                    self._encode(list(todo.values()), needed)
+                    if covered:
+                        return covered
+                    todo, size = {}, 0
+                todo[r] = context
+                size += context[3]
+            covered += 1
+        if todo:
+            self._encode(list(todo.values()), needed)
+        return covered
 
     def __call__(self, latent: int, row: int) -> tuple[list[str], list[float]]:
-        tokens, n, at, latents, values = self.memo.get(row) or self._encoded(row)
+        if row not in self.memo:
+            self._encode([self._context(row)])
+        tokens, n, at, latents, values = self.memo[row]
         out = [0.0] * n
         mine = latents == latent
         for i, v in zip(at[mine].tolist(), values[mine].tolist()):
@@ -218,7 +267,10 @@ def write_neuronpedia_blocks(meta: dict[str, Any], n_concepts: int, blocks: Bloc
             named = directions if directions.ndim == 2 else directions[:, int(meta.get("source", -1))]
             directions = directions.reshape(len(concepts), -1)
             tables = logits(named) if logits is not None else None
+            ready = 0
             for i, c in enumerate(concepts):
+                if i == ready:  # the contexts of the next concepts' examples, encoded together
+                    ready = i + max(1, values.prefetch([ex.row for ex in cc.top_examples] for cc in concepts[i:]))
                 heights, centres = _histogram(c)
                 key = {"modelId": model_id, "layer": source_id, "index": str(c.id)}
                 top_max = None

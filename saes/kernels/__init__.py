@@ -240,10 +240,17 @@ def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int
     return SparseCode(values, indices)
 
 
-from .kinds import encode_sparsemax, prefix_decodes, prefix_errors  # noqa: E402  (they use the ops above)
+# (below the ops above: they use them)
+from .kinds import (
+    encode_spade,
+    encode_sparsemax,
+    prefix_decodes,
+    prefix_errors,
+    square_norms,
+)
 
 __all__ = [
-    "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_sparsemax",
-    "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl", "sparse_decode",
-    "sparsemax_support",
+    "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_spade",
+    "encode_sparsemax", "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl",
+    "sparse_decode", "sparsemax_support", "square_norms",
 ]

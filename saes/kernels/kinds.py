@@ -37,20 +37,21 @@ def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str, values: Te
     return gather_pre(x, W_enc, indices, impl=impl, values=values)
 
 
-def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
-                     impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """f = sparsemax((x W_enc + b_enc) * scale) per row (``scale`` a 0-dim tensor), packed by decreasing f:
-    (f [B, K], indices [B, K], the scores z there [B, K], kept [B, K]), differentiable in x, W_enc, b_enc
-    and scale. The support comes from ``kernels.sparsemax_support`` (``n_candidates``: torch's first top-k)."""
-    if _is_reference(impl, x.device):
-        return reference.encode_sparsemax(x, W_enc, b_enc, scale)
+def _support(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
+             impl: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Without autograd: each row's sparsemax support from ``kernels.sparsemax_support`` on chunks of the scores,
+    packed: (indices [B, K], kept [B, K], size [B], the scores x W_enc + b_enc there [B, K], 0 at the padding)."""
     from . import sparsemax_support
 
     B = x.shape[0]
     parts, sizes, scores = [], [], []
     with torch.no_grad():
+        # one chunk buffer for every chunk: a fresh [ROW_CHUNK, L] output is a fresh mapping, its pages faulted in at
+        # every chunk (8 x 32 MiB a step at B 4096, L 16384)
+        buf = x.new_empty(min(ROW_CHUNK, B), W_enc.shape[1], dtype=torch.result_type(x, W_enc))
         for s in range(0, B, ROW_CHUNK):
-            pre = torch.addmm(b_enc, x[s : s + ROW_CHUNK], W_enc)
+            xs = x[s : s + ROW_CHUNK]
+            pre = torch.addmm(b_enc, xs, W_enc, out=buf[: xs.shape[0]])
             idx, size = sparsemax_support(pre, scale, n_candidates, impl=impl)
             parts.append(idx)
             sizes.append(size)
@@ -64,13 +65,107 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
 
         kept = torch.arange(K, device=x.device) < size[:, None]
         indices = joined(parts)  # zero-padded after each row's support already (sparsemax_support)
-        pre = joined(scores) * kept
+        return indices, kept, size, joined(scores) * kept
+
+
+def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
+                     impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """f = sparsemax((x W_enc + b_enc) * scale) per row (``scale`` a 0-dim tensor), packed by decreasing f:
+    (f [B, K], indices [B, K], the scores z there [B, K], kept [B, K]), differentiable in x, W_enc, b_enc
+    and scale. The support comes from ``kernels.sparsemax_support`` (``n_candidates``: torch's first top-k)."""
+    if _is_reference(impl, x.device):
+        return reference.encode_sparsemax(x, W_enc, b_enc, scale)
+    indices, kept, size, pre = _support(x, W_enc, b_enc, scale, n_candidates, impl)
     # z is the search's scores (x W_enc + b_enc) * scale themselves, not a second product: the gather-dot's
     # backward gives x and W_enc their gradients, b_enc's comes through b - b.detach() (0 in value)
     b = b_enc[indices]
     z = (_gather_pre(x, W_enc, indices, impl, pre) + (b - b.detach())) * scale
     tau = ((z * kept).sum(dim=1, keepdim=True) - 1) / size[:, None].clamp_min(1).to(z.dtype)
     return torch.where(kept, z - tau, 0.0).clamp_min(0), indices, z, kept
+
+
+def encode_spade(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, lam: Tensor, row_sq: Tensor,
+                 n_candidates: int, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """SpaDE's code and distance term: f = sparsemax(z), z = (x W_enc + b_enc) * scale per row, packed as
+    ``encode_sparsemax``'s, and ``sum_b sum_j f_bj max(row_sq[b] - z_bj / lam, 0)`` (0-dim): (f, indices, kept, that
+    sum), differentiable in x, W_enc, b_enc, scale, lam and row_sq [B]. The ``numba`` implementation (float32 CPU)
+    computes tau, f and the sum in one pass per row and their gradients in one more (``numba_sparsemax.tail_*``),
+    in place of ~40 torch passes over the [B, K] code forward and backward (~250 ms of CPU a step at SpaDE's ~1,100
+    entries a row, B 4096, one thread); the others are ``encode_sparsemax`` and the distance term in torch."""
+    from . import resolve_impl
+
+    fused = resolve_impl("sparsemax_support", impl, x.device, x.dtype) == "numba" and all(
+        t.dtype == torch.float32 for t in (x, W_enc, b_enc, scale, lam, row_sq))
+    if not fused:
+        f, indices, z, kept = encode_sparsemax(x, W_enc, b_enc, scale, n_candidates, impl=impl)
+        dist = (row_sq[:, None] - z / lam).clamp_min(0)
+        return f, indices, kept, (f * dist * kept).sum()
+    indices, kept, size, pre = _support(x, W_enc, b_enc, scale, n_candidates, impl)
+    f, total = _SpadeTail.apply(_gather_pre(x, W_enc, indices, impl, pre), b_enc, indices, size, scale, lam, row_sq)
+    return f, indices, kept, total
+
+
+class _SpadeTail(torch.autograd.Function):
+    """(u = the packed scores x W_enc + b_enc [B, K] (differentiable through ``gather_pre``), b_enc, indices, size,
+    scale, lam, row_sq) -> (f [B, K], the distance term (0-dim)) by ``numba_sparsemax.tail_forward``; b_enc's
+    gradient is grad_u summed into its indices, as the gather b_enc[indices] would give it."""
+
+    @staticmethod
+    def forward(ctx, u, b_enc, indices, size, scale, lam, row_sq):
+        import numpy as np
+
+        from . import numba_sparsemax as ns
+
+        B, K = u.shape
+        un, rs = u.detach().contiguous().numpy(), row_sq.detach().contiguous().numpy()
+        sz = size.numpy()
+        f, tau, pen = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B, np.float64)
+        ctx.scale_lam = np.float32(float(scale)), np.float32(float(lam))
+        ns.tail_forward(un, sz, *ctx.scale_lam, rs, f, tau, pen)
+        ctx.arrays = un, sz, rs, f, tau
+        ctx.save_for_backward(indices, b_enc)
+        return torch.from_numpy(f), torch.tensor(float(pen.sum()), dtype=u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_f, grad_total):
+        import numpy as np
+
+        from . import numba_sparsemax as ns
+
+        un, sz, rs, f, tau = ctx.arrays
+        indices, b_enc = ctx.saved_tensors
+        s, lam = ctx.scale_lam
+        B, K = un.shape
+        gu, grs, ps, pl = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B), np.empty(B)
+        ns.tail_backward(un, f, tau, sz, s, lam, rs, grad_f.contiguous().numpy(), np.float32(float(grad_total)), gu,
+                         grs, ps, pl)
+        grad_u = torch.from_numpy(gu)
+        grad_b = torch.zeros_like(b_enc).index_add_(0, indices.flatten(), grad_u.flatten()) \
+            if ctx.needs_input_grad[1] else None
+        return (grad_u, grad_b, None, None, torch.tensor(float(ps.sum()), dtype=grad_u.dtype),
+                torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs))
+
+
+def square_norms(W: Tensor, impl: str = "auto") -> Tensor:
+    """|W[:, j]|^2 per column of W [D, L] -> [L], differentiable in W (SpaDE's prototype norms). The fast form's
+    backward is one product in W's memory layout, ``W * 2 grad``, the reference's autograd value bit for bit
+    (square's and sum's backward: the expanded gradient times 2 W): autograd's pow and expand backward, with their
+    [D, L] temporaries and a gradient in another layout than W's, cost ~200 ms of CPU a step at L 16384, D 768."""
+    if _is_reference(impl, W.device):
+        return W.square().sum(dim=0)
+    return _SquareNorms.apply(W)
+
+
+class _SquareNorms(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, W: Tensor) -> Tensor:
+        ctx.save_for_backward(W)
+        return W.square().sum(dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (W,) = ctx.saved_tensors
+        return torch.mul(W, (2 * grad)[None, :])  # the output takes W's layout (latent-major storage)
 
 
 def _group_parts(values: Tensor, indices: Tensor, W_dec: Tensor, bounds: list[int], impl: str) -> Tensor:

@@ -10,11 +10,12 @@ holding one; the scores above the bound go into a buffer. When the buffer fills 
 iteration (the buffer's own bound, which may be higher, becomes the set and the bound; the buffer is filtered by
 it), and again at the end of the row.
 
-Only the remaining candidates are sorted (by decreasing score, ties by increasing column), and the support is the
-torch rule's on them, in the same float32 roundings: ``size = #{j : 1 + j * z_(j) > cumsum_j}`` with the cumulative
-sums accumulated in float64 and each rounded to float32 (as torch's CPU ``cumsum`` of float32 does), so the support
-is the one torch's search and the dense reference find. The bound used for skipping sits 1e-6 * (|rho| + max|z| + 1)
-below rho, wider than that rule's rounding, so a score the rule would keep is never skipped.
+Only the remaining candidates are sorted (by decreasing score, ties by increasing column; a radix sort), and the
+support is the torch rule's on them, in the same float32 roundings: ``size = #{j : 1 + j * z_(j) > cumsum_j}`` with
+the cumulative sums accumulated in float64 and each rounded to float32 (as torch's CPU ``cumsum`` of float32 does), so
+the support is the one torch's search and the dense reference find. The bound used for skipping sits
+1e-6 * (|rho| + max|z| + 1) below rho, wider than that rule's rounding, so a score the rule would keep is never
+skipped.
 
 No ``fastmath``: ``1 + j * z`` must round twice, as torch's does.
 """
@@ -118,21 +119,53 @@ def _candidates(row, s, bv, bi):
 
 
 @njit(cache=True, nogil=True)
-def _row_support(row, s, bv, bi, keys, out):
+def _by_decreasing_score(bv, bi, n, ka, kb, ca, cb, counts):
+    """The columns bi[:n] (increasing) ordered by decreasing score bv, ties by increasing column: a stable LSD radix
+    sort on the 8-bit digits of a uint32 key per score that orders as the score descends (a pass whose digit every
+    key shares is skipped). The order of sorting uint64 keys (score key high, column low), ~4x faster on a row's
+    ~1,000 candidates. Returns the array (ca or cb) holding the ordered columns in [:n]."""
+    bits = bv[:n].view(np.uint32)
+    top = np.uint32(0x80000000)
+    ones = np.uint32(0xFFFFFFFF)
+    for t in range(n):
+        u = bits[t]
+        asc = (u ^ ones) if u >= top else (u | top)  # orders as the float does (negatives flipped)
+        ka[t] = ones - asc
+        ca[t] = bi[t]
+    for shift in range(0, 32, 8):
+        counts[:] = 0
+        for t in range(n):
+            counts[(ka[t] >> shift) & 0xFF] += 1
+        if counts[(ka[0] >> shift) & 0xFF] == n:
+            continue
+        total = 0
+        for d in range(256):
+            c = counts[d]
+            counts[d] = total
+            total += c
+        for t in range(n):
+            d = (ka[t] >> shift) & 0xFF
+            p = counts[d]
+            kb[p] = ka[t]
+            cb[p] = ca[t]
+            counts[d] = p + 1
+        ka, kb = kb, ka
+        ca, cb = cb, ca
+    return ca
+
+
+@njit(cache=True, nogil=True)
+def _row_support(row, s, bv, bi, sort_buffers, out):
     """The sorted support of sparsemax(row * s) into out[:size]; returns size (see the module's docstring)."""
     n, rho, top = _candidates(row, s, bv, bi)
     n, _, _ = _narrow(bv, bi, n, rho, top, NARROW_ROUNDS)
-    bits = bv[:n].view(np.uint32)
-    for t in range(n):  # a uint64 key per candidate: decreasing score in the high half, the column in the low half
-        u = np.uint64(bits[t])
-        asc = (u ^ np.uint64(0xFFFFFFFF)) if u >= np.uint64(0x80000000) else (u | np.uint64(0x80000000))
-        keys[t] = ((np.uint64(0xFFFFFFFF) - asc) << np.uint64(32)) | np.uint64(bi[t])
-    keys[:n].sort()
+    ka, kb, ca, cb, counts = sort_buffers
+    cols = _by_decreasing_score(bv, bi, n, ka, kb, ca, cb, counts)
     acc = 0.0
     size = 0
     one = np.float32(1.0)
     for j in range(n):
-        c = np.int64(keys[j] & np.uint64(0xFFFFFFFF))
+        c = cols[j]
         y = row[c] * s
         acc += np.float64(y)
         if one + np.float32(j + 1) * y > np.float32(acc):
@@ -147,9 +180,10 @@ def _rows(pre, s, parts, out, size):
     for part in prange(parts):
         bv = np.empty(L, np.float32)
         bi = np.empty(L, np.int64)
-        keys = np.empty(L, np.uint64)
+        sort_buffers = (np.empty(L, np.uint32), np.empty(L, np.uint32), np.empty(L, np.int64), np.empty(L, np.int64),
+                        np.empty(256, np.int64))
         for b in range(part * n_rows // parts, (part + 1) * n_rows // parts):
-            size[b] = _row_support(pre[b], s, bv, bi, keys, out[b])
+            size[b] = _row_support(pre[b], s, bv, bi, sort_buffers, out[b])
 
 
 def sparsemax_rows(pre, s, out, size):
@@ -157,3 +191,67 @@ def sparsemax_rows(pre, s, out, size):
     out[b, :size[b]] (out [n, L]; the slots after a row's support hold other candidates or nothing). Each thread
     takes a range of rows and its own buffers of the row's width."""
     _rows(pre, s, max(1, min(numba.get_num_threads(), pre.shape[0])), out, size)
+
+
+# ---------------------------------------------------------------- SpaDE's tail: sparsemax on the packed support
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def tail_forward(u, size, s, lam, row_sq, f, tau, pen):
+    """Per row b of the packed scores u [B, K] (the support first, size[b] entries): z = u s, tau[b] = (sum z - 1) /
+    size[b] (the sum in float64), f = max(z - tau, 0) on the support and 0 after it, and pen[b] = sum over the
+    support of f max(row_sq[b] - z / lam, 0) (SpaDE's distance-weighted L1, in float64)."""
+    B, K = u.shape
+    zero = np.float32(0.0)
+    for b in prange(B):
+        n = size[b]
+        acc = 0.0
+        for j in range(n):
+            acc += np.float64(u[b, j] * s)
+        t = (np.float32(acc) - np.float32(1.0)) / np.float32(max(n, 1))
+        tau[b] = t
+        p = 0.0
+        for j in range(n):
+            z = u[b, j] * s
+            v = max(z - t, zero)
+            f[b, j] = v
+            p += np.float64(v * max(row_sq[b] - z / lam, zero))
+        for j in range(n, K):
+            f[b, j] = zero
+        pen[b] = p
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, grad_rs, part_s, part_lam):
+    """The gradients of :func:`tail_forward`'s f and sum(pen) (``grad_f`` [B, K], ``grad_pen`` a float): grad_u [B, K],
+    grad_rs [B] (of row_sq), and per row the parts of the gradients of s and lam (summed by the caller). Computed in
+    float64 (the gradient of s sums terms that nearly cancel: the rows of sparsemax's Jacobian sum to 0)."""
+    B, K = u.shape
+    zero = np.float32(0.0)
+    s64, lam64, gp = np.float64(s), np.float64(lam), np.float64(grad_pen)
+    for b in prange(B):
+        n = size[b]
+        t = tau[b]
+        total = 0.0
+        for j in range(n):  # the gradient of z_j - tau where f's clamp passes it, in grad_u for now
+            z = u[b, j] * s
+            d = row_sq[b] - z / lam
+            keep = z - t >= zero
+            a = np.float64(grad_f[b, j]) + gp * np.float64(max(d, zero)) if keep else 0.0  # decode's + penalty's
+            grad_u[b, j] = a
+            total += a
+        mean = total / max(n, 1)
+        gs, gl, gr = 0.0, 0.0, 0.0
+        for j in range(n):
+            z = u[b, j] * s
+            d = row_sq[b] - z / lam
+            gd = gp * np.float64(f[b, j]) if d >= zero else 0.0  # the distance's gradient (through its clamp)
+            a = np.float64(grad_u[b, j]) if z - t >= zero else 0.0
+            gz = a - mean - gd / lam64
+            grad_u[b, j] = gz * s64
+            gs += gz * np.float64(u[b, j])
+            gl += gd * np.float64(z) / (lam64 * lam64)
+            gr += gd
+        for j in range(n, K):
+            grad_u[b, j] = zero
+        part_s[b], part_lam[b], grad_rs[b] = gs, gl, gr

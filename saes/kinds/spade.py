@@ -11,8 +11,8 @@ distance to its mean.
 
 Sparsemax is shift-invariant per row, so -lambda |x - p_j|^2 ranks like the affine scores
 ``2 lambda (x - b_dec).p_j - lambda |p_j|^2``: training computes them with ONE matmul (W_enc holds the
-prototypes as columns), finds each row's support (``kernels.sparsemax_support``) and packs the code
-(``kernels.encode_sparsemax``), so the decode is a sparse decode. At the end of training the affine form is
+prototypes as columns), finds each row's support (``kernels.sparsemax_support``) and packs the code with its
+distance term (``kernels.encode_spade``), so the decode is a sparse decode. At the end of training the affine form is
 written into the weights, ``W_enc = 2 lambda P^T``, ``b_enc = -lambda |p_j|^2``: the saved dictionary is an
 ordinary [D, L] encoder whose inference rule is sparsemax((x - b_dec) W_enc + b_enc), with the usual folding
 of the normalisation and no extra tensor.
@@ -98,13 +98,14 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     # are (xc.W - c |W|^2 / 2) * 2 lambda c, and the code is decoded with values c f
     lam, W, c = scale(model), model.W_enc, weight_unit(model)
     xc = x - model.b_dec
-    f, idx, z, kept = kernels.encode_sparsemax(xc, W, -0.5 * c * W.square().sum(dim=0), 2 * c * lam,
-                                               n_candidates(model), impl=model.kernel_impl)
+    half_norms = -0.5 * c * kernels.square_norms(W, impl=model.kernel_impl)
+    # the distance term sum_j f_j |xc - p_j|^2, with |xc - p_j|^2 = |xc|^2 - z_j / lambda at the support
+    # (z_j = 2 lambda xc.p_j - lambda |p_j|^2), comes with the code
+    f, idx, _, dist = kernels.encode_spade(xc, W, half_norms, 2 * c * lam, lam, xc.square().sum(dim=1),
+                                           n_candidates(model), impl=model.kernel_impl)
     x_hat = kernels.sparse_decode(f * c, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
-    # |xc - p_j|^2 = |xc|^2 - z_j / lambda at the support (z_j = 2 lambda xc.p_j - lambda |p_j|^2)
-    dist = (xc.square().sum(dim=1, keepdim=True) - z / lam).clamp_min(0)
     coeff = inputs.settings.spade_coeff if inputs.settings is not None else DEFAULT_COEFF
-    penalty = coeff * (f * dist * kept).sum() / inputs.stats.total_var
+    penalty = coeff * dist / inputs.stats.total_var
     fired, l0 = fired_from_code(f.detach(), idx, model.n_latents)
     return TrainOutput(x_hat, fired, l0, penalty, None, None)
 
