@@ -107,4 +107,6 @@ def test_where_no_fit_keeps_the_bound_the_fewest_is_chosen_and_a_warning_says_so
 
 def test_the_bound_is_a_flag_with_its_default():
     assert CbmConfig().max_per_prediction == 32
+    with pytest.raises(ValueError, match="max_per_prediction=-1 must be >= 0"):
+        CbmConfig(max_per_prediction=-1)
     assert "per_prediction" in fit(lambdas=[0.1], grow_lambda=0).to_pandas().columns

@@ -165,6 +165,8 @@ class CbmConfig:
             raise ValueError(f"lambdas={self.lambdas} must be a non-empty list of values >= 0")
         if not 0 <= self.add_max_share <= 1:
             raise ValueError(f"add_max_share={self.add_max_share} must lie in [0, 1] (a share of the contribution)")
+        if self.max_per_prediction < 0:
+            raise ValueError(f"max_per_prediction={self.max_per_prediction} must be >= 0 (0: no bound)")
         if any(x < 0 for x in self.refit_l2):
             raise ValueError(f"refit_l2={self.refit_l2} must hold values >= 0 (or be empty: no refits)")
 
