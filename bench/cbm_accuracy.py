@@ -90,7 +90,8 @@ def cbm_row(result, seconds: float) -> dict:
     return {"cbm_accuracy": m["accuracy"], "probe_accuracy": m["probe_accuracy"],
             "gap_points": 100 * (m["probe_accuracy"] - m["accuracy"]), "cbm_seconds": seconds,
             "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary"),
-            "per_prediction": m.get("concepts_per_prediction"), "cv_folds": m.get("cv_folds")}
+            "per_prediction": m.get("concepts_per_prediction"), "cv_folds": m.get("cv_folds"),
+            "per_prediction_bound": m.get("per_prediction_bound")}
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -105,10 +106,12 @@ def cbm_seeds(concepts: Path, out: Path, seeds: int, **kw) -> dict:
     rows): the gap's mean over the seeds and its standard error."""
     res, t = timed(cd.cbm, concepts, label_column="label", out=out, overwrite=True, **kw)
     row = cbm_row(res, t)
-    gaps = [row["gap_points"]] + [cbm_row(cd.cbm(concepts, label_column="label", seed=s, **kw), 0)["gap_points"]
-                                  for s in range(1, seeds)]
+    rows = [row] + [cbm_row(*timed(cd.cbm, concepts, label_column="label", seed=s, **kw)) for s in range(1, seeds)]
+    gaps = [r["gap_points"] for r in rows]
     mean, se = mean_se(gaps)
-    return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se}
+    by_seed = [{k: r[k] for k in ("gap_points", "lambda", "concepts_used", "per_prediction", "per_prediction_bound",
+                                  "cbm_seconds")} for r in rows]
+    return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se, "by_seed": by_seed}
 
 
 def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = None) -> dict:
