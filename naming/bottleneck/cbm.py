@@ -14,7 +14,8 @@
   fits, the one chosen on the validation split is the one using the fewest concepts within ``val_tolerance`` of
   the best validation accuracy, among the fits whose median concepts per prediction is at most
   ``max_per_prediction``; when that is the grid's largest lambda (or no fit is within the bound), up to
-  ``grow_lambda`` larger ones are tried. The whole curve is kept (``metrics["lambda_path"]``; ``naming.bottleneck.path``).
+  ``grow_lambda`` larger ones are tried. The whole curve is kept (``metrics["lambda_path"]``;
+  ``naming.bottleneck.path``).
 - Baseline: a linear probe (with bias, standardised inputs, L2 chosen on the same validation split; L-BFGS) on
   the raw activations of the same inputs, trained and tested on the same split (``baseline.fit_raw_probe``).
 - Coverage: for each test prediction, the number of concepts whose positive contributions ``a_j * scale_j * W[c, j]``

@@ -151,7 +151,8 @@ class _Fits:
 
 
 def fit_lambda_path(parts: Sequence[Part], n_classes: int, cfg: CbmConfig, final: tuple[Tensor, Tensor] | None = None,
-                    bound: AddedBound | None = None) -> tuple[dict | None, Tensor | None, list[dict], dict]:  # fmt: skip
+                    bound: AddedBound | None = None,
+                    ) -> tuple[dict | None, Tensor | None, list[dict], dict]:  # fmt: skip
     """(the chosen entry, its weights [C, L], the whole curve, :func:`bound_report`): one entry per fit, lambdas
     smallest first, each lambda's L1 fit (``l2`` None) then its refits; the chosen entry has ``chosen`` True.
 

@@ -107,7 +107,7 @@ def logit_tables(directions: torch.Tensor, unembed: torch.Tensor, decode, k: int
 MEMO = 1 << 21
 """Nonzero codes :class:`ContextValues` keeps of the contexts it encoded (12 bytes each; emptied when full)."""
 
-BATCH_BYTES = 1 << 27
+BATCH_BYTES = 1 << 25
 """Dense codes (float32) of one :meth:`ContextValues.prefetch` batch: the store rows of the contexts it encodes in
 one call, at most this over 4 x latents (and at most :data:`BATCH_ROWS`)."""
 
