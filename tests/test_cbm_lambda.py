@@ -51,7 +51,7 @@ def test_train_cbm_records_the_whole_curve_and_the_tolerance_moves_the_choice():
     exact = train_cbm(concepts, labels, names, CbmConfig(lambdas=lams, val_tolerance=0.0, grow_lambda=0), raw=raw)
     path = exact.metrics["lambda_path"]
     assert [p["lambda"] for p in _l1(path)] == lams and exact.metrics["val_tolerance"] == 0.0
-    keys = {"lambda", "l2", "val_accuracy", "concepts_used", "zero_weights", "chosen"}
+    keys = {"lambda", "l2", "val_accuracy", "concepts_used", "per_prediction", "breach", "zero_weights", "chosen"}
     assert all(set(p) == keys for p in path)
     best = max(p["val_accuracy"] for p in path)
     (chosen,) = [p for p in path if p["chosen"]]

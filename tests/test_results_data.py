@@ -101,8 +101,8 @@ def test_cbm_curve_is_one_row_per_fit(tmp_path):
     cbm = train_cbm(concepts, labels, list("abcde"), CbmConfig(lambdas=[0.01, 0.1, 1.0], refit_l2=[0.01]))
     df = cbm.to_pandas()
     path = cbm.metrics["lambda_path"]
-    assert len(df) == len(path) > 3 and list(df.columns[:6]) == ["lambda", "l2", "val_accuracy", "concepts_used",
-                                                                "zero_weights", "chosen"]
+    assert len(df) == len(path) > 3 and list(df.columns[:7]) == ["lambda", "l2", "val_accuracy", "concepts_used",
+                                                                "per_prediction", "zero_weights", "chosen"]
     assert df["chosen"].sum() == 1 and df[df["chosen"]]["lambda"].item() == cbm.lam
     d = strict_json(cbm.to_dict())
     assert d["lambda"] == cbm.lam and d["concepts"][0] == {"id": 0, "name": "a"} and "weight" not in d

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from conceptdict.naming.bottleneck.coverage import predicted_contributions
 from torch import Tensor
 
 __all__ = ["AddedBound", "BoundedFit", "added_metrics", "added_share", "fit_bounded", "row_shares"]
@@ -46,11 +47,6 @@ def row_shares(contrib: Tensor, n_added: int) -> Tensor:
 def added_share(contrib: Tensor, n_added: int) -> float:
     """The mean over the rows of :func:`row_shares` (0.0 for no rows)."""
     return float(row_shares(contrib, n_added).mean()) if len(contrib) else 0.0
-
-
-def predicted_contributions(x: Tensor, W: Tensor) -> Tensor:
-    """x [n, L] (scaled concepts), W [C, L] -> [n, L] each concept's contribution to the row's predicted class."""
-    return x * W[(x @ W.T).argmax(1)]
 
 
 @dataclass(frozen=True)
@@ -101,6 +97,8 @@ class BoundedFit(NamedTuple):
     """Why the added concepts were refused (no fit on the path kept the bound), else None."""
     refused_path: list[dict] | None = None
     """The curve with the added concepts, where they were refused (each entry's ``added_share`` and ``breach``)."""
+    per_prediction_bound: dict | None = None
+    """``path.bound_report``: the per-prediction bound, whether the chosen fit keeps it and what it changed."""
 
 
 def capped_scale(scale: Tensor, n_added: int) -> Tensor:
@@ -117,8 +115,9 @@ def fit_bounded(x: Tensor, y: Tensor, split, folds: int, fit_rows: Tensor, cfg, 
                 n_added: int = 0, classes: tuple[str, ...] | None = None) -> BoundedFit:  # fmt: skip
     """The lambda path on x [N, L + A] (the last ``n_added`` columns added concepts): scaled
     (``baseline.concept_scale``), chosen by cross-validation over ``folds`` folds of ``fit_rows`` (0: on ``split``'s
-    validation rows) among the fits that keep :class:`AddedBound` (``cfg.add_max_share``); where none does, the
-    path again on the first L columns alone (the CBM without added concepts)."""
+    validation rows) among the fits that keep :class:`AddedBound` (``cfg.add_max_share``) and the per-prediction
+    bound (``cfg.max_per_prediction``: ``path.fit_lambda_path``); where none keeps the former, the path again on
+    the first L columns alone (the CBM without added concepts)."""
     from conceptdict.naming.bottleneck.baseline import concept_scale
     from conceptdict.naming.bottleneck.path import Part, cv_parts, fit_lambda_path
 
@@ -130,12 +129,12 @@ def fit_bounded(x: Tensor, y: Tensor, split, folds: int, fit_rows: Tensor, cfg, 
     xs = x * scale
     if folds:
         parts = cv_parts(xs[fit_rows], y[fit_rows], folds, cfg.seed)
-        chosen, W, path = fit_lambda_path(parts, C, cfg, final=(xs[fit_rows], y[fit_rows]), bound=bound)
+        chosen, W, path, report = fit_lambda_path(parts, C, cfg, final=(xs[fit_rows], y[fit_rows]), bound=bound)
     else:
         part = Part(xs[split.train], y[split.train], xs[split.val], y[split.val])
-        chosen, W, path = fit_lambda_path([part], C, cfg, bound=bound)
+        chosen, W, path, report = fit_lambda_path([part], C, cfg, bound=bound)
     if chosen is not None:
-        return BoundedFit(x, scale, scaled_by, chosen, W, path)
+        return BoundedFit(x, scale, scaled_by, chosen, W, path, per_prediction_bound=report)
     L = x.shape[1] - n_added
     reasons = sorted({p["breach"] for p in path})
     refused = f"no fit on the lambda path kept the bound ({'; '.join(reasons[:3])})"

@@ -12,8 +12,9 @@
   ``|w| < zero_tol * max|W|`` are then set to exactly zero. Each lambda's concepts are fitted again with the L2
   weights of ``refit_l2`` instead of the L1 term (a relaxed lasso: same concepts, no L1 shrinkage). Of all these
   fits, the one chosen on the validation split is the one using the fewest concepts within ``val_tolerance`` of
-  the best validation accuracy; when that is the grid's largest lambda, up to ``grow_lambda`` larger ones are
-  tried. The whole curve is kept (``metrics["lambda_path"]``; ``naming.bottleneck.path``).
+  the best validation accuracy, among the fits whose median concepts per prediction is at most
+  ``max_per_prediction``; when that is the grid's largest lambda (or no fit is within the bound), up to
+  ``grow_lambda`` larger ones are tried. The whole curve is kept (``metrics["lambda_path"]``; ``naming.bottleneck.path``).
 - Baseline: a linear probe (with bias, standardised inputs, L2 chosen on the same validation split; L-BFGS) on
   the raw activations of the same inputs, trained and tested on the same split (``baseline.fit_raw_probe``).
 - Coverage: for each test prediction, the number of concepts whose positive contributions ``a_j * scale_j * W[c, j]``
@@ -37,6 +38,7 @@ from torch import Tensor
 from conceptdict.naming.bottleneck.added import AddedConcepts, Residual, add_needed_concepts, cbm_residual
 from conceptdict.naming.bottleneck.baseline import accuracy, fit_raw_probe, fitting_rows, stratified_split  # noqa: F401
 from conceptdict.naming.bottleneck.bound import added_metrics, fit_bounded
+from conceptdict.naming.bottleneck.coverage import coverage, per_prediction
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
 from conceptdict.naming.bottleneck.notes import FVU_MARGIN, GAP_POINTS, gap_notes  # noqa: F401 (re-exported)
 
@@ -48,7 +50,6 @@ __all__ = ["CbmConfig", "CbmFeatures", "CbmResult", "concept_activations", "pool
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-COVERAGE_LEVELS = (0.90, 0.95, 0.99)
 
 
 @dataclass
@@ -116,6 +117,10 @@ class CbmConfig:
     grow_lambda: int = field(default=3, metadata={"min": 0, "help": (
         "When the largest lambda is chosen, try up to this many larger ones (3x each) while the largest stays "
         "chosen, so the sparsest CBM within val_tolerance is not cut off by the grid (0: the grid alone).")})
+    # 32: issue 54's line for an explanation a reader can follow (the median prediction reads at most 32 concepts).
+    max_per_prediction: int = field(default=32, metadata={"min": 0, "help": (
+        "Only fits whose median concepts per prediction (contributing to the predicted class; validation rows, "
+        "pooled over the folds) is at most this may be chosen; where none is, the fewest (warned; 0: no bound).")})
     cv_folds: int = field(default=5, metadata={"min": 0, "help": (
         "Choose lambda, the refit and the probe's L2 by this many stratified folds of the training and validation "
         "rows together, then fit the chosen on all of them (0 or 1: on the one validation split, the fits on the "
@@ -162,36 +167,6 @@ class CbmConfig:
             raise ValueError(f"add_max_share={self.add_max_share} must lie in [0, 1] (a share of the contribution)")
         if any(x < 0 for x in self.refit_l2):
             raise ValueError(f"refit_l2={self.refit_l2} must hold values >= 0 (or be empty: no refits)")
-
-
-# ---------------------------------------------------------------- how many concepts a prediction takes
-
-
-def coverage(contrib: Tensor, levels: Sequence[float] = COVERAGE_LEVELS) -> dict[str, float]:
-    """Mean number of concepts making up each level of the positive contribution, contrib [N, L]
-    (each row: the contributions to that input's predicted class)."""
-    pos = contrib.clamp_min(0).sort(dim=1, descending=True).values
-    total = pos.sum(1, keepdim=True)
-    keep = total.squeeze(1) > 0
-    frac = pos[keep].cumsum(1) / total[keep]
-    out = {}
-    for level in levels:
-        need = (frac < level - 1e-9).sum(1) + 1
-        out[f"{round(level * 100)}"] = float(need.float().mean()) if keep.any() else 0.0
-    return out
-
-
-def per_prediction(contrib: Tensor, level: float = COVERAGE_LEVELS[0]) -> dict[str, float]:
-    """Concepts per prediction, median over the rows of contrib [N, L] (each row: the contributions to that input's
-    predicted class): ``nonzero``, the concepts contributing at all (active and weighted for the class, either sign);
-    ``"90"``, those making up ``level`` of the positive contribution (:func:`coverage`'s count, row by row)."""
-    if not len(contrib):
-        return {"nonzero": 0.0, f"{round(level * 100)}": 0.0}
-    pos = contrib.clamp_min(0).sort(dim=1, descending=True).values
-    frac = pos.cumsum(1) / pos.sum(1, keepdim=True).clamp_min(1e-30)
-    need = torch.where(pos.sum(1) > 0, (frac < level - 1e-9).sum(1) + 1, torch.zeros(len(pos), dtype=torch.int64))
-    return {"nonzero": float((contrib != 0).sum(1).float().median()),
-            f"{round(level * 100)}": float(need.float().median())}
 
 
 # ---------------------------------------------------------------- the CBM
@@ -260,11 +235,12 @@ class CbmResult:
 
     def to_pandas(self) -> pandas.DataFrame:
         """The sparsity curve, one row per fit of the lambda path: lambda, l2 (None: the L1 fit, else its relaxed
-        refit), val_accuracy, concepts_used, zero_weights, chosen (the fit this CBM is)."""
+        refit), val_accuracy, concepts_used, per_prediction (median concepts per validation prediction), zero_weights,
+        chosen (the fit this CBM is)."""
         from conceptdict.saes.tables import frame
 
         return frame(self.metrics.get("lambda_path") or [], ["lambda", "l2", "val_accuracy", "concepts_used",
-                                                             "zero_weights", "chosen"])
+                                                             "per_prediction", "zero_weights", "chosen"])
 
 
 def encode_labels(labels: Sequence[Any], min_class_size: int = 1) -> tuple[Tensor, tuple[str, ...], Tensor]:
@@ -333,6 +309,7 @@ def train_cbm(
         "concepts_used": int((W != 0).any(0).sum()),
         "coverage": coverage(contrib),
         "concepts_per_prediction": per_prediction(contrib),
+        "per_prediction_bound": fit.per_prediction_bound,
         "n_train": len(split.train),
         "n_fit": len(fit_rows),
         "n_val": len(split.val),

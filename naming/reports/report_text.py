@@ -109,6 +109,13 @@ def format_cbm(cbm) -> str:
         lines.append(f"lambda trade-off ({on}; chosen: within {100 * m['val_tolerance']:g} points of the best, "
                      "fewest concepts):")
         lines += [f"  lambda {p['lambda']:<8g} {describe_fit(p):<13} val {100 * p['val_accuracy']:5.1f}%  "
-                  f"{p['concepts_used']:>6} concepts" + ("  <- chosen" if is_chosen(p, cbm.lam) else "")
-                  for p in m["lambda_path"]]
+                  f"{p['concepts_used']:>6} concepts" + (f"  {p['per_prediction']:>5g} per prediction" if
+                                                         "per_prediction" in p else "")
+                  + ("  <- chosen" if is_chosen(p, cbm.lam) else "") for p in m["lambda_path"]]
+    if (b := m.get("per_prediction_bound")) and b["max"]:
+        u = b["unbounded"] or {}
+        lines.append(f"per-prediction bound  at most {b['max']} concepts per prediction (median, validation): "
+                     + ("kept" if b["met"] else "NOT met by any fit; the fewest chosen")
+                     + (f"; without it: lambda {u.get('lambda'):g}, {u.get('per_prediction'):g} per prediction"
+                        if b["changed"] and u else ""))
     return "\n".join(lines + gap_notes(m))
