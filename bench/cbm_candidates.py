@@ -224,6 +224,7 @@ def main(argv=None) -> int:
                 m = r.metrics
                 row.update(cbm=m["accuracy"], gap=100 * m["probe_gap"], used=m["concepts_used"],
                            per_prediction=m["concepts_per_prediction"], lam=r.lam, refit_l2=m["refit_l2"],
+                           lambda_path=m["lambda_path"],  # with --json: what the choice rule saw
                            per_prediction_bound=m.get("per_prediction_bound"))
                 if "added_concepts" in m:
                     a = m["added_concepts"]
