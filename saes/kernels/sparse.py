@@ -343,12 +343,12 @@ ABOVE_FLOOR_SLOTS = 4
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                  backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order: (pre there
-    [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
-    differentiable in x, W_enc and b_enc through those entries (no ReLU mask). On CPU the matmul runs ROW_CHUNK
-    rows at a time into one reused buffer; a backend with ``row_above_floor`` adds b_enc, tests each chunk in
-    one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as many slots as the
-    chunk's longest) and returns the values with the entries; else a compare and a nonzero per chunk and a
-    gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
+    [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; differentiable in x, W_enc
+    and b_enc through those entries (no ReLU mask; b_enc gets none from the padding: mask with ``kept``). On CPU the
+    matmul runs ROW_CHUNK rows at a time into one reused buffer; a backend with ``row_above_floor`` adds b_enc,
+    tests each chunk in one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as
+    many slots as the chunk's longest) and returns the values with the entries; else a compare and a nonzero per
+    chunk and a gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
     B, L = x.shape[0], W_enc.shape[1]
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
