@@ -43,6 +43,14 @@ Candidates (``--candidate``, repeat):
   of block 5's tokens, so the same space) and falls back to ``std`` for another block. ``-sparse`` (e.g.
   ``pooledmax-sparse``): the tokens' TopK code pooled instead (``cbm --codes sparse``; k per token, so fewer per
   text).
+- several joined by ``+`` (e.g. ``own+pooledsuper@5``, ``own+pooledsuper-sparse@5``: both routes' concepts in one
+  bottleneck): the parts' activations side by side, as ``union`` joins own and broad, each concept named after its
+  part (``own:12``, ``pooledsuper@5:7``; the row's ``used_by_part`` counts each part's used concepts). The CBM's one
+  probe scale over the joined concepts would normalise them together, and parts in other units (sentence against
+  token activations) would then differ in cost under the one L1 penalty (on man2 the token part's scaled std
+  averages 6x the own part's); so each part is first divided by the spread its own probe scale normalises by, on the
+  split's fitting rows (:func:`part_scales`), and each part gets the scale it gets alone. Without every part's
+  decoder directions the CBM falls back to ``std`` (per concept) and nothing is divided.
 - ``tokenmean`` (``@B``): no concepts, the mean of the text's token rows at ``blocks.B.hook_out``: its ceiling is
   the raw probe ``conceptdict cbm`` fits on a token-level store (beside the sentence embedding's raw probe here).
 
@@ -72,7 +80,7 @@ import conceptdict as cd
 from cbm_accuracy import FLAGS, mean_se, task_store
 from cbm_corpora import CORPORA, HOOKPOINT
 from conceptdict.naming.bottleneck.added import add_needed_concepts, cbm_residual
-from conceptdict.naming.bottleneck.baseline import fit_raw_probe, fitting_rows
+from conceptdict.naming.bottleneck.baseline import concept_scale, fit_raw_probe, fitting_rows
 from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
 from conceptdict.naming.bottleneck.features import concept_directions, row_inputs, store_features
 from conceptdict.saes import open_dictionary
@@ -93,7 +101,8 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default="msglang", choices=sorted(CORPORA))
     p.add_argument("--candidate", action="append",
                    help="own, sparse, signed, LxxxKyy, broad, union, names, addedN, pooledmean, pooledmax, "
-                        "pooledsuper, pooledX-sparse, tokenmean (the pooled ones with @B: block B; repeat)")
+                        "pooledsuper, pooledX-sparse, tokenmean (the pooled ones with @B: block B), or several "
+                        "joined by + (e.g. own+pooledsuper@5); repeat")
     p.add_argument("--work", type=Path, default=Path("runs/bench/cbm-accuracy"))
     p.add_argument("--seeds", type=int, default=3, help="splits 0..N-1")
     p.add_argument("--cbm", action="store_true", help="also fit the CBM on each candidate (slow: the whole path)")
@@ -154,7 +163,34 @@ def candidate(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: li
                       raw_only=m[1] == "tokenmean", codes="sparse" if m[3] else "relu")
     raise SystemExit(f"unknown candidate {name!r}: one of own, sparse, signed, LxxxKyy (e.g. L1024K32), broad, "
                      "union, names, addedN, pooledmean, pooledmax, pooledsuper (each also -sparse), tokenmean (the "
-                     "pooled ones with @B: block B)")
+                     "pooled ones with @B: block B), or several joined by + (e.g. own+pooledsuper@5)")
+
+
+def joined(name: str, corpus: str, store: Path, raw: torch.Tensor, labels: list, work: Path):
+    """(activations [N, L'], directions [L', D] or None, each part's name and width) of ``name``: one candidate, or
+    several joined by ``+`` side by side (as ``union`` joins own and broad)."""
+    parts = name.split("+")
+    got = [candidate(part, corpus, store, raw, labels, work) for part in parts]
+    dirs = [d for _, d in got]
+    return (torch.cat([x for x, _ in got], 1), torch.cat(dirs) if all(d is not None for d in dirs) else None,
+            [(part, x.shape[1]) for part, (x, _) in zip(parts, got)])
+
+
+def part_scales(x: torch.Tensor, dirs: torch.Tensor | None, widths: list[int], probe, rows: torch.Tensor):
+    """x [N, L'] of a joined candidate (parts ``widths`` wide, side by side) with each part divided by the spread its
+    own ``probe`` scale normalises by on ``rows`` (``baseline.concept_scale``): the CBM's one probe scale over the
+    joined concepts then gives each part the scale it gets alone (parts in different units, e.g. sentence and token
+    activations, stay comparable under the one L1 penalty). Unchanged without directions (``std`` is per concept)."""
+    if dirs is None or len(widths) < 2:
+        return x
+    out, at = [], 0
+    for w in widths:
+        part, d = x[:, at:at + w], dirs[at:at + w]
+        scale, how = concept_scale(part[rows], "probe", probe, d)
+        importance = (d.to(probe.weight) @ probe.weight.T).norm(dim=1)
+        out.append(part * float(scale.sum() / importance.sum()) if how == "probe" else part)  # / the spread
+        at += w
+    return torch.cat(out, 1)
 
 
 def pooled(corpus: str, store: Path, labels: list, work: Path, pooling: str, block: int, raw_only: bool = False,
@@ -192,7 +228,8 @@ def main(argv=None) -> int:
     print("| candidate | concepts | active per row | split | raw probe | ceiling | CBM | gap | concepts used | "
           "per prediction |\n|" + "---|" * 10)
     for name in args.candidate or ["own"]:
-        x, dirs = candidate(name, args.corpus, store_dir, raw, labels, args.work)
+        x, dirs, parts = joined(name, args.corpus, store_dir, raw, labels, args.work)
+        concept_names = [f"{part}:{i}" for part, width in parts for i in range(width)]  # each part's own prefix
         pairs = int(m[1]) if (m := ADDED.match(name)) else 0
         residual = cbm_residual(open_dictionary(args.work / "runs" / args.corpus / "sae")[0], raw, args.add_reads) \
             if pairs else None
@@ -211,6 +248,7 @@ def main(argv=None) -> int:
                 probes[seed] = fit_raw_probe(raw[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
                                              folds=folds, seed=seed)  # fmt: skip
             probe = probes[seed]
+            xj = part_scales(x, dirs, [w for _, w in parts], probe, keep[fit_rows])  # joined: each part's own scale
             ceiling = fit_raw_probe(xs[keep], y, *split, len(classes), cfg.probe_l2, cfg.max_iter, cfg.tol,
                                     folds=folds, seed=seed)  # fmt: skip
             row = {"candidate": name, "concepts": xs.shape[1], "active_per_row": active, "seed": seed,
@@ -219,9 +257,12 @@ def main(argv=None) -> int:
                 fit_cfg = CbmConfig(label_column="label", seed=seed, cv_folds=args.cv_folds, add_pairs=pairs,
                                     add_reads=args.add_reads,
                                     **({"lambdas": args.lam} if args.lam else {}))  # fmt: skip
-                r = train_cbm(x, labels, [str(i) for i in range(x.shape[1])], fit_cfg, raw=raw, directions=dirs,
+                r = train_cbm(xj, labels, concept_names, fit_cfg, raw=raw, directions=dirs,
                               residual=residual)  # fmt: skip
                 m = r.metrics
+                used = (r.weight != 0).any(0).tolist()
+                row["used_by_part"] = {part: sum(u for n, u in zip(r.concept_names, used) if n.startswith(part + ":"))
+                                       for part, _ in parts}  # fmt: skip
                 row.update(cbm=m["accuracy"], gap=100 * m["probe_gap"], used=m["concepts_used"],
                            per_prediction=m["concepts_per_prediction"], lam=r.lam, refit_l2=m["refit_l2"],
                            lambda_path=m["lambda_path"],  # with --json: what the choice rule saw
@@ -238,7 +279,9 @@ def main(argv=None) -> int:
                    f"{row['per_prediction']['nonzero']:.0f} / {row['per_prediction']['90']:.0f}") if args.cbm else \
                 "- | - | - | -"
             print(f"| {name} | {xs.shape[1]} | {active:.0f} | {seed} | {100 * probe.test_accuracy:.1f}% | "
-                  f"{100 * ceiling.test_accuracy:.1f}% | {cbm} |", flush=True)
+                  f"{100 * ceiling.test_accuracy:.1f}% | {cbm} |"
+                  + (f" lambda {r.lam:g}, refit L2 {m['refit_l2']}, used by part {row['used_by_part']}, bound "
+                     f"{m.get('per_prediction_bound')}" if args.cbm and len(parts) > 1 else ""), flush=True)
         mine = [r for r in rows if r["candidate"] == name]
         short, se = mean_se([100 * (r["probe"] - r["ceiling"]) for r in mine])
         line = f"{name}: raw probe - ceiling {short:+.1f} ± {se:.1f} points"
