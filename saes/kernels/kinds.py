@@ -92,11 +92,7 @@ def encode_spade(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, lam: Te
     computes tau, f and the sum in one pass per row and their gradients in one more (``numba_sparsemax.tail_*``),
     in place of ~40 torch passes over the [B, K] code forward and backward (~250 ms of CPU a step at SpaDE's ~1,100
     entries a row, B 4096, one thread); the others are ``encode_sparsemax`` and the distance term in torch."""
-    from . import resolve_impl
-
-    fused = resolve_impl("sparsemax_support", impl, x.device, x.dtype) == "numba" and all(
-        t.dtype == torch.float32 for t in (x, W_enc, b_enc, scale, lam, row_sq))
-    if not fused:
+    if not _numba_float32("sparsemax_support", impl, x, W_enc, b_enc, scale, lam, row_sq):
         f, indices, z, kept = encode_sparsemax(x, W_enc, b_enc, scale, n_candidates, impl=impl)
         dist = (row_sq[:, None] - z / lam).clamp_min(0)
         return f, indices, kept, (f * dist * kept).sum()
@@ -224,7 +220,7 @@ def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     if _is_reference(impl, values.device):
         recons = prefix_decodes(values, indices, W_dec, b_dec, bounds, impl=impl)
         return recons[-1], [(x - r).pow(2).sum() for r in recons[:-1]]
-    if _numba_float32(impl, values, W_dec, b_dec, x):  # the same numbers from the code as it is, no regrouping
+    if _numba_float32("sparse_decode", impl, values, W_dec, b_dec, x):  # the same numbers from the code as it is, no regrouping
         from .numba_impl import prefix_errors as from_code
 
         return from_code(values, indices, W_dec, b_dec, bounds, x)
@@ -233,12 +229,13 @@ def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
     return x_hat, errors
 
 
-def _numba_float32(impl: str, *tensors: Tensor) -> bool:
-    """Whether ``impl`` resolves to numba for these tensors, all float32 (``numba_impl.prefix_errors`` takes them)."""
+def _numba_float32(op: str, impl: str, *tensors: Tensor) -> bool:
+    """Whether ``impl`` resolves to numba for ``op`` on these tensors, all float32 (what the numba forms of
+    ``prefix_errors`` and ``encode_spade`` take)."""
     from . import resolve_impl
 
     t = tensors[0]
-    return resolve_impl("sparse_decode", impl, t.device, t.dtype) == "numba" and all(
+    return resolve_impl(op, impl, t.device, t.dtype) == "numba" and all(
         u.dtype == torch.float32 for u in tensors)
 
 
