@@ -168,7 +168,8 @@ def score(concepts: ConceptsLike, *, scorer: str | Sequence[str] | None = None,
 @guarded("cbm")
 @takes_settings(CbmConfig, extra=("overwrite",))
 def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str | Path = "store",
-        out: str | Path | None = None, sae: DictionaryLike | None = None, pooling: str = "super",
+        out: str | Path | None = None, sae: DictionaryLike | None = None,
+        also: ConceptsLike | Sequence[ConceptsLike] | None = None, pooling: str = "super",
         codes: str = "relu", scale: str = "probe", super_quantile: float = 0.1,
         lam: float | Sequence[float] | None = None, probe_l2: float | Sequence[float] | None = None,
         max_iter: int = 5000, tol: float = 0.0001, refit_l2: float | Sequence[float] | None = None,
@@ -181,40 +182,69 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
     """A sparse concept bottleneck model on a concept dictionary (a folder or the object ``cd.name`` returned),
     beside a linear probe on the raw activations (``conceptdict cbm``). ``label_column`` names the store's label
     column (default: the store's only one); ``dataset`` is "store" (the dictionary's own store) or another store at
-    the same hookpoint. With ``out`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
+    the same hookpoint. ``also``: other concept dictionaries of the same labelled texts (e.g. a token-level one),
+    their concepts joined to these in one bottleneck (names prefixed by hookpoint; ``naming.bottleneck.joined``).
+    With ``out`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
     settings = given(locals(), "concepts", "overwrite")  # first: before any local name
-    from conceptdict.naming.images import cbm_rows
-    from conceptdict.naming.pipeline import resolve_hookpoint
-    from conceptdict.saes import open_dictionary
+    from conceptdict.naming.bottleneck.joined import ConceptPart, align_inputs, check_same_texts, route_names
 
     if not isinstance(settings.get("dataset", ""), str):
         settings["dataset"] = str(home_of(settings["dataset"], "dataset"))
+    if "also" in settings:
+        others = settings["also"] if isinstance(settings["also"], (list, tuple)) else [settings["also"]]
+        settings["also"] = [home_of(o, "also") for o in others]
     cfg = config_from_dict(CbmConfig, settings, "cbm")
     cd = concepts if isinstance(concepts, ConceptDictionary) else load_concepts(concepts)
     concepts = cd.path if cd.path is not None else "(in memory)"
-    sae = cfg.sae or cd.meta.get("sae_dir")
-    if not sae:
-        raise ConfigError("the concept dictionary records no sae_dir; pass --sae SAE_DIR")
-    store = cbm_rows(ActivationStore(labelled_store(cd, cfg.dataset)))  # patch stores: patch tokens, no CLS rows
+    dicts = [cd] + [load_concepts(o) for o in cfg.also]
+    ins = [cbm_inputs(cd, cfg.sae, cfg.dataset, cfg)] + [cbm_inputs(o, None, "store", cfg) for o in dicts[1:]]
+    model, config, store, hookpoint, sae = ins[0]
     cfg = dataclasses.replace(cfg, label_column=label_column_of(store, cfg.label_column))
-    hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
-    model, config = open_dictionary(sae, device=cfg.device)
-    check_sae_fits(model, config, sae, cd, store, hookpoint)
-    feats = store_features(model, store, hookpoint, cfg.label_column, cfg.pooling,
-                           cfg.super_quantile, device=cfg.device, codes=cfg.codes)
-    result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
-                       directions=concept_directions(model, feats.raw.shape[1]),
-                       residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None)
+    got = [store_features(m, st, h, cfg.label_column, cfg.pooling, cfg.super_quantile, device=cfg.device,
+                          codes=cfg.codes) for m, _, st, h, _ in ins]  # fmt: skip
+    feats = got[0]
+    if len(ins) == 1:
+        result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
+                           directions=concept_directions(model, feats.raw.shape[1]),
+                           residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None)
+    else:  # one bottleneck over several dictionaries, each one's inputs matched to the first's by context index
+        for i in ins[1:]:
+            check_same_texts(store, i[2])
+        got = got[:1] + [align_inputs(feats, f, str(store.path), str(i[2].path)) for f, i in zip(got[1:], ins[1:])]
+        routes = route_names([i[3] for i in ins])
+        parts = [ConceptPart(r, f.concepts.shape[1], f.raw if j else None, concept_directions(i[0], f.raw.shape[1]))
+                 for j, (r, f, i) in enumerate(zip(routes, got, ins))]  # the first part: the CBM's own raw probe
+        names = [f"{r}: {n}" for r, d in zip(routes, dicts) for n in d.names]
+        result = train_cbm(torch.cat([f.concepts for f in got], 1), feats.labels, names, cfg, raw=feats.raw,
+                           parts=parts)  # ids: the first dictionary's, then the next one's from its width on
     result.metrics["dictionary"] = dictionary_fit(Run(model, config, store, [hookpoint], sae))
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,
-                                               "pooling": cfg.pooling if store.level == "token" else "none"})
+                                               "pooling": cfg.pooling if store.level == "token" else "none",
+                                               **({"also": [str(o) for o in cfg.also]} if cfg.also else {})})
     if cfg.out is not None:
         save_cbm(result, cfg.out)
         write_resolved_config(cfg, cfg.out, "cbm_config.json")
         write_report(cd, cfg.out / "report", cbm=result)
         result = dataclasses.replace(result, path=cfg.out)
     return result
+
+
+def cbm_inputs(cd: ConceptDictionary, sae, dataset: str, cfg: CbmConfig) -> tuple:
+    """(the dictionary a CBM encodes with, its config, the labelled store, the hookpoint, the dictionary's path):
+    ``sae`` or the one the concept dictionary was named from, checked to fit the store (:func:`check_sae_fits`)."""
+    from conceptdict.naming.images import cbm_rows
+    from conceptdict.naming.pipeline import resolve_hookpoint
+    from conceptdict.saes import open_dictionary
+
+    sae = sae or cd.meta.get("sae_dir")
+    if not sae:
+        raise ConfigError(f"the concept dictionary {cd.path or '(in memory)'} records no sae_dir; pass --sae SAE_DIR")
+    store = cbm_rows(ActivationStore(labelled_store(cd, dataset)))  # patch stores: patch tokens, no CLS rows
+    hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
+    model, config = open_dictionary(sae, device=cfg.device)
+    check_sae_fits(model, config, sae, cd, store, hookpoint)
+    return model, config, store, hookpoint, sae
 
 
 def check_sae_fits(model, config: dict, sae: str | Path, cd: ConceptDictionary, store, hookpoint: str) -> None:

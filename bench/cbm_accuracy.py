@@ -8,7 +8,15 @@ must give (every other setting at the command's default)::
         --label-column label --out STORE
     conceptdict train --store STORE --latents 1024 --k 16 --out SAE          # --tokens left out: the stopping rule
     conceptdict name SAE --vocab wordfreq:en:20000 --out CONCEPTS
-    conceptdict cbm CONCEPTS --label-column label --out CBM
+    conceptdict cache --model default --hookpoint blocks.5.hook_out --packing false --dataset CORPUS.jsonl \\
+        --label-column label --out TOKENS
+    conceptdict train --store TOKENS --latents 1024 --k 16 --out TOKEN_SAE
+    conceptdict name TOKEN_SAE --vocab wordfreq:en:20000 --out TOKEN_CONCEPTS
+    conceptdict cbm CONCEPTS --also TOKEN_CONCEPTS --label-column label --out CBM
+
+the route the guide gives (``--route joined``, the default: the sentence dictionary's concepts and the token
+dictionary's, pooled per text, in one bottleneck); ``--route sentence`` leaves out the token store and dictionary
+(``conceptdict cbm CONCEPTS --label-column label --out CBM``, the route of the earlier rounds).
 
 and, with ``--broad``, the broad dictionary's route on the same store (``conceptdict broad`` builds or reuses it)::
 
@@ -40,6 +48,8 @@ from cbm_corpora import CORPORA, HOOKPOINT  # noqa: E402
 import conceptdict as cd  # noqa: E402
 
 DEFAULT_CORPORA = ("man2", "manpages", "debian", "pydocs", "debian30", "msglang")
+TOKEN_HOOKPOINT = "blocks.5.hook_out"
+"""The joined route's token dictionary: the default model's last block (what its sentence embedding averages)."""
 FLAGS = {"latents": 1024, "k": 16}
 """The flags ``train`` requires (the demo's sentence dictionary); every other setting is the command's default."""
 VOCAB = "wordfreq:en:20000"
@@ -55,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=3,
                    help="cbm --seed 0..N-1 (other splits of the same rows): the table gives seed 0 (the command's "
                         "default) and the mean gap over the seeds with its standard error")
+    p.add_argument("--route", choices=("joined", "sentence"), default="joined",
+                   help="the own route: the sentence dictionary --also the token one (the guide's), or it alone")
     p.add_argument("--own-from", type=Path, default=None,
                    help="with --broad: take the own route's rows from this earlier --json run (same --work) and "
                         "measure only the broad route")
@@ -91,7 +103,8 @@ def cbm_row(result, seconds: float) -> dict:
             "gap_points": 100 * (m["probe_accuracy"] - m["accuracy"]), "cbm_seconds": seconds,
             "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary"),
             "per_prediction": m.get("concepts_per_prediction"), "cv_folds": m.get("cv_folds"),
-            "per_prediction_bound": m.get("per_prediction_bound")}
+            "per_prediction_bound": m.get("per_prediction_bound"), "parts": m.get("parts"),
+            "refit_l2": m.get("refit_l2")}
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -109,8 +122,8 @@ def cbm_seeds(concepts: Path, out: Path, seeds: int, **kw) -> dict:
     rows = [row] + [cbm_row(*timed(cd.cbm, concepts, label_column="label", seed=s, **kw)) for s in range(1, seeds)]
     gaps = [r["gap_points"] for r in rows]
     mean, se = mean_se(gaps)
-    by_seed = [{k: r[k] for k in ("gap_points", "lambda", "concepts_used", "per_prediction", "per_prediction_bound",
-                                  "cbm_seconds")} for r in rows]
+    by_seed = [{k: r[k] for k in ("gap_points", "lambda", "refit_l2", "concepts_used", "per_prediction",
+                                  "per_prediction_bound", "parts", "cbm_seconds")} for r in rows]
     return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se, "by_seed": by_seed}
 
 
@@ -121,11 +134,19 @@ def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = No
         return {**own, **broad_row(store, run, broad, args.seeds, broad_texts)}
     sae, t_train = timed(cd.train, store=[store], hookpoint=[HOOKPOINT], out=run / "sae", overwrite=True, **FLAGS)
     _, t_name = timed(cd.name, run / "sae", vocab=VOCAB, out=run / "concepts", overwrite=True)
-    own = cbm_seeds(run / "concepts", run / "cbm", args.seeds)
+    also = {}
+    if args.route == "joined":  # the token store, its dictionary and its names: the guide's second dictionary
+        tokens = task_store(name, args.work, TOKEN_HOOKPOINT)
+        _, t_tokens = timed(cd.train, store=[tokens], hookpoint=[TOKEN_HOOKPOINT], out=run / "sae-tokens",
+                            overwrite=True, **FLAGS)  # fmt: skip
+        _, t_token_names = timed(cd.name, run / "sae-tokens", vocab=VOCAB, out=run / "concepts-tokens",
+                                 overwrite=True)  # fmt: skip
+        t_train, t_name, also = t_train + t_tokens, t_name + t_token_names, {"also": [run / "concepts-tokens"]}
+    own = cbm_seeds(run / "concepts", run / "cbm", args.seeds, **also)
     summary = sae.training_summary
     stop = summary.get("stopping") or {}
     labels = json.loads((run / "cbm" / "cbm.json").read_text())["metrics"]
-    row = {"corpus": name, "rows": cd.open_store(store).num_rows, "classes": labels["n_classes"],
+    row = {"corpus": name, "route": args.route, "rows": cd.open_store(store).num_rows, "classes": labels["n_classes"],
            "n_test": labels["n_test"], "steps": summary["steps"], "upper_bound": summary["resolved"]["total_steps"],
            "stop_fired_at": stop.get("fired_at"), "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"),
            "train_seconds": t_train, "name_seconds": t_name, "own": own}
@@ -164,7 +185,7 @@ def per_prediction(row: dict) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     broad = any("broad" in r for r in rows)
-    head = ("| corpus | rows | classes | probe | CBM (own) | gap | mean gap (seeds) | concepts per prediction | "
+    head = ("| corpus | rows | classes | probe | CBM (route) | gap | mean gap (seeds) | concepts per prediction | "
             "steps (upper bound) | held-out FVU | train s | name s | cbm s |")
     head += (" CBM (broad) | gap | mean gap (seeds) | concepts per prediction | broad FVU | cbm s | "
              "rows in broad text |" if broad else "")

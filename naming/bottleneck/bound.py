@@ -112,10 +112,11 @@ def capped_scale(scale: Tensor, n_added: int) -> Tensor:
 
 
 def fit_bounded(x: Tensor, y: Tensor, split, folds: int, fit_rows: Tensor, cfg, probe, directions: Tensor | None,
-                n_added: int = 0, classes: tuple[str, ...] | None = None) -> BoundedFit:  # fmt: skip
+                n_added: int = 0, classes: tuple[str, ...] | None = None,
+                scale: tuple[Tensor, str] | None = None) -> BoundedFit:  # fmt: skip
     """The lambda path on x [N, L + A] (the last ``n_added`` columns added concepts): scaled
-    (``baseline.concept_scale``), chosen by cross-validation over ``folds`` folds of ``fit_rows`` (0: on ``split``'s
-    validation rows) among the fits that keep :class:`AddedBound` (``cfg.add_max_share``) and the per-prediction
+    (``baseline.concept_scale``; ``scale``: this (scale, rule) instead, a joined CBM's per part), chosen by
+    cross-validation over ``folds`` folds of ``fit_rows`` (0: on ``split``'s validation rows) among the fits that keep :class:`AddedBound` (``cfg.add_max_share``) and the per-prediction
     bound (``cfg.max_per_prediction``: ``path.fit_lambda_path``); where none keeps the former, the path again on
     the first L columns alone (the CBM without added concepts)."""
     from conceptdict.naming.bottleneck.baseline import concept_scale
@@ -123,7 +124,7 @@ def fit_bounded(x: Tensor, y: Tensor, split, folds: int, fit_rows: Tensor, cfg, 
 
     C = int(y.max()) + 1 if classes is None else len(classes)
     bound = AddedBound(n_added, cfg.add_max_share) if n_added else None
-    scale, scaled_by = concept_scale(x[fit_rows], cfg.scale, probe, directions)
+    scale, scaled_by = scale or concept_scale(x[fit_rows], cfg.scale, probe, directions)
     if n_added and cfg.add_scale == "capped":
         scale = capped_scale(scale, n_added)
     xs = x * scale

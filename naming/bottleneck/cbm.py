@@ -41,6 +41,7 @@ from conceptdict.naming.bottleneck.baseline import accuracy, fit_raw_probe, fitt
 from conceptdict.naming.bottleneck.bound import added_metrics, fit_bounded
 from conceptdict.naming.bottleneck.coverage import coverage, per_prediction
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
+from conceptdict.naming.bottleneck.joined import ConceptPart, part_scale, parts_metrics
 from conceptdict.naming.bottleneck.notes import FVU_MARGIN, GAP_POINTS, gap_notes  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class CbmConfig:
         "help": "Directory for the CBM (cbm.json, cbm.safetensors, report/)."})
     sae: Path | None = field(default=None, metadata={
         "help": "Dictionary that encodes the inputs (default: the sae_dir recorded in the concept dictionary)."})
+    # bench/cbm_accuracy.py's default route (a sentence dictionary --also a token one, docs/results/cbm.md).
+    also: list[Path] = field(default_factory=list, metadata={"help": (
+        "Another concept dictionary of the same labelled texts (e.g. one named on token rows, cached with --packing "
+        "false): its concepts join these in one bottleneck, each dictionary's scaled as alone (repeatable).")})
     pooling: Literal["mean", "max", "super"] = field(default="super", metadata={
         "help": "How token-level concept activations are pooled per input (sequence-level stores need none)."})
     # Default ``relu``, measured with bench/cbm_accuracy.py on three corpora nothing was tuned on (MiniLM
@@ -268,13 +273,19 @@ def encode_labels(labels: Sequence[Any], min_class_size: int = 1) -> tuple[Tenso
 def train_cbm(
     concepts: Tensor, labels: Sequence[Any], names: Sequence[str], cfg: CbmConfig, raw: Tensor | None = None,
     concept_ids: Sequence[int] | None = None, directions: Tensor | None = None, residual: Residual | None = None,
+    parts: Sequence[ConceptPart] | None = None,
 ) -> CbmResult:  # fmt: skip
     """Fit the CBM on concepts [N, L] with ``labels [N]``; the baseline probe on ``raw [N, D]`` when given, and
     ``directions [L, D]`` (the concepts' decoder directions in raw units) for ``cfg.scale == "probe"``. With
     ``cfg.add_pairs`` and ``residual`` (``added.cbm_residual``), concepts for the class pairs the given ones
-    confuse are fitted on the fitting rows and appended (ids from L on; ``metrics["added_concepts"]``)."""
+    confuse are fitted on the fitting rows and appended (ids from L on; ``metrics["added_concepts"]``). ``parts``
+    (several dictionaries' concepts side by side, ``joined.ConceptPart``): each part scaled as alone, by its own
+    probe and directions (``directions`` is then unused; ``metrics["parts"]``)."""
     if concepts.shape[0] != len(labels):
         raise ValueError(f"{concepts.shape[0]} concept rows but {len(labels)} labels; pass one label per input")
+    if parts and cfg.add_pairs:
+        raise ValueError(f"add_pairs={cfg.add_pairs} reads one dictionary's reconstruction, not a joined CBM's "
+                         "several; pass add_pairs=0 (--add-pairs 0) or one dictionary")  # fmt: skip
     y, classes, keep = encode_labels(labels, cfg.min_class_size)
     x = concepts[keep].float().to(cfg.device)
     y = y.to(cfg.device)
@@ -293,7 +304,11 @@ def train_cbm(
     if raw is not None:
         probe = fit_raw_probe(raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol,
                               folds=folds, seed=cfg.seed)  # fmt: skip
-    fit = fit_bounded(x, y, split, folds, fit_rows, cfg, probe, directions, len(added) if added else 0, classes)
+    probes = [probe if p.raw is None else fit_raw_probe(
+        p.raw[keep].float().to(cfg.device), y, *split, C, cfg.probe_l2, cfg.max_iter, cfg.tol, folds=folds,
+        seed=cfg.seed) if cfg.scale == "probe" else None for p in parts or ()]  # a part's own probe: its directions
+    fit = fit_bounded(x, y, split, folds, fit_rows, cfg, probe, directions, len(added) if added else 0, classes,
+                      scale=part_scale(x[fit_rows], parts, cfg.scale, probes) if parts else None)
     x, scale, scaled_by, chosen, W, path = fit[:6]
     xs, lam = x * scale, chosen["lambda"]
     test_logits = xs[split.test] @ W.T
@@ -331,6 +346,8 @@ def train_cbm(
     ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
     if added is not None:
         metrics.update(added_metrics(added, fit, contrib, cfg.add_max_share))
+    if parts:
+        metrics["parts"] = parts_metrics(parts, W, contrib, probes)
     if added is not None and not fit.refused:
         first = max(ids, default=-1) + 1
         ids, names = ids + tuple(range(first, first + len(added))), tuple(names) + added.names

@@ -58,6 +58,7 @@ class CbmFeatures(NamedTuple):
     concepts: Tensor  # [N, L] pooled concept activations per input
     raw: Tensor  # [N, D] raw activations per input (mean over its tokens for token-level stores)
     labels: list  # [N]
+    inputs: Tensor | None = None  # [N] int64 context (input) index of each, ascending: what joins two stores' inputs
 
 
 def row_inputs(store) -> Tensor:
@@ -86,14 +87,15 @@ def store_features(
             raws.append(x.cpu())
     codes_t, raw_t = torch.cat(acts), torch.cat(raws)
     if getattr(store, "level", "token") == "sequence":
-        return CbmFeatures(codes_t, raw_t, list(labels))
+        ids = store.context_index(0, store.num_rows).to(torch.int64) if hasattr(store, "context_index") else None
+        return CbmFeatures(codes_t, raw_t, list(labels), ids)
     inputs = row_inputs(store)
     uniq, groups = torch.unique(inputs, return_inverse=True)
     first = torch.full((len(uniq),), -1, dtype=torch.int64)
     first.scatter_reduce_(0, groups, torch.arange(len(groups)), "amin", include_self=False)
     return CbmFeatures(
         pool_codes(codes_t, groups, pooling, quantile), pool_codes(raw_t, groups, "mean"),
-        [labels[i] for i in first.tolist()],
+        [labels[i] for i in first.tolist()], uniq,
     )  # fmt: skip
 
 

@@ -277,7 +277,9 @@ def write_thumbnails(thumbnails: dict[str, str], directory: Path) -> None:
 
 
 def _concept_link(cid: int, name: str, where: dict[int, str]) -> str:
-    return f'<a href="{where.get(cid, "index.html")}#c{cid}">#{cid} {esc(name)}</a>'
+    """A link to the concept's card; plain text for a concept without one in this report (another dictionary's,
+    in a CBM joined with ``--also``, or one ``--add-pairs`` added)."""
+    return f'<a href="{where[cid]}#c{cid}">#{cid} {esc(name)}</a>' if cid in where else f"#{cid} {esc(name)}"
 
 
 def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[int, str]) -> None:

@@ -99,6 +99,9 @@ def format_cbm(cbm) -> str:
     if m.get("concepts_per_prediction"):
         per = m["concepts_per_prediction"]
         lines.append(f"concepts per prediction (median): {per['nonzero']:.0f} contribute, {per['90']:.0f} make up 90%")
+    for part in m.get("parts") or ():
+        lines.append(f"concepts of {part['route']:<19} {part['used']} of {part['width']} used, "
+                     f"{100 * part['contribution_share']:.1f}% of the positive contribution")
     if m.get("added_bound"):
         b, a = m["added_bound"], m.get("added_concepts") or {}
         lines.append(f"added concepts      refused: {b['refused']}" if b["refused"] else
