@@ -67,7 +67,11 @@ def test_each_part_is_scaled_as_alone_and_named_by_its_route(two_routes, tmp_pat
     assert parts[0]["own_probe_accuracy"] is None  # the CBM's probe
     assert parts[1]["own_probe_accuracy"] == pytest.approx(alone[1].metrics["probe_accuracy"])
     doc = json.loads((tmp_path / "cbm" / "cbm.json").read_text())
-    assert doc["meta"]["also"] == [str(tokens)] and (tmp_path / "cbm" / "report" / "cbm.html").exists()
+    assert doc["meta"]["also"] == [str(tokens)]
+    with pytest.raises(ValueError, match=rf"reads 22 \(12 of sentence.mean_normalized \+ 10 of {TOKEN_HOOKPOINT}"):
+        joined.logits(torch.zeros(3, 12))  # one dictionary's concepts (e.g. steer --cbm's) are refused by name
+    html = (tmp_path / "cbm" / "report" / "cbm.html").read_text()
+    assert f"concepts of {TOKEN_HOOKPOINT}" in html and "concepts per prediction (median)" in html
 
 
 @pytest.mark.integration

@@ -203,9 +203,10 @@ class CbmResult:
         """concepts [N, L] -> logits [N, C]."""
         if concepts.shape[-1] != self.weight.shape[1]:
             added = len((self.metrics.get("added_concepts") or {}).get("names", ()))
+            parts = " + ".join(f"{p['width']} of {p['route']}" for p in self.metrics.get("parts") or ())
             raise ValueError(f"{concepts.shape[-1]} concept columns, but this CBM reads {self.weight.shape[1]}" + (
                 f", the last {added} added by --add-pairs: read new inputs with cbm.concepts_of(dictionary, raw)" if added
-                else ""))
+                else f" ({parts}: several dictionaries' concepts side by side, --also)" if parts else ""))
         return (concepts.float() * self.scale) @ self.weight.T
 
     def concepts_of(self, dictionary, raw: Tensor, codes: str = "relu") -> Tensor:

@@ -297,6 +297,11 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
          " / ".join(f"{cov.get(k, float('nan')):.1f}" for k in ("90", "95", "99"))),
         ("split train/val/test", f"{m.get('n_train')}/{m.get('n_val')}/{m.get('n_test')}"),
     ]  # fmt: skip
+    if per := m.get("concepts_per_prediction"):
+        rows.insert(-1, ("concepts per prediction (median)", f"{per['nonzero']:.0f} contribute, {per['90']:.0f} make "
+                                                              "up 90%"))  # fmt: skip
+    rows[-1:-1] = [(f"concepts of {p['route']}", f"{p['used']} of {p['width']} used, "
+                    f"{100 * p['contribution_share']:.1f}% of the positive contribution") for p in m.get("parts") or ()]
     table = "<table>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
     classes = "".join(
         f'<li><a href="cbm-class-{i}.html">{esc(c)}</a> — '
