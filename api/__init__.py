@@ -23,6 +23,7 @@ The objects a notebook needs:
                              .run_with_saes, .embed_texts (image models: .embed_images)
     embed_texts, embed_images  new inputs as the rows a sentence-level or image dictionary encodes
     load_concepts(path)      a concept dictionary: concepts[12] by latent id, concepts["error"] by name
+    cbm_features(cbm)        the concept activations a CBM reads per labelled input (to explain its predictions)
     splice(model, sae, edit) a context manager: the dictionary spliced into the model's forward
     hookpoints(model)        every hookpoint of a model with its shape (``conceptdict hookpoints --model M``)
     store_info, verify_store
@@ -69,6 +70,7 @@ _WHERE = {
     "evaluate": "eval_api", "compare": "eval_api",
     "diff": "diff_api",
     "name": "concept_api", "score": "concept_api", "cbm": "concept_api", "cbsae": "concept_api",
+    "cbm_features": "cbm_inputs",
     "export": "concept_api",
     "steer": "edit_api", "erase": "edit_api", "splice": "edit_api",
     "demo": "demo_api",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:  # what mypy and IDEs read; at run time each name is imported 
     from conceptdict.activations.integrity import set_read_policy as set_read_policy
     from conceptdict.broad_api import broad_dictionary as broad_dictionary
     from conceptdict.broad_api import cached_broad_dictionary as cached_broad_dictionary
+    from conceptdict.cbm_inputs import cbm_features as cbm_features
     from conceptdict.concept_api import cbm as cbm
     from conceptdict.concept_api import cbsae as cbsae
     from conceptdict.concept_api import export as export

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypedDict, overload
 
 import torch
-from conceptdict.activations import (
-    ActivationStore,
+from conceptdict.activations import (  # ActivationStore: StoreLike's hints name it (typing.get_type_hints(cd.score))
+    ActivationStore,  # noqa: F401
     first_batches,
     heldout_batches,
     heldout_row_ids,
@@ -31,11 +31,11 @@ from conceptdict.naming import (
     open_sources,
     save_cbm,
     save_concepts,
-    store_features,
     train_cbm,
     write_named,
     write_report,
 )
+from conceptdict.cbm_inputs import cbm_inputs, check_sae_fits, label_column_of, labelled_store  # noqa: F401
 from conceptdict.naming.bottleneck.added import cbm_residual
 from conceptdict.naming.bottleneck.cbsae import CbSaeConfig
 from conceptdict.naming.llm import LlmConfig
@@ -45,7 +45,6 @@ from conceptdict.naming.sources import Run, open_run, training_heldout
 from conceptdict.objects import CbmLike, ConceptsLike, DictionaryLike, StoreLike
 from conceptdict.outdir import guarded
 from conceptdict.saes import SparseCoder  # noqa: F401 (DictionaryLike's hints name it: typing.get_type_hints(cd.name))
-from conceptdict.saes.artifact import FORMAT as ARTIFACT_FORMAT
 from conceptdict.settings import (
     ConfigError,
     config_from_dict,
@@ -186,8 +185,6 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
     their concepts joined to these in one bottleneck (names prefixed by hookpoint; ``naming.bottleneck.joined``).
     With ``out`` writes cbm.json, cbm.safetensors and report/cbm.html there."""
     settings = given(locals(), "concepts", "overwrite")  # first: before any local name
-    from conceptdict.naming.bottleneck.joined import ConceptPart, align_inputs, check_same_texts, route_names
-
     if not isinstance(settings.get("dataset", ""), str):
         settings["dataset"] = str(home_of(settings["dataset"], "dataset"))
     if "also" in settings:
@@ -196,71 +193,28 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
     cfg = config_from_dict(CbmConfig, settings, "cbm")
     cd = concepts if isinstance(concepts, ConceptDictionary) else load_concepts(concepts)
     concepts = cd.path if cd.path is not None else "(in memory)"
-    dicts = [cd] + [load_concepts(o) for o in cfg.also]
-    ins = [cbm_inputs(cd, cfg.sae, cfg.dataset, cfg)] + [cbm_inputs(o, None, "store", cfg) for o in dicts[1:]]
-    model, config, store, hookpoint, sae = ins[0]
-    cfg = dataclasses.replace(cfg, label_column=label_column_of(store, cfg.label_column))
-    got = [store_features(m, st, h, cfg.label_column, cfg.pooling, cfg.super_quantile, device=cfg.device,
-                          codes=cfg.codes) for m, _, st, h, _ in ins]  # fmt: skip
-    feats = got[0]
-    if len(ins) == 1:
-        result = train_cbm(feats.concepts, feats.labels, cd.names, cfg, raw=feats.raw,
+    got = cbm_inputs(cd, cfg)
+    cfg, feats, (model, config, store, hookpoint, sae) = got.cfg, got.features, got.sources[0]
+    if got.parts is None:
+        result = train_cbm(feats.concepts, feats.labels, got.names, cfg, raw=feats.raw,
                            directions=concept_directions(model, feats.raw.shape[1]),
                            residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None)
-    else:  # one bottleneck over several dictionaries, each one's inputs matched to the first's by context index
-        for i in ins[1:]:
-            check_same_texts(store, i[2])
-        got = got[:1] + [align_inputs(feats, f, str(store.path), str(i[2].path)) for f, i in zip(got[1:], ins[1:])]
-        routes = route_names([i[3] for i in ins])
-        parts = [ConceptPart(r, f.concepts.shape[1], f.raw if j else None, concept_directions(i[0], f.raw.shape[1]))
-                 for j, (r, f, i) in enumerate(zip(routes, got, ins))]  # the first part: the CBM's own raw probe
-        names = [f"{r}: {n}" for r, d in zip(routes, dicts) for n in d.names]
-        result = train_cbm(torch.cat([f.concepts for f in got], 1), feats.labels, names, cfg, raw=feats.raw,
-                           parts=parts)  # ids: the first dictionary's, then the next one's from its width on
+    else:  # one bottleneck over several dictionaries (ids: the first one's, then the next one's from its width on)
+        result = train_cbm(feats.concepts, feats.labels, got.names, cfg, raw=feats.raw, parts=got.parts)
     result.metrics["dictionary"] = dictionary_fit(Run(model, config, store, [hookpoint], sae))
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,
-                                               "pooling": cfg.pooling if store.level == "token" else "none",
-                                               **({"also": [str(o) for o in cfg.also]} if cfg.also else {})})
+                                               "pooling": cfg.pooling if any(s[2].level == "token" for s in
+                                                                             got.sources) else "none",
+                                               "codes": cfg.codes, "super_quantile": cfg.super_quantile,
+                                               "sae": str(sae), **({"also": [str(o) for o in cfg.also]} if cfg.also
+                                                                   else {})})  # fmt: skip
     if cfg.out is not None:
         save_cbm(result, cfg.out)
         write_resolved_config(cfg, cfg.out, "cbm_config.json")
         write_report(cd, cfg.out / "report", cbm=result)
         result = dataclasses.replace(result, path=cfg.out)
     return result
-
-
-def cbm_inputs(cd: ConceptDictionary, sae, dataset: str, cfg: CbmConfig) -> tuple:
-    """(the dictionary a CBM encodes with, its config, the labelled store, the hookpoint, the dictionary's path):
-    ``sae`` or the one the concept dictionary was named from, checked to fit the store (:func:`check_sae_fits`)."""
-    from conceptdict.naming.images import cbm_rows
-    from conceptdict.naming.pipeline import resolve_hookpoint
-    from conceptdict.saes import open_dictionary
-
-    sae = sae or cd.meta.get("sae_dir")
-    if not sae:
-        raise ConfigError(f"the concept dictionary {cd.path or '(in memory)'} records no sae_dir; pass --sae SAE_DIR")
-    store = cbm_rows(ActivationStore(labelled_store(cd, dataset)))  # patch stores: patch tokens, no CLS rows
-    hookpoint = resolve_hookpoint(store, cd.meta.get("hookpoint"))
-    model, config = open_dictionary(sae, device=cfg.device)
-    check_sae_fits(model, config, sae, cd, store, hookpoint)
-    return model, config, store, hookpoint, sae
-
-
-def check_sae_fits(model, config: dict, sae: str | Path, cd: ConceptDictionary, store, hookpoint: str) -> None:
-    """The dictionary a CBM encodes with must be the concept dictionary's: its latents, the store's hookpoint
-    and width (--sae of another hookpoint used to fail deep inside with a ZeroDivisionError)."""
-    # our own format records the hookpoints by the store's names; foreign ones by their library's
-    recorded = [str(h) for h in config.get("hookpoints") or []] if config.get("format") == ARTIFACT_FORMAT else []
-    fix = f"pass the dictionary the concepts were named from ({cd.meta.get('sae_dir', 'see concepts.json')})"
-    if model.d_in != store.d_in(hookpoint):
-        raise ConfigError(f"--sae {sae} reads {model.d_in}-wide inputs, but store {store.path} holds {hookpoint} at "
-                          f"width {store.d_in(hookpoint)}; {fix}")
-    if recorded and hookpoint not in recorded:
-        raise ConfigError(f"--sae {sae} was trained on {', '.join(recorded)}, not on {hookpoint} (the concept "
-                          f"dictionary's hookpoint); {fix}")
-    if model.n_latents != len(cd):
-        raise ConfigError(f"--sae {sae} has {model.n_latents} latents, the concept dictionary names {len(cd)}; {fix}")
 
 
 def dictionary_fit(run: Run, rows: int = 65536) -> dict[str, Any]:
@@ -281,34 +235,6 @@ def dictionary_fit(run: Run, rows: int = 65536) -> dict[str, Any]:
     own = (summary.get("heldout_eval") or {}).get("fvu")
     return {"fvu": res.fvu, "l0": res.l0, "k": res.k, "n_latents": res.n_latents, "rows": res.n_tokens,
             "rows_from": where, "training_fvu": own, "fit_gap": summary.get("fit_gap")}
-
-
-def labelled_store(cd: ConceptDictionary, dataset: str) -> Path:
-    """The store holding a CBM's labelled inputs: the concept dictionary's own ("store") or another store."""
-    if dataset == "store":
-        store = cd.meta.get("store")
-        if not store:
-            raise ConfigError("the concept dictionary records no store; pass --dataset STORE_DIR")
-        return Path(store)
-    path = Path(dataset)
-    if not (path / "manifest.json").exists():
-        raise ConfigError(f"--dataset {dataset!r} is neither 'store' nor an activation store directory; "
-                          "cache the labelled dataset first with `conceptdict cache ... --out DIR`")
-    return path
-
-
-def label_column_of(store, wanted: str | None) -> str:
-    """``wanted``, checked against the store's label columns; None: the store's only label column."""
-    keys = list(store.manifest.get("label_keys") or [])
-    if wanted is None:
-        if len(keys) == 1:
-            return keys[0]
-        raise ConfigError(f"pass --label-column: store {store.path} holds label columns {keys or 'none'}"
-                          + ("" if keys else "; cache a labelled dataset with `conceptdict cache --label-column`"))
-    if wanted not in keys:
-        raise ConfigError(f"--label-column {wanted!r} is not a label column of store {store.path} (it holds "
-                          f"{keys or 'none'}); pass one of those")
-    return wanted
 
 
 class CbSaeResult(NamedTuple):

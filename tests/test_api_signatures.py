@@ -42,7 +42,7 @@ def configs_of(name: str) -> list[type]:
 
 
 BUILDS_NO_CONFIG = {"open_store", "load_model", "store_info", "verify_store", "hookpoints", "load", "load_concepts",
-                    "describe", "splice", "demo", "set_read_policy", "embed_texts", "embed_images"}
+                    "describe", "splice", "demo", "set_read_policy", "embed_texts", "embed_images", "cbm_features"}
 """Public functions that build no config (their parameters are their own)."""
 
 CLASSES = {"SparseCoder", "ActivationStore", "ConceptDictionary", "TrainConfig", "ConfigError", "Sweep"}

@@ -12,6 +12,8 @@ import torch
 
 import conceptdict as cd
 from conceptdict.cli.main import main
+from conceptdict.naming.bottleneck.baseline import fitting_rows
+from conceptdict.naming.bottleneck.cbm import encode_labels, explain_input
 from conceptdict.naming.bottleneck.features import CbmFeatures
 from conceptdict.naming.bottleneck.joined import align_inputs, check_same_texts, route_names
 
@@ -70,6 +72,14 @@ def test_each_part_is_scaled_as_alone_and_named_by_its_route(two_routes, tmp_pat
     assert doc["meta"]["also"] == [str(tokens)]
     with pytest.raises(ValueError, match=rf"reads 22 \(12 of sentence.mean_normalized \+ 10 of {TOKEN_HOOKPOINT}"):
         joined.logits(torch.zeros(3, 12))  # one dictionary's concepts (e.g. steer --cbm's) are refused by name
+    feats = cd.cbm_features(tmp_path / "cbm")  # what it reads, read back from what it records
+    assert torch.equal(feats.concepts, torch.cat([cd.cbm_features(a).concepts for a in alone], 1))
+    y, _, keep = encode_labels(feats.labels, SETTINGS["min_class_size"])
+    test = fitting_rows(y, 0.15, 0.2, SETTINGS["seed"], 0, 4000)[0].test
+    predicted = joined.logits(feats.concepts[keep][test]).argmax(1)
+    assert float((predicted == y[test]).float().mean()) == pytest.approx(joined.metrics["accuracy"])
+    assert all(c.name.split(": ")[0] in ("sentence.mean_normalized", TOKEN_HOOKPOINT)
+               for c in explain_input(joined, feats.concepts[0]))  # fmt: skip
     html = (tmp_path / "cbm" / "report" / "cbm.html").read_text()
     assert f"concepts of {TOKEN_HOOKPOINT}" in html and "concepts per prediction (median)" in html
 
