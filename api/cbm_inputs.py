@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 from conceptdict.activations import ActivationStore
-from conceptdict.naming import CbmConfig, CbmResult, ConceptDictionary, concept_directions, load_concepts, store_features
+from conceptdict.naming import (CbmConfig, CbmResult, ConceptDictionary, concept_directions, load_concepts,
+                                store_features)
 from conceptdict.naming.bottleneck.cbm import load_cbm
 from conceptdict.naming.bottleneck.features import CbmFeatures
 from conceptdict.naming.bottleneck.joined import ConceptPart, align_inputs, check_same_texts, route_names

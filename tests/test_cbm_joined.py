@@ -6,6 +6,8 @@ by name."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,6 +93,12 @@ def test_the_command_line_takes_also_and_prints_each_part(two_routes, tmp_path, 
                  "--min-class-size", "3", "--out", str(tmp_path / "cbm")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert f"concepts of {TOKEN_HOOKPOINT}" in out and "concepts of sentence.mean_normalized" in out
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from cbm_explain import main as explain  # docs/results/cbm.md's example explanations, from the folder alone
+
+    assert explain([str(tmp_path / "cbm"), "--inputs", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len([x for x in lines if x.startswith("- ")]) == 3 and lines[1].lstrip().startswith("sentence.mean_")
 
 
 @pytest.mark.integration
