@@ -21,6 +21,17 @@ from conceptdict.naming.bottleneck.baseline import fitting_rows
 from conceptdict.naming.bottleneck.cbm import encode_labels
 
 
+def print_explanations(cbm, concepts: torch.Tensor, labels: list, texts: list[str], rows: list[int], top: int = 5):
+    """Each of ``rows``' text, label, prediction and top concepts (``naming.explain_input``), then each class's
+    heaviest concepts (``naming.class_concepts``)."""
+    for i in rows:
+        pred = cbm.classes[int(cbm.logits(concepts[i : i + 1]).argmax(1))]
+        why = "; ".join(f"{c.name} {c.value:+.2f}" for c in explain_input(cbm, concepts[i], top=top))
+        print(f"- {texts[i][:110]!r} (label {labels[i]}, predicted {pred}): {why}")
+    for c in cbm.classes:
+        print(f"  class {c}: {', '.join(k.name for k in class_concepts(cbm, c, top=6))}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("cbm", type=Path, help="a folder `conceptdict cbm --out` wrote")
@@ -42,14 +53,9 @@ def main(argv=None) -> int:
     split = fitting_rows(y, config["val_fraction"], config["test_fraction"], config["seed"], config["cv_folds"],
                          config["cv_max_rows"])[0]  # fmt: skip
     spread = torch.linspace(0, len(split.test) - 1, min(args.inputs, len(split.test))).round().long()
-    for t in split.test[spread].tolist():  # spread over the test rows (a corpus's rows come grouped by source)
-        i = int(keep[t])
-        pred = cbm.classes[int(cbm.logits(feats.concepts[i : i + 1]).argmax(1))]
-        top = "; ".join(f"{c.name} {c.value:+.2f}" for c in explain_input(cbm, feats.concepts[i], top=args.top))
-        text = texts[i] if texts else f"input {int(feats.inputs[i])}"
-        print(f"- {text[:110]!r} (label {feats.labels[i]}, predicted {pred}): {top}")
-    for c in cbm.classes:
-        print(f"  class {c}: {', '.join(k.name for k in class_concepts(cbm, c, top=6))}")
+    rows = keep[split.test[spread]].tolist()  # spread over the test rows (a corpus's rows come grouped by source)
+    print_explanations(cbm, feats.concepts, feats.labels, texts or [f"input {int(i)}" for i in feats.inputs], rows,
+                       args.top)  # fmt: skip
     return 0
 
 

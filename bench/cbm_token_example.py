@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conceptdict as cd
 from cbm_accuracy import VOCAB, task_store
 from cbm_candidates import LAST_BLOCK, pooled
+from cbm_explain import print_explanations
 from cbm_corpora import CORPORA, HOOKPOINT
 from conceptdict.naming.bottleneck.baseline import fitting_rows
-from conceptdict.naming.bottleneck.cbm import CbmConfig, class_concepts, encode_labels, explain_input, train_cbm
+from conceptdict.naming.bottleneck.cbm import CbmConfig, encode_labels, train_cbm
 from conceptdict.naming.concepts import load_concepts
 
 
@@ -53,14 +54,7 @@ def main(argv=None) -> int:
           f"bound {m.get('per_prediction_bound')}")
     y, _, keep = encode_labels(labels, cfg.min_class_size)
     split = fitting_rows(y, cfg.val_fraction, cfg.test_fraction, args.seed, cfg.cv_folds, cfg.cv_max_rows)[0]
-    rows = torch.nonzero(keep).flatten()
-    for t in split.test[: args.inputs].tolist():
-        i = rows[t].item()
-        pred = r.classes[r.logits(x[i : i + 1]).argmax(1).item()]
-        top = "; ".join(f"{c.name} (#{c.concept_id}) {c.value:+.2f}" for c in explain_input(r, x[i], top=5))
-        print(f"- {texts[i]!r} (label {labels[i]}, predicted {pred}): {top}")
-    for c in r.classes:
-        print(f"  class {c}: {', '.join(k.name for k in class_concepts(r, c, top=6))}")
+    print_explanations(r, x, labels, texts, keep[split.test[: args.inputs]].tolist())
     return 0
 
 
