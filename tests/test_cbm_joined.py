@@ -90,7 +90,7 @@ def test_each_part_is_scaled_as_alone_and_named_by_its_route(two_routes, tmp_pat
 def test_the_command_line_takes_also_and_prints_each_part(two_routes, tmp_path, capsys):
     sentence, tokens, _ = two_routes
     assert main(["cbm", str(sentence), "--also", str(tokens), "--label-column", "topic", "--lam", "0.01",
-                 "--min-class-size", "3", "--out", str(tmp_path / "cbm")]) == 0  # fmt: skip
+                 "--cv-folds", "0", "--min-class-size", "3", "--out", str(tmp_path / "cbm")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert f"concepts of {TOKEN_HOOKPOINT}" in out and "concepts of sentence.mean_normalized" in out
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
