@@ -67,6 +67,8 @@ def parse_args(argv=None):
                         "default) and the mean gap over the seeds with its standard error")
     p.add_argument("--route", choices=("joined", "sentence"), default="joined",
                    help="the own route: the sentence dictionary --also the token one (the guide's), or it alone")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the dictionaries and names an earlier run left in --work (fit the CBMs afresh only)")
     p.add_argument("--own-from", type=Path, default=None,
                    help="with --broad: take the own route's rows from this earlier --json run (same --work) and "
                         "measure only the broad route")
@@ -104,7 +106,7 @@ def cbm_row(result, seconds: float) -> dict:
             "lambda": result.lam, "concepts_used": m["concepts_used"], "dictionary": m.get("dictionary"),
             "per_prediction": m.get("concepts_per_prediction"), "cv_folds": m.get("cv_folds"),
             "per_prediction_bound": m.get("per_prediction_bound"), "parts": m.get("parts"),
-            "refit_l2": m.get("refit_l2")}
+            "refit_l2": m.get("refit_l2"), "probe_all_parts_accuracy": m.get("probe_all_parts_accuracy")}
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -123,8 +125,12 @@ def cbm_seeds(concepts: Path, out: Path, seeds: int, **kw) -> dict:
     gaps = [r["gap_points"] for r in rows]
     mean, se = mean_se(gaps)
     by_seed = [{k: r[k] for k in ("gap_points", "lambda", "refit_l2", "concepts_used", "per_prediction",
-                                  "per_prediction_bound", "parts", "cbm_seconds")} for r in rows]
-    return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se, "by_seed": by_seed}
+                                  "per_prediction_bound", "parts", "probe_all_parts_accuracy", "cbm_seconds")}
+               for r in rows]
+    wide = [100 * (r["probe_all_parts_accuracy"] - r["cbm_accuracy"]) for r in rows
+            if r["probe_all_parts_accuracy"] is not None]  # a joined CBM: the probe on every part's raw inputs too
+    return {**row, "gaps_by_seed": gaps, "mean_gap_points": mean, "mean_gap_se": se, "by_seed": by_seed,
+            **({"gaps_all_parts_by_seed": wide} if wide else {})}
 
 
 def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = None) -> dict:
@@ -132,15 +138,13 @@ def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = No
     run = args.work / "runs" / name
     if own is not None:
         return {**own, **broad_row(store, run, broad, args.seeds, broad_texts)}
-    sae, t_train = timed(cd.train, store=[store], hookpoint=[HOOKPOINT], out=run / "sae", overwrite=True, **FLAGS)
-    _, t_name = timed(cd.name, run / "sae", vocab=VOCAB, out=run / "concepts", overwrite=True)
+    sae, t_train = trained(args.reuse, store, HOOKPOINT, run / "sae")
+    t_name = named(args.reuse, run / "sae", run / "concepts")
     also = {}
     if args.route == "joined":  # the token store, its dictionary and its names: the guide's second dictionary
-        tokens = task_store(name, args.work, TOKEN_HOOKPOINT)
-        _, t_tokens = timed(cd.train, store=[tokens], hookpoint=[TOKEN_HOOKPOINT], out=run / "sae-tokens",
-                            overwrite=True, **FLAGS)  # fmt: skip
-        _, t_token_names = timed(cd.name, run / "sae-tokens", vocab=VOCAB, out=run / "concepts-tokens",
-                                 overwrite=True)  # fmt: skip
+        _, t_tokens = trained(args.reuse, task_store(name, args.work, TOKEN_HOOKPOINT), TOKEN_HOOKPOINT,
+                              run / "sae-tokens")  # fmt: skip
+        t_token_names = named(args.reuse, run / "sae-tokens", run / "concepts-tokens")
         t_train, t_name, also = t_train + t_tokens, t_name + t_token_names, {"also": [run / "concepts-tokens"]}
     own = cbm_seeds(run / "concepts", run / "cbm", args.seeds, **also)
     summary = sae.training_summary
@@ -151,6 +155,20 @@ def measure(name: str, args, broad, broad_texts: set[str], own: dict | None = No
            "stop_fired_at": stop.get("fired_at"), "heldout_fvu": (summary.get("heldout_eval") or {}).get("fvu"),
            "train_seconds": t_train, "name_seconds": t_name, "own": own}
     return {**row, **broad_row(store, run, broad, args.seeds, broad_texts)}
+
+
+def trained(reuse: bool, store: Path, hookpoint: str, out: Path):
+    """(``conceptdict train --store STORE --latents 1024 --k 16 --out OUT``'s dictionary, its seconds; NaN: reused)."""
+    if reuse and (out / "config.json").exists():
+        return cd.load(out), float("nan")
+    return timed(cd.train, store=[store], hookpoint=[hookpoint], out=out, overwrite=True, **FLAGS)
+
+
+def named(reuse: bool, sae: Path, out: Path) -> float:
+    """``conceptdict name SAE --vocab wordfreq:en:20000 --out OUT``'s seconds (NaN: reused)."""
+    if reuse and (out / "concepts.json").exists():
+        return float("nan")
+    return timed(cd.name, sae, vocab=VOCAB, out=out, overwrite=True)[1]
 
 
 def normalised(text: str) -> str:
@@ -177,6 +195,12 @@ def mean_gap(row: dict) -> str:
             f"{max(row['gaps_by_seed']):+.1f})")
 
 
+def wide_gap(row: dict) -> str:
+    """A joined CBM's gap to the probe that reads every part's raw inputs: mean over the seeds (largest)."""
+    gaps = row.get("gaps_all_parts_by_seed")
+    return "-" if not gaps else f"{sum(gaps) / len(gaps):+.1f} ({max(gaps):+.1f})"
+
+
 def per_prediction(row: dict) -> str:
     """Concepts per prediction at seed 0, median over the test inputs: contributing at all / making up 90%."""
     p = row.get("per_prediction")
@@ -185,15 +209,17 @@ def per_prediction(row: dict) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     broad = any("broad" in r for r in rows)
-    head = ("| corpus | rows | classes | probe | CBM (route) | gap | mean gap (seeds) | concepts per prediction | "
-            "steps (upper bound) | held-out FVU | train s | name s | cbm s |")
+    head = ("| corpus | rows | classes | probe | CBM (route) | gap | mean gap (seeds) | gap to the probe on every "
+            "part, mean (largest) | concepts per prediction | steps (upper bound) | held-out FVU | train s | name s | "
+            "cbm s |")
     head += (" CBM (broad) | gap | mean gap (seeds) | concepts per prediction | broad FVU | cbm s | "
              "rows in broad text |" if broad else "")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         o = r["own"]
         line = (f"| {r['corpus']} | {r['rows']} | {r['classes']} | {100 * o['probe_accuracy']:.1f}% | "
-                f"{100 * o['cbm_accuracy']:.1f}% | {o['gap_points']:+.1f} | {mean_gap(o)} | {per_prediction(o)} | "
+                f"{100 * o['cbm_accuracy']:.1f}% | {o['gap_points']:+.1f} | {mean_gap(o)} | {wide_gap(o)} | "
+                f"{per_prediction(o)} | "
                 f"{r['steps']} ({r['upper_bound']}) | {r['heldout_fvu']:.3f} | {r['train_seconds']:.0f} | "
                 f"{r['name_seconds']:.0f} | {o['cbm_seconds']:.0f} |")
         if "broad" in r:

@@ -69,6 +69,8 @@ def test_each_part_is_scaled_as_alone_and_named_by_its_route(two_routes, tmp_pat
     assert sum(p["used"] for p in parts) == joined.metrics["concepts_used"]
     assert sum(p["contribution_share"] for p in parts) == pytest.approx(1.0)
     assert parts[0]["own_probe_accuracy"] is None  # the CBM's probe
+    assert 0 <= joined.metrics["probe_all_parts_accuracy"] <= 1 and alone[0].metrics.get("probe_all_parts_accuracy") \
+        is None  # a probe on both stores' raw inputs beside the first's; none for one dictionary
     assert parts[1]["own_probe_accuracy"] == pytest.approx(alone[1].metrics["probe_accuracy"])
     doc = json.loads((tmp_path / "cbm" / "cbm.json").read_text())
     assert doc["meta"]["also"] == [str(tokens)]
@@ -93,6 +95,7 @@ def test_the_command_line_takes_also_and_prints_each_part(two_routes, tmp_path, 
                  "--cv-folds", "0", "--min-class-size", "3", "--out", str(tmp_path / "cbm")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert f"concepts of {TOKEN_HOOKPOINT}" in out and "concepts of sentence.mean_normalized" in out
+    assert "probe (every part)" in out
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from cbm_explain import main as explain  # docs/results/cbm.md's example explanations, from the folder alone
 

@@ -41,7 +41,7 @@ from conceptdict.naming.bottleneck.baseline import accuracy, fit_raw_probe, fitt
 from conceptdict.naming.bottleneck.bound import added_metrics, fit_bounded
 from conceptdict.naming.bottleneck.coverage import coverage, per_prediction
 from conceptdict.naming.bottleneck.features import CbmFeatures, concept_activations, pool_codes, store_features
-from conceptdict.naming.bottleneck.joined import ConceptPart, part_scale, parts_metrics
+from conceptdict.naming.bottleneck.joined import ConceptPart, part_scale, parts_metrics, wide_probe_accuracy
 from conceptdict.naming.bottleneck.notes import FVU_MARGIN, GAP_POINTS, gap_notes  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -347,8 +347,9 @@ def train_cbm(
     ids = tuple(concept_ids) if concept_ids is not None else tuple(range(concepts.shape[1]))
     if added is not None:
         metrics.update(added_metrics(added, fit, contrib, cfg.add_max_share))
-    if parts:
-        metrics["parts"] = parts_metrics(parts, W, contrib, probes)
+    if parts:  # and a probe reading every part's raw inputs (the black box given what the CBM reads)
+        metrics.update(parts=parts_metrics(parts, W, contrib, probes),
+                       probe_all_parts_accuracy=wide_probe_accuracy(raw, parts, keep, y, split, C, cfg, folds))
     if added is not None and not fit.refused:
         first = max(ids, default=-1) + 1
         ids, names = ids + tuple(range(first, first + len(added))), tuple(names) + added.names

@@ -22,10 +22,11 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from conceptdict.naming.bottleneck.baseline import RawProbe, concept_scale
+from conceptdict.naming.bottleneck.baseline import RawProbe, concept_scale, fit_raw_probe
 from conceptdict.naming.bottleneck.features import CbmFeatures
 
-__all__ = ["ConceptPart", "align_inputs", "check_same_texts", "part_scale", "parts_metrics", "route_names"]
+__all__ = ["ConceptPart", "align_inputs", "check_same_texts", "part_scale", "parts_metrics", "route_names",
+           "wide_probe_accuracy"]
 
 FIX = ("cache both stores from the same dataset with the same --label-column (a token-level one with --packing false, "
        "one text per context)")
@@ -128,3 +129,16 @@ def parts_metrics(parts: Sequence[ConceptPart], weight: Tensor, contrib: Tensor,
                     "own_probe_accuracy": probe.test_accuracy if part.raw is not None and probe is not None else None})
         at += part.width
     return out
+
+
+def wide_probe_accuracy(raw: Tensor | None, parts: Sequence[ConceptPart], keep: Tensor, y: Tensor, split,
+                        n_classes: int, cfg, folds: int) -> float | None:  # fmt: skip
+    """The test accuracy of the CBM's probe (``baseline.fit_raw_probe``, the same split, folds and L2 grid) on the
+    CBM's raw inputs and every part's own side by side (e.g. the sentence embedding and each text's mean token row):
+    the black box given all that the joined CBM reads. None when only one kind of raw input is there."""
+    wide = [raw] * (raw is not None) + [p.raw for p in parts if p.raw is not None]
+    if len(wide) < 2:
+        return None
+    x = torch.cat([w.float() for w in wide], 1)[keep].to(cfg.device)
+    return fit_raw_probe(x, y, *split, n_classes, cfg.probe_l2, cfg.max_iter, cfg.tol, folds=folds,
+                         seed=cfg.seed).test_accuracy  # fmt: skip

@@ -297,6 +297,9 @@ def _write_cbm_pages(cbm: CbmResult, directory: Path, header: str, where: dict[i
          " / ".join(f"{cov.get(k, float('nan')):.1f}" for k in ("90", "95", "99"))),
         ("split train/val/test", f"{m.get('n_train')}/{m.get('n_val')}/{m.get('n_test')}"),
     ]  # fmt: skip
+    if m.get("probe_all_parts_accuracy") is not None:
+        rows.insert(3, ("probe on every dictionary's raw inputs", f"{100 * m['probe_all_parts_accuracy']:.1f}% (gap "
+                        f"{100 * (m['probe_all_parts_accuracy'] - m['accuracy']):+.1f} points)"))
     if per := m.get("concepts_per_prediction"):
         rows.insert(-1, ("concepts per prediction (median)", f"{per['nonzero']:.0f} contribute, {per['90']:.0f} make "
                                                               "up 90%"))  # fmt: skip

@@ -99,6 +99,10 @@ def format_cbm(cbm) -> str:
     if m.get("concepts_per_prediction"):
         per = m["concepts_per_prediction"]
         lines.append(f"concepts per prediction (median): {per['nonzero']:.0f} contribute, {per['90']:.0f} make up 90%")
+    if m.get("probe_all_parts_accuracy") is not None:
+        wide = m["probe_all_parts_accuracy"]
+        lines.append(f"probe (every part)  {100 * wide:.1f}%  (gap {100 * (wide - m['accuracy']):+.1f} points; "
+                     "every dictionary's raw inputs side by side)")
     for part in m.get("parts") or ():
         lines.append(f"concepts of {part['route']:<19} {part['used']} of {part['width']} used, "
                      f"{100 * part['contribution_share']:.1f}% of the positive contribution")
