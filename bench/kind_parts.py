@@ -42,6 +42,11 @@ WRAPPED = {
     **{f"select: {k}": ("conceptdict.saes.kernels.sparse", k) for k in ("row_candidates", "above_candidates",
                                                                         "join_candidates", "batch_from_candidates")},
     "select: _pad_rows": ("conceptdict.saes.kernels.select", "_pad_rows"),
+    # the same selection with the candidates in one buffer and numba's cut and packing (branch i53-mat)
+    "select: BatchCandidates.add": ("conceptdict.saes.kernels.select:BatchCandidates", "add"),
+    "select: BatchCandidates.select": ("conceptdict.saes.kernels.select:BatchCandidates", "select"),
+    **{f"nb.{k}": ("conceptdict.saes.kernels.numba_batch", k) for k in ("kth_largest", "high_counts",
+                                                                       "row_counts", "pack_rows")},
 }
 
 
