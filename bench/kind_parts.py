@@ -60,7 +60,7 @@ class Timers:
             owner = importlib.import_module(module)
         except ImportError:
             return
-        owner = getattr(owner, cls) if cls else owner
+        owner = getattr(owner, cls, None) if cls else owner
         fn = getattr(owner, attr, None)
         if fn is None:
             return

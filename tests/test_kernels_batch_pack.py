@@ -141,3 +141,40 @@ def test_encode_with_the_numba_packing_equals_it_without(monkeypatch, scaled, ho
         assert torch.equal(a, b_)
     if hot:
         assert int((out[0][0] > 0).sum(dim=1).max()) > select.CANDIDATE_FACTOR * k, "no row was unproven"
+
+
+@pytest.mark.equivalence
+def test_the_first_chunks_hint_changes_no_bit(monkeypatch):
+    """The first chunk's rows after PROBE_ROWS start their scan at a hint from the probe's floors; rows below it (here
+    the quiet ones) are scanned again. The code, smallest and gradients equal those without the hint, and the code the
+    dense reference's."""
+    from conceptdict.saes.kernels import numba_impl, reference
+
+    B, D, L, k = 700, 24, 256, 4  # one 512-row chunk (64 probed, 448 hinted), then 188 rows above the cutoff
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(B, D, generator=g) * (torch.rand(B, 1, generator=g) * 2).pow(2)  # heavy-tailed row norms
+    W = torch.randn(D, L, generator=g)
+    b = torch.randn(L, generator=g) * 0.1
+    calls = []
+    topk = numba_impl.row_topk
+
+    def spy(pre, k, cols, bias=None, scale=None, floor=float("-inf")):
+        calls.append(floor)
+        return topk(pre, k, cols, bias, scale, floor)
+
+    out = []
+    for probe in (select.PROBE_ROWS, 10**9):
+        monkeypatch.setattr(select, "PROBE_ROWS", probe)
+        xs, Ws, bs = (t.clone().requires_grad_() for t in (x, W, b))
+        enc = sparse.encode(xs, Ws, bs, k, numba_impl.BACKEND._replace(row_topk=spy), batch=True)
+        (enc.values * torch.linspace(0.5, 1.5, enc.values.numel()).view_as(enc.values)).sum().backward()
+        out.append((enc.values.detach(), enc.indices, enc.smallest, xs.grad, Ws.grad, bs.grad))
+    assert calls[1] > 0 and len(calls) == 3, "the hint was not used"
+    for a, b_ in zip(*out):
+        assert torch.equal(a, b_)
+    c_th = torch.relu(x[64:512] @ W + b).topk(select.n_candidates(k, L), dim=1).values[:, -1]
+    assert bool((c_th < calls[1]).any()), "no row fell below the hint (none scanned again)"
+    ref_v, ref_i, ref_s = reference.batch_topk(torch.relu(x @ W + b), k)
+    dense = torch.zeros(B, L).scatter_(1, out[0][1], out[0][0])
+    torch.testing.assert_close(dense, torch.zeros(B, L).scatter_(1, ref_i, ref_v))
+    torch.testing.assert_close(out[0][2], ref_s)

@@ -17,6 +17,7 @@ Shapes: pre [B, L] (or a chunk of rows of it), outputs values / indices [B, K] z
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -68,12 +69,14 @@ def n_candidates(k: int, L: int) -> int:
     return min(L, CANDIDATE_FACTOR * k)
 
 
-def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Tensor | None = None) -> Candidates:
-    """The c best entries per row of ReLU(pre + bias) [b, L] ranked by ReLU(pre + bias) * scale (scale >= 0).
+def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Tensor | None = None,
+                   floor: float = float("-inf")) -> Candidates:
+    """The c best entries per row of ReLU(pre + bias) [b, L] ranked by ReLU(pre + bias) * scale (scale >= 0);
+    ``floor``: ``row_topk``'s hint of the rows' c-th largest score.
 
     The backend ranks (pre + bias) * scale, which orders the positive entries the same way; clamping the
     scores at 0 afterwards gives exactly the ReLU ranking's candidate scores."""
-    score, index = row_topk(pre, c, None, bias, scale)
+    score, index = row_topk(pre, c, None, bias, scale, floor)
     value = score if scale is None else _value_at(pre, index, bias)
     score = score.clamp_min(0)
     floor = score.min(dim=1).values if c < pre.shape[1] else score.new_full((pre.shape[0],), float("-inf"))
@@ -102,6 +105,9 @@ def batch_cutoff(cand: Candidates, k: int) -> float:
 # with more is recomputed; 2 rather than 1 cut the recomputed rows from ~8% to ~1.2% of the batch on the
 # data of bench/train_step.py)
 ABOVE_SLOTS = 2
+
+# BatchTopK's first chunk: rows selected without a hint, whose candidates' floors give the others' (``row_floor``)
+PROBE_ROWS = 64
 
 
 class BatchCandidates:
@@ -137,7 +143,15 @@ class BatchCandidates:
                 self.cand.value[s : s + n, : self.slots] = value.clamp_min(0)
             self.cand.floor[s : s + n] = torch.where(count > self.slots, float("inf"), max(self.tau, 0.0))
             return
-        part = row_candidates(pre, self.c, self.scale, self.row_topk, bias)
+        # the first chunk: PROBE_ROWS rows, then the others with a hint of their c-th largest score taken from them
+        # (as TopK's row_floor; row_topk's result is exact either way, and the code does not depend on which of
+        # several scores tied with a row's c-th largest it keeps: that row's floor decides alone)
+        probe = PROBE_ROWS if self.cand is None and self.c < self.L and n > 2 * PROBE_ROWS else n
+        part = row_candidates(pre[:probe], self.c, self.scale, self.row_topk, bias)
+        if probe < n:
+            hint = float(torch.quantile(part.floor.float(), FLOOR_QUANTILE))
+            rest = row_candidates(pre[probe:], self.c, self.scale, self.row_topk, bias, hint if hint > 0 else -math.inf)
+            part = Candidates(*(torch.cat(ts) for ts in zip(part, rest)))
         if self.cand is None:
             self.tau = batch_cutoff(part, self.k)
             score, index = part.score.new_empty(self.B, self.width), part.index.new_empty(self.B, self.width)
