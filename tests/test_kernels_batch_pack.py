@@ -15,13 +15,13 @@ pytestmark = [pytest.mark.unit, pytest.mark.skipif(importlib.util.find_spec("num
 from conceptdict.saes.kernels import select, sparse
 
 
-def _candidates(B, W, L, seed, *, ties=False, scaled=False, unproven=0, rounding=False):
+def _candidates(B, W, L, seed, *, ties=False, scaled=False, unproven=0, rounding=False, density=0.5):
     """Candidates of B rows of L latents as ``row_candidates`` gives them (each row's W best scores in no particular
     order, its floor their smallest), ``unproven`` of the rows cut short with floor +inf (overflowed slots), and the
     whole rows (``full_rows``; recomputed ``rounding`` one part in 1e6 low)."""
     g = torch.Generator().manual_seed(seed)
     score = torch.randint(0, 5, (B, L), generator=g).float() if ties else torch.rand(B, L, generator=g)
-    score = torch.where(torch.rand(B, L, generator=g) < 0.5, torch.zeros(()), score)
+    score = torch.where(torch.rand(B, L, generator=g) < 1 - density, torch.zeros(()), score)
     score[0, :3] = -0.0  # clamped negatives keep their sign
     scale = torch.rand(L, generator=g) + 0.5
     value = score / scale if scaled else score.clone()
@@ -34,12 +34,18 @@ def _candidates(B, W, L, seed, *, ties=False, scaled=False, unproven=0, rounding
     value[hot] *= 3.0
     cs[hot], cv[hot], floor[hot] = cs[hot] * 3, cv[hot] * 3, float("inf")
     cs[hot, W // 2 :], cv[hot, W // 2 :] = 0.0, 0.0
+    filled = torch.full((B,), W)
+    filled[hot] = W // 2  # zeros after them
+    if density < 0.1:  # rows filled only as far as their positive scores (row_above's rows): the zeros left unread
+        order = torch.argsort(cs, dim=1, descending=True, stable=True)
+        cs, cv, top = cs.gather(1, order), cv.gather(1, order), top.gather(1, order)
+        filled = (cs > 0).sum(dim=1)
 
     def full_rows(rows):
         f = 1 - 1e-6 if rounding else 1.0
         return score[rows] * f, value[rows] * f
 
-    return select.Candidates(cs, cv if scaled else cs.clone(), top, floor), full_rows
+    return select.Candidates(cs, cv if scaled else cs.clone(), top, floor), full_rows, filled
 
 
 CASES = {
@@ -49,6 +55,7 @@ CASES = {
     "unproven rows, ties": {"unproven": 5, "ties": True},
     "scaled": {"scaled": True, "unproven": 2},
     "recomputed rows round below the cut": {"unproven": 6, "rounding": True},
+    "fewer positive entries than k*B: the cut is 0": {"density": 0.02, "unproven": 2},
 }
 
 
@@ -58,14 +65,17 @@ def test_batch_pack_is_the_torch_form_bit_for_bit(case, seed):
     from conceptdict.saes.kernels import numba_impl
 
     B, W, L, k = 48, 12, 64, 3
-    cand, full_rows = _candidates(B, W, L, seed, **CASES[case])
+    cand, full_rows, filled = _candidates(B, W, L, seed, **CASES[case])
     want = select.batch_from_candidates(cand, k, L, full_rows)
-    got = numba_impl.batch_pack(cand, k * B, full_rows)
-    assert got is not None
-    values, indices, smallest = got
-    assert values.dtype == want.values.dtype and indices.dtype == want.indices.dtype
-    assert torch.equal(indices, want.indices) and torch.equal(values, want.values), case
-    assert torch.equal(smallest, want.smallest)
+    for width in (None, filled):  # every slot read, or each row's filled slots only
+        got = numba_impl.batch_pack(cand, k * B, full_rows, width)
+        assert got is not None
+        values, indices, smallest = got
+        assert case != "fewer positive entries than k*B: the cut is 0" or float(smallest) > 0 == float(
+            cand.score.flatten().topk(k * B).values.min())
+        assert values.dtype == want.values.dtype and indices.dtype == want.indices.dtype
+        assert torch.equal(indices, want.indices) and torch.equal(values, want.values), case
+        assert torch.equal(smallest, want.smallest)
 
 
 def test_batch_pack_takes_unproven_rows_whole_when_their_recomputation_rounds_below_the_cut(monkeypatch):
@@ -85,7 +95,7 @@ def test_batch_pack_takes_unproven_rows_whole_when_their_recomputation_rounds_be
     pick = numba_batch.kth_largest
 
     def spy(parts, n, high=None):
-        lowers.append(parts[-1][2])
+        lowers.append(parts[-1][-1])
         return pick(parts, n, high)
 
     monkeypatch.setattr(numba_batch, "kth_largest", spy)
@@ -99,7 +109,7 @@ def test_batch_pack_takes_unproven_rows_whole_when_their_recomputation_rounds_be
 def test_batch_pack_hands_a_nan_to_the_torch_form():
     from conceptdict.saes.kernels import numba_impl
 
-    cand, full_rows = _candidates(16, 8, 32, 0)
+    cand, full_rows, _ = _candidates(16, 8, 32, 0)
     cand.score[3, 2] = float("nan")
     assert numba_impl.batch_pack(cand, 2 * 16, full_rows) is None
 

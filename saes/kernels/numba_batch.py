@@ -10,7 +10,8 @@ same tie rule (every entry equal to the cut kept) and every kept value > 0; the 
 Scores that are NaN or negative (other than -0.0) are not ordered by their bits: :func:`kth_largest` then says so
 and the caller takes the torch form.
 
-Shapes: score / value [B, W] float32 (value may be score itself), index [B, W] int64, floor [B] float32.
+Shapes: score / value [B, W] float32 (value may be score itself), index [B, W] int64, floor [B] float32, width [B]
+int64: the slots of row b from width[b] on hold zeros (score and value +0.0), counted without being read.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ _SIGN = np.uint32(0x80000000)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _histogram(score, bits, skip, lower, high, hists):
+def _histogram(score, bits, width, skip, lower, high, hists):
     """Add to ``hists`` [P, BINS] (a histogram per part of the rows, summed by the caller) the entries of the rows not
     ``skip``ped whose score is >= ``lower``: counted by the high 16 bits of their bit pattern (``high`` < 0), or,
-    among those whose high bits are ``high``, by the low 16 bits. Returns False at a NaN or a negative score other
-    than -0.0 (counted as +0.0)."""
+    among those whose high bits are ``high``, by the low 16 bits. Row b's slots from width[b] on hold +0.0 and are
+    counted without being read. Returns False at a NaN or a negative score other than -0.0 (counted as +0.0)."""
     B, W = score.shape
     P = hists.shape[0]
     ok = np.ones(P, np.bool_)
@@ -37,7 +38,9 @@ def _histogram(score, bits, skip, lower, high, hists):
         for b in range(p * B // P, (p + 1) * B // P):
             if skip[b]:
                 continue
-            for j in range(W):
+            if lower <= 0.0 and high <= 0:
+                hist[0] += W - width[b]
+            for j in range(width[b]):
                 v = score[b, j]
                 if np.isnan(v):
                     ok[p] = False
@@ -69,12 +72,12 @@ def _pick(hist, n):
 
 
 def high_counts(parts) -> np.ndarray | None:
-    """The entries of ``parts``, each (score [R, W], skip [R] bool, lower): those >= lower of the rows not skipped,
-    counted by the high 16 bits of their scores' bit patterns; None at a NaN or a negative score (not ordered by
-    its bits). ``.sum()``: how many there are."""
+    """The entries of ``parts``, each (score [R, W], width [R] int64, skip [R] bool, lower): those >= lower of the rows
+    not skipped (the slots of row r from width[r] on hold +0.0), counted by the high 16 bits of their scores' bit
+    patterns; None at a NaN or a negative score (not ordered by its bits). ``.sum()``: how many there are."""
     hists = np.zeros((numba.get_num_threads(), _BINS), np.int64)
-    for score, skip, lower in parts:
-        if not _histogram(score, score.view(np.uint32), skip, np.float32(lower), -1, hists):
+    for score, width, skip, lower in parts:
+        if not _histogram(score, score.view(np.uint32), width, skip, np.float32(lower), -1, hists):
             return None
     return hists.sum(axis=0)
 
@@ -89,22 +92,23 @@ def kth_largest(parts, n: int, high: np.ndarray | None = None):
     if top < 0:
         return None
     hists = np.zeros((numba.get_num_threads(), _BINS), np.int64)
-    for score, skip, lower in parts:
-        _histogram(score, score.view(np.uint32), skip, np.float32(lower), top, hists)
+    for score, width, skip, lower in parts:
+        _histogram(score, score.view(np.uint32), width, skip, np.float32(lower), top, hists)
     low, _ = _pick(hists.sum(axis=0), rank)
     return np.array([(top << 16) | low], np.uint32).view(np.float32)[0]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def row_counts(score, value, full_row, full_score, full_value, t_good, t_full, counts):
-    """counts[b]: the entries row b keeps, score >= the cut and value > 0, from its candidates (full_row[b] < 0) or
-    from its recomputed row full_row[b] of full_score / full_value (cut ``t_full``)."""
-    B, W = score.shape
+def row_counts(score, value, width, full_row, full_score, full_value, t_good, t_full, counts):
+    """counts[b]: the entries row b keeps, score >= the cut and value > 0, from its candidates' first width[b] slots
+    (full_row[b] < 0; the others hold zeros) or from its recomputed row full_row[b] of full_score / full_value (cut
+    ``t_full``)."""
+    B = score.shape[0]
     for b in prange(B):
         r = full_row[b]
         n = 0
         if r < 0:
-            for j in range(W):
+            for j in range(width[b]):
                 if score[b, j] >= t_good and value[b, j] > 0:
                     n += 1
         else:
@@ -115,17 +119,17 @@ def row_counts(score, value, full_row, full_score, full_value, t_good, t_full, c
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def pack_rows(score, value, index, full_row, full_score, full_value, t_good, t_full, out_val, out_idx, row_min):
+def pack_rows(score, value, index, width, full_row, full_score, full_value, t_good, t_full, out_val, out_idx, row_min):
     """The entries :func:`row_counts` counts, per row in latent order, into out_val / out_idx [B, K] (zeroed
     beyond each row's count), and each row's smallest kept value into row_min (+inf for none)."""
-    B, W = score.shape
+    B = score.shape[0]
     K = out_val.shape[1]
     for b in prange(B):
         r = full_row[b]
         n = 0
         least = np.float32(np.inf)
         if r < 0:
-            for j in range(W):
+            for j in range(width[b]):
                 v = value[b, j]
                 if score[b, j] >= t_good and v > 0:
                     c = index[b, j]

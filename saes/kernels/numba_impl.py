@@ -126,16 +126,18 @@ def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
     return torch.from_numpy(values).to(_scores(pre, bias)), torch.from_numpy(indices), torch.from_numpy(count)
 
 
-def batch_pack(cand: Candidates, n_keep: int, full_rows) -> tuple[Tensor, Tensor, Tensor] | None:
+def batch_pack(cand: Candidates, n_keep: int, full_rows, width: Tensor | None = None):
     """``Backend.batch_pack``: ``select.batch_from_candidates``'s code (values [B, K], indices [B, K], smallest) from
-    float32 candidates by ``numba_batch``'s radix cut and row packing; None (take the torch form) where it does not
-    apply: other dtypes, or a NaN or negative score."""
+    float32 candidates by ``numba_batch``'s radix cut and row packing (``width`` [B]: each row's filled slots, zeros
+    after them; None: every slot read); None (take the torch form) where it does not apply: other dtypes, or a NaN
+    or negative score."""
     if cand.score.dtype != torch.float32 or cand.value.dtype != torch.float32 or not cand.score.shape[0]:
         return None
     score, value, index, floor = (t.contiguous().numpy() for t in cand)
-    B = score.shape[0]
+    B, W = score.shape
+    width = np.full(B, W, np.int64) if width is None else _i64(width)
     keep_all = np.zeros(B, np.bool_)
-    t = nb.kth_largest([(score, keep_all, -np.inf)], n_keep)
+    t = nb.kth_largest([(score, width, keep_all, -np.inf)], n_keep)
     if t is None:
         return None
     bad = np.empty(B, np.bool_)
@@ -146,13 +148,13 @@ def batch_pack(cand: Candidates, n_keep: int, full_rows) -> tuple[Tensor, Tensor
         rows = np.flatnonzero(bad)
         full_score, full_value = (_f32(a) for a in full_rows(torch.from_numpy(rows)))
         full_row[rows] = np.arange(rows.size)
-        every = np.zeros(rows.size, np.bool_)
-        lower, pool = t, [(score, bad, t), (full_score, every, t)]
+        every, whole = np.zeros(rows.size, np.bool_), np.full(rows.size, full_score.shape[1], np.int64)
+        lower, pool = t, [(score, width, bad, t), (full_score, whole, every, t)]
         high = nb.high_counts(pool)
         if high is None:
             return None
         if high.sum() < n_keep:
-            lower, pool = -np.inf, [(score, bad, t), (full_score, every, -np.inf)]
+            lower, pool = -np.inf, [(score, width, bad, t), (full_score, whole, every, -np.inf)]
             high = None
         t2 = nb.kth_largest(pool, n_keep, high)
         if t2 is None:
@@ -160,10 +162,11 @@ def batch_pack(cand: Candidates, n_keep: int, full_rows) -> tuple[Tensor, Tensor
         t_good = max(t, t2)
         t_full = t_good if lower == t else t2  # (too few entries >= t: every entry of the unproven rows in the pool)
     counts = np.empty(B, np.int64)
-    nb.row_counts(score, value, full_row, full_score, full_value, t_good, t_full, counts)
+    nb.row_counts(score, value, width, full_row, full_score, full_value, t_good, t_full, counts)
     K = max(int(counts.max()), 1)
     out_val, out_idx, row_min = np.empty((B, K), np.float32), np.empty((B, K), np.int64), np.empty(B, np.float32)
-    nb.pack_rows(score, value, index, full_row, full_score, full_value, t_good, t_full, out_val, out_idx, row_min)
+    nb.pack_rows(score, value, index, width, full_row, full_score, full_value, t_good, t_full, out_val, out_idx,
+                 row_min)
     least = row_min.min()
     smallest = torch.tensor(least if np.isfinite(least) else 0.0, dtype=torch.float32)
     return torch.from_numpy(out_val), torch.from_numpy(out_idx), smallest

@@ -126,6 +126,7 @@ class BatchCandidates:
         self.width = max(self.c, self.slots) if row_above is not None and B > chunk else self.c
         self.tau, self.rows = 0.0, 0
         self.cand: Candidates | None = None
+        self.filled = torch.empty(B, dtype=torch.long)  # each row's filled slots (zeros after them)
 
     def add(self, pre: Tensor, bias: Tensor | None) -> None:
         """The candidates of the next chunk of rows, pre [n, L] (+ bias)."""
@@ -142,6 +143,7 @@ class BatchCandidates:
                 value = _value_at(pre, index, bias) * (torch.arange(self.slots, device=pre.device) < count[:, None])
                 self.cand.value[s : s + n, : self.slots] = value.clamp_min(0)
             self.cand.floor[s : s + n] = torch.where(count > self.slots, float("inf"), max(self.tau, 0.0))
+            self.filled[s : s + n] = count.clamp(max=self.slots)
             return
         # the first chunk: PROBE_ROWS rows, then the others with a hint of their c-th largest score taken from them
         # (as TopK's row_floor; row_topk's result is exact either way, and the code does not depend on which of
@@ -163,11 +165,12 @@ class BatchCandidates:
         if self.scale is not None:
             self.cand.value[s : s + n, :c], self.cand.value[s : s + n, c:] = part.value, 0
         self.cand.floor[s : s + n] = part.floor
+        self.filled[s : s + n] = c
 
     def select(self, full_rows: Callable[[Tensor], tuple[Tensor, Tensor]]) -> Selection:
         """The exact top k*B of the batch (:func:`batch_from_candidates`)."""
         if self.batch_pack is not None:
-            packed = self.batch_pack(self.cand, min(self.k * self.B, self.B * self.L), full_rows)
+            packed = self.batch_pack(self.cand, min(self.k * self.B, self.B * self.L), full_rows, self.filled)
             if packed is not None:
                 return Selection(*packed)
         return batch_from_candidates(self.cand, self.k, self.L, full_rows)

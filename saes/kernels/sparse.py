@@ -52,8 +52,9 @@ class Backend(NamedTuple):
     there are. When present, ``encode_above`` tests each chunk in one pass instead of a compare and a nonzero,
     and takes the values from it instead of gathering them again."""
     batch_pack: Callable[..., tuple[Tensor, Tensor, Tensor] | None] | None = None
-    """Optional (candidates [B, W] (``select.Candidates``), n_keep, full_rows) -> (values [B, K], indices [B, K],
-    smallest) as ``select.batch_from_candidates`` returns them, or None where it does not apply (the torch form then)."""
+    """Optional (candidates [B, W] (``select.Candidates``), n_keep, full_rows, filled [B]: the slots each row fills, zeros
+    after them) -> (values [B, K], indices [B, K], smallest) as ``select.batch_from_candidates`` returns them, or None
+    where it does not apply (the torch form then)."""
     reads_bf16: bool = False
     """Whether the row primitives take bf16 pre-activations as they are (each element the float32 it is exactly,
     scores in the bias's float32): the bf16 encoder matmul's chunks are then selected without a float32 copy."""
