@@ -37,6 +37,7 @@ WRAPPED = {
     "adam": ("conceptdict.saes.adam:Adam", "step"),
     "prefix: regrouped decode": ("conceptdict.saes.kernels.kinds", "_group_parts"),
     "prefix: from the code": ("conceptdict.saes.kernels.numba_prefix", "prefix_residuals"),
+    "prefix: gather_dot_by_group": ("conceptdict.saes.kernels.numba_prefix", "gather_dot_by_group"),
     **{f"k.{k}": ("conceptdict.saes.kernels.numba_kernels", k) for k in KERNELS},
     # BatchTopK's selection around the kernels (the names sparse.encode calls)
     **{f"select: {k}": ("conceptdict.saes.kernels.sparse", k) for k in ("row_candidates", "above_candidates",

@@ -388,12 +388,11 @@ class _PrefixErrors(torch.autograd.Function):
             torch.add(acc[g + 1], res[g], alpha=-2.0 * float(grad_errors[g]), out=acc[g])
         idx, val, W, A = _i64(indices), _f32(values), _f32(W_dec), acc.numpy()
         grad_v = grad_W = None
-        if ctx.needs_input_grad[0]:
-            grad_v, part = np.zeros((B, K), np.float32), np.empty((B, K), np.float32)
-            for g in range(G):  # each group's entries against their own gradient rows; zero values get 0
-                mine = ctx.grp == g
-                nk.gather_dot(idx, A[g], W, np.where(mine, val, np.float32(0.0)), part)
-                np.copyto(grad_v, part, where=mine)
+        if ctx.needs_input_grad[0]:  # each group's entries against their own gradient rows; zero values get 0
+            from . import numba_prefix
+
+            grad_v = np.empty((B, K), np.float32)
+            numba_prefix.gather_dot_by_group(idx, ctx.grp, val, A, W, grad_v)
             grad_v = torch.from_numpy(grad_v).to(values.dtype)
         if ctx.needs_input_grad[1]:
             grad_W = _recycled((L, D))  # every row is written
