@@ -22,12 +22,12 @@ def _candidates(B, W, L, seed, *, ties=False, scaled=False, unproven=0, rounding
     g = torch.Generator().manual_seed(seed)
     score = torch.randint(0, 5, (B, L), generator=g).float() if ties else torch.rand(B, L, generator=g)
     score = torch.where(torch.rand(B, L, generator=g) < 1 - density, torch.zeros(()), score)
-    score[0, :3] = -0.0  # clamped negatives keep their sign
     scale = torch.rand(L, generator=g) + 0.5
     value = score / scale if scaled else score.clone()
     top = score.topk(W, dim=1, sorted=False).indices
     top = top.gather(1, torch.argsort(torch.rand(B, W, generator=g), dim=1))  # no order
     cs, cv = score.gather(1, top), value.gather(1, top)
+    cs[:4] = torch.where(cs[:4] == 0, -0.0, cs[:4])  # clamped negatives keep their sign: -0.0 among the candidates
     floor = cs.min(dim=1).values
     hot = torch.randperm(B, generator=g)[:unproven]
     score[hot] *= 3.0  # more above the cut than the slots hold
