@@ -37,11 +37,17 @@ WRAPPED = {
     "adam": ("conceptdict.saes.adam:Adam", "step"),
     "prefix: regrouped decode": ("conceptdict.saes.kernels.kinds", "_group_parts"),
     "prefix: from the code": ("conceptdict.saes.kernels.numba_prefix", "prefix_residuals"),
+    "prefix: gather_dot_by_group": ("conceptdict.saes.kernels.numba_prefix", "gather_dot_by_group"),
     **{f"k.{k}": ("conceptdict.saes.kernels.numba_kernels", k) for k in KERNELS},
     # BatchTopK's selection around the kernels (the names sparse.encode calls)
     **{f"select: {k}": ("conceptdict.saes.kernels.sparse", k) for k in ("row_candidates", "above_candidates",
                                                                         "join_candidates", "batch_from_candidates")},
     "select: _pad_rows": ("conceptdict.saes.kernels.select", "_pad_rows"),
+    # the same selection with the candidates in one buffer and numba's cut and packing (branch i53-mat)
+    "select: BatchCandidates.add": ("conceptdict.saes.kernels.select:BatchCandidates", "add"),
+    "select: BatchCandidates.select": ("conceptdict.saes.kernels.select:BatchCandidates", "select"),
+    **{f"nb.{k}": ("conceptdict.saes.kernels.numba_batch", k) for k in ("kth_largest", "high_counts",
+                                                                       "row_counts", "pack_rows")},
 }
 
 
@@ -55,7 +61,7 @@ class Timers:
             owner = importlib.import_module(module)
         except ImportError:
             return
-        owner = getattr(owner, cls) if cls else owner
+        owner = getattr(owner, cls, None) if cls else owner
         fn = getattr(owner, attr, None)
         if fn is None:
             return

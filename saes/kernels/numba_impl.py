@@ -15,9 +15,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import numba_batch as nb
 from . import numba_kernels as nk
 from . import numba_wide as nw
 from . import reference
+from .select import Candidates
 from .sparse import Backend, make_ops
 
 _NO_COLS = np.empty(0, np.int64)
@@ -105,15 +107,69 @@ def row_topk(pre: Tensor, k: int, cols: Tensor | None, bias: Tensor | None = Non
 
 
 def row_above(pre: Tensor, tau: float, cap: int, bias: Tensor | None = None,
-              scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+              scale: Tensor | None = None, out: tuple[Tensor, Tensor] | None = None):
+    """``Backend.row_above``; with ``out`` (scores [B, cap] float32 and indices [B, cap] int64, C-contiguous: rows of
+    ``select.BatchCandidates``'s buffer) written there, and only the count returned."""
     _check_cpu(pre)
     B = pre.shape[0]
-    values = np.empty((B, cap), np.float32)
-    indices = np.empty((B, cap), np.int64)
+    if out is not None and not (out[0].dtype == torch.float32 and out[1].dtype == torch.int64
+                                and all(t.is_contiguous() and t.shape == (B, cap) for t in out)):
+        raise ValueError(f"row_above(out=) writes into C-contiguous float32 / int64 [{B}, {cap}] tensors; got "
+                         f"{[(t.dtype, tuple(t.shape), t.is_contiguous()) for t in out]}")
+    values, indices = (np.empty((B, cap), np.float32), np.empty((B, cap), np.int64)) if out is None else (
+        out[0].numpy(), out[1].numpy())
     count = np.empty(B, np.int64)
     nk.row_above(_rows(pre), np.float32(tau), cap, None if bias is None else _f32(bias),
                  None if scale is None else _f32(scale), values, indices, count)
+    if out is not None:
+        return torch.from_numpy(count)
     return torch.from_numpy(values).to(_scores(pre, bias)), torch.from_numpy(indices), torch.from_numpy(count)
+
+
+def batch_pack(cand: Candidates, n_keep: int, full_rows, width: Tensor | None = None):
+    """``Backend.batch_pack``: ``select.batch_from_candidates``'s code (values [B, K], indices [B, K], smallest) from
+    float32 candidates by ``numba_batch``'s radix cut and row packing (``width`` [B]: each row's filled slots, zeros
+    after them; None: every slot read); None (take the torch form) where it does not apply: other dtypes, or a NaN
+    or negative score."""
+    if cand.score.dtype != torch.float32 or cand.value.dtype != torch.float32 or not cand.score.shape[0]:
+        return None
+    score, value, index, floor = (t.contiguous().numpy() for t in cand)
+    B, W = score.shape
+    width = np.full(B, W, np.int64) if width is None else _i64(width)
+    keep_all = np.zeros(B, np.bool_)
+    t = nb.kth_largest([(score, width, keep_all, -np.inf)], n_keep)
+    if t is None:
+        return None
+    bad = np.empty(B, np.bool_)
+    full_row = np.full(B, -1, np.int64)
+    full_score = full_value = np.zeros((0, 1), np.float32)
+    t_good = t_full = t
+    if nb.unproven_rows(floor, t, bad):  # recomputed; the cut among the pool of every entry >= t (as the torch form)
+        rows = np.flatnonzero(bad)
+        full_score, full_value = (_f32(a) for a in full_rows(torch.from_numpy(rows)))
+        full_row[rows] = np.arange(rows.size)
+        every, whole = np.zeros(rows.size, np.bool_), np.full(rows.size, full_score.shape[1], np.int64)
+        lower, pool = t, [(score, width, bad, t), (full_score, whole, every, t)]
+        high = nb.high_counts(pool)
+        if high is None:
+            return None
+        if high.sum() < n_keep:
+            lower, pool = -np.inf, [(score, width, bad, t), (full_score, whole, every, -np.inf)]
+            high = None
+        t2 = nb.kth_largest(pool, n_keep, high)
+        if t2 is None:
+            return None
+        t_good = max(t, t2)
+        t_full = t_good if lower == t else t2  # (too few entries >= t: every entry of the unproven rows in the pool)
+    counts = np.empty(B, np.int64)
+    nb.row_counts(score, value, width, full_row, full_score, full_value, t_good, t_full, counts)
+    K = max(int(counts.max()), 1)
+    out_val, out_idx, row_min = np.empty((B, K), np.float32), np.empty((B, K), np.int64), np.empty(B, np.float32)
+    nb.pack_rows(score, value, index, width, full_row, full_score, full_value, t_good, t_full, out_val, out_idx,
+                 row_min)
+    least = row_min.min()
+    smallest = torch.tensor(least if np.isfinite(least) else 0.0, dtype=torch.float32)
+    return torch.from_numpy(out_val), torch.from_numpy(out_idx), smallest
 
 
 def row_above_floor(pre: Tensor, bias: Tensor, floor: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -332,12 +388,11 @@ class _PrefixErrors(torch.autograd.Function):
             torch.add(acc[g + 1], res[g], alpha=-2.0 * float(grad_errors[g]), out=acc[g])
         idx, val, W, A = _i64(indices), _f32(values), _f32(W_dec), acc.numpy()
         grad_v = grad_W = None
-        if ctx.needs_input_grad[0]:
-            grad_v, part = np.zeros((B, K), np.float32), np.empty((B, K), np.float32)
-            for g in range(G):  # each group's entries against their own gradient rows; zero values get 0
-                mine = ctx.grp == g
-                nk.gather_dot(idx, A[g], W, np.where(mine, val, np.float32(0.0)), part)
-                np.copyto(grad_v, part, where=mine)
+        if ctx.needs_input_grad[0]:  # each group's entries against their own gradient rows; zero values get 0
+            from . import numba_prefix
+
+            grad_v = np.empty((B, K), np.float32)
+            numba_prefix.gather_dot_by_group(idx, ctx.grp, val, A, W, grad_v)
             grad_v = torch.from_numpy(grad_v).to(values.dtype)
         if ctx.needs_input_grad[1]:
             grad_W = _recycled((L, D))  # every row is written
@@ -355,6 +410,6 @@ def prefix_errors(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
 
 
 BACKEND = Backend(row_topk, gather_sum, gather_dot, scatter_rows, encoder_backward, row_above, row_above_floor,
-                  reads_bf16=True, by_latent=by_latent, latent_gather_sum=latent_gather_sum,
+                  batch_pack=batch_pack, reads_bf16=True, by_latent=by_latent, latent_gather_sum=latent_gather_sum,
                   latent_gather_dot=latent_gather_dot, latent_scatter=latent_scatter)
 encode, encode_topk, batch_topk, sparse_decode, encode_aux, gather_pre, encode_above = make_ops(BACKEND)

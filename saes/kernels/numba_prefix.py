@@ -47,3 +47,23 @@ def prefix_residuals(idx, val, grp, W, x, b_dec, res, x_hat):
                     r[d] = e[d]
         for d in range(D):
             x_hat[b, d] = x[b, d] - e[d]
+
+
+@njit(**_OPTS)
+def gather_dot_by_group(idx, grp, val, As, W, out):
+    """out[b, j] = <As[grp[b, j], b], W[idx[b, j]]>, 0 where val[b, j] == 0: ``numba_kernels.gather_dot`` of each
+    group's entries against that group's gradient rows (``numba_impl._PrefixErrors.backward``), all groups in one
+    pass over the code; each dot the same float32 loop as gather_dot's."""
+    B, K = idx.shape
+    D = W.shape[1]
+    for b in prange(B):
+        for j in range(K):
+            if val[b, j] == 0.0:
+                out[b, j] = 0.0
+                continue
+            w = W[idx[b, j]]
+            a = As[grp[b, j], b]
+            s = np.float32(0.0)
+            for d in range(D):
+                s += a[d] * w[d]
+            out[b, j] = s

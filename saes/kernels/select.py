@@ -17,6 +17,7 @@ Shapes: pre [B, L] (or a chunk of rows of it), outputs values / indices [B, K] z
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -68,12 +69,14 @@ def n_candidates(k: int, L: int) -> int:
     return min(L, CANDIDATE_FACTOR * k)
 
 
-def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Tensor | None = None) -> Candidates:
-    """The c best entries per row of ReLU(pre + bias) [b, L] ranked by ReLU(pre + bias) * scale (scale >= 0).
+def row_candidates(pre: Tensor, c: int, scale: Tensor | None, row_topk, bias: Tensor | None = None,
+                   floor: float = float("-inf")) -> Candidates:
+    """The c best entries per row of ReLU(pre + bias) [b, L] ranked by ReLU(pre + bias) * scale (scale >= 0);
+    ``floor``: ``row_topk``'s hint of the rows' c-th largest score.
 
     The backend ranks (pre + bias) * scale, which orders the positive entries the same way; clamping the
     scores at 0 afterwards gives exactly the ReLU ranking's candidate scores."""
-    score, index = row_topk(pre, c, None, bias, scale)
+    score, index = row_topk(pre, c, None, bias, scale, floor)
     value = score if scale is None else _value_at(pre, index, bias)
     score = score.clamp_min(0)
     floor = score.min(dim=1).values if c < pre.shape[1] else score.new_full((pre.shape[0],), float("-inf"))
@@ -98,26 +101,79 @@ def batch_cutoff(cand: Candidates, k: int) -> float:
     return float(flat.topk(n, sorted=False).values.min()) if 0 < n <= flat.numel() else 0.0
 
 
-def above_candidates(pre: Tensor, tau: float, c: int, scale: Tensor | None, row_above,
-                     bias: Tensor | None = None) -> Candidates:
-    """Every entry of ReLU(pre + bias) [b, L] whose score (ranked as in ``row_candidates``) is above ``tau``,
-    up to c per row; a row with more than c of them gets floor +inf (it is recomputed if needed)."""
-    score, index, count = row_above(pre, tau, c, bias, scale)
-    value = score if scale is None else _value_at(pre, index, bias)
-    value = value * (torch.arange(c, device=pre.device) < count[:, None])  # padding slots -> 0
-    floor = torch.where(count > c, float("inf"), max(tau, 0.0)).to(score.dtype)
-    return Candidates(score.clamp_min(0), value.clamp_min(0), index, floor)
+# BatchTopK after the first chunk: slots per row for the entries above the cutoff, in units of 4k (a row
+# with more is recomputed; 2 rather than 1 cut the recomputed rows from ~8% to ~1.2% of the batch on the
+# data of bench/train_step.py)
+ABOVE_SLOTS = 2
+
+# BatchTopK's first chunk: rows selected without a hint, whose candidates' floors give the others' (``row_floor``)
+PROBE_ROWS = 64
 
 
-def join_candidates(parts: list[Candidates]) -> Candidates:
-    """Concatenate per-chunk candidates along rows, zero-padding narrower ones to the widest."""
-    width = max(p.score.shape[1] for p in parts)
+class BatchCandidates:
+    """The candidates of a BatchTopK selected chunk by chunk (``sparse.encode``), gathered into one zero-padded
+    [B, W] buffer as they come: the first chunk's c = 4k best per row (:func:`row_candidates`), then, with a backend
+    ``row_above``, every later chunk's entries above the cutoff guessed from them (ABOVE_SLOTS * c slots a row, written
+    in place by ``row_above(..., out=)``; else c best per row again). :meth:`select` cuts and packs them with the
+    backend's ``batch_pack`` where it has one, else :func:`batch_from_candidates`: the same code either way."""
 
-    def pad(t: Tensor) -> Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+    def __init__(self, B: int, k: int, L: int, scale: Tensor | None, chunk: int, row_topk, row_above=None,
+                 batch_pack=None):
+        self.B, self.k, self.L, self.scale = B, k, L, scale
+        self.row_topk, self.row_above, self.batch_pack = row_topk, row_above, batch_pack
+        self.c = n_candidates(k, L)
+        self.slots = min(L, ABOVE_SLOTS * self.c)
+        self.width = max(self.c, self.slots) if row_above is not None and B > chunk else self.c
+        self.tau, self.rows = 0.0, 0
+        self.cand: Candidates | None = None
+        self.filled = torch.empty(B, dtype=torch.long)  # each row's filled slots (zeros after them)
 
-    return Candidates(*(torch.cat([pad(t) for t in ts]) for ts in zip(*(p[:3] for p in parts))),
-                      torch.cat([p.floor for p in parts]))
+    def add(self, pre: Tensor, bias: Tensor | None) -> None:
+        """The candidates of the next chunk of rows, pre [n, L] (+ bias)."""
+        s, n = self.rows, pre.shape[0]
+        self.rows += n
+        if self.cand is not None and self.row_above is not None:
+            score, index = self.cand.score[s : s + n, : self.slots], self.cand.index[s : s + n, : self.slots]
+            if score.dtype == torch.float32:  # in place (the kernel zeroes the padding slots)
+                count = self.row_above(pre, self.tau, self.slots, bias, self.scale, out=(score, index))
+            else:
+                got_score, got_index, count = self.row_above(pre, self.tau, self.slots, bias, self.scale)
+                score.copy_(got_score), index.copy_(got_index)
+            if self.scale is not None:  # the unscaled values (padding slots -> 0); the scores are > tau >= 0
+                value = _value_at(pre, index, bias) * (torch.arange(self.slots, device=pre.device) < count[:, None])
+                self.cand.value[s : s + n, : self.slots] = value.clamp_min(0)
+            self.cand.floor[s : s + n] = torch.where(count > self.slots, float("inf"), max(self.tau, 0.0))
+            self.filled[s : s + n] = count.clamp(max=self.slots)
+            return
+        # the first chunk: PROBE_ROWS rows, then the others with a hint of their c-th largest score taken from them
+        # (as TopK's row_floor; row_topk's result is exact either way, and the code does not depend on which of
+        # several scores tied with a row's c-th largest it keeps: that row's floor decides alone)
+        probe = PROBE_ROWS if self.cand is None and self.c < self.L and n > 2 * PROBE_ROWS else n
+        part = row_candidates(pre[:probe], self.c, self.scale, self.row_topk, bias)
+        if probe < n:
+            hint = float(torch.quantile(part.floor.float(), FLOOR_QUANTILE))
+            rest = row_candidates(pre[probe:], self.c, self.scale, self.row_topk, bias, hint if hint > 0 else -math.inf)
+            part = Candidates(*(torch.cat(ts) for ts in zip(part, rest)))
+        if self.cand is None:
+            self.tau = batch_cutoff(part, self.k)
+            score, index = part.score.new_empty(self.B, self.width), part.index.new_empty(self.B, self.width)
+            value = score if self.scale is None else part.value.new_empty(self.B, self.width)  # None: the scores
+            self.cand = Candidates(score, value, index, part.floor.new_empty(self.B))
+        c = self.c
+        self.cand.score[s : s + n, :c], self.cand.index[s : s + n, :c] = part.score, part.index
+        self.cand.score[s : s + n, c:], self.cand.index[s : s + n, c:] = 0, 0  # the padding (chunk 0: to the slots)
+        if self.scale is not None:
+            self.cand.value[s : s + n, :c], self.cand.value[s : s + n, c:] = part.value, 0
+        self.cand.floor[s : s + n] = part.floor
+        self.filled[s : s + n] = c
+
+    def select(self, full_rows: Callable[[Tensor], tuple[Tensor, Tensor]]) -> Selection:
+        """The exact top k*B of the batch (:func:`batch_from_candidates`)."""
+        if self.batch_pack is not None:
+            packed = self.batch_pack(self.cand, min(self.k * self.B, self.B * self.L), full_rows, self.filled)
+            if packed is not None:
+                return Selection(*packed)
+        return batch_from_candidates(self.cand, self.k, self.L, full_rows)
 
 
 def batch_from_candidates(cand: Candidates, k: int, L: int,

@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 from .copies import rounded
-from .select import (Selection, above_candidates, batch_cutoff, batch_from_candidates, join_candidates,
-                     n_candidates, row_candidates, row_floor, select_batch, select_rows)
+from .select import BatchCandidates, Selection, row_floor, select_batch, select_rows
 
 
 class Backend(NamedTuple):
@@ -44,13 +43,18 @@ class Backend(NamedTuple):
     row_above: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
     """Optional (pre [B, L], tau, cap, bias or None, scale or None) -> scores [B, cap], indices [B, cap],
     count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
-    how many there are. When present, a chunked BatchTopK collects the rows after the first chunk with
-    a cutoff guessed from it instead of selecting 4k candidates per row (``select.above_candidates``)."""
+    how many there are; with ``out=(scores, indices)`` (C-contiguous float32 / int64) written there and only the count
+    returned. When present, a chunked BatchTopK collects the rows after the first chunk with a cutoff guessed from
+    it instead of selecting 4k candidates per row, into its candidate buffer (``select.BatchCandidates``)."""
     row_above_floor: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
     """Optional (pre [B, L], bias [L], floor [L], cap) -> pre there [B, cap], indices [B, cap], count [B]: per
     row the columns with pre + bias > floor in column order, the first cap of them (0-padded), and how many
     there are. When present, ``encode_above`` tests each chunk in one pass instead of a compare and a nonzero,
     and takes the values from it instead of gathering them again."""
+    batch_pack: Callable[..., tuple[Tensor, Tensor, Tensor] | None] | None = None
+    """Optional (candidates [B, W] (``select.Candidates``), n_keep, full_rows, filled [B]: the slots each row fills, zeros
+    after them) -> (values [B, K], indices [B, K], smallest) as ``select.batch_from_candidates`` returns them, or None
+    where it does not apply (the torch form then)."""
     reads_bf16: bool = False
     """Whether the row primitives take bf16 pre-activations as they are (each element the float32 it is exactly,
     scores in the bias's float32): the bf16 encoder matmul's chunks are then selected without a float32 copy."""
@@ -230,7 +234,9 @@ def encode(
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
     main, aux = [], []
-    tau, floor = 0.0, float("-inf")
+    floor = float("-inf")
+    cands = BatchCandidates(B, k, L, scale, step, backend.row_topk, backend.row_above,
+                            backend.batch_pack) if batch and k else None
     low = mm_dtype is not None and mm_dtype != x.dtype
     direct = low and cpu and mm_dtype == torch.bfloat16 and backend.reads_bf16  # select the bf16 chunk itself
     with torch.no_grad():
@@ -244,12 +250,8 @@ def encode(
                 pre = buf[: xs.shape[0]].copy_(pre) if low and not direct else pre
             else:
                 pre, bias = torch.addmm(b_enc.to(W_mm.dtype), xs, W_mm).to(x.dtype), None
-            if batch and k and main and backend.row_above is not None:
-                slots = min(L, ABOVE_SLOTS * n_candidates(k, L))
-                main.append(above_candidates(pre, tau, slots, scale, backend.row_above, bias))
-            elif batch and k:
-                main.append(row_candidates(pre, n_candidates(k, L), scale, backend.row_topk, bias))
-                tau = batch_cutoff(main[0], k)
+            if cands is not None:
+                cands.add(pre, bias)
             elif k:
                 main.append(select_rows(pre, k, backend.row_topk, bias, floor))
                 floor = row_floor(main[0]) if len(main) == 1 else floor
@@ -257,9 +259,8 @@ def encode(
                 values, indices = backend.row_topk(pre, kk, cols, bias)
                 aux.append(Selection(values.clamp_min(0), indices, None))
             del pre
-        if batch and k:
-            cand = join_candidates(main)
-            sel = batch_from_candidates(cand, k, L, lambda rows: _full_rows(x, W_enc, b_enc, scale, rows))
+        if cands is not None:
+            sel = cands.select(lambda rows: _full_rows(x, W_enc, b_enc, scale, rows))
         else:
             sel = _join(main, x, B)
         aux_sel = _join(aux, x, B)
@@ -299,11 +300,6 @@ def dense_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, cols: Tensor, kk: int) ->
         keep = torch.zeros_like(act, dtype=torch.bool).scatter_(1, act.topk(kk, dim=1, sorted=False).indices, True)
     return act * keep
 
-
-# BatchTopK after the first chunk: slots per row for the entries above the cutoff, in units of 4k (a row
-# with more is recomputed; 2 rather than 1 cut the recomputed rows from ~8% to ~1.2% of the batch on the
-# data of bench/train_step.py)
-ABOVE_SLOTS = 2
 
 # CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB, one buffer)
 ROW_CHUNK = 512
