@@ -42,6 +42,41 @@ def test_support_is_the_references(impl, n, L, scale, m):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n,L,scale,m", CASES)
+def test_pack_is_the_references(impl, n, L, scale, m):
+    """``sparsemax_pack`` (the support, its size and the scores there, 0 after each row's support) against the dense
+    reference, exactly; it has no autograd (the scores' gradients come through ``gather_pre``)."""
+    pre, s = _scores(n, L, seed=2) + 0.25, torch.tensor(scale)
+    want = kernels.sparsemax_pack(pre, s, m, impl="reference")
+    got = kernels.sparsemax_pack(pre, s, m, impl=impl)
+    for a, r in zip(got, want):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+    assert torch.equal(want[2], torch.where(torch.arange(want[0].shape[1]) < want[1][:, None], pre.gather(1, want[0]),
+                                            0.0))
+    assert bool((want[2] != 0).any())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_code_fired_is_the_references(impl):
+    """``code_fired`` (the latents with a positive entry, each row's count) against the reference, exactly: a
+    zero-padded code with duplicates, zeros, negative and NaN values (none fires), in float32 and bf16; an index
+    outside the dictionary at a positive entry is refused by numba (torch's indexing refuses it too)."""
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 300, (70, 40), generator=g)
+    vals = torch.randn(70, 40, generator=g) * (torch.rand(70, 40, generator=g) > 0.4)
+    vals[0, :3] = float("nan")
+    for values in (vals, vals.bfloat16()):
+        want = kernels.code_fired(values, idx, 300, impl="reference")
+        got = kernels.code_fired(values, idx, 300, impl=impl)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert got[0].dtype == torch.bool and got[1].dtype == torch.int64 and 0 < int(got[0].sum()) < 300
+    bad = idx.clone()
+    bad[5, 0], vals[5, 0] = 1000, 1.0
+    with pytest.raises(IndexError):
+        kernels.code_fired(vals, bad, 300, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_support_with_equal_scores(impl):
     """Rows of few distinct values (many equal scores): the same supports; the numba search orders equal scores by
     increasing column."""
@@ -81,7 +116,7 @@ def test_encode_sparsemax_values_and_grads(impl, lam, m, monkeypatch):
     for name, a, r in zip(["value", "x", "W_enc", "b_enc", "scale"], got[:1] + got[3:], want[:1] + want[3:]):
         scale = max(1.0, float(r.abs().max()))
         torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-5, msg=lambda s, name=name: f"{name}: {s}")
-    monkeypatch.setitem(kernels.IMPLS["sparsemax_support"], impl, "torch_impl:sparsemax_support")
+    monkeypatch.setitem(kernels.IMPLS["sparsemax_pack"], impl, "torch_impl:sparsemax_pack")
     before = _grads(impl, x, W, b, lam, w, m)
     for a, r in zip(got, before):
         assert torch.equal(a, r)

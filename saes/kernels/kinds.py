@@ -39,12 +39,12 @@ def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str, values: Te
 
 def _support(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
              impl: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Without autograd: each row's sparsemax support from ``kernels.sparsemax_support`` on chunks of the scores,
+    """Without autograd: each row's sparsemax support from ``kernels.sparsemax_pack`` on chunks of the scores,
     packed: (indices [B, K], kept [B, K], size [B], the scores x W_enc + b_enc there [B, K], 0 at the padding)."""
-    from . import sparsemax_support
+    from . import sparsemax_pack
 
     B = x.shape[0]
-    parts, sizes, scores = [], [], []
+    parts = []
     with torch.no_grad():
         # one chunk buffer for every chunk: a fresh [ROW_CHUNK, L] output is a fresh mapping, its pages faulted in at
         # every chunk (8 x 32 MiB a step at B 4096, L 16384)
@@ -52,20 +52,20 @@ def _support(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidate
         for s in range(0, B, ROW_CHUNK):
             xs = x[s : s + ROW_CHUNK]
             pre = torch.addmm(b_enc, xs, W_enc, out=buf[: xs.shape[0]])
-            idx, size = sparsemax_support(pre, scale, n_candidates, impl=impl)
-            parts.append(idx)
-            sizes.append(size)
-            scores.append(pre.gather(1, idx))
-        size = torch.cat(sizes)
+            parts.append(sparsemax_pack(pre, scale, n_candidates, impl=impl))  # zero-padded after each support
+        size = torch.cat([p[1] for p in parts])
         K = max(int(size.max()), 1)
-
-        def joined(chunks: list[Tensor]) -> Tensor:
-            return torch.cat([p[:, :K] if p.shape[1] >= K else
-                              torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in chunks])
-
+        # the chunks' codes copied into the [B, K] code, each row zero-padded from its chunk's width on (one pass)
+        indices = torch.empty(B, K, dtype=torch.long, device=x.device)
+        scores = torch.empty(B, K, dtype=buf.dtype, device=x.device)
+        s = 0
+        for idx, n, sc in parts:
+            w = idx.shape[1]
+            indices[s : s + n.shape[0], :w], scores[s : s + n.shape[0], :w] = idx, sc
+            indices[s : s + n.shape[0], w:], scores[s : s + n.shape[0], w:] = 0, 0.0
+            s += n.shape[0]
         kept = torch.arange(K, device=x.device) < size[:, None]
-        indices = joined(parts)  # zero-padded after each row's support already (sparsemax_support)
-        return indices, kept, size, joined(scores) * kept
+        return indices, kept, size, scores
 
 
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,

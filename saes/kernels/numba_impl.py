@@ -284,19 +284,45 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tenso
     into a recycled uninitialised [n, L] int32 array (``_recycled``: a fresh one costs a page fault for each row's
     first pages at every call, 200 ms of CPU a step at the benchmark's shapes; 32 MiB for ``kinds.ROW_CHUNK`` rows at
     L 16384, which ``saes.sizing`` counts), of which only each row's first pages are ever touched."""
+    from . import torch_impl
+
+    if not _searched_here(pre, scale):
+        return torch_impl.sparsemax_support(pre, scale, m)
+    idx, size, _ = sparsemax_pack(pre, scale, m)
+    return idx, size
+
+
+def _searched_here(pre: Tensor, scale: Tensor) -> bool:
+    _check_cpu(pre)
+    return pre.dtype == torch.float32 and scale.dtype == torch.float32 and pre.shape[1] > 0
+
+
+def sparsemax_pack(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``kernels.sparsemax_pack``: the search of :func:`sparsemax_support`, then the support's int64 indices and its
+    scores packed in one pass (``numba_sparsemax.pack_rows``); torch's for other dtypes."""
     from . import numba_sparsemax as ns
     from . import torch_impl
 
-    _check_cpu(pre)
-    if pre.dtype != torch.float32 or scale.dtype != torch.float32 or pre.shape[1] == 0:
-        return torch_impl.sparsemax_support(pre, scale, m)
+    if not _searched_here(pre, scale):
+        return torch_impl.sparsemax_pack(pre, scale, m)
     n, L = pre.shape
     out = _recycled((n, L), np.int32)
     size = np.empty(n, np.int64)
-    ns.sparsemax_rows(pre.detach().contiguous().numpy(), np.float32(float(scale)), out, size)
-    size = torch.from_numpy(size)
+    rows = pre.detach().contiguous().numpy()
+    ns.sparsemax_rows(rows, np.float32(float(scale)), out, size)
     K = max(int(size.max()) if n else 0, 1)
-    return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]).long(), 0), size
+    idx, scores = np.empty((n, K), np.int64), np.empty((n, K), np.float32)
+    ns.pack_rows(rows, out, size, idx, scores)
+    return torch.from_numpy(idx), torch.from_numpy(size), torch.from_numpy(scores)
+
+
+def code_fired(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    """``kernels.code_fired`` in one pass over the code (``numba_wide.code_fired``); the reference for a code that
+    is not on the CPU."""
+    if values.device.type != "cpu" or indices.device.type != "cpu":
+        return reference.code_fired(values, indices, n_latents)
+    fired, count = nw.code_fired(_f32(values), _i64(indices), n_latents)
+    return torch.from_numpy(fired), torch.from_numpy(count)
 
 
 class _PrefixErrors(torch.autograd.Function):

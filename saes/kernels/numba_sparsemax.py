@@ -186,6 +186,23 @@ def _rows(pre, s, parts, out, size):
             size[b] = _row_support(pre[b], s, bv, bi, sort_buffers, out[b])
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def pack_rows(pre, cols, size, idx, scores):
+    """Per row b of pre [n, L]: idx[b, j] = cols[b, j] and scores[b, j] = pre[b, cols[b, j]] for j < size[b], 0 after
+    (idx [n, K] int64, scores [n, K] float32): the packed support and its scores from :func:`sparsemax_rows`' out, in
+    one pass (torch's int64 conversion, mask, gather and mask of the [n, K] code were four)."""
+    n, K = idx.shape
+    for b in prange(n):
+        m = size[b]
+        for j in range(m):
+            c = cols[b, j]
+            idx[b, j] = c
+            scores[b, j] = pre[b, c]
+        for j in range(m, K):
+            idx[b, j] = 0
+            scores[b, j] = np.float32(0.0)
+
+
 def sparsemax_rows(pre, s, out, size):
     """Per row b of pre [n, L] (float32): the support of sparsemax(pre[b] * s), by decreasing score, into
     out[b, :size[b]] (out [n, L]; the slots after a row's support hold other candidates or nothing). Each thread

@@ -106,7 +106,7 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     x_hat = kernels.sparse_decode(f * c, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     coeff = inputs.settings.spade_coeff if inputs.settings is not None else DEFAULT_COEFF
     penalty = coeff * dist / inputs.stats.total_var
-    fired, l0 = fired_from_code(f.detach(), idx, model.n_latents)
+    fired, l0 = fired_from_code(f.detach(), idx, model.n_latents, impl=model.kernel_impl)
     return TrainOutput(x_hat, fired, l0, penalty, None, None)
 
 
