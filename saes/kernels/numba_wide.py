@@ -234,6 +234,26 @@ def gather_dot(start, row, entry, G, W, tile, out):
     _place(entry, acc, out.reshape(-1))
 
 
+@njit(parallel=True, cache=True, nogil=True)  # no fastmath: NaN compares as itself
+def count_nonzero(flat):
+    """The nonzero entries of the float32 array ``flat`` (numpy's and torch's count), the threads summing parts."""
+    n = 0
+    for t in prange(flat.shape[0]):
+        n += flat[t] != 0.0
+    return n
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def take_nonzero(flat, entry, out):
+    """out[t] = flat[entry[t]]; returns how many of them are nonzero."""
+    n = 0
+    for t in prange(entry.shape[0]):
+        v = flat[entry[t]]
+        out[t] = v
+        n += v != 0.0
+    return n
+
+
 @njit(parallel=True, cache=True, nogil=True)  # no fastmath: a NaN value must not compare as positive
 def _fired(val, idx, n_parts, fired, count, bad):
     """fired[p, r]: latent r has a positive entry in part p of the rows; count[b]: row b's positive entries; bad[p]:
