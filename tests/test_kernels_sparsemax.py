@@ -140,27 +140,28 @@ def test_square_norms_values_and_grads_are_the_references(impl):
     assert out[impl][1].stride() == (1, 48)
 
 
-def _spade_grads(impl, x, W, b, s, lam, w, m):
+def _spade_grads(impl, x, W, b, s, lam, w, m, unit=1.0):
     leaves = [t.clone().requires_grad_() for t in (x, W, b, s, lam)]
     rows = leaves[0].square().sum(dim=1)
     f, idx, _, total = kernels.encode_spade(leaves[0], leaves[1].t(), leaves[2], leaves[3], leaves[4], rows, m,
-                                            impl=impl)
+                                            impl=impl, value_scale=unit)
     dense = torch.zeros(x.shape[0], W.shape[0], dtype=x.dtype).scatter_add(1, idx, f)
     ((dense * w).sum() + 0.1 * total).backward()
     return [dense.detach(), total.detach()] + [t.grad for t in leaves]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("s,m", [(0.002, 4), (0.02, 16), (0.4, 6)])
-def test_encode_spade_values_and_grads(impl, s, m, monkeypatch):
+@pytest.mark.parametrize("s,m,unit", [(0.002, 4, 1.0), (0.02, 16, 27.7), (0.4, 6, 0.3)])
+def test_encode_spade_values_and_grads(impl, s, m, unit, monkeypatch):
     """SpaDE's code and distance term (``encode_spade``; numba: the fused tail) against the dense reference: the
-    code, the term, and the gradients of x (through the scores and |x|^2), W_enc, b_enc, the scale and lambda."""
+    code (times ``value_scale``), the term, and the gradients of x (through the scores and |x|^2), W_enc, b_enc, the
+    scale and lambda."""
     monkeypatch.setattr(kind_ops, "ROW_CHUNK", 16)
     g = torch.Generator().manual_seed(3)
     x, W, b = torch.randn(40, 16, generator=g), torch.randn(400, 16, generator=g), 0.3 * torch.randn(400, generator=g)
     w, s, lam = torch.randn(40, 400, generator=g), torch.tensor(s), torch.tensor(0.7)
-    want = _spade_grads("reference", x, W, b, s, lam, w, m)
-    got = _spade_grads(impl, x, W, b, s, lam, w, m)
+    want = _spade_grads("reference", x, W, b, s, lam, w, m, unit)
+    got = _spade_grads(impl, x, W, b, s, lam, w, m, unit)
     for name, a, r in zip(["code", "distance term", "x", "W_enc", "b_enc", "scale", "lambda"], got, want):
         scale = max(1.0, float(r.abs().max()))
         torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-5, msg=lambda t, name=name: f"{name}: {t}")

@@ -85,29 +85,34 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
 
 
 def encode_spade(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, lam: Tensor, row_sq: Tensor,
-                 n_candidates: int, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 n_candidates: int, impl: str = "auto", *,
+                 value_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """SpaDE's code and distance term: f = sparsemax(z), z = (x W_enc + b_enc) * scale per row, packed as
-    ``encode_sparsemax``'s, and ``sum_b sum_j f_bj max(row_sq[b] - z_bj / lam, 0)`` (0-dim): (f, indices, kept, that
-    sum), differentiable in x, W_enc, b_enc, scale, lam and row_sq [B]. The ``numba`` implementation (float32 CPU)
+    ``encode_sparsemax``'s, and ``sum_b sum_j f_bj max(row_sq[b] - z_bj / lam, 0)`` (0-dim): (f * value_scale, indices,
+    kept, that sum), differentiable in x, W_enc, b_enc, scale, lam and row_sq [B] (``value_scale`` a number, the
+    code's unit: SpaDE decodes c f; the numba tail writes it with f, in f's float32 rounding of ``f * value_scale``,
+    and takes it out of f's gradient in its backward pass). The ``numba`` implementation (float32 CPU)
     computes tau, f and the sum in one pass per row and their gradients in one more (``numba_sparsemax.tail_*``),
     in place of ~40 torch passes over the [B, K] code forward and backward (~250 ms of CPU a step at SpaDE's ~1,100
     entries a row, B 4096, one thread); the others are ``encode_sparsemax`` and the distance term in torch."""
     if not _numba_float32("sparsemax_support", impl, x, W_enc, b_enc, scale, lam, row_sq):
         f, indices, z, kept = encode_sparsemax(x, W_enc, b_enc, scale, n_candidates, impl=impl)
         dist = (row_sq[:, None] - z / lam).clamp_min(0)
-        return f, indices, kept, (f * dist * kept).sum()
+        return f * value_scale if value_scale != 1.0 else f, indices, kept, (f * dist * kept).sum()
     indices, kept, size, pre = _support(x, W_enc, b_enc, scale, n_candidates, impl)
-    f, total = _SpadeTail.apply(_gather_pre(x, W_enc, indices, impl, pre), b_enc, indices, size, scale, lam, row_sq)
+    f, total = _SpadeTail.apply(_gather_pre(x, W_enc, indices, impl, pre), b_enc, indices, size, scale, lam, row_sq,
+                                value_scale)
     return f, indices, kept, total
 
 
 class _SpadeTail(torch.autograd.Function):
     """(u = the packed scores x W_enc + b_enc [B, K] (differentiable through ``gather_pre``), b_enc, indices, size,
-    scale, lam, row_sq) -> (f [B, K], the distance term (0-dim)) by ``numba_sparsemax.tail_forward``; b_enc's
+    scale, lam, row_sq, value_scale) -> (f * value_scale [B, K], the distance term (0-dim)) by
+    ``numba_sparsemax.tail_forward``; b_enc's
     gradient is grad_u summed into its indices, as the gather b_enc[indices] would give it."""
 
     @staticmethod
-    def forward(ctx, u, b_enc, indices, size, scale, lam, row_sq):
+    def forward(ctx, u, b_enc, indices, size, scale, lam, row_sq, value_scale):
         import numpy as np
 
         from . import numba_sparsemax as ns
@@ -117,7 +122,8 @@ class _SpadeTail(torch.autograd.Function):
         sz = size.numpy()
         f, tau, pen = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B, np.float64)
         ctx.scale_lam = np.float32(float(scale)), np.float32(float(lam))
-        ns.tail_forward(un, sz, *ctx.scale_lam, rs, f, tau, pen)
+        ctx.unit = np.float32(value_scale)  # (a number times a float32 tensor: torch multiplies in float32 too)
+        ns.tail_forward(un, sz, *ctx.scale_lam, rs, ctx.unit, f, tau, pen)
         ctx.arrays = un, sz, rs, f, tau
         ctx.save_for_backward(indices, b_enc)
         return torch.from_numpy(f), torch.tensor(float(pen.sum()), dtype=u.dtype)
@@ -133,13 +139,13 @@ class _SpadeTail(torch.autograd.Function):
         s, lam = ctx.scale_lam
         B, K = un.shape
         gu, grs, ps, pl = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B), np.empty(B)
-        ns.tail_backward(un, f, tau, sz, s, lam, rs, grad_f.contiguous().numpy(), np.float32(float(grad_total)), gu,
-                         grs, ps, pl)
+        ns.tail_backward(un, f, tau, sz, s, lam, rs, ctx.unit, grad_f.contiguous().numpy(),
+                         np.float32(float(grad_total)), gu, grs, ps, pl)
         grad_u = torch.from_numpy(gu)
         grad_b = torch.zeros_like(b_enc).index_add_(0, indices.flatten(), grad_u.flatten()) \
             if ctx.needs_input_grad[1] else None
         return (grad_u, grad_b, None, None, torch.tensor(float(ps.sum()), dtype=grad_u.dtype),
-                torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs))
+                torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs), None)
 
 
 def square_norms(W: Tensor, impl: str = "auto") -> Tensor:
