@@ -142,8 +142,11 @@ class _SpadeTail(torch.autograd.Function):
         ns.tail_backward(un, f, tau, sz, s, lam, rs, ctx.unit, grad_f.contiguous().numpy(),
                          np.float32(float(grad_total)), gu, grs, ps, pl)
         grad_u = torch.from_numpy(gu)
-        grad_b = torch.zeros_like(b_enc).index_add_(0, indices.flatten(), grad_u.flatten()) \
-            if ctx.needs_input_grad[1] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:  # index_add_'s sums (one thread, in the code's order) in numba: ~10 ms less a step
+            grad_b = np.zeros(b_enc.shape[0], np.float32)
+            ns.add_at(indices.contiguous().numpy().reshape(-1), gu.reshape(-1), grad_b)
+            grad_b = torch.from_numpy(grad_b).to(b_enc.dtype)
         return (grad_u, grad_b, None, None, torch.tensor(float(ps.sum()), dtype=grad_u.dtype),
                 torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs), None)
 

@@ -273,3 +273,11 @@ def tail_backward(u, f, tau, size, s, lam, row_sq, unit, grad_f, grad_pen, grad_
         for j in range(n, K):
             grad_u[b, j] = zero
         part_s[b], part_lam[b], grad_rs[b] = gs, gl, gr
+
+
+@njit(cache=True, nogil=True)
+def add_at(idx, src, out):
+    """out[idx[t]] += src[t] for every t in order, in float32: torch's CPU ``index_add_`` on a 1-D tensor (one thread,
+    in the index's order), so the same sums bit for bit."""
+    for t in range(idx.shape[0]):
+        out[idx[t]] += src[t]
