@@ -237,7 +237,8 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     if W_enc.t().is_contiguous() and W_enc.dtype in (torch.float32, torch.bfloat16):
         code = by_latent(idx, g, W_enc.shape[1])
         if code is not None:
-            return latent_gather_sum(code, W_enc.t(), None), latent_scatter(code, x).t()
+            grad_W = latent_scatter(code, x)  # [L, D]; as W_enc's [D, L] layout a tensor of its own, not a view:
+            return latent_gather_sum(code, W_enc.t(), None), torch.from_numpy(grad_W.numpy().T)
         grad_x = gather_sum(idx, g, W_enc.t(), None)
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
