@@ -237,8 +237,10 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     if W_enc.t().is_contiguous() and W_enc.dtype in (torch.float32, torch.bfloat16):
         code = by_latent(idx, g, W_enc.shape[1])
         if code is not None:
-            grad_W = latent_scatter(code, x)  # [L, D]; as W_enc's [D, L] layout a tensor of its own, not a view:
-            return latent_gather_sum(code, W_enc.t(), None), torch.from_numpy(grad_W.numpy().T)
+            grad_W = latent_scatter(code, x)  # [L, D]; in W_enc's [D, L] layout a tensor of its own, not a view
+            # (float32: the recycled array read through its transpose), so autograd can add another term into it
+            grad_W = torch.from_numpy(grad_W.numpy().T) if grad_W.dtype == torch.float32 else grad_W.t()
+            return latent_gather_sum(code, W_enc.t(), None), grad_W
         grad_x = gather_sum(idx, g, W_enc.t(), None)
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
