@@ -6,6 +6,7 @@ one-thread copy rate. Run with one thread so that every part runs on the calling
 
 Parts are timed by wrapping the library's functions from outside (the library is unchanged); ``rest`` is the step
 less the timed parts (torch's [B, K] work of the code and the loss, forward and backward, autograd's bookkeeping).
+Each step's minor page faults and system CPU (``getrusage``) are printed too: the fresh arrays a step maps.
 ``--kind topk`` times TopK's step the same way (its sparse passes are the row kernels: not wrapped).
 """
 
@@ -15,6 +16,7 @@ import argparse
 import functools
 import importlib
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
     for label, module, attr in PARTS:
         owner = importlib.import_module(module)
         setattr(owner, attr, timers.wrap(label, getattr(owner, attr)))
-    steps = []
+    steps, faults = [], []
     p = dict(ts.PRESETS["full"], device="cpu", floor=False, threads=1, precision="float32", steps=a.steps, warmup=1)
 
     def run(meter, step, batches, warmup):
@@ -97,9 +99,11 @@ def main(argv=None) -> int:
             step(b)
         timers.on = True
         for b in batches[warmup:]:
-            c = time.thread_time()
+            c, r = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
             step(b)
             steps.append(1e3 * (time.thread_time() - c))
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            faults.append((r1.ru_minflt - r.ru_minflt, 1e3 * (r1.ru_stime - r.ru_stime)))
         timers.on = False
         meter.times = meter.floors = [1.0]
 
@@ -113,7 +117,8 @@ def main(argv=None) -> int:
           f"copy rate {rate / 1e9:.1f} GB/s")
     entries = r.get("entries_per_row", p["k"])
     print(f"kind-{a.kind}, D {p['D']} L {p['L']} k {p['k']} B {p['B']} float32, {entries:.0f} entries a row; "
-          f"{n} steps after 1 warm-up; step CPU ms: {', '.join(f'{s:.0f}' for s in steps)}")
+          f"{n} steps after 1 warm-up; step CPU ms: {', '.join(f'{s:.0f}' for s in steps)}; minor page faults (system "
+          f"CPU ms): {', '.join(f'{f} ({t:.0f})' for f, t in faults)}")
     fl = floors(p, entries)
     timed = 0.0
     print(f"{'part':22s} {'CPU ms':>8s} {'floor ms':>9s}")

@@ -42,6 +42,41 @@ def test_support_is_the_references(impl, n, L, scale, m):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n,L,scale,m", CASES)
+def test_pack_is_the_references(impl, n, L, scale, m):
+    """``sparsemax_pack`` (the support, its size and the scores there, 0 after each row's support) against the dense
+    reference, exactly; it has no autograd (the scores' gradients come through ``gather_pre``)."""
+    pre, s = _scores(n, L, seed=2) + 0.25, torch.tensor(scale)
+    want = kernels.sparsemax_pack(pre, s, m, impl="reference")
+    got = kernels.sparsemax_pack(pre, s, m, impl=impl)
+    for a, r in zip(got, want):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+    assert torch.equal(want[2], torch.where(torch.arange(want[0].shape[1]) < want[1][:, None], pre.gather(1, want[0]),
+                                            0.0))
+    assert bool((want[2] != 0).any())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_code_fired_is_the_references(impl):
+    """``code_fired`` (the latents with a positive entry, each row's count) against the reference, exactly: a
+    zero-padded code with duplicates, zeros, negative and NaN values (none fires), in float32 and bf16; an index
+    outside the dictionary at a positive entry is refused by numba (torch's indexing refuses it too)."""
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 300, (70, 40), generator=g)
+    vals = torch.randn(70, 40, generator=g) * (torch.rand(70, 40, generator=g) > 0.4)
+    vals[0, :3] = float("nan")
+    for values in (vals, vals.bfloat16()):
+        want = kernels.code_fired(values, idx, 300, impl="reference")
+        got = kernels.code_fired(values, idx, 300, impl=impl)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert got[0].dtype == torch.bool and got[1].dtype == torch.int64 and 0 < int(got[0].sum()) < 300
+    bad = idx.clone()
+    bad[5, 0], vals[5, 0] = 1000, 1.0
+    with pytest.raises(IndexError):
+        kernels.code_fired(vals, bad, 300, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_support_with_equal_scores(impl):
     """Rows of few distinct values (many equal scores): the same supports; the numba search orders equal scores by
     increasing column."""
@@ -81,7 +116,7 @@ def test_encode_sparsemax_values_and_grads(impl, lam, m, monkeypatch):
     for name, a, r in zip(["value", "x", "W_enc", "b_enc", "scale"], got[:1] + got[3:], want[:1] + want[3:]):
         scale = max(1.0, float(r.abs().max()))
         torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-5, msg=lambda s, name=name: f"{name}: {s}")
-    monkeypatch.setitem(kernels.IMPLS["sparsemax_support"], impl, "torch_impl:sparsemax_support")
+    monkeypatch.setitem(kernels.IMPLS["sparsemax_pack"], impl, "torch_impl:sparsemax_pack")
     before = _grads(impl, x, W, b, lam, w, m)
     for a, r in zip(got, before):
         assert torch.equal(a, r)
@@ -105,27 +140,28 @@ def test_square_norms_values_and_grads_are_the_references(impl):
     assert out[impl][1].stride() == (1, 48)
 
 
-def _spade_grads(impl, x, W, b, s, lam, w, m):
+def _spade_grads(impl, x, W, b, s, lam, w, m, unit=1.0):
     leaves = [t.clone().requires_grad_() for t in (x, W, b, s, lam)]
     rows = leaves[0].square().sum(dim=1)
     f, idx, _, total = kernels.encode_spade(leaves[0], leaves[1].t(), leaves[2], leaves[3], leaves[4], rows, m,
-                                            impl=impl)
+                                            impl=impl, value_scale=unit)
     dense = torch.zeros(x.shape[0], W.shape[0], dtype=x.dtype).scatter_add(1, idx, f)
     ((dense * w).sum() + 0.1 * total).backward()
     return [dense.detach(), total.detach()] + [t.grad for t in leaves]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("s,m", [(0.002, 4), (0.02, 16), (0.4, 6)])
-def test_encode_spade_values_and_grads(impl, s, m, monkeypatch):
+@pytest.mark.parametrize("s,m,unit", [(0.002, 4, 1.0), (0.02, 16, 27.7), (0.4, 6, 0.3)])
+def test_encode_spade_values_and_grads(impl, s, m, unit, monkeypatch):
     """SpaDE's code and distance term (``encode_spade``; numba: the fused tail) against the dense reference: the
-    code, the term, and the gradients of x (through the scores and |x|^2), W_enc, b_enc, the scale and lambda."""
+    code (times ``value_scale``), the term, and the gradients of x (through the scores and |x|^2), W_enc, b_enc, the
+    scale and lambda."""
     monkeypatch.setattr(kind_ops, "ROW_CHUNK", 16)
     g = torch.Generator().manual_seed(3)
     x, W, b = torch.randn(40, 16, generator=g), torch.randn(400, 16, generator=g), 0.3 * torch.randn(400, generator=g)
     w, s, lam = torch.randn(40, 400, generator=g), torch.tensor(s), torch.tensor(0.7)
-    want = _spade_grads("reference", x, W, b, s, lam, w, m)
-    got = _spade_grads(impl, x, W, b, s, lam, w, m)
+    want = _spade_grads("reference", x, W, b, s, lam, w, m, unit)
+    got = _spade_grads(impl, x, W, b, s, lam, w, m, unit)
     for name, a, r in zip(["code", "distance term", "x", "W_enc", "b_enc", "scale", "lambda"], got, want):
         scale = max(1.0, float(r.abs().max()))
         torch.testing.assert_close(a / scale, r / scale, rtol=1e-4, atol=1e-5, msg=lambda t, name=name: f"{name}: {t}")

@@ -84,14 +84,39 @@ def test_wide_gather_pre_grads(impl):
     idx, w = _code(256, 40, 80, seed=3)
     x, W_t = torch.randn(256, 36, generator=g), torch.randn(80, 36, generator=g)
 
+    other = torch.randn(36, 80, generator=g)
+
     def grads(i):
         xl, Wl = x.clone().requires_grad_(), W_t.clone().requires_grad_()
-        out = kernels.gather_pre(xl, Wl.t(), idx, impl=i)
-        (out * w).sum().backward()
+        W = Wl.t()
+        out = kernels.gather_pre(xl, W, idx, impl=i)
+        ((out * w).sum() + (W * other).sum()).backward()  # a second term of W_enc's gradient (SpaDE's norms)
         return out.detach(), xl.grad, Wl.grad
 
     for name, a, r in zip(["values", "x", "W_enc"], grads(impl), grads("reference")):
         _close(a, r, name)
+
+
+@needs_numba
+def test_wide_encoder_backward_layout_and_dtypes():
+    """numba's encoder backward on a wide code gives W_enc's gradient in W_enc's latent-major layout, for float32 rows
+    x (a tensor of its own over the recycled array, so autograd adds into it in place) and bf16 ones (a transposed
+    view of the converted gradient)."""
+    from conceptdict.saes.kernels import numba_impl
+
+    g = torch.Generator().manual_seed(4)
+    idx, w = _code(256, 40, 80, seed=4)
+    W = torch.randn(80, 36, generator=g).t()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(256, 36, generator=g).to(dtype)
+        _, grad_W = numba_impl.encoder_backward(idx, w, x, W)
+        assert grad_W.dtype == dtype and grad_W.shape == W.shape and grad_W.stride() == W.stride()
+        assert grad_W._is_view() == (dtype != torch.float32)
+        want = torch.zeros(256, 80).scatter_add(1, idx, w).t() @ x.float()  # [L, D]
+        if dtype == torch.float32:
+            _close(grad_W, want.t(), "W_enc")
+        else:  # the float32 sums rounded to bf16 once: within a bf16 rounding of them
+            torch.testing.assert_close(grad_W.float(), want.t(), rtol=2**-8, atol=1e-6)
 
 
 @needs_numba

@@ -44,7 +44,7 @@ from .sparse import Encoded
 
 # operation -> impl name -> "module:function" (imported lazily on first use)
 OPS = ("encode", "encode_topk", "batch_topk", "sparse_decode", "encode_aux", "gather_pre", "encode_above",
-       "project_rows", "adam_rows", "sparsemax_support")
+       "project_rows", "adam_rows", "sparsemax_support", "sparsemax_pack", "code_fired")
 IMPLS: dict[str, dict[str, str]] = {
     op: {name: f"{module}:{op}" for name, module in
          (("reference", "reference"), ("torch", "torch_impl"), ("numba", "numba_impl"), ("triton", "triton_impl"))}
@@ -234,6 +234,21 @@ def sparsemax_support(pre: Tensor, scale: Tensor, n_candidates: int, impl: str =
     return _fn("sparsemax_support", impl, pre)(pre, scale, n_candidates)
 
 
+def sparsemax_pack(pre: Tensor, scale: Tensor, n_candidates: int,
+                   impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`sparsemax_support`'s (indices [n, K], size [n]) and the scores ``pre`` at those indices, 0 after each
+    row's support ([n, K], pre's dtype): SpaDE's packed support of one chunk of rows. ``numba`` writes the three in
+    one pass after its search; the others gather."""
+    return _fn("sparsemax_pack", impl, pre)(pre, scale, n_candidates)
+
+
+def code_fired(values: Tensor, indices: Tensor, n_latents: int, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """(fired [L] bool: the latents with a positive entry, count [B] int64: each row's positive entries) of a
+    zero-padded code values / indices [B, K], without autograd. ``numba``: one pass over the code; the others
+    torch's compare, masked index and row sums (``reference.code_fired``)."""
+    return _fn("code_fired", impl, values)(values, indices, n_latents)
+
+
 def encode_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, dead: Tensor, k_aux: int, impl: str = "auto") -> SparseCode:
     """Top ``k_aux`` of ReLU(pre) among dead latents (bool [L]) per row, for the AuxK loss."""
     values, indices = _fn("encode_aux", impl, x)(x, W_enc, b_enc, dead, k_aux)
@@ -250,7 +265,8 @@ from .kinds import (
 )
 
 __all__ = [
-    "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "encode", "encode_above", "encode_aux", "encode_spade",
+    "IMPLS", "Encoded", "SparseCode", "adam_rows", "batch_topk", "code_fired", "encode", "encode_above", "encode_aux",
+    "encode_spade",
     "encode_sparsemax", "encode_topk", "gather_pre", "prefix_decodes", "prefix_errors", "project_rows", "resolve_impl",
-    "sparse_decode", "sparsemax_support", "square_norms",
+    "sparse_decode", "sparsemax_pack", "sparsemax_support", "square_norms",
 ]

@@ -39,12 +39,12 @@ def _gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str, values: Te
 
 def _support(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
              impl: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Without autograd: each row's sparsemax support from ``kernels.sparsemax_support`` on chunks of the scores,
+    """Without autograd: each row's sparsemax support from ``kernels.sparsemax_pack`` on chunks of the scores,
     packed: (indices [B, K], kept [B, K], size [B], the scores x W_enc + b_enc there [B, K], 0 at the padding)."""
-    from . import sparsemax_support
+    from . import sparsemax_pack
 
     B = x.shape[0]
-    parts, sizes, scores = [], [], []
+    parts = []
     with torch.no_grad():
         # one chunk buffer for every chunk: a fresh [ROW_CHUNK, L] output is a fresh mapping, its pages faulted in at
         # every chunk (8 x 32 MiB a step at B 4096, L 16384)
@@ -52,20 +52,20 @@ def _support(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidate
         for s in range(0, B, ROW_CHUNK):
             xs = x[s : s + ROW_CHUNK]
             pre = torch.addmm(b_enc, xs, W_enc, out=buf[: xs.shape[0]])
-            idx, size = sparsemax_support(pre, scale, n_candidates, impl=impl)
-            parts.append(idx)
-            sizes.append(size)
-            scores.append(pre.gather(1, idx))
-        size = torch.cat(sizes)
+            parts.append(sparsemax_pack(pre, scale, n_candidates, impl=impl))  # zero-padded after each support
+        size = torch.cat([p[1] for p in parts])
         K = max(int(size.max()), 1)
-
-        def joined(chunks: list[Tensor]) -> Tensor:
-            return torch.cat([p[:, :K] if p.shape[1] >= K else
-                              torch.cat([p, p.new_zeros(p.shape[0], K - p.shape[1])], dim=1) for p in chunks])
-
+        # the chunks' codes copied into the [B, K] code, each row zero-padded from its chunk's width on (one pass)
+        indices = torch.empty(B, K, dtype=torch.long, device=x.device)
+        scores = torch.empty(B, K, dtype=buf.dtype, device=x.device)
+        s = 0
+        for idx, n, sc in parts:
+            w = idx.shape[1]
+            indices[s : s + n.shape[0], :w], scores[s : s + n.shape[0], :w] = idx, sc
+            indices[s : s + n.shape[0], w:], scores[s : s + n.shape[0], w:] = 0, 0.0
+            s += n.shape[0]
         kept = torch.arange(K, device=x.device) < size[:, None]
-        indices = joined(parts)  # zero-padded after each row's support already (sparsemax_support)
-        return indices, kept, size, joined(scores) * kept
+        return indices, kept, size, scores
 
 
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_candidates: int,
@@ -85,29 +85,34 @@ def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, n_c
 
 
 def encode_spade(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor, lam: Tensor, row_sq: Tensor,
-                 n_candidates: int, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 n_candidates: int, impl: str = "auto", *,
+                 value_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """SpaDE's code and distance term: f = sparsemax(z), z = (x W_enc + b_enc) * scale per row, packed as
-    ``encode_sparsemax``'s, and ``sum_b sum_j f_bj max(row_sq[b] - z_bj / lam, 0)`` (0-dim): (f, indices, kept, that
-    sum), differentiable in x, W_enc, b_enc, scale, lam and row_sq [B]. The ``numba`` implementation (float32 CPU)
+    ``encode_sparsemax``'s, and ``sum_b sum_j f_bj max(row_sq[b] - z_bj / lam, 0)`` (0-dim): (f * value_scale, indices,
+    kept, that sum), differentiable in x, W_enc, b_enc, scale, lam and row_sq [B] (``value_scale`` a number, the
+    code's unit: SpaDE decodes c f; the numba tail writes it with f, in f's float32 rounding of ``f * value_scale``,
+    and takes it out of f's gradient in its backward pass). The ``numba`` implementation (float32 CPU)
     computes tau, f and the sum in one pass per row and their gradients in one more (``numba_sparsemax.tail_*``),
     in place of ~40 torch passes over the [B, K] code forward and backward (~250 ms of CPU a step at SpaDE's ~1,100
     entries a row, B 4096, one thread); the others are ``encode_sparsemax`` and the distance term in torch."""
     if not _numba_float32("sparsemax_support", impl, x, W_enc, b_enc, scale, lam, row_sq):
         f, indices, z, kept = encode_sparsemax(x, W_enc, b_enc, scale, n_candidates, impl=impl)
         dist = (row_sq[:, None] - z / lam).clamp_min(0)
-        return f, indices, kept, (f * dist * kept).sum()
+        return f * value_scale if value_scale != 1.0 else f, indices, kept, (f * dist * kept).sum()
     indices, kept, size, pre = _support(x, W_enc, b_enc, scale, n_candidates, impl)
-    f, total = _SpadeTail.apply(_gather_pre(x, W_enc, indices, impl, pre), b_enc, indices, size, scale, lam, row_sq)
+    f, total = _SpadeTail.apply(_gather_pre(x, W_enc, indices, impl, pre), b_enc, indices, size, scale, lam, row_sq,
+                                value_scale)
     return f, indices, kept, total
 
 
 class _SpadeTail(torch.autograd.Function):
     """(u = the packed scores x W_enc + b_enc [B, K] (differentiable through ``gather_pre``), b_enc, indices, size,
-    scale, lam, row_sq) -> (f [B, K], the distance term (0-dim)) by ``numba_sparsemax.tail_forward``; b_enc's
+    scale, lam, row_sq, value_scale) -> (f * value_scale [B, K], the distance term (0-dim)) by
+    ``numba_sparsemax.tail_forward``; b_enc's
     gradient is grad_u summed into its indices, as the gather b_enc[indices] would give it."""
 
     @staticmethod
-    def forward(ctx, u, b_enc, indices, size, scale, lam, row_sq):
+    def forward(ctx, u, b_enc, indices, size, scale, lam, row_sq, value_scale):
         import numpy as np
 
         from . import numba_sparsemax as ns
@@ -117,7 +122,8 @@ class _SpadeTail(torch.autograd.Function):
         sz = size.numpy()
         f, tau, pen = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B, np.float64)
         ctx.scale_lam = np.float32(float(scale)), np.float32(float(lam))
-        ns.tail_forward(un, sz, *ctx.scale_lam, rs, f, tau, pen)
+        ctx.unit = np.float32(value_scale)  # (a number times a float32 tensor: torch multiplies in float32 too)
+        ns.tail_forward(un, sz, *ctx.scale_lam, rs, ctx.unit, f, tau, pen)
         ctx.arrays = un, sz, rs, f, tau
         ctx.save_for_backward(indices, b_enc)
         return torch.from_numpy(f), torch.tensor(float(pen.sum()), dtype=u.dtype)
@@ -133,13 +139,16 @@ class _SpadeTail(torch.autograd.Function):
         s, lam = ctx.scale_lam
         B, K = un.shape
         gu, grs, ps, pl = np.empty((B, K), np.float32), np.empty(B, np.float32), np.empty(B), np.empty(B)
-        ns.tail_backward(un, f, tau, sz, s, lam, rs, grad_f.contiguous().numpy(), np.float32(float(grad_total)), gu,
-                         grs, ps, pl)
+        ns.tail_backward(un, f, tau, sz, s, lam, rs, ctx.unit, grad_f.contiguous().numpy(),
+                         np.float32(float(grad_total)), gu, grs, ps, pl)
         grad_u = torch.from_numpy(gu)
-        grad_b = torch.zeros_like(b_enc).index_add_(0, indices.flatten(), grad_u.flatten()) \
-            if ctx.needs_input_grad[1] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:  # index_add_'s sums (one thread, in the code's order) in numba: ~10 ms less a step
+            grad_b = np.zeros(b_enc.shape[0], np.float32)
+            ns.add_at(indices.contiguous().numpy().reshape(-1), gu.reshape(-1), grad_b)
+            grad_b = torch.from_numpy(grad_b).to(b_enc.dtype)
         return (grad_u, grad_b, None, None, torch.tensor(float(ps.sum()), dtype=grad_u.dtype),
-                torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs))
+                torch.tensor(float(pl.sum()), dtype=grad_u.dtype), torch.from_numpy(grs), None)
 
 
 def square_norms(W: Tensor, impl: str = "auto") -> Tensor:

@@ -221,7 +221,8 @@ def by_latent(idx: Tensor, val: Tensor, L: int) -> Buckets | None:
     BatchTopK code counts its nonzero entries only)."""
     if idx.numel() < nw.WIDE_ENTRIES * L or L == 0 or idx.numel() >= 2**31:  # entry ids are int32
         return None
-    nonzero = int(torch.count_nonzero(val))
+    nonzero = int(nw.count_nonzero(val.detach().contiguous().numpy().reshape(-1))) if val.dtype == torch.float32 \
+        else int(torch.count_nonzero(val))  # (numba's: one pass at memory speed; torch's was ~8 ms a SpaDE code)
     if nonzero < nw.WIDE_ENTRIES * L:
         return None
     code = _same_entries(idx, val, nonzero)
@@ -249,8 +250,8 @@ def _same_entries(idx: Tensor, val: Tensor, nonzero: int) -> Buckets | None:
     if count != nonzero or last.data_ptr() != idx.data_ptr() or last.shape != idx.shape or \
             last.stride() != idx.stride() or idx._version != version or val.shape != idx.shape:
         return None
-    value = _f32(val).reshape(-1)[code.entry]
-    if int(np.count_nonzero(value)) != nonzero:
+    value = np.empty(code.entry.shape[0], np.float32)
+    if int(nw.take_nonzero(_f32(val).reshape(-1), code.entry, value)) != nonzero:  # (numpy's take: ~60 ms a step)
         return None
     return code._replace(value=value, dtype=val.dtype)
 
@@ -292,7 +293,10 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
     if W_enc.t().is_contiguous() and W_enc.dtype in (torch.float32, torch.bfloat16):
         code = by_latent(idx, g, W_enc.shape[1])
         if code is not None:
-            return latent_gather_sum(code, W_enc.t(), None), latent_scatter(code, x).t()
+            grad_W = latent_scatter(code, x)  # [L, D]; in W_enc's [D, L] layout a tensor of its own, not a view
+            # (float32: the recycled array read through its transpose), so autograd can add another term into it
+            grad_W = torch.from_numpy(grad_W.numpy().T) if grad_W.dtype == torch.float32 else grad_W.t()
+            return latent_gather_sum(code, W_enc.t(), None), grad_W
         grad_x = gather_sum(idx, g, W_enc.t(), None)
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
@@ -340,19 +344,45 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tenso
     into a recycled uninitialised [n, L] int32 array (``_recycled``: a fresh one costs a page fault for each row's
     first pages at every call, 200 ms of CPU a step at the benchmark's shapes; 32 MiB for ``kinds.ROW_CHUNK`` rows at
     L 16384, which ``saes.sizing`` counts), of which only each row's first pages are ever touched."""
+    from . import torch_impl
+
+    if not _searched_here(pre, scale):
+        return torch_impl.sparsemax_support(pre, scale, m)
+    idx, size, _ = sparsemax_pack(pre, scale, m)
+    return idx, size
+
+
+def _searched_here(pre: Tensor, scale: Tensor) -> bool:
+    _check_cpu(pre)
+    return pre.dtype == torch.float32 and scale.dtype == torch.float32 and pre.shape[1] > 0
+
+
+def sparsemax_pack(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``kernels.sparsemax_pack``: the search of :func:`sparsemax_support`, then the support's int64 indices and its
+    scores packed in one pass (``numba_sparsemax.pack_rows``); torch's for other dtypes."""
     from . import numba_sparsemax as ns
     from . import torch_impl
 
-    _check_cpu(pre)
-    if pre.dtype != torch.float32 or scale.dtype != torch.float32 or pre.shape[1] == 0:
-        return torch_impl.sparsemax_support(pre, scale, m)
+    if not _searched_here(pre, scale):
+        return torch_impl.sparsemax_pack(pre, scale, m)
     n, L = pre.shape
     out = _recycled((n, L), np.int32)
     size = np.empty(n, np.int64)
-    ns.sparsemax_rows(pre.detach().contiguous().numpy(), np.float32(float(scale)), out, size)
-    size = torch.from_numpy(size)
+    rows = pre.detach().contiguous().numpy()
+    ns.sparsemax_rows(rows, np.float32(float(scale)), out, size)
     K = max(int(size.max()) if n else 0, 1)
-    return torch.where(torch.arange(K) < size[:, None], torch.from_numpy(out[:, :K]).long(), 0), size
+    idx, scores = np.empty((n, K), np.int64), np.empty((n, K), np.float32)
+    ns.pack_rows(rows, out, size, idx, scores)
+    return torch.from_numpy(idx), torch.from_numpy(size), torch.from_numpy(scores)
+
+
+def code_fired(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    """``kernels.code_fired`` in one pass over the code (``numba_wide.code_fired``); the reference for a code that
+    is not on the CPU."""
+    if values.device.type != "cpu" or indices.device.type != "cpu":
+        return reference.code_fired(values, indices, n_latents)
+    fired, count = nw.code_fired(_f32(values), _i64(indices), n_latents)
+    return torch.from_numpy(fired), torch.from_numpy(count)
 
 
 class _PrefixErrors(torch.autograd.Function):

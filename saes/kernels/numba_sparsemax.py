@@ -186,6 +186,23 @@ def _rows(pre, s, parts, out, size):
             size[b] = _row_support(pre[b], s, bv, bi, sort_buffers, out[b])
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def pack_rows(pre, cols, size, idx, scores):
+    """Per row b of pre [n, L]: idx[b, j] = cols[b, j] and scores[b, j] = pre[b, cols[b, j]] for j < size[b], 0 after
+    (idx [n, K] int64, scores [n, K] float32): the packed support and its scores from :func:`sparsemax_rows`' out, in
+    one pass (torch's int64 conversion, mask, gather and mask of the [n, K] code were four)."""
+    n, K = idx.shape
+    for b in prange(n):
+        m = size[b]
+        for j in range(m):
+            c = cols[b, j]
+            idx[b, j] = c
+            scores[b, j] = pre[b, c]
+        for j in range(m, K):
+            idx[b, j] = 0
+            scores[b, j] = np.float32(0.0)
+
+
 def sparsemax_rows(pre, s, out, size):
     """Per row b of pre [n, L] (float32): the support of sparsemax(pre[b] * s), by decreasing score, into
     out[b, :size[b]] (out [n, L]; the slots after a row's support hold other candidates or nothing). Each thread
@@ -197,10 +214,10 @@ def sparsemax_rows(pre, s, out, size):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def tail_forward(u, size, s, lam, row_sq, f, tau, pen):
+def tail_forward(u, size, s, lam, row_sq, unit, f, tau, pen):
     """Per row b of the packed scores u [B, K] (the support first, size[b] entries): z = u s, tau[b] = (sum z - 1) /
-    size[b] (the sum in float64), f = max(z - tau, 0) on the support and 0 after it, and pen[b] = sum over the
-    support of f max(row_sq[b] - z / lam, 0) (SpaDE's distance-weighted L1, in float64)."""
+    size[b] (the sum in float64), f = max(z - tau, 0) on the support and 0 after it, written as f * unit (float32),
+    and pen[b] = sum over the support of f max(row_sq[b] - z / lam, 0) (SpaDE's distance-weighted L1, in float64)."""
     B, K = u.shape
     zero = np.float32(0.0)
     for b in prange(B):
@@ -214,7 +231,7 @@ def tail_forward(u, size, s, lam, row_sq, f, tau, pen):
         for j in range(n):
             z = u[b, j] * s
             v = max(z - t, zero)
-            f[b, j] = v
+            f[b, j] = v * unit
             p += np.float64(v * max(row_sq[b] - z / lam, zero))
         for j in range(n, K):
             f[b, j] = zero
@@ -222,8 +239,9 @@ def tail_forward(u, size, s, lam, row_sq, f, tau, pen):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, grad_rs, part_s, part_lam):
-    """The gradients of :func:`tail_forward`'s f and sum(pen) (``grad_f`` [B, K], ``grad_pen`` a float): grad_u [B, K],
+def tail_backward(u, f, tau, size, s, lam, row_sq, unit, grad_f, grad_pen, grad_u, grad_rs, part_s, part_lam):
+    """The gradients of :func:`tail_forward`'s f * unit and sum(pen) (``f``: its output, f * unit; ``grad_f`` [B, K]
+    that of f * unit, times unit in float32 for f's; ``grad_pen`` a float): grad_u [B, K],
     grad_rs [B] (of row_sq), and per row the parts of the gradients of s and lam (summed by the caller). Computed in
     float64 (the gradient of s sums terms that nearly cancel: the rows of sparsemax's Jacobian sum to 0)."""
     B, K = u.shape
@@ -237,7 +255,7 @@ def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, gra
             z = u[b, j] * s
             d = row_sq[b] - z / lam
             keep = z - t >= zero
-            a = np.float64(grad_f[b, j]) + gp * np.float64(max(d, zero)) if keep else 0.0  # decode's + penalty's
+            a = np.float64(grad_f[b, j] * unit) + gp * np.float64(max(d, zero)) if keep else 0.0  # decode's + penalty's
             grad_u[b, j] = a
             total += a
         mean = total / max(n, 1)
@@ -245,7 +263,7 @@ def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, gra
         for j in range(n):
             z = u[b, j] * s
             d = row_sq[b] - z / lam
-            gd = gp * np.float64(f[b, j]) if d >= zero else 0.0  # the distance's gradient (through its clamp)
+            gd = gp * np.float64(max(z - t, zero)) if d >= zero else 0.0  # the distance's (f: the forward's, again)
             a = np.float64(grad_u[b, j]) if z - t >= zero else 0.0
             gz = a - mean - gd / lam64
             grad_u[b, j] = gz * s64
@@ -255,3 +273,11 @@ def tail_backward(u, f, tau, size, s, lam, row_sq, grad_f, grad_pen, grad_u, gra
         for j in range(n, K):
             grad_u[b, j] = zero
         part_s[b], part_lam[b], grad_rs[b] = gs, gl, gr
+
+
+@njit(cache=True, nogil=True)
+def add_at(idx, src, out):
+    """out[idx[t]] += src[t] for every t in order, in float32: torch's CPU ``index_add_`` on a 1-D tensor (one thread,
+    in the index's order), so the same sums bit for bit."""
+    for t in range(idx.shape[0]):
+        out[idx[t]] += src[t]

@@ -33,9 +33,27 @@ WIDE_ENTRIES = 32
 at the benchmark's shapes has ~240 (measured there: the decode 345 against 490 ms of CPU, a scatter 321 against
 866), TopK's 8 (its row kernels stay)."""
 
-PACKED_FLOATS = 1 << 18
-"""Floats of one packed tile ([B, tile]: 1 MiB, an L2 of this project's CPUs): the tile is the widest multiple of 16
-columns that fits, at least 16 (64 at B 4096)."""
+def _l2_bytes() -> int:
+    """The first CPU's L2 cache in bytes (Linux sysfs), 0 where it cannot be read."""
+    from pathlib import Path
+
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip().upper()
+                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            return 0
+    return 0
+
+
+PACKED_FLOATS = max(1 << 18, 3 * _l2_bytes() // 16)
+"""Floats of one packed tile of the gather-sum and the scatter ([B, tile]): 3/4 of an L2 where it holds more than
+1 MiB's floats (the AMX Xeon's 2 MiB: 1.5 MiB, 96 columns at B 4096), else 1 MiB (the AMD EPYC's L2, 64 columns
+at B 4096); the tile is the widest multiple of 16 columns that fits, at least 16. A column's sums do not depend on
+the tile (each is its entries' in bucket order), so neither do the results. On the Xeon, one thread, the
+benchmark's SpaDE code: tiles of 64 / 96 / 128 columns, gather-sum 297-313 / 272-287 / 265-292 ms, scatter
+219-229 / 183-197 / 191-226 (docs/results/speed.md, branch i53-spade5)."""
 
 
 def tile_width(B: int, D: int) -> int:
@@ -214,3 +232,58 @@ def gather_dot(start, row, entry, G, W, tile, out):
         _dot_tile(start, row, P, W, d0, d0 == 0, acc)
     out[:] = 0.0
     _place(entry, acc, out.reshape(-1))
+
+
+@njit(parallel=True, cache=True, nogil=True)  # no fastmath: NaN compares as itself
+def count_nonzero(flat):
+    """The nonzero entries of the float32 array ``flat`` (numpy's and torch's count), the threads summing parts."""
+    n = 0
+    for t in prange(flat.shape[0]):
+        n += flat[t] != 0.0
+    return n
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def take_nonzero(flat, entry, out):
+    """out[t] = flat[entry[t]]; returns how many of them are nonzero."""
+    n = 0
+    for t in prange(entry.shape[0]):
+        v = flat[entry[t]]
+        out[t] = v
+        n += v != 0.0
+    return n
+
+
+@njit(parallel=True, cache=True, nogil=True)  # no fastmath: a NaN value must not compare as positive
+def _fired(val, idx, n_parts, fired, count, bad):
+    """fired[p, r]: latent r has a positive entry in part p of the rows; count[b]: row b's positive entries; bad[p]:
+    part p met a positive entry whose index is outside [0, L)."""
+    B, K = idx.shape
+    L = fired.shape[1]
+    for p in prange(n_parts):
+        mine = fired[p]
+        for b in range(p * B // n_parts, (p + 1) * B // n_parts):
+            c = 0
+            for j in range(K):
+                if val[b, j] > 0.0:
+                    r = idx[b, j]
+                    if r < 0 or r >= L:
+                        bad[p] = True
+                    else:
+                        mine[r] = True
+                    c += 1
+            count[b] = c
+
+
+def code_fired(val, idx, L):
+    """(fired [L] bool: the latents with a positive entry, count [B] int64: each row's positive entries) of the code
+    val / idx [B, K], in one pass (the rows split between the threads, each marking its own [L] row)."""
+    n_parts = max(1, min(numba.get_num_threads(), idx.shape[0]))
+    fired = np.zeros((n_parts, L), np.bool_)
+    count = np.empty(idx.shape[0], np.int64)
+    bad = np.zeros(n_parts, np.bool_)
+    _fired(val, idx, n_parts, fired, count, bad)
+    if bad.any():
+        raise IndexError(f"a positive entry of the code has an index outside [0, {L}): the code's indices must be "
+                         f"latents of a dictionary of {L}")
+    return fired.any(axis=0), count

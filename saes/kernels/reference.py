@@ -203,6 +203,28 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int = 0) -> tuple[Tensor, T
     return order[:, :K] * (torch.arange(K, device=pre.device) < size[:, None]), size
 
 
+def sparsemax_pack(pre: Tensor, scale: Tensor, m: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`sparsemax_support`'s (indices, size) and the scores ``pre`` there, 0 after each row's support [n, K]."""
+    idx, size = sparsemax_support(pre, scale, m)
+    return idx, size, scores_at_support(pre, idx, size)
+
+
+def scores_at_support(pre: Tensor, idx: Tensor, size: Tensor) -> Tensor:
+    """pre [n, L] at the packed support idx [n, K] (its first ``size`` entries a row), 0 after it."""
+    return torch.where(torch.arange(idx.shape[1], device=idx.device) < size[:, None], pre.gather(1, idx), 0.0)
+
+
+@torch.no_grad()
+def code_fired(values: Tensor, indices: Tensor, n_latents: int) -> tuple[Tensor, Tensor]:
+    """(fired [L] bool: the latents with a positive entry, count [B] int64: each row's positive entries) of a
+    zero-padded code values / indices [B, K]. The entries that did not fire write into a slot past the last latent,
+    cut off (no boolean index)."""
+    active = values > 0
+    fired = torch.zeros(n_latents + 1, dtype=torch.bool, device=values.device)
+    fired[torch.where(active, indices, n_latents)] = True
+    return fired[:n_latents], active.sum(dim=1)
+
+
 def encode_sparsemax(x: Tensor, W_enc: Tensor, b_enc: Tensor, scale: Tensor,
                      n_candidates: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """f = sparsemax((x W_enc + b_enc) * scale) per row, packed: (f [B, K], indices, z there [B, K], kept)."""

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .reference import adam_rows, project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
+from . import reference
+from .reference import adam_rows, code_fired, project_rows  # noqa: F401  (torch's ops are the kernel)
 from .sparse import Backend, make_ops
 
 # rows of [chunk, K, D] gathered at a time by the portable gather-dot (bounds its memory)
@@ -65,6 +66,12 @@ def sparsemax_support(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tenso
     K = max(int(size.max()) if size.numel() else 0, 1)
     idx = idx[:, :K] if idx.shape[1] >= K else torch.cat([idx, idx.new_zeros(idx.shape[0], K - idx.shape[1])], dim=1)
     return idx * (torch.arange(K, device=idx.device) < size[:, None]), size
+
+
+def sparsemax_pack(pre: Tensor, scale: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``kernels.sparsemax_pack``: :func:`sparsemax_support` and a gather of the scores there."""
+    idx, size = sparsemax_support(pre, scale, m)
+    return idx, size, reference.scores_at_support(pre, idx, size)
 
 
 def _support(z: Tensor, m: int) -> tuple[Tensor, Tensor]:

@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .reference import adam_rows, project_rows  # noqa: F401  (elementwise and row sums: torch's ops are the kernel)
+from .reference import adam_rows, code_fired, project_rows  # noqa: F401  (torch's ops are the kernel)
 from .sparse import Backend, make_ops
-from .torch_impl import sparsemax_support, torch_row_topk  # noqa: F401  (the search: torch's)
+from .torch_impl import sparsemax_pack, sparsemax_support, torch_row_topk  # noqa: F401  (the search: torch's)
 
 BLOCK_D = 128
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"

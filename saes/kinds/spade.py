@@ -101,12 +101,13 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs) -> TrainOutput:
     half_norms = -0.5 * c * kernels.square_norms(W, impl=model.kernel_impl)
     # the distance term sum_j f_j |xc - p_j|^2, with |xc - p_j|^2 = |xc|^2 - z_j / lambda at the support
     # (z_j = 2 lambda xc.p_j - lambda |p_j|^2), comes with the code
-    f, idx, _, dist = kernels.encode_spade(xc, W, half_norms, 2 * c * lam, lam, xc.square().sum(dim=1),
-                                           n_candidates(model), impl=model.kernel_impl)
-    x_hat = kernels.sparse_decode(f * c, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
+    # (the code comes as c f: the decode's values)
+    cf, idx, _, dist = kernels.encode_spade(xc, W, half_norms, 2 * c * lam, lam, xc.square().sum(dim=1),
+                                            n_candidates(model), impl=model.kernel_impl, value_scale=c)
+    x_hat = kernels.sparse_decode(cf, idx, model.W_dec, model.b_dec, impl=model.kernel_impl, skip_zero_grads=True)
     coeff = inputs.settings.spade_coeff if inputs.settings is not None else DEFAULT_COEFF
     penalty = coeff * dist / inputs.stats.total_var
-    fired, l0 = fired_from_code(f.detach(), idx, model.n_latents)
+    fired, l0 = fired_from_code(cf.detach(), idx, model.n_latents, impl=model.kernel_impl)  # c > 0: f's positives
     return TrainOutput(x_hat, fired, l0, penalty, None, None)
 
 
