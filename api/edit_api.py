@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Sequence
 from conceptdict.activations import ActivationStore, ModelHandle, load_model
 from conceptdict.activations.intervene import dictionary_edits, dictionary_hookpoint, spliced
 from conceptdict.activations.tokens import causal_lm_source
-from conceptdict.naming import dictionary_of, load_cbm
+from conceptdict.naming import CbmResult, ConceptDictionary, dictionary_of, load_cbm  # noqa: F401 (hints)
 from conceptdict.naming.interventions.erase import (
     EraseConfig,
     apply_eraser,

@@ -11,6 +11,7 @@ from typing import Any, Literal, Mapping, Sequence, TypedDict, overload
 from typing_extensions import Unpack
 
 from conceptdict import ranks
+from conceptdict.activations import ActivationStore  # noqa: F401 (StoreLike's hints name it)
 from conceptdict.activations.live import LiveConfig
 from conceptdict.saes import FlatField, SparseCoder, TrainConfig, flat_train_fields, train_config
 from conceptdict.saes.flat import TrainingSettings
