@@ -165,3 +165,13 @@ def test_check_same_texts_reads_the_manifests_fingerprints():
 def test_route_names_number_a_shared_hookpoint():
     assert route_names(["a", "b"]) == ["a", "b"]
     assert route_names(["a", "a", "b"]) == ["a#0", "a#1", "b"]
+
+
+@pytest.mark.unit
+def test_a_gap_note_points_one_dictionary_to_also():
+    from conceptdict.naming.bottleneck.notes import gap_notes
+
+    alone = {"probe_gap": 0.05, "probe_accuracy": 0.9, "accuracy": 0.85}
+    assert any("--also" in n for n in gap_notes(alone))
+    assert not any("--also" in n for n in gap_notes({**alone, "parts": [{"route": "a"}, {"route": "b"}]}))
+    assert gap_notes({**alone, "probe_gap": 0.01}) == []  # within the 2 points: no notes at all

@@ -23,6 +23,10 @@ def gap_notes(metrics: dict[str, Any]) -> list[str]:
                  "or other concepts carry more), " if lost > 0 else "they carry what the raw probe reads, ")
         notes.append(f"- the same probe on the concept activations (dense: all of them, no L1) is at {100 * dense:.1f}"
                      f"%: {where}{100 * (dense - metrics['accuracy']):.1f} in the bottleneck's sparsity")
+    if not metrics.get("parts"):  # one dictionary: the route that held the probe on every bench corpus joins two
+        notes.append("- a second dictionary of the same texts at another level (a sentence one and a token one, "
+                     "`conceptdict cbm CONCEPTS --also OTHER`) held the probe within a point on six held-out corpora "
+                     "where each alone missed on some (docs/guide/concepts.md)")
     d = metrics.get("dictionary")
     if not d:
         return notes + ["- no dictionary measurement on these rows was recorded (fit through `conceptdict cbm`)"]
