@@ -7,7 +7,7 @@ from conceptdict.cli.args import ConfigError, add_config_flag, add_dataclass_arg
 from conceptdict.concept_api import CbmConfig
 from conceptdict.printing import format_cbm
 
-USAGE = "conceptdict cbm DICT_DIR [--label-column Y] [--dataset store|STORE] --out CBM_DIR [options]"
+USAGE = "conceptdict cbm DICT_DIR [--also DICT_DIR] [--label-column Y] [--dataset store|STORE] --out CBM_DIR [options]"
 HELP = "train a sparse concept bottleneck model on a concept dictionary and compare it with a linear probe"
 
 
