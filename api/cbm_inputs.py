@@ -77,10 +77,12 @@ def cbm_features(cbm: CbmLike, device: str = "cpu") -> CbmFeatures:
     if "dict_dir" not in meta or "store" not in meta:
         raise ConfigError("this CBM records no concept dictionary or store (it was not made by `conceptdict cbm`); "
                           "compute its inputs with naming.store_features")  # fmt: skip
+    pooling = meta.get("pooling")  # "none": every store sequence-level (no pooling), else the one it pooled with
     cfg = CbmConfig(label_column=meta.get("label_column"), dataset=meta["store"], sae=meta.get("sae"),
-                    also=[Path(p) for p in meta.get("also") or []], pooling=meta.get("pooling", "super")
-                    if meta.get("pooling") != "none" else "super", codes=meta.get("codes", "relu"),
-                    super_quantile=meta.get("super_quantile", 0.1), device=device)  # fmt: skip
+                    also=[Path(p) for p in meta.get("also") or []],
+                    pooling=pooling if pooling in ("mean", "max", "super") else "super",
+                    codes=meta.get("codes", "relu"), super_quantile=meta.get("super_quantile", 0.1),
+                    device=device)  # fmt: skip
     got = cbm_inputs(load_concepts(meta["dict_dir"]), cfg)
     width = len(got.names) + len((cbm.metrics.get("added_concepts") or {}).get("names", ()))
     if width != cbm.weight.shape[1]:

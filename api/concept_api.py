@@ -195,12 +195,11 @@ def cbm(concepts: ConceptsLike, *, label_column: str | None = None, dataset: str
     concepts = cd.path if cd.path is not None else "(in memory)"
     got = cbm_inputs(cd, cfg)
     cfg, feats, (model, config, store, hookpoint, sae) = got.cfg, got.features, got.sources[0]
-    if got.parts is None:
-        result = train_cbm(feats.concepts, feats.labels, got.names, cfg, raw=feats.raw,
-                           directions=concept_directions(model, feats.raw.shape[1]),
-                           residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None)
-    else:  # one bottleneck over several dictionaries (ids: the first one's, then the next one's from its width on)
-        result = train_cbm(feats.concepts, feats.labels, got.names, cfg, raw=feats.raw, parts=got.parts)
+    # with --also, got.parts: each dictionary's columns (ids run on from one to the next; directions unused)
+    result = train_cbm(feats.concepts, feats.labels, got.names, cfg, raw=feats.raw,
+                       directions=concept_directions(model, feats.raw.shape[1]),
+                       residual=cbm_residual(model, feats.raw, cfg.add_reads) if cfg.add_pairs else None,
+                       parts=got.parts)
     result.metrics["dictionary"] = dictionary_fit(Run(model, config, store, [hookpoint], sae))
     result = dataclasses.replace(result, meta={"dict_dir": str(concepts), "store": str(store.path),
                                                "hookpoint": hookpoint, "label_column": cfg.label_column,
