@@ -94,7 +94,11 @@ def test_the_command_line_takes_also_and_prints_each_part(two_routes, tmp_path, 
     assert main(["cbm", str(sentence), "--also", str(tokens), "--label-column", "topic", "--lam", "0.01",
                  "--cv-folds", "0", "--min-class-size", "3", "--out", str(tmp_path / "cbm")]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert f"concepts of {TOKEN_HOOKPOINT}" in out and "concepts of sentence.mean_normalized" in out
+    parts = [line for line in out.splitlines() if line.startswith("concepts of ")]
+    routes = [p.split(":")[0].removeprefix("concepts of ") for p in parts]
+    assert routes == ["sentence.mean_normalized", TOKEN_HOOKPOINT]
+    starts = {len(p) - len(p.split(":", 1)[1].lstrip()) for p in parts}
+    assert len(starts) == 1  # the counts line up, whatever the hookpoints' lengths
     assert "probe (every part)" in out
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from cbm_explain import main as explain  # docs/results/cbm.md's example explanations, from the folder alone

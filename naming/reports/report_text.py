@@ -103,8 +103,10 @@ def format_cbm(cbm) -> str:
         wide = m["probe_all_parts_accuracy"]
         lines.append(f"probe (every part)  {100 * wide:.1f}%  (gap {100 * (wide - m['accuracy']):+.1f} points; "
                      "every dictionary's raw inputs side by side)")
-    for part in m.get("parts") or ():
-        lines.append(f"concepts of {part['route']:<19} {part['used']} of {part['width']} used, "
+    parts = m.get("parts") or ()
+    width = max((len(part["route"]) for part in parts), default=0)
+    for part in parts:
+        lines.append(f"concepts of {part['route'] + ':':<{width + 1}} {part['used']} of {part['width']} used, "
                      f"{100 * part['contribution_share']:.1f}% of the positive contribution")
     if m.get("added_bound"):
         b, a = m["added_bound"], m.get("added_concepts") or {}
