@@ -1,4 +1,5 @@
-"""Whole processes, not steps: ``conceptdict train`` in each precision against sparsify on the same rows and steps.
+"""Whole processes, not steps: ``conceptdict train`` in each precision against sparsify and SAELens on the same rows
+and steps.
 
 ``bench/train_step.py`` times one step against its matmul floor; a user waits for a whole process: the interpreter,
 the imports, opening the store, the initialisation, every step, the held-out evaluation and the save. This runs
@@ -13,6 +14,9 @@ on a shared machine the ratio of CPU seconds moves less with the load than the w
                    the first B, each with its forward, FVU loss, backward, the gradient projection and decoder
                    renormalisation its Trainer applies, and fused Adam at its default learning rate; its FVU is on
                    the store's first B rows (ours: the run's held-out batch, also B rows of the same store)
+  saelens          SAELens' own trainer (``SAETrainer.fit``: its TopK training SAE at k, its Adam at its default
+                   learning rate, gradient clipping, dead-latent counters, no logging or checkpoints) fed the same
+                   ``steps`` batches in the same interpreter (sae-lens installed there); FVU on the same first B rows
 
 The rows: ``--store`` (a store of one hookpoint), else synthetic rows (``bench/train_step.py``'s generator: sparse
 sums of random atoms plus noise) of ``--d`` columns imported as a store once under ``--work``. The first line
@@ -69,6 +73,29 @@ with torch.no_grad():
 print("FVU " + json.dumps(fvu))
 """
 
+SAELENS = r"""
+import json, sys
+import torch
+from safetensors.torch import load_file
+from sae_lens import TopKTrainingSAE, TopKTrainingSAEConfig
+from sae_lens.config import LoggingConfig, SAETrainerConfig
+from sae_lens.training.sae_trainer import SAETrainer
+
+a = json.loads(sys.argv[1])
+x = torch.cat([load_file(f)[a["key"]].reshape(-1, a["d"]).float() for f in a["shards"]])
+B, steps, L = a["batch"], a["steps"], a["latents"]
+held, train = x[:B], x[B:]
+n = len(train) // B
+torch.manual_seed(a["seed"])
+sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=a["d"], d_sae=L, k=a["k"], device="cpu"))
+cfg = SAETrainerConfig(total_training_samples=B * steps, train_batch_size_samples=B, device="cpu",
+                       lr_end=3e-4 / 10, logger=LoggingConfig(log_to_wandb=False))  # its runner config's defaults
+SAETrainer(cfg, sae, (train[(i % n) * B:(i % n + 1) * B] for i in range(steps))).fit()
+with torch.no_grad():
+    err = (held - sae(held)).pow(2).sum() / (held - held.mean(0)).pow(2).sum()
+print("FVU " + json.dumps(float(err)))
+"""
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -82,7 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="runs of each row, interleaved (median reported)")
     p.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
-                   help="interpreter with eai-sparsify (the sparsify row is skipped when missing)")
+                   help="interpreter with eai-sparsify and sae-lens (a row whose library is missing reports it)")
     p.add_argument("--work", type=Path, default=Path("runs/whole-train"), help="synthetic store and outputs")
     p.add_argument("--phases", action="store_true",
                    help="time our processes' phases too (start-up, data, setup, steps, checkpoint, held-out "
@@ -143,13 +170,14 @@ def run_train(a: argparse.Namespace, store: Path, precision: str, out: Path) -> 
             "steps": summary["steps"], **({"phases": phases} if phases else {})}
 
 
-def run_sparsify(a: argparse.Namespace, store: Path) -> dict:
+def run_side(a: argparse.Namespace, store: Path, script: str) -> dict:
+    """One process of another library (``SPARSIFY`` or ``SAELENS``) in the benchmark interpreter."""
     if not Path(a.bench_python).exists():
         return {"error": f"no benchmark interpreter at {a.bench_python}"}
     shards, key = store_shards(store)
     spec = dict(shards=shards, key=key, d=a.d, batch=a.batch, steps=a.steps, latents=a.latents, k=a.k, seed=a.seed)
     t, c = time.perf_counter(), children_cpu()
-    proc = subprocess.run([a.bench_python, "-c", SPARSIFY, json.dumps(spec)], capture_output=True, text=True,
+    proc = subprocess.run([a.bench_python, "-c", script, json.dumps(spec)], capture_output=True, text=True,
                           check=False)
     wall, cpu = time.perf_counter() - t, children_cpu() - c
     if proc.returncode:
@@ -164,12 +192,12 @@ def main(argv=None) -> int:
     cpu = cpu_info()
     print(f"CPU {cpu['model']} | flags {' '.join(cpu['flags']) or '-'} | load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"store {store}: D {a.d}, L {a.latents}, k {a.k}, B {a.batch}, {a.steps} steps, seed {a.seed}", flush=True)
-    names = [f"train-{p}" for p in a.precisions] + ["sparsify"]
+    names = [f"train-{p}" for p in a.precisions] + ["sparsify", "saelens"]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeat):
         for name in names:
-            res = (run_sparsify(a, store) if name == "sparsify" else
-                   run_train(a, store, name.split("-", 1)[1], a.work / f"out-{name}-{r}"))
+            res = (run_side(a, store, SPARSIFY if name == "sparsify" else SAELENS) if name in ("sparsify", "saelens")
+                   else run_train(a, store, name.split("-", 1)[1], a.work / f"out-{name}-{r}"))
             res["load"] = os.getloadavg()[0]  # the machine may be shared: the load as each process ended
             runs[name].append(res)
             print(f"  {name} (run {r + 1}): " + (str(res["error"]) if "error" in res else
@@ -184,18 +212,20 @@ def main(argv=None) -> int:
                        "precision": ok[0].get("precision"),
                        **({"phases": {k: statistics.median(r["phases"][k] for r in ok) for k in ok[0]["phases"]}}
                           if "phases" in ok[0] else {})} if ok else rs[0])
-    base, base_cpu = rows.get("sparsify", {}).get("wall_s"), rows.get("sparsify", {}).get("cpu_s")
     f32 = rows.get("train-float32", {}).get("fvu")
-    print(f"{'process':16s} {'wall s':>8s} {'sparsify / it':>14s} {'CPU s':>8s} {'in CPU s':>9s} {'FVU':>8s} "
-          f"{'FVU / float32':>14s}")
+    print(f"{'process':16s} {'wall s':>8s} {'sparsify / it':>14s} {'in CPU s':>9s} {'saelens / it':>13s} "
+          f"{'in CPU s':>9s} {'CPU s':>8s} {'FVU':>8s} {'FVU / float32':>14s}")
     for name, r in rows.items():
         if "error" in r:
             print(f"{name:16s} error: {r['error']}")
             continue
-        speed = f"{base / r['wall_s']:14.2f}" if base else f"{'n/a':>14s}"
-        speed_cpu = f"{base_cpu / r['cpu_s']:9.2f}" if base_cpu else f"{'n/a':>9s}"
-        rel = f"{r['fvu'] / f32:14.4f}" if f32 and name != "sparsify" else f"{'-':>14s}"
-        print(f"{name:16s} {r['wall_s']:8.1f} {speed} {r['cpu_s']:8.1f} {speed_cpu} {r['fvu']:8.4f} {rel}")
+        speeds = ""
+        for other, width in (("sparsify", 14), ("saelens", 13)):
+            base = rows[other] if "error" not in rows[other] else None
+            speeds += (f" {base['wall_s'] / r['wall_s']:{width}.2f} {base['cpu_s'] / r['cpu_s']:9.2f}" if base
+                       else f" {'n/a':>{width}s} {'n/a':>9s}")
+        rel = f"{r['fvu'] / f32:14.4f}" if f32 and name.startswith("train-") else f"{'-':>14s}"
+        print(f"{name:16s} {r['wall_s']:8.1f}{speeds} {r['cpu_s']:8.1f} {r['fvu']:8.4f} {rel}")
     if a.phases:
         timed = {name: r["phases"] for name, r in rows.items() if "phases" in r}
         print(f"{'phase (s)':16s}" + "".join(f"{name:>16s}" for name in timed))
