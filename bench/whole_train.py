@@ -23,6 +23,10 @@ sums of random atoms plus noise) of ``--d`` columns imported as a store once und
 printed is the CPU's model name and flags (``bench/train_step.py``'s cpu_info) so that every figure says which
 hardware it came from. The machine is shared: each row runs ``--repeat`` times, interleaved, and the median counts.
 
+The benchmark interpreter (once): ``python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0
+eai-sparsify==1.3.3 sae-lens==6.54.12`` (torch from its CPU index; the versions the figures in docs/results/speed.md
+name).
+
     .venv/bin/python bench/whole_train.py                                  # D 768, L 8192, k 32, B 4096, 24 steps
     .venv/bin/python bench/whole_train.py --latents 65536 --steps 12
     .venv/bin/python bench/whole_train.py --steps 96 --precisions bf16 --phases   # where our process's time goes
