@@ -110,6 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--steps", type=int, default=24, help="training steps of every process")
     p.add_argument("--precisions", nargs="+", default=["float32", "bf16"], choices=["float32", "bf16", "auto"])
+    p.add_argument("--libraries", nargs="*", default=["sparsify", "saelens"], choices=["sparsify", "saelens"],
+                   help="the other libraries' processes to run (SAELens' dense decode takes minutes at L 65,536)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="runs of each row, interleaved (median reported)")
     p.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
     cpu = cpu_info()
     print(f"CPU {cpu['model']} | flags {' '.join(cpu['flags']) or '-'} | load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"store {store}: D {a.d}, L {a.latents}, k {a.k}, B {a.batch}, {a.steps} steps, seed {a.seed}", flush=True)
-    names = [f"train-{p}" for p in a.precisions] + ["sparsify", "saelens"]
+    names = [f"train-{p}" for p in a.precisions] + list(a.libraries)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeat):
         for name in names:
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
             continue
         speeds = ""
         for other, width in (("sparsify", 14), ("saelens", 13)):
-            base = rows[other] if "error" not in rows[other] else None
+            base = rows[other] if other in rows and "error" not in rows[other] else None
             speeds += (f" {base['wall_s'] / r['wall_s']:{width}.2f} {base['cpu_s'] / r['cpu_s']:9.2f}" if base
                        else f" {'n/a':>{width}s} {'n/a':>9s}")
         rel = f"{r['fvu'] / f32:14.4f}" if f32 and name.startswith("train-") else f"{'-':>14s}"
