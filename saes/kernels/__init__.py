@@ -177,6 +177,7 @@ def encode(
     k_aux: int = 0,
     impl: str = "auto",
     mm_dtype: torch.dtype | None = None,
+    shift: Tensor | None = None,
 ) -> Encoded:
     """The fused encoder of a training step: ONE matmul x [B, D] @ W_enc [D, L], then the selection.
 
@@ -189,16 +190,21 @@ def encode(
     ``mm_dtype`` (bf16 / fp16, None: x's dtype): the dtype of the matmul that chooses the entries; their values
     are recomputed in x's dtype (``sparse.encode``). With bf16, x's gradient reads W_enc rounded to bf16 (W_enc's
     gradient is as without it), as ``sparse_decode(rows_dtype=)`` reads W_dec. The fast implementations only.
+
+    ``shift`` [D] (the kinds' b_dec): encode ``x - shift``, differentiable in ``shift`` too. The same values and
+    the same gradients in value as passing ``x - shift``; the fast implementations make the shift's gradient from
+    b_enc's (minus W_enc times it) when x itself takes none, instead of from x's gather-sum over every entry and
+    a sum over the rows (float32 rounding apart: another summation order).
     """
     if mm_dtype is None:
         return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                      k_aux=k_aux))
+                                                      k_aux=k_aux, shift=shift))
     name = resolve_impl("encode", impl, x.device, x.dtype)
     if name == "reference":
         raise ValueError(f"a {mm_dtype} encoder matmul needs a fast kernel, not kernel_impl='reference'; use "
                          f"kernel_impl auto, torch or numba, or precision float32")
     return Encoded(*_fn("encode", name, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                  k_aux=k_aux, mm_dtype=mm_dtype))
+                                                  k_aux=k_aux, mm_dtype=mm_dtype, shift=shift))
 
 
 def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:

@@ -134,8 +134,11 @@ def encode(
     scale: Tensor | None = None,
     dead: Tensor | None = None,
     k_aux: int = 0,
+    shift: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The fused encode, densely: (values, indices, aux_values, aux_indices, smallest); see kernels.encode."""
+    if shift is not None:
+        x = x - shift
     B = x.shape[0]
     acts = torch.relu(pre_activations(x, W_enc, b_enc))
     smallest = acts.new_zeros(())

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .copies import rounded
-from .select import BatchCandidates, Selection, row_floor, select_batch, select_rows
+from .select import BatchCandidates, Selection, dense_aux, row_floor, select_batch, select_rows
 
 
 class Backend(NamedTuple):
@@ -38,8 +38,9 @@ class Backend(NamedTuple):
     ``val`` (when given) is 0: those entries may be skipped."""
     scatter_rows: Callable[[Tensor, Tensor, Tensor, int], Tensor]
     """(idx [B, K], val [B, K], A [B, D], L) -> [L, D] = sum over entries of val A[b] into row idx."""
-    encoder_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-    """(idx [B, K], g [B, K], x [B, D], W_enc [D, L]) -> grad_x [B, D], grad_W_enc [D, L]."""
+    encoder_backward: Callable[..., tuple[Tensor | None, Tensor]]
+    """(idx [B, K], g [B, K], x [B, D], W_enc [D, L], want_x=True) -> grad_x [B, D], grad_W_enc [D, L]; with
+    ``want_x=False`` grad_x may be None (its gather-sum skipped)."""
     row_above: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
     """Optional (pre [B, L], tau, cap, bias or None, scale or None) -> scores [B, cap], indices [B, cap],
     count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
@@ -123,13 +124,17 @@ class _SparseDecode(torch.autograd.Function):
 
 class _SparseEncoderGrad(torch.autograd.Function):
     """Identity on the selected values in forward; the sparse encoder backward in backward, its grad_x from the rows
-    of ``W_rows`` (W_enc, or W_enc rounded: ``rows_read``; grad_W_enc does not read the weights)."""
+    of ``W_rows`` (W_enc, or W_enc rounded: ``rows_read``; grad_W_enc does not read the weights).
+
+    ``shift`` [D] (``encode(shift=)``; x = rows - shift without autograd): its gradient, minus grad_x's row sum, as
+    minus ``W_rows`` times b_enc's (one matrix-vector product; the same sum in another order, not bit for bit)."""
 
     @staticmethod
-    def forward(ctx, x, W_enc, b_enc, indices, values, backend, W_rows):
+    def forward(ctx, x, W_enc, b_enc, indices, values, backend, W_rows, shift=None):
         ctx.backend = backend
         ctx.L = W_enc.shape[1]
         ctx.W_dtype = W_enc.dtype
+        ctx.shift_dtype = None if shift is None else shift.dtype
         ctx.save_for_backward(x, W_rows, indices, values > 0)
         return values.clone()
 
@@ -137,15 +142,18 @@ class _SparseEncoderGrad(torch.autograd.Function):
     def backward(ctx, grad_values):
         x, W_rows, indices, alive = ctx.saved_tensors
         g = (grad_values * alive).contiguous()
-        grad_x = grad_W = grad_b = None
-        if ctx.needs_input_grad[2]:
-            grad_b = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
-            grad_b = grad_b.to(ctx.W_dtype)
+        grad_x = grad_W = grad_b = grad_shift = None
+        want_shift = ctx.shift_dtype is not None and ctx.needs_input_grad[7]
+        if ctx.needs_input_grad[2] or want_shift:
+            sums = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
+            grad_b = sums.to(ctx.W_dtype) if ctx.needs_input_grad[2] else None
+            if want_shift:  # W_rows [D, L] (a view of latent-major storage: a transposed matrix-vector product)
+                grad_shift = torch.mv(W_rows.to(torch.float32), sums).neg_().to(ctx.shift_dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows)
+            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows, want_x=ctx.needs_input_grad[0])
             grad_x = grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None
             grad_W = grad_W.to(ctx.W_dtype) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_W, grad_b, None, None, None, None
+        return grad_x, grad_W, grad_b, None, None, None, None, grad_shift
 
 
 class _SparseGather(torch.autograd.Function):
@@ -207,6 +215,7 @@ def encode(
     k_aux: int = 0,
     dense_aux_ok: bool = True,
     mm_dtype: torch.dtype | None = None,
+    shift: Tensor | None = None,
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
@@ -228,6 +237,9 @@ def encode(
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
+    if shift is not None:  # x - shift; the shift's gradient from b_enc's (``_SparseEncoderGrad``) when x has none
+        by_sums = shift.requires_grad and not x.requires_grad and not dense and torch.is_grad_enabled()
+        x, shift = (x - shift.detach(), shift) if by_sums else (x - shift, None)
     if dense:
         enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, mm_dtype=mm_dtype)
         return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
@@ -273,7 +285,7 @@ def encode(
             kept = vals[:, :K][vals[:, :K] > 0]
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
-    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
+    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows, shift)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
@@ -289,16 +301,6 @@ def _exact_values(x: Tensor, W_enc: Tensor, b_enc: Tensor, idx: Tensor, vals: Te
 # memory speed. TopK+AuxK step at D=768, L=16384, k=32, k_aux=384, B=4096 on 2 CPU cores, dense / sparse:
 # 400 dead 806 / -, 1638 dead 1071 / 1488 ms, 3000 dead 1533 / 1965 ms, 6000 dead 2565 / 1665 ms
 DENSE_AUX_FACTOR = 8
-
-
-def dense_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, cols: Tensor, kk: int) -> Tensor:
-    """The AuxK code over the dead latents ``cols`` [n] as a dense [B, n]: ReLU(x W_enc[:, cols] + b_enc[cols])
-    kept at each row's top ``kk``, zero elsewhere; plain autograd (matmuls) into x, W_enc and b_enc."""
-    W_dead = W_enc.t().index_select(0, cols)  # [n, D]: rows of latent-major storage, grads back into rows
-    act = torch.relu(torch.addmm(b_enc.index_select(0, cols), x, W_dead.t()))
-    with torch.no_grad():
-        keep = torch.zeros_like(act, dtype=torch.bool).scatter_(1, act.topk(kk, dim=1, sorted=False).indices, True)
-    return act * keep
 
 
 # CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB, one buffer)
@@ -419,9 +421,9 @@ def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
     sparse_decode, encode_aux, gather_pre, encode_above), with the signatures of ``reference.py``."""
 
-    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None):
+    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None, shift=None):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux,
-                      mm_dtype=mm_dtype)
+                      mm_dtype=mm_dtype, shift=shift)
 
     def _encode_topk(x, W_enc, b_enc, k):
         enc = encode(x, W_enc, b_enc, k, backend)
