@@ -17,8 +17,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton_impl
 
-from conceptdict.saes import kernels  # noqa: E402
-from conceptdict.saes.kernels import sparse  # noqa: E402
+from conceptdict.saes import kernels
+from conceptdict.saes.kernels import sparse
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +79,7 @@ def test_shift_against_the_reference_and_the_shifted_rows(impl, B, D, L, k, batc
     x, W, b, s = _inputs(B, D, L, latent_major)
     dead = torch.zeros(L, dtype=torch.bool)
     dead[torch.randperm(L, generator=torch.Generator().manual_seed(2))[:min(n_dead, L)]] = True
-    kw = dict(batch=batch, dead=dead, k_aux=3 if n_dead else 0)
+    kw = {"batch": batch, "dead": dead, "k_aux": 3 if n_dead else 0}
     ref = _run("reference", x, W, b, s, k, shifted=True, **kw)
     got = _run(impl, x, W, b, s, k, shifted=True, **kw)
     before = _run(impl, x, W, b, s, k, shifted=False, **kw)
@@ -117,3 +117,33 @@ def test_shift_with_a_bf16_matmul(impl):
         assert torch.equal(a, r), what
     _close(got[2][3], before[2][3], "grad shift")
     assert not torch.equal(got[2][3], torch.zeros_like(got[2][3]))
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("latent_major", [False, True])
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_encode_above_with_a_shift(impl, latent_major, x_grad):
+    """JumpReLU's encoder (every entry carries its gradient, the padding's included): against the reference, and
+    against the same implementation on x - shift (equal but for the shift's gradient)."""
+    x, W, b, s = _inputs(45, 17, 61, latent_major, seed=5)
+    floor = 0.2 * torch.rand(61, generator=torch.Generator().manual_seed(6))
+    wanted = (x, W, b, s)
+    res = {}
+    for name, shifted in (("reference", True), (impl, True), (impl, False)):
+        rows = x.clone().requires_grad_(x_grad)
+        z, idx, kept = (kernels.encode_above(rows, W, b, floor, 3, impl=name, shift=s) if shifted
+                        else kernels.encode_above(rows - s, W, b, floor, 3, impl=name))
+        dense = torch.zeros(45, 61).scatter_add(1, idx, z * kept)
+        weight = torch.randn(z.shape, generator=torch.Generator().manual_seed(8))
+        # (the padding's values and gradients are not defined: the loss reads the kept entries only)
+        loss = (dense * torch.randn(45, 61, generator=torch.Generator().manual_seed(7))).sum() + \
+            (z * kept * weight).sum()
+        res[name, shifted] = (dense.detach(), *torch.autograd.grad(loss, (rows, *wanted[1:]) if x_grad else wanted[1:]))
+    names = ("code", "grad x", "grad W_enc", "grad b_enc", "grad shift") if x_grad else \
+        ("code", "grad W_enc", "grad b_enc", "grad shift")
+    for what, a, r in zip(names, res[impl, True], res["reference", True]):
+        _close(a, r, what)
+    for what, a, r in list(zip(names, res[impl, True], res[impl, False]))[:-1]:
+        assert torch.equal(a, r), what
+    _close(res[impl, True][-1], res[impl, False][-1], "grad shift against x - shift")

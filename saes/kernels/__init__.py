@@ -147,13 +147,13 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
-                 impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                 impl: str = "auto", shift: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (one floor per latent), per row in latent order:
     (pre there [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
     differentiable in x, W_enc and b_enc through those entries (JumpReLU: its active entries and those in the
     threshold's window; what the padding's values and gradients are is not defined: mask with ``kept``). ``k``, the
-    expected entries per row, sizes buffers only."""
-    return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
+    expected entries per row, sizes buffers only. ``shift`` [D]: of ``x - shift``, as :func:`encode`'s."""
+    return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k, shift=shift)
 
 
 def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto", *,
@@ -193,8 +193,8 @@ def encode(
 
     ``shift`` [D] (the kinds' b_dec): encode ``x - shift``, differentiable in ``shift`` too. The same values and
     the same gradients in value as passing ``x - shift``; the fast implementations make the shift's gradient from
-    b_enc's (minus W_enc times it) when x itself takes none, instead of from x's gather-sum over every entry and
-    a sum over the rows (float32 rounding apart: another summation order).
+    the entries' gradients summed by latent (minus W_enc times them) when x itself takes none, instead of from x's
+    gather-sum over every entry and a sum over the rows (another summation order: ``kernels/shift.py``).
     """
     if mm_dtype is None:
         return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .copies import rounded
 from .select import BatchCandidates, Selection, dense_aux, row_floor, select_batch, select_rows
+from .shift import centre, shift_grad
 
 
 class Backend(NamedTuple):
@@ -124,17 +125,13 @@ class _SparseDecode(torch.autograd.Function):
 
 class _SparseEncoderGrad(torch.autograd.Function):
     """Identity on the selected values in forward; the sparse encoder backward in backward, its grad_x from the rows
-    of ``W_rows`` (W_enc, or W_enc rounded: ``rows_read``; grad_W_enc does not read the weights).
-
-    ``shift`` [D] (``encode(shift=)``; x = rows - shift without autograd): its gradient, minus grad_x's row sum, as
-    minus ``W_rows`` times b_enc's (one matrix-vector product; the same sum in another order, not bit for bit)."""
+    of ``W_rows`` (W_enc, or W_enc rounded: ``rows_read``; grad_W_enc does not read the weights)."""
 
     @staticmethod
-    def forward(ctx, x, W_enc, b_enc, indices, values, backend, W_rows, shift=None):
+    def forward(ctx, x, W_enc, b_enc, indices, values, backend, W_rows):
         ctx.backend = backend
         ctx.L = W_enc.shape[1]
         ctx.W_dtype = W_enc.dtype
-        ctx.shift_dtype = None if shift is None else shift.dtype
         ctx.save_for_backward(x, W_rows, indices, values > 0)
         return values.clone()
 
@@ -142,18 +139,15 @@ class _SparseEncoderGrad(torch.autograd.Function):
     def backward(ctx, grad_values):
         x, W_rows, indices, alive = ctx.saved_tensors
         g = (grad_values * alive).contiguous()
-        grad_x = grad_W = grad_b = grad_shift = None
-        want_shift = ctx.shift_dtype is not None and ctx.needs_input_grad[7]
-        if ctx.needs_input_grad[2] or want_shift:
-            sums = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
-            grad_b = sums.to(ctx.W_dtype) if ctx.needs_input_grad[2] else None
-            if want_shift:  # W_rows [D, L] (a view of latent-major storage: a transposed matrix-vector product)
-                grad_shift = torch.mv(W_rows.to(torch.float32), sums).neg_().to(ctx.shift_dtype)
+        grad_x = grad_W = grad_b = None
+        if ctx.needs_input_grad[2]:
+            grad_b = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
+            grad_b = grad_b.to(ctx.W_dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows, want_x=ctx.needs_input_grad[0])
             grad_x = grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None
             grad_W = grad_W.to(ctx.W_dtype) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_W, grad_b, None, None, None, None, grad_shift
+        return grad_x, grad_W, grad_b, None, None, None, None
 
 
 class _SparseGather(torch.autograd.Function):
@@ -171,7 +165,8 @@ class _SparseGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_values):
         x, W_enc, indices = ctx.saved_tensors
-        grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc)
+        grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc,
+                                                      want_x=ctx.needs_input_grad[0])
         return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
 
@@ -237,9 +232,7 @@ def encode(
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
-    if shift is not None:  # x - shift; the shift's gradient from b_enc's (``_SparseEncoderGrad``) when x has none
-        by_sums = shift.requires_grad and not x.requires_grad and not dense and torch.is_grad_enabled()
-        x, shift = (x - shift.detach(), shift) if by_sums else (x - shift, None)
+    x, shift = centre(x, shift, by_sums=not dense)  # (``shift.py``; the dense AuxK code takes x's gradient)
     if dense:
         enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, mm_dtype=mm_dtype)
         return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
@@ -285,7 +278,8 @@ def encode(
             kept = vals[:, :K][vals[:, :K] > 0]
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
-    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows, shift)
+    out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
+    out = shift_grad(out, idx, W_rows, shift, vals > 0)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
@@ -339,7 +333,7 @@ ABOVE_FLOOR_SLOTS = 4
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
-                 backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
+                 backend: Backend, shift: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order: (pre there
     [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; differentiable in x, W_enc
     and b_enc through those entries (no ReLU mask; b_enc gets none from the padding: mask with ``kept``). On CPU the
@@ -347,6 +341,7 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
     tests each chunk in one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as
     many slots as the chunk's longest) and returns the values with the entries; else a compare and a nonzero per
     chunk and a gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
+    x, shift = centre(x, shift)
     B, L = x.shape[0], W_enc.shape[1]
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
@@ -386,7 +381,7 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                     rows, wide_val, wide_idx = wide
                     given[rows, : wide_val.shape[1]], indices[rows, : wide_idx.shape[1]] = wide_val, wide_idx
             kept = torch.arange(K) < count[:, None]
-    z = _SparseGather.apply(x, W_enc, indices.contiguous(), backend, given)
+    z = shift_grad(_SparseGather.apply(x, W_enc, indices.contiguous(), backend, given), indices, W_enc, shift)
     return z + _BiasAt.apply(b_enc, indices, kept), indices, kept
 
 
@@ -442,7 +437,7 @@ def make_ops(backend: Backend):
     def _gather_pre(x, W_enc, indices, values=None):
         return gather_pre(x, W_enc, indices, backend, values)
 
-    def _encode_above(x, W_enc, b_enc, floor, k=1):
-        return encode_above(x, W_enc, b_enc, floor, k, backend)
+    def _encode_above(x, W_enc, b_enc, floor, k=1, shift=None):
+        return encode_above(x, W_enc, b_enc, floor, k, backend, shift)
 
     return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre, _encode_above
