@@ -108,14 +108,15 @@ def test_shift_with_rows_that_take_a_gradient(impl):
 @pytest.mark.equivalence
 @pytest.mark.parametrize("impl", ["torch", pytest.param("numba", marks=IMPLS[1].marks)])
 def test_shift_with_a_bf16_matmul(impl):
-    """A bf16 encoder matmul (grad_x reads W_enc rounded to bf16): the shift's gradient reads the same rounded rows,
-    equal within summation order to the gradient through x - shift."""
+    """A bf16 encoder matmul (grad_x reads W_enc rounded to bf16): the shift's gradient reads the float32 W_enc, so it
+    is the one through x - shift up to W_enc's bf16 rounding."""
     x, W, b, s = _inputs(40, 24, 64, True, seed=4)
     got = _run(impl, x, W, b, s, 5, shifted=True, mm_dtype=torch.bfloat16)
     before = _run(impl, x, W, b, s, 5, shifted=False, mm_dtype=torch.bfloat16)
     for what, a, r in zip(("code", "grad W_enc", "grad b_enc"), (got[0], *got[2][1:3]), (before[0], *before[2][1:3])):
         assert torch.equal(a, r), what
-    _close(got[2][3], before[2][3], "grad shift")
+    scale = before[2][3].abs().max()
+    torch.testing.assert_close(got[2][3] / scale, before[2][3] / scale, rtol=0, atol=2e-2)
     assert not torch.equal(got[2][3], torch.zeros_like(got[2][3]))
 
 

@@ -279,7 +279,7 @@ def encode(
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
-    out = shift_grad(out, idx, W_rows, shift, vals > 0)
+    out = shift_grad(out, idx, W_enc, shift, vals > 0)  # (W_enc itself: a bf16 step's rounded rows would need a copy)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
