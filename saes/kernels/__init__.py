@@ -178,6 +178,7 @@ def encode(
     impl: str = "auto",
     mm_dtype: torch.dtype | None = None,
     shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Encoded:
     """The fused encoder of a training step: ONE matmul x [B, D] @ W_enc [D, L], then the selection.
 
@@ -195,16 +196,18 @@ def encode(
     the same gradients in value as passing ``x - shift``; the fast implementations make the shift's gradient from
     the entries' gradients summed by latent (minus W_enc times them) when x itself takes none, instead of from x's
     gather-sum over every entry and a sum over the rows (another summation order: ``kernels/shift.py``).
+    ``row_scale`` [B, 1] (the row-relative rule's s(x), differentiable): encode ``(x - shift) / row_scale``, its
+    gradient made the same way (from the kept values less b_enc: their products with the rows).
     """
     if mm_dtype is None:
         return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                      k_aux=k_aux, shift=shift))
+                                                      k_aux=k_aux, shift=shift, row_scale=row_scale))
     name = resolve_impl("encode", impl, x.device, x.dtype)
     if name == "reference":
         raise ValueError(f"a {mm_dtype} encoder matmul needs a fast kernel, not kernel_impl='reference'; use "
                          f"kernel_impl auto, torch or numba, or precision float32")
     return Encoded(*_fn("encode", name, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                  k_aux=k_aux, mm_dtype=mm_dtype, shift=shift))
+                                                  k_aux=k_aux, mm_dtype=mm_dtype, shift=shift, row_scale=row_scale))
 
 
 def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:

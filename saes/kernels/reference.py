@@ -135,10 +135,13 @@ def encode(
     dead: Tensor | None = None,
     k_aux: int = 0,
     shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The fused encode, densely: (values, indices, aux_values, aux_indices, smallest); see kernels.encode."""
     if shift is not None:
         x = x - shift
+    if row_scale is not None:
+        x = x / row_scale
     B = x.shape[0]
     acts = torch.relu(pre_activations(x, W_enc, b_enc))
     smallest = acts.new_zeros(())

@@ -211,6 +211,7 @@ def encode(
     dense_aux_ok: bool = True,
     mm_dtype: torch.dtype | None = None,
     shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
@@ -232,7 +233,9 @@ def encode(
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
-    x, shift = centre(x, shift, by_sums=not dense)  # (``shift.py``; the dense AuxK code takes x's gradient)
+    # (``shift.py``; through autograd for a dense AuxK code, and where grad_x reads W_enc rounded to bf16)
+    rounded_rows = mm_dtype == torch.bfloat16 and x.dtype != torch.bfloat16
+    x, shift, row_scale = centre(x, shift, not dense and not rounded_rows, row_scale)
     if dense:
         enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, mm_dtype=mm_dtype)
         return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
@@ -279,7 +282,7 @@ def encode(
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
-    out = shift_grad(out, idx, W_enc, shift, vals > 0)  # (W_enc itself: a bf16 step's rounded rows would need a copy)
+    out = shift_grad(out, idx, W_enc, shift, vals > 0, row_scale, b_enc)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
@@ -341,7 +344,7 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
     tests each chunk in one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as
     many slots as the chunk's longest) and returns the values with the entries; else a compare and a nonzero per
     chunk and a gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
-    x, shift = centre(x, shift)
+    x, shift, _ = centre(x, shift)
     B, L = x.shape[0], W_enc.shape[1]
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
@@ -416,9 +419,10 @@ def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
     sparse_decode, encode_aux, gather_pre, encode_above), with the signatures of ``reference.py``."""
 
-    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None, shift=None):
+    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None, shift=None,
+                row_scale=None):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux,
-                      mm_dtype=mm_dtype, shift=shift)
+                      mm_dtype=mm_dtype, shift=shift, row_scale=row_scale)
 
     def _encode_topk(x, W_enc, b_enc, k):
         enc = encode(x, W_enc, b_enc, k, backend)
