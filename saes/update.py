@@ -133,10 +133,11 @@ def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Ten
 
     The gradients are multiplied only when the norm is above ``max_norm``: clip_grad_norm_ multiplies them by its
     coefficient clamped at 1 every step, and a multiplication by 1 changes no number (the same gradients, bit for
-    bit) but reads and writes every gradient (~25 ms at D 768, L 16384 on this 2-core CPU)."""
+    bit) but reads and writes every gradient (~25 ms at D 768, L 16384 on this 2-core CPU). One process: the norm
+    is :func:`grad_norm`'s (clip_grad_norm_'s in value, its float32 sums in another order)."""
     if comm.shards.size == 1:
         params = list(model.parameters())
-        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        total = grad_norm([p.grad for p in params if p.grad is not None])
         if not max_norm / (total + 1e-6) >= 1.0:  # (a NaN norm multiplies, as clip_grad_norm_ does)
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return
@@ -152,6 +153,22 @@ def clip_grads(model: SparseCoder, max_norm: float, comm: Comm, shared: list[Ten
     if not coef >= 1.0:  # a multiplication by 1 changes nothing (see above)
         for p in model.parameters():
             p.grad.mul_(coef.to(p.grad.dtype))
+
+
+def grad_norm(grads: list[Tensor]) -> Tensor:
+    """The 2-norm of every gradient together (in their dtype, as ``torch.nn.utils.get_total_norm``): each one's sum of
+    squares as the dot product of its storage with itself (BLAS, every thread; ``vector_norm`` and ``foreach_norm``
+    reduce on one: 5.2-6.2 against 1.9 ms for a [16384, 768] pair at 2 threads on the AMX Xeon), summed in float64.
+    The same norm as ``get_total_norm`` but for summation order (the dot's is the closer to the exact sum)."""
+    if not grads:
+        return torch.zeros(())
+    sq = [torch.dot(f, f) for f in (_storage(g).reshape(-1) for g in grads)]
+    return torch.stack(sq).double().sum().sqrt().to(grads[0].dtype)
+
+
+def _storage(g: Tensor) -> Tensor:
+    """g, or its transpose where that is contiguous (the same elements; reshape(-1) then copies nothing)."""
+    return g.t() if g.dim() == 2 and not g.is_contiguous() and g.t().is_contiguous() else g
 
 
 @torch.no_grad()

@@ -147,13 +147,13 @@ def sparse_decode(values: Tensor, indices: Tensor, W_dec: Tensor, b_dec: Tensor,
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
-                 impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                 impl: str = "auto", shift: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (one floor per latent), per row in latent order:
     (pre there [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; the values are
     differentiable in x, W_enc and b_enc through those entries (JumpReLU: its active entries and those in the
     threshold's window; what the padding's values and gradients are is not defined: mask with ``kept``). ``k``, the
-    expected entries per row, sizes buffers only."""
-    return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k)
+    expected entries per row, sizes buffers only. ``shift`` [D]: of ``x - shift``, as :func:`encode`'s."""
+    return _fn("encode_above", impl, x)(x, W_enc, b_enc, floor, k, shift=shift)
 
 
 def gather_pre(x: Tensor, W_enc: Tensor, indices: Tensor, impl: str = "auto", *,
@@ -177,6 +177,8 @@ def encode(
     k_aux: int = 0,
     impl: str = "auto",
     mm_dtype: torch.dtype | None = None,
+    shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Encoded:
     """The fused encoder of a training step: ONE matmul x [B, D] @ W_enc [D, L], then the selection.
 
@@ -189,16 +191,23 @@ def encode(
     ``mm_dtype`` (bf16 / fp16, None: x's dtype): the dtype of the matmul that chooses the entries; their values
     are recomputed in x's dtype (``sparse.encode``). With bf16, x's gradient reads W_enc rounded to bf16 (W_enc's
     gradient is as without it), as ``sparse_decode(rows_dtype=)`` reads W_dec. The fast implementations only.
+
+    ``shift`` [D] (the kinds' b_dec): encode ``x - shift``, differentiable in ``shift`` too. The same values and
+    the same gradients in value as passing ``x - shift``; the fast implementations make the shift's gradient from
+    the entries' gradients summed by latent (minus W_enc times them) when x itself takes none, instead of from x's
+    gather-sum over every entry and a sum over the rows (another summation order: ``kernels/shift.py``).
+    ``row_scale`` [B, 1] (the row-relative rule's s(x), differentiable): encode ``(x - shift) / row_scale``, its
+    gradient made the same way (from the kept values less b_enc: their products with the rows).
     """
     if mm_dtype is None:
         return Encoded(*_fn("encode", impl, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                      k_aux=k_aux))
+                                                      k_aux=k_aux, shift=shift, row_scale=row_scale))
     name = resolve_impl("encode", impl, x.device, x.dtype)
     if name == "reference":
         raise ValueError(f"a {mm_dtype} encoder matmul needs a fast kernel, not kernel_impl='reference'; use "
                          f"kernel_impl auto, torch or numba, or precision float32")
     return Encoded(*_fn("encode", name, x)(x, W_enc, b_enc, k, batch=batch, scale=scale, dead=dead,
-                                                  k_aux=k_aux, mm_dtype=mm_dtype))
+                                                  k_aux=k_aux, mm_dtype=mm_dtype, shift=shift, row_scale=row_scale))
 
 
 def project_rows(W: Tensor, G: Tensor, impl: str = "auto") -> None:

@@ -282,8 +282,10 @@ def latent_scatter(code: Buckets, A: Tensor) -> Tensor:
     return torch.from_numpy(out).to(A.dtype)
 
 
-def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    """grad_x [B, D] and grad_W_enc [D, L], the latter in W_enc's memory layout.
+def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor,
+                     want_x: bool = True) -> tuple[Tensor | None, Tensor]:
+    """grad_x [B, D] (None with ``want_x=False`` and latent-major W_enc: its gather-sum is skipped) and grad_W_enc
+    [D, L], the latter in W_enc's memory layout.
 
     Latent-major W_enc (a transposed view of [L, D] storage, as SparseCoder keeps it): grad_x is the
     decode's gather-sum over W_enc^T rows and grad_W_enc^T the decode's bucketed row scatter of x, both
@@ -296,8 +298,8 @@ def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[
             grad_W = latent_scatter(code, x)  # [L, D]; in W_enc's [D, L] layout a tensor of its own, not a view
             # (float32: the recycled array read through its transpose), so autograd can add another term into it
             grad_W = torch.from_numpy(grad_W.numpy().T) if grad_W.dtype == torch.float32 else grad_W.t()
-            return latent_gather_sum(code, W_enc.t(), None), grad_W
-        grad_x = gather_sum(idx, g, W_enc.t(), None)
+            return (latent_gather_sum(code, W_enc.t(), None) if want_x else None), grad_W
+        grad_x = gather_sum(idx, g, W_enc.t(), None) if want_x else None
         return grad_x, scatter_rows(idx, g, x, W_enc.shape[1]).t()
     grad_x = np.empty(tuple(x.shape), np.float32)
     grad_W = np.empty(tuple(W_enc.shape), np.float32)

@@ -134,8 +134,14 @@ def encode(
     scale: Tensor | None = None,
     dead: Tensor | None = None,
     k_aux: int = 0,
+    shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The fused encode, densely: (values, indices, aux_values, aux_indices, smallest); see kernels.encode."""
+    if shift is not None:
+        x = x - shift
+    if row_scale is not None:
+        x = x / row_scale
     B = x.shape[0]
     acts = torch.relu(pre_activations(x, W_enc, b_enc))
     smallest = acts.new_zeros(())
@@ -172,10 +178,11 @@ def pack(mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(kept, order, 0), kept
 
 
-def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-    """The entries of pre = x W_enc + b_enc above ``floor`` [L]: (pre there [B, K], indices, kept [B, K]), by the
-    dense matmul (``k`` only sizes the fast implementations' buffers)."""
-    pre = pre_activations(x, W_enc, b_enc)
+def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int = 1,
+                 shift: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of pre = (x - shift) W_enc + b_enc above ``floor`` [L]: (pre there [B, K], indices, kept [B, K]),
+    by the dense matmul (``k`` only sizes the fast implementations' buffers)."""
+    pre = pre_activations(x if shift is None else x - shift, W_enc, b_enc)
     indices, kept = pack(pre > floor)
     return pre.gather(1, indices), indices, kept
 

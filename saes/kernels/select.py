@@ -240,3 +240,13 @@ def _pad_rows(rows: Tensor, cols: Tensor, values: Tensor, B: int) -> Selection:
     out_i[rows, slot] = cols
     out_v[rows, slot] = values
     return Selection(out_v, out_i, values.new_zeros(()))
+
+
+def dense_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, cols: Tensor, kk: int) -> Tensor:
+    """The AuxK code over the dead latents ``cols`` [n] as a dense [B, n]: ReLU(x W_enc[:, cols] + b_enc[cols])
+    kept at each row's top ``kk``, zero elsewhere; plain autograd (matmuls) into x, W_enc and b_enc."""
+    W_dead = W_enc.t().index_select(0, cols)  # [n, D]: rows of latent-major storage, grads back into rows
+    act = torch.relu(torch.addmm(b_enc.index_select(0, cols), x, W_dead.t()))
+    with torch.no_grad():
+        keep = torch.zeros_like(act, dtype=torch.bool).scatter_(1, act.topk(kk, dim=1, sorted=False).indices, True)
+    return act * keep

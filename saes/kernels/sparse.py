@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from .copies import rounded
-from .select import BatchCandidates, Selection, row_floor, select_batch, select_rows
+from .select import BatchCandidates, Selection, dense_aux, row_floor, select_batch, select_rows
+from .shift import centre, shift_grad
 
 
 class Backend(NamedTuple):
@@ -38,8 +39,9 @@ class Backend(NamedTuple):
     ``val`` (when given) is 0: those entries may be skipped."""
     scatter_rows: Callable[[Tensor, Tensor, Tensor, int], Tensor]
     """(idx [B, K], val [B, K], A [B, D], L) -> [L, D] = sum over entries of val A[b] into row idx."""
-    encoder_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-    """(idx [B, K], g [B, K], x [B, D], W_enc [D, L]) -> grad_x [B, D], grad_W_enc [D, L]."""
+    encoder_backward: Callable[..., tuple[Tensor | None, Tensor]]
+    """(idx [B, K], g [B, K], x [B, D], W_enc [D, L], want_x=True) -> grad_x [B, D], grad_W_enc [D, L]; with
+    ``want_x=False`` grad_x may be None (its gather-sum skipped)."""
     row_above: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
     """Optional (pre [B, L], tau, cap, bias or None, scale or None) -> scores [B, cap], indices [B, cap],
     count [B]: per row the scores (pre + bias) * scale above tau, the first cap of them (0-padded), and
@@ -142,7 +144,7 @@ class _SparseEncoderGrad(torch.autograd.Function):
             grad_b = g.new_zeros(ctx.L, dtype=torch.float32).index_add_(0, indices.reshape(-1), g.reshape(-1).float())
             grad_b = grad_b.to(ctx.W_dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows)
+            grad_x, grad_W = ctx.backend.encoder_backward(indices, g, x, W_rows, want_x=ctx.needs_input_grad[0])
             grad_x = grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None
             grad_W = grad_W.to(ctx.W_dtype) if ctx.needs_input_grad[1] else None
         return grad_x, grad_W, grad_b, None, None, None, None
@@ -163,7 +165,8 @@ class _SparseGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_values):
         x, W_enc, indices = ctx.saved_tensors
-        grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc)
+        grad_x, grad_W = ctx.backend.encoder_backward(indices, grad_values.contiguous(), x, W_enc,
+                                                      want_x=ctx.needs_input_grad[0])
         return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 grad_W.to(W_enc.dtype) if ctx.needs_input_grad[1] else None, None, None, None)
 
@@ -207,6 +210,8 @@ def encode(
     k_aux: int = 0,
     dense_aux_ok: bool = True,
     mm_dtype: torch.dtype | None = None,
+    shift: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Encoded:
     """ReLU(x W_enc + b_enc) -> TopK (per row) or BatchTopK (``batch=True``, top k*B of the batch, ranked
     by ``acts * scale`` when given), plus the AuxK code (top ``k_aux`` among ``dead`` [L] bool), all from
@@ -228,6 +233,9 @@ def encode(
     kk = min(k_aux, 0 if dead is None else int(dead.sum().item()))
     cols = torch.nonzero(dead.to(x.device)).flatten() if kk else None
     dense = dense_aux_ok and bool(kk) and cols.numel() <= DENSE_AUX_FACTOR * kk
+    # (``shift.py``; through autograd for a dense AuxK code, and where grad_x reads W_enc rounded to bf16)
+    rounded_rows = mm_dtype == torch.bfloat16 and x.dtype != torch.bfloat16
+    x, shift, row_scale = centre(x, shift, not dense and not rounded_rows, row_scale)
     if dense:
         enc = encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, mm_dtype=mm_dtype)
         return enc._replace(aux_values=dense_aux(x, W_enc, b_enc, cols, kk), aux_indices=cols.expand(B, -1))
@@ -274,6 +282,7 @@ def encode(
             smallest = kept.min() if batch and kept.numel() else smallest  # the float32 value, as the code's
     W_rows = rows_read(W_enc, mm_dtype if low and mm_dtype == torch.bfloat16 else None, backend)
     out = _SparseEncoderGrad.apply(x, W_enc, b_enc, idx, vals, backend, W_rows)
+    out = shift_grad(out, idx, W_enc, shift, vals > 0, row_scale, b_enc)
     return Encoded(out[:, :K], sel.indices, out[:, K:], aux_sel.indices, smallest)
 
 
@@ -289,16 +298,6 @@ def _exact_values(x: Tensor, W_enc: Tensor, b_enc: Tensor, idx: Tensor, vals: Te
 # memory speed. TopK+AuxK step at D=768, L=16384, k=32, k_aux=384, B=4096 on 2 CPU cores, dense / sparse:
 # 400 dead 806 / -, 1638 dead 1071 / 1488 ms, 3000 dead 1533 / 1965 ms, 6000 dead 2565 / 1665 ms
 DENSE_AUX_FACTOR = 8
-
-
-def dense_aux(x: Tensor, W_enc: Tensor, b_enc: Tensor, cols: Tensor, kk: int) -> Tensor:
-    """The AuxK code over the dead latents ``cols`` [n] as a dense [B, n]: ReLU(x W_enc[:, cols] + b_enc[cols])
-    kept at each row's top ``kk``, zero elsewhere; plain autograd (matmuls) into x, W_enc and b_enc."""
-    W_dead = W_enc.t().index_select(0, cols)  # [n, D]: rows of latent-major storage, grads back into rows
-    act = torch.relu(torch.addmm(b_enc.index_select(0, cols), x, W_dead.t()))
-    with torch.no_grad():
-        keep = torch.zeros_like(act, dtype=torch.bool).scatter_(1, act.topk(kk, dim=1, sorted=False).indices, True)
-    return act * keep
 
 
 # CPU: rows of pre-activations computed and selected at a time ([512, 16384] float32 = 32 MiB, one buffer)
@@ -337,7 +336,7 @@ ABOVE_FLOOR_SLOTS = 4
 
 
 def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
-                 backend: Backend) -> tuple[Tensor, Tensor, Tensor]:
+                 backend: Backend, shift: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The entries of pre = x W_enc + b_enc above ``floor`` [L] (per latent), per row in latent order: (pre there
     [B, K], indices [B, K], kept [B, K]) padded with (0, 0, False) to the longest row; differentiable in x, W_enc
     and b_enc through those entries (no ReLU mask; b_enc gets none from the padding: mask with ``kept``). On CPU the
@@ -345,6 +344,7 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
     tests each chunk in one pass with ABOVE_FLOOR_SLOTS * k slots per row (rows with more are tested again with as
     many slots as the chunk's longest) and returns the values with the entries; else a compare and a nonzero per
     chunk and a gather-dot for the values. ``k``, the expected entries per row, only sizes the slots."""
+    x, shift, _ = centre(x, shift)
     B, L = x.shape[0], W_enc.shape[1]
     cpu = x.device.type == "cpu"
     step = ROW_CHUNK if cpu else max(B, 1)
@@ -384,7 +384,7 @@ def encode_above(x: Tensor, W_enc: Tensor, b_enc: Tensor, floor: Tensor, k: int,
                     rows, wide_val, wide_idx = wide
                     given[rows, : wide_val.shape[1]], indices[rows, : wide_idx.shape[1]] = wide_val, wide_idx
             kept = torch.arange(K) < count[:, None]
-    z = _SparseGather.apply(x, W_enc, indices.contiguous(), backend, given)
+    z = shift_grad(_SparseGather.apply(x, W_enc, indices.contiguous(), backend, given), indices, W_enc, shift)
     return z + _BiasAt.apply(b_enc, indices, kept), indices, kept
 
 
@@ -419,9 +419,10 @@ def make_ops(backend: Backend):
     """The public operations of ``saes.kernels`` bound to ``backend``: (encode, encode_topk, batch_topk,
     sparse_decode, encode_aux, gather_pre, encode_above), with the signatures of ``reference.py``."""
 
-    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None):
+    def _encode(x, W_enc, b_enc, k, *, batch=False, scale=None, dead=None, k_aux=0, mm_dtype=None, shift=None,
+                row_scale=None):
         return encode(x, W_enc, b_enc, k, backend, batch=batch, scale=scale, dead=dead, k_aux=k_aux,
-                      mm_dtype=mm_dtype)
+                      mm_dtype=mm_dtype, shift=shift, row_scale=row_scale)
 
     def _encode_topk(x, W_enc, b_enc, k):
         enc = encode(x, W_enc, b_enc, k, backend)
@@ -440,7 +441,7 @@ def make_ops(backend: Backend):
     def _gather_pre(x, W_enc, indices, values=None):
         return gather_pre(x, W_enc, indices, backend, values)
 
-    def _encode_above(x, W_enc, b_enc, floor, k=1):
-        return encode_above(x, W_enc, b_enc, floor, k, backend)
+    def _encode_above(x, W_enc, b_enc, floor, k=1, shift=None):
+        return encode_above(x, W_enc, b_enc, floor, k, backend, shift)
 
     return _encode, _encode_topk, _batch_topk, _sparse_decode, _encode_aux, _gather_pre, _encode_above

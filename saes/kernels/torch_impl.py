@@ -49,11 +49,13 @@ def _torch_scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
     return out
 
 
-def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    """grad_x by embedding_bag over W_enc^T rows, grad_W_enc^T by index_add; grad_W_enc comes back in
-    W_enc's layout (no copies for latent-major storage, SparseCoder's)."""
+def _torch_encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor,
+                            want_x: bool = True) -> tuple[Tensor | None, Tensor]:
+    """grad_x by embedding_bag over W_enc^T rows (None with ``want_x=False``), grad_W_enc^T by index_add;
+    grad_W_enc comes back in W_enc's layout (no copies for latent-major storage, SparseCoder's)."""
     latent_major = W_enc.t().is_contiguous()
-    grad_x = _torch_gather_sum(idx, g, W_enc.t() if latent_major else W_enc.t().contiguous(), None)
+    grad_x = _torch_gather_sum(idx, g, W_enc.t() if latent_major else W_enc.t().contiguous(), None) if want_x \
+        else None
     grad_W = _torch_scatter_rows(idx, g, x, W_enc.shape[1]).t()
     return grad_x, grad_W if latent_major else grad_W.contiguous()
 

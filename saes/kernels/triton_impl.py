@@ -124,10 +124,12 @@ def scatter_rows(idx: Tensor, val: Tensor, A: Tensor, L: int) -> Tensor:
     return out.to(A.dtype)
 
 
-def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor) -> tuple[Tensor, Tensor]:
-    """grad_x = gather_sum over W_enc^T (a strided view, no copy); grad_W_enc^T via atomics into [D, L]."""
+def encoder_backward(idx: Tensor, g: Tensor, x: Tensor, W_enc: Tensor,
+                     want_x: bool = True) -> tuple[Tensor | None, Tensor]:
+    """grad_x = gather_sum over W_enc^T (a strided view, no copy; None with ``want_x=False``); grad_W_enc^T via
+    atomics into [D, L]."""
     _check(W_enc)
-    grad_x = gather_sum(idx, g, W_enc.t(), None)
+    grad_x = gather_sum(idx, g, W_enc.t(), None) if want_x else None
     grad_W = torch.zeros_like(W_enc, dtype=torch.float32)  # W_enc's layout: rows of grad_W^T when latent-major
     _scatter_into(grad_W.t(), idx, g, x)
     return grad_x, grad_W

@@ -129,9 +129,10 @@ def train_code(model: "SparseCoder", x: Tensor, inputs: StepInputs, *, batch: bo
     s = row_scale(model, x) if relative else x.new_ones(x.shape[0], 1)
     if batch and (inputs.comm.size > 1 or inputs.comm.shards.size > 1):
         return _global_batch_forward(model, x, inputs, scale, s)
-    enc = kernels.encode((x - model.b_dec) / s if relative else x - model.b_dec, model.W_enc, model.b_enc, model.k,
-                         batch=batch, scale=scale, dead=dead, k_aux=k_aux, impl=model.kernel_impl,
-                         mm_dtype=inputs.matmul_dtype)
+    # (x - b_dec) / s inside the encoder, whose backward makes b_dec's (and s's) gradient from the entries'
+    enc = kernels.encode(x, model.W_enc, model.b_enc, model.k, batch=batch, scale=scale, dead=dead, k_aux=k_aux,
+                         impl=model.kernel_impl, mm_dtype=inputs.matmul_dtype, shift=model.b_dec,
+                         row_scale=s if relative else None)
     kept = shard_code(enc.values, model.k, inputs.comm)  # latent shards: the row's global top k
     values = kept * s if relative else kept
     fired, l0 = fired_from_code(kept, enc.indices, model.n_latents)

@@ -198,12 +198,14 @@ def _train(model: SparseCoder, x: Tensor, inputs: StepInputs, relative: bool = F
     cfg = inputs.settings
     eps = cfg.jumprelu_bandwidth if cfg is not None else DEFAULT_BANDWIDTH
     s = row_scale(model, x) if relative else None
-    centred = (x - model.b_dec) / s if relative else x - model.b_dec
+    # (not relative: x - b_dec inside encode_above, which makes b_dec's gradient from the entries': ``shift``)
+    centred = (x - model.b_dec) / s if relative else x - model.b_dec if inputs.dead is not None else None
     if inputs.dead is not None:  # the loop's dead latents (uses_aux): their thresholds come down, AuxK trains them
         lower_dead_thresholds(model, centred, inputs)
     theta = threshold_of(model)
-    z, idx, kept = kernels.encode_above(centred, model.W_enc, model.b_enc, (theta - eps / 2).detach(), model.k,
-                                        impl=model.kernel_impl)
+    z, idx, kept = kernels.encode_above(centred if relative else x, model.W_enc, model.b_enc,
+                                        (theta - eps / 2).detach(), model.k, impl=model.kernel_impl,
+                                        shift=None if relative else model.b_dec)
     # the estimators run over the window's entries only (row by row: a few rows with hundreds of entries pad the
     # code to several times its mean width), and f goes back into the packed code for the decode; index_select /
     # index_copy, whose backwards are an index_add in order and a gather (advanced indexing's backward is an
