@@ -14,9 +14,10 @@ A row after the first ``HISTORY`` of a thread's rows is first read with a guess 
 the last ``HISTORY`` rows' bounds less half their spread: rows of one batch have thresholds close together): its
 scores above t only, found 32 columns at a time by one vector comparison (``numba_simd.above_mask``, scalar work on
 the columns that pass), are narrowed as above; where the bound they give skips t itself, no score at or below t can be
-in the support and the row is done; otherwise (0.6% of the benchmark's rows; never wrong, only slower) the row is
-searched as above. On the AMX Xeon, the benchmark's SpaDE scores (~900 in the support, ~1,250 above the guess): 309
--> ~110 ms of CPU a step on one thread (the running bound's pass offered ~1,900 candidates a row and did scalar work
+in the support and the row is done; otherwise (0.6% of the rows in a simulation on the benchmark's scores at its
+initialisation; never wrong, only slower) the row is searched as above. The margin's max|z| is then the largest of |t|
+and the scores above t (those the support rule reads). On the AMX Xeon, the benchmark's SpaDE scores (~900 in the support, ~1,250 above the guess): 309
+-> ~120 ms of CPU a step on one thread (the running bound's pass offered ~1,900 candidates a row and did scalar work
 on nearly every block).
 
 Only the remaining candidates are sorted (by decreasing score, ties by increasing column; a radix sort), and the
