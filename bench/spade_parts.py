@@ -1,11 +1,15 @@
-"""Two looks inside ``bench/train_step.py``'s kind-spade step (defaults: D 768, L 16384, k 32, B 4096, float32) that
+"""Looks inside ``bench/train_step.py``'s kind-spade step (defaults: D 768, L 16384, k 32, B 4096, float32) that
 ``bench/spade_phases.py`` does not give:
 
     # torch's ops by self CPU a step, each attributed to the Python function that called it (torch.profiler)
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/spade_parts.py --profile --steps 2
-    # the by-latent gather-sum and scatter on the benchmark's SpaDE code (at its initialisation) per tile width,
-    # best of 3, CPU ms, and whether the outputs are the same bits whatever the tile; B / D / L from the environment
+    # the by-latent scatter on the benchmark's SpaDE code (at its initialisation) per tile width, best of 3, CPU ms,
+    # and whether the outputs are the same bits whatever the tile; B / D / L from the environment
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/spade_parts.py --tiles 64 96 128
+    # the by-latent gather-sum and gather-dot on that code per block of rows, best of 3, CPU ms, the same bits or not
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/spade_parts.py --blocks 128 256 512
+    # the support search on the benchmark's first 512 rows of scores (at its initialisation), best of 3, CPU ms a step
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/spade_parts.py --search
     # one 512-row chunk's scores: addmm (the bias copied into the output first) against mm, 10 calls, CPU ms
     OMP_NUM_THREADS=1 .venv/bin/python bench/spade_parts.py --chunk
 """
@@ -58,11 +62,11 @@ def profile(steps: int) -> None:
             print(f"{t:7.1f}  {name:26s} {chain}")
 
 
-def spade_code():
-    """(the benchmark's SpaDE code at its initialisation, bucketed by latent; W_dec; the batch) at B / D / L."""
+def spade_model():
+    """(the benchmark's SpaDE model at its initialisation, its batch, the centred batch, lambda, the prototypes' half
+    norms -c |W|^2 / 2: the scores' bias) at B / D / L."""
     import torch
     from conceptdict.saes import SparseCoder, kernels
-    from conceptdict.saes.kernels import numba_impl
     from conceptdict.saes.kinds import spade
 
     pr = ts.PRESETS["full"]
@@ -74,10 +78,33 @@ def spade_code():
     model.spec.init(model, x)
     with torch.no_grad():
         lam, W, c = spade.scale(model), model.W_enc, spade.weight_unit(model)
-        xc = x - model.b_dec
-        f, idx, _, _ = kernels.encode_spade(xc, W, -0.5 * c * kernels.square_norms(W), 2 * c * lam, lam,
-                                            xc.square().sum(dim=1), 128, value_scale=c)
-    return numba_impl.by_latent(idx, f, L), model.W_dec.detach().numpy(), x.numpy()
+        return model, x, x - model.b_dec, lam, -0.5 * c * kernels.square_norms(W)
+
+
+def spade_code():
+    """(the benchmark's SpaDE code at its initialisation, bucketed by latent; W_dec; the batch) at B / D / L."""
+    import torch
+    from conceptdict.saes import kernels
+    from conceptdict.saes.kernels import numba_impl
+    from conceptdict.saes.kinds import spade
+
+    model, x, xc, lam, half = spade_model()
+    with torch.no_grad():
+        c = spade.weight_unit(model)
+        f, idx, _, _ = kernels.encode_spade(xc, model.W_enc, half, 2 * c * lam, lam, xc.square().sum(dim=1), 128,
+                                            value_scale=c)
+    return numba_impl.by_latent(idx, f, model.n_latents), model.W_dec.detach().numpy(), x.numpy()
+
+
+def best_of(run, n=3) -> float:
+    """The least CPU ms of n calls of run, after one more."""
+    run()
+    times = []
+    for _ in range(n):
+        c = time.thread_time()
+        run()
+        times.append(time.thread_time() - c)
+    return 1e3 * min(times)
 
 
 def tiles(widths: list[int]) -> None:
@@ -87,24 +114,51 @@ def tiles(widths: list[int]) -> None:
     code, W, A = spade_code()
     B, D, L = A.shape[0], A.shape[1], W.shape[0]
     print(f"D {D} L {L} B {B}: {code.row.shape[0]} entries; load {os.getloadavg()[0]:.1f}")
-    bias = np.full(D, 0.25, np.float32)
     first = None
     for tile in widths:
-        outs = np.empty((B, D), np.float32), np.empty((L, D), np.float32)
-        best = []
-        for run in (lambda t=tile, o=outs[0]: nw.gather_sum(code.start, code.row, code.value, W, bias, t, o),
-                    lambda t=tile, o=outs[1]: nw.scatter(code.start, code.row, code.value, A, t, o)):
-            run()
-            times = []
-            for _ in range(3):
-                c = time.thread_time()
-                run()
-                times.append(time.thread_time() - c)
-            best.append(1e3 * min(times))
+        out = np.empty((L, D), np.float32)
+        ms = best_of(lambda t=tile, o=out: nw.scatter(code.start, code.row, code.value, A, t, o))
+        first = out if first is None else first
+        print(f"tile {tile:4d}: scatter {ms:6.1f} ms; output as tile {widths[0]}'s bit for bit: "
+              f"{np.array_equal(out, first)}")
+
+
+def blocks(rows: list[int]) -> None:
+    import numpy as np
+    from conceptdict.saes.kernels import numba_wide as nw
+
+    code, W, A = spade_code()
+    B, D = A.shape
+    G = np.random.default_rng(0).standard_normal((B, D)).astype(np.float32)
+    bias = np.full(D, 0.25, np.float32)
+    print(f"D {D} L {W.shape[0]} B {B}: {code.row.shape[0]} entries; load {os.getloadavg()[0]:.1f}; the library's "
+          f"block: {nw.block_rows(B, D)} rows")
+    first = None
+    for r in rows:
+        outs = np.empty((B, D), np.float32), np.empty((code.rows, code.width), np.float32)
+        ms = (best_of(lambda o=outs[0], r=r: nw.gather_sum(code.start, code.row, code.value, W, bias, r, o)),
+              best_of(lambda o=outs[1], r=r: nw.gather_dot(code.start, code.row, code.entry, G, W, r, o)))
         first = outs if first is None else first
-        same = all(np.array_equal(a, b) for a, b in zip(outs, first))
-        print(f"tile {tile:4d}: gather-sum {best[0]:6.1f} ms, scatter {best[1]:6.1f} ms; outputs as tile "
-              f"{widths[0]}'s bit for bit: {same}")
+        same = [np.array_equal(a, b) for a, b in zip(outs, first)]
+        print(f"{r:5d} rows: gather-sum {ms[0]:6.1f} ms, gather-dot {ms[1]:6.1f} ms; as {rows[0]} rows' bit for "
+              f"bit: {same[0]} / {same[1]}")
+
+
+def search() -> None:
+    import numpy as np
+    import torch
+    from conceptdict.saes.kernels import kinds, numba_sparsemax
+    from conceptdict.saes.kinds import spade
+
+    model, x, xc, lam, half = spade_model()
+    with torch.no_grad():
+        pre = torch.addmm(half, xc[: kinds.ROW_CHUNK], model.W_enc).numpy()
+    s = np.float32(float(2 * spade.weight_unit(model) * lam))
+    out, size = np.empty(pre.shape, np.int32), np.empty(pre.shape[0], np.int64)
+    ms = best_of(lambda: numba_sparsemax.sparsemax_rows(pre, s, out, size))
+    print(f"load {os.getloadavg()[0]:.1f}; the support search on {pre.shape[0]} rows of {pre.shape[1]} scores "
+          f"(median support {int(np.median(size))}): {ms:.1f} ms, {ms * x.shape[0] / pre.shape[0]:.0f} ms a step of "
+          f"{x.shape[0]} rows")
 
 
 def chunk() -> None:
@@ -129,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tiles", type=int, nargs="*")
     ap.add_argument("--chunk", action="store_true")
+    ap.add_argument("--blocks", type=int, nargs="*")
+    ap.add_argument("--search", action="store_true")
     a = ap.parse_args(argv)
     import conceptdict  # noqa: F401
 
@@ -138,6 +194,10 @@ def main(argv=None) -> int:
         tiles(a.tiles)
     if a.chunk:
         chunk()
+    if a.blocks:
+        blocks(a.blocks)
+    if a.search:
+        search()
     return 0
 
 

@@ -6,7 +6,8 @@ one-thread copy rate. Run with one thread so that every part runs on the calling
 
 Parts are timed by wrapping the library's functions from outside (the library is unchanged); ``rest`` is the step
 less the timed parts (torch's [B, K] work of the code and the loss, forward and backward, autograd's bookkeeping).
-Each step's minor page faults and system CPU (``getrusage``) are printed too: the fresh arrays a step maps.
+Each step's minor page faults and system CPU (``getrusage``) are printed too, and each part's faults a step: the
+fresh arrays a step maps.
 ``--kind topk`` times TopK's step the same way (its sparse passes are the row kernels: not wrapped).
 """
 
@@ -39,7 +40,7 @@ LABELS = tuple(dict.fromkeys(label for label, _, _ in PARTS))
 
 class Timers:
     def __init__(self):
-        self.on, self.ms, self.depth = False, {}, 0
+        self.on, self.ms, self.faults, self.depth = False, {}, {}, 0
 
     def wrap(self, label, fn):
         @functools.wraps(fn)
@@ -47,12 +48,13 @@ class Timers:
             if not self.on or self.depth:
                 return fn(*args, **kwargs)
             self.depth += 1
-            c = time.thread_time()
+            c, f = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.depth -= 1
                 self.ms[label] = self.ms.get(label, 0.0) + 1e3 * (time.thread_time() - c)
+                self.faults[label] = self.faults.get(label, 0) + resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
         return timed
 
 
@@ -121,13 +123,13 @@ def main(argv=None) -> int:
           f"CPU ms): {', '.join(f'{f} ({t:.0f})' for f, t in faults)}")
     fl = floors(p, entries)
     timed = 0.0
-    print(f"{'part':22s} {'CPU ms':>8s} {'floor ms':>9s}")
+    print(f"{'part':22s} {'CPU ms':>8s} {'floor ms':>9s} {'faults':>8s}")
     for label in LABELS:
         ms = timers.ms.get(label, 0.0) / n
         timed += ms
-        f = f"{1e3 * fl[label] / rate:9.1f}" if label in fl else ""
-        print(f"{label:22s} {ms:8.1f} {f}")
-    print(f"{'rest':22s} {sum(steps) / n - timed:8.1f}")
+        f = f"{1e3 * fl[label] / rate:9.1f}" if label in fl else f"{'':9s}"
+        print(f"{label:22s} {ms:8.1f} {f} {timers.faults.get(label, 0) // n:8d}")
+    print(f"{'rest':22s} {sum(steps) / n - timed:8.1f} {'':9s} {sum(f for f, _ in faults) // n - sum(timers.faults.values()) // n:8d}")
     print(f"{'step':22s} {sum(steps) / n:8.1f}")
     return 0
 

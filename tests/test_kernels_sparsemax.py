@@ -57,6 +57,31 @@ def test_pack_is_the_references(impl, n, L, scale, m):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_support_after_rows_of_other_thresholds(impl, threads):
+    """Rows whose thresholds the earlier rows guess well (the numba search reads only the scores above the guess), then
+    rows shifted far down (the guess is above their threshold: the row searched again) and far up (most scores above
+    the guess), in runs longer than the search's history: the reference's supports exactly, on one thread and two."""
+    import numba
+
+    pre = torch.cat([_scores(8, 700, seed=s) * 0.2 + shift for s, shift in enumerate((0, 0, 0, -5, 0, 3, -1, 0))])
+    pre = pre[torch.randperm(pre.shape[0], generator=torch.Generator().manual_seed(3))[:40]].contiguous()
+    pre = torch.cat([_scores(24, 700, seed=9) * 0.2, pre, _scores(1, 700, seed=10) - 8])
+    s = torch.tensor(0.5)
+    want_idx, want_size = kernels.sparsemax_support(pre, s, 8, impl="reference")
+    before = numba.get_num_threads() if impl == "numba" else None
+    try:
+        if before is not None:
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        idx, size = kernels.sparsemax_support(pre, s, 8, impl=impl)
+    finally:
+        if before is not None:
+            numba.set_num_threads(before)
+    assert torch.equal(size, want_size) and torch.equal(idx, want_idx)
+    assert int(size.min()) > 1 and int(size.max()) < 700
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_code_fired_is_the_references(impl):
     """``code_fired`` (the latents with a positive entry, each row's count) against the reference, exactly: a
     zero-padded code with duplicates, zeros, negative and NaN values (none fires), in float32 and bf16; an index

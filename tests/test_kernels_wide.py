@@ -49,12 +49,13 @@ def _decode_grads(impl, idx, val, W, b, G, skip, rows_dtype=None):
 @pytest.mark.parametrize("B,K,L,D,packed", [(256, 24, 64, 40, None), (300, 40, 96, 100, 600), (128, 64, 200, 33, 256)])
 def test_wide_decode_values_and_grads(impl, skip, B, K, L, D, packed, monkeypatch):
     """A wide code's decode (B * K / L >= 32 entries per latent): its value and the gradients of the values, W_dec and
-    b_dec, against the reference; ``packed`` shrinks the tiles so that D is cut into several, a partial one last."""
+    b_dec, against the reference; ``packed`` shrinks the scatter's tiles so that D is cut into several, a partial one
+    last, and the gather-sum's and gather-dot's blocks so that B is (24 and 31 rows a block here)."""
     if packed is not None:
         from conceptdict.saes.kernels import numba_wide
 
         monkeypatch.setattr(numba_wide, "PACKED_FLOATS", packed * 16)
-        monkeypatch.setattr(numba_wide, "DOT_FLOATS", packed * 48)
+        monkeypatch.setattr(numba_wide, "ROW_FLOATS", packed * 4)
     g = torch.Generator().manual_seed(1)
     idx, val = _code(B, K, L)
     W, b, G = torch.randn(L, D, generator=g), torch.randn(D, generator=g), torch.randn(B, D, generator=g)

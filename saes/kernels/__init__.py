@@ -16,7 +16,8 @@ Implementations (``sparse.py`` holds the shared sparse autograd, ``select.py`` t
 - ``numba``     CPU kernels (``numba_kernels.py``): one-pass row top-k with a block-count scan and the
                 bias fused in, race-free bucketed scatters (decode backward, and the encoder backward
                 for latent-major W_enc; a tiled kernel otherwise), and for wide codes (SpaDE's, ``numba_wide.py``)
-                the decode, its backward and the encoder backward by latent over packed tiles of D; float32
+                the decode, its backward and the encoder backward by latent over blocks of rows or packed tiles of
+                D in the L2; float32
                 inside. Chosen by "auto" on
                 CPU: at D=768, L=16384, k=32, B=4096 its step is about 2x ``torch``'s
                 (bench/train_step.py, docs/kernels.md).

@@ -3,7 +3,8 @@ on the ``gather_pre`` and ``sparse_decode`` kernels so that nothing after the on
 with autograd.
 
 - ``encode_sparsemax``: sparsemax over a row's affine scores (SpaDE); the support of each chunk of rows comes from
-  ``kernels.sparsemax_support`` (numba: one pass per row with a running bound of the threshold; torch: the top
+  ``kernels.sparsemax_support`` (numba: per row the scores above a threshold guessed from the rows before, or one
+  pass with a running bound of the threshold where the guess is not proved; torch: the top
   ``n_candidates`` scores, more where needed), and the output is packed, so its decode is a sparse decode.
 - ``prefix_decodes``: the reconstructions of nested prefixes of the latents from ONE code (Matryoshka): a
   prefix's reconstruction is a masked sparse decode; the code is split by group (each group's entries

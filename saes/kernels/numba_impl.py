@@ -257,20 +257,20 @@ def _same_entries(idx: Tensor, val: Tensor, nonzero: int) -> Buckets | None:
 
 
 def latent_gather_sum(code: Buckets, W: Tensor, bias: Tensor | None) -> Tensor:
-    """``gather_sum`` of a bucketed code: [B, D] = bias + sum_j val W[idx], by latent and tiled over D."""
+    """``gather_sum`` of a bucketed code: [B, D] = bias + sum_j val W[idx], by latent over blocks of rows."""
     _check_cpu(W)
     B, D = code.rows, W.shape[1]
     out = np.empty((B, D), np.float32)
     b = np.zeros(D, np.float32) if bias is None else _f32(bias)
-    nw.gather_sum(code.start, code.row, code.value, _rows(W), b, nw.tile_width(B, D), out)
+    nw.gather_sum(code.start, code.row, code.value, _rows(W), b, nw.block_rows(B, D), out)
     return torch.from_numpy(out).to(torch.promote_types(W.dtype, code.dtype))
 
 
 def latent_gather_dot(code: Buckets, G: Tensor, W: Tensor) -> Tensor:
     """``gather_dot`` of a bucketed code with ``skip_zero_grads``: [B, K] = <G[b], W[idx[b, j]]>, 0 where the value
-    is 0; by latent over wide tiles of D (``numba_wide.gather_dot``)."""
+    is 0; by latent over blocks of G's rows (``numba_wide.gather_dot``)."""
     out = np.empty((code.rows, code.width), np.float32)
-    nw.gather_dot(code.start, code.row, code.entry, _f32(G), _rows(W), nw.dot_tile_width(*G.shape), out)
+    nw.gather_dot(code.start, code.row, code.entry, _f32(G), _rows(W), nw.block_rows(*G.shape), out)
     return torch.from_numpy(out).to(G.dtype)
 
 

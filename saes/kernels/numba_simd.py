@@ -27,12 +27,12 @@ def _contiguous(t, dtypes) -> bool:
 
 def vectorisable(row, bias, scale, thr) -> bool:
     """Whether :func:`above_mask` takes these numba types: a 1-D C-contiguous row of bf16 bits (uint16) or float32,
-    a float32 1-D C-contiguous ``bias`` / ``scale`` or None, and ``thr`` a float32 or a float32 1-D C-contiguous array
-    (one threshold per column)."""
+    a float32 1-D C-contiguous ``bias`` / ``scale`` or None (``scale`` also a float32: one for every column), and ``thr``
+    a float32 or a float32 1-D C-contiguous array (one threshold per column)."""
     f32 = (types.float32,)
     return (_contiguous(row, (types.uint16, types.float32))
             and (isinstance(bias, types.NoneType) or _contiguous(bias, f32))
-            and (isinstance(scale, types.NoneType) or _contiguous(scale, f32))
+            and (isinstance(scale, types.NoneType) or scale == types.float32 or _contiguous(scale, f32))
             and (thr == types.float32 or _contiguous(thr, f32)))
 
 
@@ -43,10 +43,20 @@ def _load(context, builder, aty, value, c0, llty):
     return builder.load(ptr, align=aty.dtype.bitwidth // 8)
 
 
+def _splat(builder, value):
+    """The float32 ``value`` in every lane of a WIDTH vector."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    vty = ir.VectorType(f32, WIDTH)
+    one = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, WIDTH),
+                                                                                  [0] * WIDTH))
+
+
 @intrinsic
 def above_mask(typingctx, row, c0, bias, scale, thr):
     """Bit u (u < WIDTH) set iff ``(f32(row[c0 + u]) + bias[c0 + u]) * scale[c0 + u] > t`` with t ``thr`` or
-    ``thr[c0 + u]``; ``bias`` / ``scale`` None: that operation left out. The caller ensures c0 + WIDTH <= len(row)."""
+    ``thr[c0 + u]``; ``bias`` / ``scale`` None: that operation left out; ``scale`` a float32: it for every column.
+    The caller ensures c0 + WIDTH <= len(row)."""
     if not (vectorisable(row, bias, scale, thr) and isinstance(c0, types.Integer)):
         return None
 
@@ -63,15 +73,12 @@ def above_mask(typingctx, row, c0, bias, scale, thr):
             v = _load(context, builder, row_t, row_v, c0_v, f32)
         if not isinstance(bias_t, types.NoneType):
             v = builder.fadd(v, _load(context, builder, bias_t, bias_v, c0_v, f32))
-        if not isinstance(scale_t, types.NoneType):
+        if isinstance(scale_t, types.Array):
             v = builder.fmul(v, _load(context, builder, scale_t, scale_v, c0_v, f32))
-        if isinstance(thr_t, types.Array):
-            t = _load(context, builder, thr_t, thr_v, c0_v, f32)
-        else:
-            vty = ir.VectorType(f32, WIDTH)
-            one = builder.insert_element(ir.Constant(vty, ir.Undefined), thr_v, ir.Constant(i32, 0))
-            t = builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, WIDTH),
-                                                                                          [0] * WIDTH))
+        elif not isinstance(scale_t, types.NoneType):
+            v = builder.fmul(v, _splat(builder, scale_v))
+        t = _load(context, builder, thr_t, thr_v, c0_v, f32) if isinstance(thr_t, types.Array) else _splat(builder,
+                                                                                                          thr_v)
         return builder.bitcast(builder.fcmp_ordered(">", v, t), i32)
 
     return types.uint32(row, c0, bias, scale, thr), codegen

@@ -1,20 +1,23 @@
-"""The sparse passes over a wide code in numba (SpaDE's: ~1,000 entries a row), by latent and tiled over D.
+"""The sparse passes over a wide code in numba (SpaDE's: ~1,000 entries a row), by latent over parts of D or of B.
 
 The row-ordered kernels of ``numba_kernels`` read a whole row of W (D floats) for every entry of the code, and its
 bucketed scatter a whole row of A [B, D] for every entry: with hundreds of entries per latent every row of W (50
 MB at L 16384, D 768) and of A (12 MB at B 4096) is read hundreds of times from memory or L3, for a twentieth of
 the encoder matmul's arithmetic. Here the entries are bucketed by latent once (:func:`bucket`: a counting sort into
-start [L+1], row [N] int32 and value [N] float32, the entries with a nonzero value only) and both passes walk the
-buckets in latent order over ``tile`` columns of D at a time, each thread owning whole tiles (nothing races):
+start [L+1], row [N] int32 and value [N] float32, the entries with a nonzero value only) and the passes walk the
+buckets in latent order, each over a part of the [B, D] array it reads or writes that stays in the L2:
 
-- :func:`gather_sum`, out [B, D] = bias + S W (the decode; the encoder backward's grad_x = S_g W_enc^T): the
-  thread's tile of out is accumulated in a packed [B, tile] buffer that stays in its L2 (the tile's columns of
-  out lie in B different pages), while the rows of W stream through once in latent order;
-- :func:`scatter`, out [L, D] = S^T A (the gradients of W_dec and of W_enc^T): A's tile is packed into a
-  contiguous [B, tile] buffer first, each latent's tile is summed in cache and written once.
+- :func:`gather_sum`, out [B, D] = bias + S W (the decode; the encoder backward's grad_x = S_g W_enc^T): by blocks of
+  :func:`block_rows` whole rows of out (contiguous, in the L2), each thread owning whole blocks (nothing races), the
+  rows of W streamed through once a block in latent order;
+- :func:`gather_dot`, out [B, K] = <G[b], W[idx]> at the entries (the decode's backward for the values): by the same
+  blocks of G's rows, each entry's dot over the whole row of D at once (one horizontal sum an entry);
+- :func:`scatter`, out [L, D] = S^T A (the gradients of W_dec and of W_enc^T): by ``tile`` columns of D at a time,
+  A's tile packed into a contiguous [B, tile] buffer first, each latent's tile summed in cache and written once.
 
-The sums run in another order than the row-ordered kernels' (by latent, then row, per tile): results agree with
-theirs to float32 rounding (``tests/test_kernels_wide.py``). ``numba_impl`` takes these kernels for codes with at
+A bucket's entries are in row order, so a block's entries of a latent are a run of it (found by a binary search).
+The sums run in another order than the row-ordered kernels' (by latent, then row): results agree with theirs to
+float32 rounding (``tests/test_kernels_wide.py``). ``numba_impl`` takes these kernels for codes with at
 least ``WIDE_ENTRIES`` entries per latent on average (SpaDE's), the row-ordered ones otherwise (TopK's).
 """
 
@@ -50,7 +53,8 @@ def _l2_bytes() -> int:
 PACKED_FLOATS = max(1 << 18, 3 * _l2_bytes() // 16)
 """Floats of one packed tile of the gather-sum and the scatter ([B, tile]): 3/4 of an L2 where it holds more than
 1 MiB's floats (the AMX Xeon's 2 MiB: 1.5 MiB, 96 columns at B 4096), else 1 MiB (the AMD EPYC's L2, 64 columns
-at B 4096); the tile is the widest multiple of 16 columns that fits, at least 16. A column's sums do not depend on
+at B 4096); the tile is the widest multiple of 16 columns that fits, at least 16. (The gather-sum ran over such tiles
+until branch i53-spade6: the figures below.) A column's sums do not depend on
 the tile (each is its entries' in bucket order), so neither do the results. On the Xeon, one thread, the
 benchmark's SpaDE code: tiles of 64 / 96 / 128 columns, gather-sum 297-313 / 272-287 / 265-292 ms, scatter
 219-229 / 183-197 / 191-226 (docs/results/speed.md, branch i53-spade5)."""
@@ -61,17 +65,30 @@ def tile_width(B: int, D: int) -> int:
     return max(16, min(D, PACKED_FLOATS // max(B, 1)) // 16 * 16)
 
 
-DOT_FLOATS = 3 << 17
-"""Floats of one packed tile of the gather-dot ([B, tile]: 1.5 MiB, in L2): 96 columns at B 4096, D 768. On the AMX
-Xeon (2 MiB of L2 a core) on the benchmark's SpaDE code, CPU ms for tiles of 384 / 128 / 96 / 64 columns: 495 / 329
-/ 296 / 330 on one thread, 542 / 390 / 386 / 417 on two (the 8 MiB tile of 384 columns, in L3, was chosen on the
-AMD EPYC at 260 ms against the row-ordered kernel's 430; narrower tiles were not tried there)."""
+ROW_FLOATS = max(1 << 16, 3 * _l2_bytes() // 32)
+"""Floats of one block of whole rows of the gather-sum's output and the gather-dot's G ([rows, D]): 3/8 of an L2,
+at least 256 KiB (the AMX Xeon's 2 MiB: 768 KiB, 256 rows at D 768). On that Xeon, one thread, the benchmark's SpaDE
+code (D 768, L 16384, B 4096, ~1,100 entries a row): blocks of 128 / 192 / 256 / 320 / 384 rows, gather-dot 175 /
+169 / 178 / 163 / 173 ms against 276 for the earlier tiles of 96 columns (a dot a tile, eight horizontal sums an
+entry), gather-sum of 128 / 256 / 384 / 512 rows 228 / 218 / 214 / 220 against 277 (docs/results/speed.md, branch
+i53-spade6)."""
 
 
-def dot_tile_width(B: int, D: int) -> int:
-    """Columns of D per tile of :func:`gather_dot`: D split into equal tiles of at most :data:`DOT_FLOATS` floats."""
-    parts = max(1, -(-B * D // DOT_FLOATS))
-    return -(-D // parts)
+def block_rows(B: int, D: int) -> int:
+    """Rows of [B, D] per block of :func:`gather_sum` and :func:`gather_dot` (:data:`ROW_FLOATS`), at least 8."""
+    return max(8, min(B, ROW_FLOATS // max(D, 1)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_at(row, lo, hi, b0):
+    """The first position in row[lo:hi] (increasing) whose row is at least b0 (hi where none is)."""
+    while lo < hi:
+        m = (lo + hi) // 2
+        if row[m] < b0:
+            lo = m + 1
+        else:
+            hi = m
+    return lo
 
 
 @njit(**_OPTS)
@@ -122,40 +139,40 @@ def bucket(idx, val, L):
 
 
 @njit(**_OPTS)
-def gather_sum(start, row, value, W, bias, tile, out):
-    """out [B, D] = bias + sum over the entries of value * W[latent] into row ``row``."""
+def gather_sum(start, row, value, W, bias, rows, out):
+    """out [B, D] = bias + sum over the entries of value * W[latent] into row ``row``, by blocks of ``rows`` rows
+    (each column's sum: its entries in bucket order, whatever the blocks)."""
     B, D = out.shape
     L = W.shape[0]
-    for part in prange((D + tile - 1) // tile):
-        d0 = part * tile
-        w = min(tile, D - d0)  # the loops run to w (not a constant): LLVM then vectorises them with an alias check
-        P = np.empty((B, w), np.float32)
-        wt = np.empty(w, np.float32)
-        for b in range(B):
-            for d in range(w):
-                P[b, d] = bias[d0 + d]
+    for part in prange((B + rows - 1) // rows):
+        b0 = part * rows
+        b1 = min(B, b0 + rows)
+        for b in range(b0, b1):
+            o = out[b]
+            for d in range(D):
+                o[d] = bias[d]
         for r in range(L):
-            if start[r] == start[r + 1]:
+            t, end = start[r], start[r + 1]
+            if t == end:
+                continue
+            t = _first_at(row, t, end, b0)
+            if t == end or row[t] >= b1:
                 continue
             wr = W[r]
-            for d in range(w):
-                wt[d] = at_f32(wr, d0 + d)
-            for t in range(start[r], start[r + 1]):
+            while t < end and row[t] < b1:
                 v = value[t]
-                p = P[row[t]]
-                for d in range(w):
-                    p[d] += v * wt[d]
-        for b in range(B):
-            for d in range(w):
-                out[b, d0 + d] = P[b, d]
+                p = out[row[t]]
+                for d in range(D):
+                    p[d] += v * at_f32(wr, d)
+                t += 1
 
 
 @njit(**dict(_OPTS, fastmath={"contract"}))
 def scatter(start, row, value, A, tile, out):
     """out [L, D] = sum over the entries of value * A[row] into the entry's latent, each latent's entries added in
-    bucket order (one fused multiply-add each; no reassociation, so four entries a pass over the accumulator give
-    the sums one entry a pass gives, in a quarter of its loads and stores: 278 -> 241 ms of CPU on the benchmark's
-    SpaDE code, one thread, AMX Xeon)."""
+    bucket order (one fused multiply-add each; no reassociation, so eight or four entries a pass over the accumulator
+    give the sums one entry a pass gives, in an eighth or a quarter of its loads and stores: 278 -> 241 ms of CPU on
+    the benchmark's SpaDE code, one thread, AMX Xeon, with four; eight: 183 -> 170 against four, branch i53-spade6)."""
     B = A.shape[0]
     L, D = out.shape
     for part in prange((D + tile - 1) // tile):
@@ -169,7 +186,16 @@ def scatter(start, row, value, A, tile, out):
         for r in range(L):
             acc[:] = 0.0
             t, end = start[r], start[r + 1]
-            while t + 4 <= end:  # four entries per pass over acc, added in bucket order as one at a time would
+            while t + 8 <= end:  # eight entries per pass over acc, added in bucket order as one at a time would
+                v0, v1, v2, v3 = value[t], value[t + 1], value[t + 2], value[t + 3]
+                v4, v5, v6, v7 = value[t + 4], value[t + 5], value[t + 6], value[t + 7]
+                p0, p1, p2, p3 = P[row[t]], P[row[t + 1]], P[row[t + 2]], P[row[t + 3]]
+                p4, p5, p6, p7 = P[row[t + 4]], P[row[t + 5]], P[row[t + 6]], P[row[t + 7]]
+                for d in range(w):
+                    acc[d] = (acc[d] + v0 * p0[d] + v1 * p1[d] + v2 * p2[d] + v3 * p3[d] + v4 * p4[d] + v5 * p5[d]
+                              + v6 * p6[d] + v7 * p7[d])
+                t += 8
+            while t + 4 <= end:  # then four
                 v0, v1, v2, v3 = value[t], value[t + 1], value[t + 2], value[t + 3]
                 p0, p1, p2, p3 = P[row[t]], P[row[t + 1]], P[row[t + 2]], P[row[t + 3]]
                 for d in range(w):
@@ -186,52 +212,46 @@ def scatter(start, row, value, A, tile, out):
 
 
 @njit(**_OPTS)
-def _pack(A, d0, P):
-    """P [B, w] = A[:, d0 : d0 + w] (contiguous)."""
-    w = P.shape[1]
-    for b in prange(A.shape[0]):
-        for d in range(w):
-            P[b, d] = A[b, d0 + d]
-
-
-@njit(**_OPTS)
-def _dot_tile(start, row, P, W, d0, first, acc):
-    """acc[t] (+)= <P[row[t]], W[latent, d0 : d0 + w]> for every entry t, the latents split between the threads."""
+def _dot_block(start, row, entry, G, W, b0, b1, out_flat):
+    """out_flat[entry[t]] = <G[row[t]], W[latent]> for the entries t of rows [b0, b1), the latents split between the
+    threads. Two entries a pass share the loads of W's row (each dot summed as alone: the same bits): 172-176 -> 151-157
+    ms of CPU on the benchmark's SpaDE code, one thread, AMX Xeon."""
+    D = G.shape[1]
     L = W.shape[0]
-    w = P.shape[1]
     for r in prange(L):
-        if start[r] == start[r + 1]:
+        t, end = start[r], start[r + 1]
+        if t == end:
+            continue
+        t = _first_at(row, t, end, b0)
+        if t == end or row[t] >= b1:
             continue
         wr = W[r]
-        wt = np.empty(w, np.float32)  # the tile of W's row as float32 (a bf16 row's bits converted once)
-        for d in range(w):
-            wt[d] = at_f32(wr, d0 + d)
-        for t in range(start[r], start[r + 1]):
-            p = P[row[t]]
+        while t + 1 < end and row[t + 1] < b1:
+            p, q = G[row[t]], G[row[t + 1]]
+            s, u = np.float32(0.0), np.float32(0.0)
+            for d in range(D):
+                w = at_f32(wr, d)
+                s += p[d] * w
+                u += q[d] * w
+            out_flat[entry[t]] = s
+            out_flat[entry[t + 1]] = u
+            t += 2
+        if t < end and row[t] < b1:
+            p = G[row[t]]
             s = np.float32(0.0)
-            for d in range(w):
-                s += p[d] * wt[d]
-            acc[t] = s if first else acc[t] + s
+            for d in range(D):
+                s += p[d] * at_f32(wr, d)
+            out_flat[entry[t]] = s
 
 
-@njit(**_OPTS)
-def _place(entry, acc, out_flat):
-    for t in prange(entry.shape[0]):
-        out_flat[entry[t]] = acc[t]
-
-
-def gather_dot(start, row, entry, G, W, tile, out):
+def gather_dot(start, row, entry, G, W, rows, out):
     """out [B, K] = <G[b], W[idx[b, j]]> at the bucketed entries, 0 at the others (zero values: ``skip_zero_grads``).
-    By latent over ``tile`` columns at a time (G's tile packed, in cache), each entry's dot summed over the tiles in
-    bucket order and put in its place at the end."""
-    B, D = G.shape
-    acc = np.empty(row.shape[0], np.float32)
-    for d0 in range(0, D, tile):
-        P = np.empty((B, min(tile, D - d0)), np.float32)
-        _pack(G, d0, P)
-        _dot_tile(start, row, P, W, d0, d0 == 0, acc)
+    By blocks of ``rows`` rows of G (in the L2), the latents of a block split between the threads."""
+    B = G.shape[0]
     out[:] = 0.0
-    _place(entry, acc, out.reshape(-1))
+    flat = out.reshape(-1)
+    for b0 in range(0, B, rows):
+        _dot_block(start, row, entry, G, W, b0, min(B, b0 + rows), flat)
 
 
 @njit(parallel=True, cache=True, nogil=True)  # no fastmath: NaN compares as itself

@@ -42,7 +42,8 @@ Departures from the paper and its code (github: the authors' ``sparsemax_dist`` 
 - lambda starts at 1 / (2 S*D), the paper's toy code's 1 / (2 D);
 - ``k`` is not a sparsity target: it only sizes the torch search's first candidates (each row's top max(4k, 16)
   scores, more where the support may be larger); the numba search (the CPU default) reads each row once with a
-  running lower bound of its threshold (``kernels.sparsemax_support``), whatever k.
+  running lower bound of its threshold, or only above a threshold guessed from the rows before it where that
+  guess is proved (``kernels.sparsemax_support``), whatever k.
 """
 
 from __future__ import annotations
