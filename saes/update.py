@@ -162,13 +162,8 @@ def grad_norm(grads: list[Tensor]) -> Tensor:
     The same norm as ``get_total_norm`` but for summation order (the dot's is the closer to the exact sum)."""
     if not grads:
         return torch.zeros(())
-    sq = [torch.dot(f, f) for f in (_storage(g).reshape(-1) for g in grads)]
+    sq = [torch.dot(f, f) for f in (_storage_order(g).reshape(-1) for g in grads)]  # (reshape then copies nothing)
     return torch.stack(sq).double().sum().sqrt().to(grads[0].dtype)
-
-
-def _storage(g: Tensor) -> Tensor:
-    """g, or its transpose where that is contiguous (the same elements; reshape(-1) then copies nothing)."""
-    return g.t() if g.dim() == 2 and not g.is_contiguous() and g.t().is_contiguous() else g
 
 
 @torch.no_grad()
